@@ -1,0 +1,42 @@
+"""What several commands share: --url/--token resolution and one-line errors."""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import click
+
+from .. import config
+from ..errors import MeshError
+
+
+def fail(message: str, code: int = 1) -> None:
+    """Print ``error: message`` to stderr and exit with ``code`` (no traceback)."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def one_line_errors(fn):
+    """Turn gpumesh and input errors into one line on stderr and exit code 1."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (MeshError, ValueError, OSError) as e:
+            fail(str(e))
+    return wrapper
+
+
+def endpoint_options(fn):
+    """``--url`` and ``--token``, defaulting to $GPUMESH_URL / $GPUMESH_TOKEN, then the
+    saved config."""
+    fn = click.option("--token", metavar="TOKEN", default=None,
+                      help="Coordinator token [default: $GPUMESH_TOKEN, else saved config].")(fn)
+    fn = click.option("--url", metavar="URL", default=None,
+                      help="Coordinator URL [default: $GPUMESH_URL, else saved config].")(fn)
+    return fn
+
+
+def resolve_endpoint(url: str | None, token: str | None) -> config.Endpoint:
+    return config.resolve(url, token)

@@ -1,0 +1,1 @@
+"""Caller side: GPUMesh, decorators, routing."""

@@ -1,0 +1,107 @@
+"""Turning user calls into task arguments and task results back into values or errors.
+
+Pure functions, shared by every backend and by local execution, so a call means the same
+thing wherever it runs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from .. import wire
+from ..errors import (Cancelled, RemoteError, RemoteTraceback, TaskCrashed, TaskFailed,
+                      TaskTimeout, WorkerLost)
+
+#: Keys of a ``.map`` item that are scheduling hints, not arguments (spec: "a payload's
+#: gpu_memory_mb hint"; ``cost`` weighs a task for the scheduler). Removed before the
+#: call unless the function's signature names them.
+HINT_KEYS = ("cost", "gpu_memory_mb")
+
+Call = tuple[tuple, dict]
+
+
+def explicit_params(fn: Callable) -> set[str]:
+    """Names a function takes as named parameters (not ``*args``/``**kwargs``)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return set()
+    return {p.name for p in sig.parameters.values()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def map_items(fn: Callable, items: Iterable[Any]) -> tuple[list[Call], list[dict]]:
+    """Normalise ``.map`` items to calls, splitting off scheduling hints.
+
+    An item that is a mapping is keyword arguments; a tuple is positional arguments; any
+    other value is the single positional argument. Returns ``(calls, hints)`` with one
+    ``{"cost": float, "gpu_memory_mb": float}`` (keys present only when given) per call.
+    Raises ``TypeError`` for a hint that is not a number.
+    """
+    named = explicit_params(fn)
+    calls: list[Call] = []
+    hints: list[dict] = []
+    for item in items:
+        hint: dict = {}
+        if isinstance(item, Mapping):
+            kwargs = dict(item)
+            for key in HINT_KEYS:
+                if key in kwargs and key not in named:
+                    value = kwargs.pop(key)
+                    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                        raise TypeError(f".map item hint {key!r} must be a number >= 0, got {value!r}")
+                    hint[key] = float(value)
+                elif key in kwargs:
+                    hint[key] = kwargs[key] if isinstance(kwargs[key], (int, float)) else None
+            calls.append(((), kwargs))
+        elif isinstance(item, tuple):
+            calls.append((item, {}))
+        else:
+            calls.append(((item,), {}))
+        hints.append({k: v for k, v in hint.items() if v is not None})
+    return calls, hints
+
+
+def decode_result(item: dict, payload: memoryview | None) -> Any:
+    """A result entry from the coordinator -> the value, or raise what the task raised."""
+    if item["state"] == "done":
+        return wire.loads(payload)
+    raise failure(item, payload)
+
+
+def failure(item: dict, payload: memoryview | None) -> BaseException:
+    """The exception that stands for a failed task at the caller."""
+    err = item.get("error") or {}
+    kind = err.get("kind", "")
+    message = err.get("message", "the task failed")
+    tb = err.get("traceback", "")
+    task_id, worker = item.get("task_id"), err.get("worker") or item.get("worker")
+    where = f" (task {task_id} on worker {worker})" if worker else f" (task {task_id})"
+    if kind == "raised" and payload is not None and payload.nbytes:
+        try:
+            exc = wire.loads(payload)
+        except BaseException:  # noqa: BLE001 - fall through to a RemoteError that keeps the text
+            exc = None
+        if isinstance(exc, BaseException):
+            cause = RemoteTraceback(tb)
+            exc.__cause__ = cause
+            if sys.version_info >= (3, 11):
+                exc.add_note(f"[gpumesh] raised on the mesh{where}; remote traceback above")
+            return exc
+    if kind == "timeout":
+        return TaskTimeout(message + where)
+    if kind == "crashed":
+        return TaskCrashed(message + where, task_id, worker)
+    if kind == "lost":
+        return WorkerLost(message + where, task_id, worker)
+    if kind == "cancelled":
+        return Cancelled(message + where, task_id, worker)
+    if kind in ("raised", "unpickle", "result_unpicklable", "exit"):
+        exc = RemoteError(err.get("type", "Exception"), message, tb, task_id, worker)
+        if tb:
+            exc.__cause__ = RemoteTraceback(tb)
+        return exc
+    return TaskFailed(f"{message}{where}", task_id, worker)

@@ -1,0 +1,303 @@
+"""``GPUMesh``: a caller's handle on one coordinator.
+
+The life of a call (``f(x)`` or ``f.map(items)``)::
+
+    route ── GPUMESH_LOCAL=1, coordinator down, or no live worker ──► run here, in-process
+      │ (probe GET /v1/health, cached PROBE_CACHE_S)
+      ▼
+    pickle the function once (content-addressed: sha256); upload it only if the
+    coordinator lacks it (small ones ride inside the submit)
+      ▼
+    POST /v1/jobs  one request for the whole batch, idempotent on the job id
+      │   409 no_workers ──► run here (nothing was stored)
+      ▼
+    GET /v1/jobs/{id}/results?after=seq  long-poll; pages of results stream in
+      ▼
+    values in input order; the first failure cancels the rest and is raised as itself
+
+Once the coordinator has accepted a job the call never silently re-runs locally (that
+would run side effects twice): losing the coordinator then means waiting for it (up to
+``CALLER_RECONNECT_S``) and then :class:`~gpumesh.errors.MeshUnavailable`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .. import config, wire
+from ..errors import MeshUnavailable, RequestRejected
+from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, PROBE_CACHE_S,
+                      PROBE_TIMEOUT_S)
+from ..transport import Transport, Unreachable
+from . import calls as _calls
+
+log = logging.getLogger("gpumesh.client")
+
+_MISSING = object()
+_notices: set[str] = set()
+_notice_lock = threading.Lock()
+
+
+def notice(text: str) -> None:
+    """Print a one-line notice to stderr, once per process per distinct text."""
+    with _notice_lock:
+        if text in _notices:
+            return
+        _notices.add(text)
+    print(f"[gpumesh] {text}", file=sys.stderr, flush=True)
+
+
+def _backoff(attempt: int) -> float:
+    import random
+    return random.uniform(0, min(5.0, 0.2 * 2 ** min(attempt, 10)))
+
+
+class GPUMesh:
+    """A connection to a gpumesh coordinator.
+
+    ``url``: ``http(s)://host:port``; ``None`` reads ``$GPUMESH_URL`` then the saved config.
+    ``token``: the coordinator's token; ``None`` reads ``$GPUMESH_TOKEN`` then the config.
+    Raises ``ValueError`` for a URL that is not http(s). Creating one sends nothing.
+    """
+
+    def __init__(self, url: str | None = None, token: str | None = None):
+        ep = config.resolve(url, token)
+        self.url, self.token = ep.url, ep.token
+        self._http: Transport | None = None
+        self._lock = threading.Lock()
+        self._probe_ok_until = 0.0
+        self._known_blobs: set[str] = set()
+        self._announced = False
+
+    def __repr__(self) -> str:
+        return f"GPUMesh({self.url!r})"
+
+    def __reduce__(self):
+        # A mesh captured by a shipped function travels without its token; inside a
+        # task, mesh calls run inline anyway (see RemoteFunction.__call__).
+        return (GPUMesh, (self.url, None))
+
+    @property
+    def http(self) -> Transport:
+        with self._lock:
+            if self._http is None:
+                self._http = Transport(self.url, self.token)
+            return self._http
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+
+    # ------------------------------------------------------------------ pool -------
+    def workers(self) -> list[dict]:
+        """Every worker the coordinator knows: dicts with ``id, device, device_name,
+        hostname, score, alive`` (plus ``slots``, ``running``, ``cpu``, ``gpus``...).
+
+        Raises :class:`~gpumesh.errors.MeshUnavailable` if the coordinator does not
+        answer, :class:`~gpumesh.errors.AuthError` if it refuses the token.
+        """
+        return self.http.request("GET", "/v1/workers", timeout=10).json()
+
+    # ------------------------------------------------------------------ routing ----
+    def _mesh_reachable(self) -> bool:
+        now = time.monotonic()
+        if now < self._probe_ok_until:
+            return True
+        try:
+            self.http.request("GET", "/v1/health", timeout=PROBE_TIMEOUT_S)
+        except Unreachable:
+            notice(f"coordinator at {self.url} is unreachable; running locally")
+            return False
+        self._probe_ok_until = now + PROBE_CACHE_S
+        if not self._announced:
+            self._announced = True
+            notice(f"connected to coordinator at {self.url}")
+        return True
+
+    # ------------------------------------------------------------------ calls ------
+    def run_calls(self, fn: Callable, calls: list[_calls.Call], *, hints: list[dict] | None = None,
+                  timeout: float | None = None, name: str | None = None) -> list[Any]:
+        """Run ``fn(*args, **kwargs)`` for each ``(args, kwargs)`` in ``calls``; values in
+        order. Runs here when the mesh is unavailable (see the module docstring)."""
+        if not calls:
+            return []
+        if os.environ.get("GPUMESH_LOCAL") == "1":
+            notice("GPUMESH_LOCAL=1: running locally")
+            return run_locally(fn, calls)
+        if not self._mesh_reachable():
+            return run_locally(fn, calls)
+        job_id = self._submit(fn, calls, hints or [{}] * len(calls), timeout, name)
+        if job_id is None:
+            notice(f"no live worker in the mesh at {self.url}; running locally")
+            return run_locally(fn, calls)
+        return self._collect(job_id, len(calls))
+
+    def _submit(self, fn: Callable, calls: list[_calls.Call], hints: list[dict],
+                timeout: float | None, name: str | None) -> str | None:
+        fn_payload = wire.dumps(fn)
+        fn_hash = fn_payload.sha256()
+        args = [wire.dumps(c) for c in calls]
+        inline = fn_hash not in self._known_blobs and fn_payload.size <= INLINE_FUNCTION_BYTES
+        if fn_hash not in self._known_blobs and not inline:
+            self._upload_blob(fn_hash, fn_payload)
+        job_id = secrets.token_hex(6)
+        meta = {"job_id": job_id, "kind": "function", "fn": fn_hash, "fn_inline": inline,
+                "n_tasks": len(calls), "timeout": timeout, "require_worker": True,
+                "name": name or getattr(fn, "__qualname__", "function"),
+                "costs": [h.get("cost", 1.0) for h in hints],
+                "caller": {"host": socket.gethostname(), "pid": os.getpid()}}
+        frames: list = [json.dumps(meta).encode()]
+        if inline:
+            frames.append(fn_payload)
+        frames.extend(args)
+        chunks, size = wire.pack_frames(frames)
+        deadline = time.monotonic() + CALLER_RECONNECT_S
+        attempt = 0
+        while True:
+            try:
+                self.http.request("POST", "/v1/jobs", content=wire.iter_chunks(chunks),
+                                  headers={"content-type": "application/x-gpumesh-frames",
+                                           "content-length": str(size)}, timeout=600)
+                self._known_blobs.add(fn_hash)
+                return job_id
+            except RequestRejected as e:
+                code = getattr(e, "code", "")
+                if code == "no_workers":
+                    return None
+                if code == "missing_blob":  # coordinator lost it (fresh data dir): upload
+                    self._known_blobs.discard(fn_hash)
+                    self._upload_blob(fn_hash, fn_payload)
+                    continue
+                raise
+            except Unreachable as e:
+                # Idempotent on job_id: resending is safe whether or not it arrived.
+                if not e.sent and attempt == 0:
+                    notice(f"coordinator at {self.url} is unreachable; running locally")
+                    self._probe_ok_until = 0.0
+                    return None
+                if time.monotonic() > deadline:
+                    raise MeshUnavailable(f"could not submit to {self.url} for "
+                                          f"{CALLER_RECONNECT_S:.0f}s: {e}") from e
+                time.sleep(_backoff(attempt))
+                attempt += 1
+
+    def _upload_blob(self, h: str, payload: wire.Payload) -> None:
+        try:
+            self.http.request("HEAD", f"/v1/blobs/{h}", timeout=10)
+            self._known_blobs.add(h)
+            return
+        except RequestRejected as e:
+            if e.status != 404:
+                raise
+        self.http.request("PUT", f"/v1/blobs/{h}", content=wire.iter_chunks(payload.chunks),
+                          headers={"content-length": str(payload.size)}, timeout=600)
+        self._known_blobs.add(h)
+
+    def _collect(self, job_id: str, n: int) -> list[Any]:
+        results: list[Any] = [_MISSING] * n
+        got, after, attempt = 0, -1, 0
+        last_contact = time.monotonic()
+        try:
+            while got < n:
+                try:
+                    body = self.http.stream_into(
+                        "GET", f"/v1/jobs/{job_id}/results",
+                        params={"after": after, "wait": LONG_POLL_S}, timeout=LONG_POLL_S + 15)
+                    last_contact, attempt = time.monotonic(), 0
+                except Unreachable as e:
+                    if time.monotonic() - last_contact > CALLER_RECONNECT_S:
+                        raise MeshUnavailable(
+                            f"lost the coordinator at {self.url} for over {CALLER_RECONNECT_S:.0f}s "
+                            f"while waiting for job {job_id}: {e}") from e
+                    time.sleep(_backoff(attempt))
+                    attempt += 1
+                    continue
+                if body is None:
+                    continue
+                frames = wire.unpack_frames(body)
+                page = json.loads(bytes(frames[0]))
+                k = 1
+                for item in page["results"]:
+                    payload = None
+                    if item["has_payload"]:
+                        payload, k = frames[k], k + 1
+                    after = max(after, item["seq"])
+                    idx = item["index"]
+                    if results[idx] is not _MISSING:
+                        continue  # never deliver a result twice
+                    if item["state"] != "done":
+                        raise _calls.failure(item, payload)
+                    results[idx] = _calls.decode_result(item, payload)
+                    got += 1
+                del frames, body
+        except BaseException:
+            if got < n:
+                self._cancel_quietly(job_id)
+            raise
+        self._release_quietly(job_id)
+        return results
+
+    def _cancel_quietly(self, job_id: str) -> None:
+        try:
+            self.http.request("POST", f"/v1/jobs/{job_id}/cancel", timeout=5)
+        except Exception as e:  # noqa: BLE001 - the original error matters more
+            log.debug("cancel of %s failed: %s", job_id, e)
+
+    def _release_quietly(self, job_id: str) -> None:
+        try:
+            self.http.request("POST", f"/v1/jobs/{job_id}/release", timeout=5)
+        except Exception as e:  # noqa: BLE001 - results are delivered; the store keeps them
+            log.debug("release of %s failed: %s", job_id, e)
+
+    # ------------------------------------------------------------------ API --------
+    def distribute(self, function: Callable, params: Iterable[Any], timeout: float | None = None) -> list[Any]:
+        """Run ``function`` once per item of ``params`` (dicts are keyword arguments) across
+        the mesh; returns the values in input order. ``timeout`` (seconds) applies to each
+        task. Raises what a task raised (see :mod:`gpumesh.errors`)."""
+        from .remote import unwrap
+        fn = unwrap(function)
+        calls, hints = _calls.map_items(fn, params)
+        return self.run_calls(fn, calls, hints=hints, timeout=_check_timeout(timeout))
+
+    @staticmethod
+    def start_coordinator(port: int = 8000, token: str | None = None, host: str = "127.0.0.1",
+                          data_dir: str | None = None, self_worker: bool = True):
+        """Start ``gpumesh serve`` in a background process and return once it answers.
+
+        Returns a :class:`~gpumesh.client.processes.CoordinatorHandle` (``.url``,
+        ``.token``, ``.stop()``; also a context manager). Raises ``RuntimeError`` with
+        the server's own message if it fails to start.
+        """
+        from .processes import start_coordinator
+        return start_coordinator(port=port, token=token, host=host, data_dir=data_dir,
+                                 self_worker=self_worker)
+
+    @staticmethod
+    def add_worker(url: str, token: str | None = None, slots: int = 1):
+        """Start ``gpumesh join url`` in a background process; returns the new worker's
+        description (a dict as in :meth:`workers`, with ``.stop()``) once registered."""
+        from .processes import add_worker
+        return add_worker(url, token=token, slots=slots)
+
+
+def run_locally(fn: Callable, calls: list[_calls.Call]) -> list[Any]:
+    """The fallback path: the same calls, in this process, in order."""
+    return [fn(*a, **kw) for a, kw in calls]
+
+
+def _check_timeout(timeout: Any) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    return float(timeout)

@@ -1,0 +1,121 @@
+"""Starting a coordinator or a worker from Python, as background processes.
+
+Both run the real CLI (``python -m gpumesh serve|join``) so they behave exactly as the
+commands do; the token travels in the environment, never on the command line.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from .. import config
+
+START_TIMEOUT_S = 30.0
+
+
+class _Process:
+    def __init__(self, proc: subprocess.Popen, log_path: Path):
+        self.process = proc
+        self.log_path = log_path
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ctrl+C the process (it shuts down cleanly), then kill it if it lingers."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+
+class CoordinatorHandle(_Process):
+    """A running coordinator: ``url``, ``token``, ``stop()``; usable with ``with``."""
+
+    def __init__(self, proc, log_path, url: str, token: str):
+        super().__init__(proc, log_path)
+        self.url, self.token = url, token
+
+    def __enter__(self) -> CoordinatorHandle:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class WorkerHandle(dict, _Process):
+    """A worker's description (as in ``GPUMesh.workers()``) that can also ``stop()``."""
+
+    def __init__(self, info: dict, proc, log_path):
+        dict.__init__(self, info)
+        _Process.__init__(self, proc, log_path)
+
+
+def _spawn(args: list[str], env: dict, name: str) -> tuple[subprocess.Popen, Path]:
+    log_path = Path(tempfile.mkstemp(prefix=f"gpumesh-{name}-", suffix=".log")[1])
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "gpumesh", *args], env=env,
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    return proc, log_path
+
+
+def start_coordinator(port: int = 8000, token: str | None = None, host: str = "127.0.0.1",
+                      data_dir: str | None = None, self_worker: bool = True) -> CoordinatorHandle:
+    token = token or config.generate_token()
+    env = dict(os.environ, GPUMESH_TOKEN=token)
+    args = ["serve", "--host", host, "--port", str(port)]
+    if data_dir:
+        args += ["--data-dir", str(data_dir)]
+    if not self_worker:
+        args.append("--no-self-worker")
+    proc, log_path = _spawn(args, env, "coordinator")
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    handle = CoordinatorHandle(proc, log_path, url, token)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the coordinator exited with code {proc.returncode}: {handle.log_tail()}")
+        try:
+            if httpx.get(f"{url}/v1/health", timeout=1).status_code == 200:
+                return handle
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    handle.stop()
+    raise RuntimeError(f"the coordinator did not answer within {START_TIMEOUT_S:.0f}s: {handle.log_tail()}")
+
+
+def add_worker(url: str, token: str | None = None, slots: int = 1) -> WorkerHandle:
+    ep = config.resolve(url, token)
+    env = dict(os.environ)
+    if ep.token:
+        env["GPUMESH_TOKEN"] = ep.token
+    headers = {"authorization": f"Bearer {ep.token}"} if ep.token else {}
+    before = {w["id"] for w in httpx.get(f"{ep.url}/v1/workers", headers=headers, timeout=10).json()}
+    proc, log_path = _spawn(["join", ep.url, "--slots", str(slots)], env, "worker")
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the worker exited with code {proc.returncode}: "
+                               f"{Path(log_path).read_text(errors='replace')[-4000:]}")
+        for w in httpx.get(f"{ep.url}/v1/workers", headers=headers, timeout=10).json():
+            if w["id"] not in before and w.get("alive"):
+                return WorkerHandle(w, proc, log_path)
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"the worker did not register within {START_TIMEOUT_S:.0f}s")

@@ -1,0 +1,159 @@
+"""The decorators: ``@accelerate(mesh, ...)``, bare ``@accelerate``, and ``@mesh``.
+
+A decorated function becomes a :class:`RemoteFunction`; calling it, or its ``.map``,
+goes through :meth:`GPUMesh.run_calls` (mesh when available, else locally), so the
+value is the same either way. Inside a task (``GPUMESH_IN_TASK`` is set by the runner)
+decorated functions run inline: a task waiting for a child task that can never get a
+slot would deadlock a small mesh.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from . import calls as _calls
+from .mesh import GPUMesh, _check_timeout, run_locally
+
+#: Options ``@accelerate`` accepts. ``gpu``/``cores``/``memory`` describe the hardware a
+#: task needs; they are recorded with the job (hardware-aware placement builds on them).
+OPTIONS = ("timeout", "gpu", "cores", "memory")
+
+
+def unwrap(fn: Callable) -> Callable:
+    """The plain function behind a :class:`RemoteFunction` (or ``fn`` itself)."""
+    return getattr(fn, "__gpumesh_wrapped__", fn)
+
+
+class RemoteFunction:
+    """What ``@accelerate``/``@mesh`` return. Call it like the function, or use
+    ``.map(items)``, ``.local(...)`` and ``.to(device)``."""
+
+    def __init__(self, fn: Callable, mesh: GPUMesh | _DefaultMesh | None, options: dict):
+        if not callable(fn):
+            raise TypeError(f"@accelerate needs a function, got {type(fn).__name__}")
+        unknown = set(options) - set(OPTIONS)
+        if unknown:
+            raise TypeError(f"unknown @accelerate option(s) {sorted(unknown)}; "
+                            f"expected some of {list(OPTIONS)}")
+        self.__gpumesh_wrapped__ = unwrap(fn)
+        self._mesh = mesh
+        self.options = dict(options)
+        self.options["timeout"] = _check_timeout(options.get("timeout"))
+        functools.update_wrapper(self, self.__gpumesh_wrapped__)
+
+    def __reduce__(self):
+        # Shipping a decorated function ships the plain function: the mesh client (and
+        # its token) never travels, and a recursive call inside a task runs inline.
+        return (unwrap, (self.__gpumesh_wrapped__,))
+
+    def __repr__(self) -> str:
+        return f"<RemoteFunction {getattr(self, '__qualname__', '?')}>"
+
+    def __get__(self, obj, objtype=None):
+        # Decorating a method: bind like a function would.
+        if obj is None:
+            return self
+        return functools.partial(self.__call__, obj)
+
+    @property
+    def mesh(self) -> GPUMesh:
+        m = self._mesh if self._mesh is not None else accelerate.installed()
+        return m.resolve() if isinstance(m, _DefaultMesh) else m
+
+    def _inline(self) -> bool:
+        return bool(os.environ.get("GPUMESH_IN_TASK"))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fn = self.__gpumesh_wrapped__
+        if self._inline():
+            return fn(*args, **kwargs)
+        return self.mesh.run_calls(fn, [(args, kwargs)], timeout=self.options["timeout"],
+                                   name=getattr(fn, "__qualname__", None))[0]
+
+    def map(self, items: Iterable[Any]) -> list[Any]:
+        """One task per item (a dict is keyword arguments, a tuple positional arguments,
+        anything else the single argument), spread over the mesh; values in input order.
+        ``[]`` for no items. Raises the first failure."""
+        fn = self.__gpumesh_wrapped__
+        calls, hints = _calls.map_items(fn, list(items))
+        if self._inline():
+            return run_locally(fn, calls)
+        return self.mesh.run_calls(fn, calls, hints=hints, timeout=self.options["timeout"],
+                                   name=getattr(fn, "__qualname__", None))
+
+    def local(self, *args: Any, **kwargs: Any) -> Any:
+        """Run in this process, never on the mesh."""
+        return self.__gpumesh_wrapped__(*args, **kwargs)
+
+
+class _DefaultMesh:
+    """``from gpumesh import mesh``: a bare decorator and a lazily connected GPUMesh.
+
+    Connects on first use from ``$GPUMESH_URL``/``$GPUMESH_TOKEN``, else the saved config.
+    Attribute access (``mesh.workers()``) goes to that GPUMesh.
+    """
+
+    def __init__(self) -> None:
+        self._mesh: GPUMesh | None = None
+        self._lock = threading.Lock()
+
+    def resolve(self) -> GPUMesh:
+        with self._lock:
+            if self._mesh is None:
+                self._mesh = GPUMesh()
+            return self._mesh
+
+    def __call__(self, fn: Callable | None = None, **options: Any):
+        if fn is None:
+            return lambda f: RemoteFunction(f, self, options)
+        return RemoteFunction(fn, self, options)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.resolve(), name)
+
+    def __repr__(self) -> str:
+        return "<gpumesh default mesh (from $GPUMESH_URL or ~/.gpumesh/config.json)>"
+
+    def __reduce__(self):
+        return (_default_mesh, ())
+
+
+def _default_mesh() -> _DefaultMesh:
+    return mesh
+
+
+mesh = _DefaultMesh()
+
+
+class _Accelerate:
+    """``accelerate``: ``@accelerate(mesh, timeout=..)``, ``@accelerate`` and
+    ``accelerate.install(mesh)`` (after which bare ``@accelerate`` uses that mesh)."""
+
+    def __init__(self) -> None:
+        self._installed: GPUMesh | _DefaultMesh | None = None
+
+    def install(self, target: GPUMesh) -> None:
+        if not isinstance(target, (GPUMesh, _DefaultMesh)):
+            raise TypeError(f"accelerate.install() needs a GPUMesh, got {type(target).__name__}")
+        self._installed = target
+
+    def installed(self) -> GPUMesh | _DefaultMesh:
+        return self._installed if self._installed is not None else mesh
+
+    def __call__(self, target: Any = None, **options: Any):
+        if isinstance(target, (GPUMesh, _DefaultMesh)):
+            return lambda fn: RemoteFunction(fn, target, options)
+        if target is None:
+            return lambda fn: RemoteFunction(fn, None, options)
+        if callable(target):
+            return RemoteFunction(target, None, options)
+        raise TypeError(f"@accelerate takes a GPUMesh or a function, got {type(target).__name__}")
+
+
+accelerate = _Accelerate()

@@ -1,0 +1,114 @@
+"""Where a caller finds its coordinator: arguments, environment, then the saved config.
+
+Order of precedence (first found wins), the same for the CLI and the Python API:
+
+1. explicit arguments (``GPUMesh(url, token=...)``, ``--url/--token``),
+2. ``$GPUMESH_URL`` / ``$GPUMESH_TOKEN``,
+3. the config file ``gpumesh serve`` writes: ``$GPUMESH_CONFIG`` if set, else
+   ``~/.gpumesh/config.json`` (a JSON object ``{"url": ..., "token": ...}``, mode 0600).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from .limits import DEFAULT_PORT
+
+
+def home_dir() -> Path:
+    """``~/.gpumesh`` (the default data directory and config location)."""
+    return Path.home() / ".gpumesh"
+
+
+def config_path() -> Path:
+    env = os.environ.get("GPUMESH_CONFIG")
+    return Path(env).expanduser() if env else home_dir() / "config.json"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A coordinator address and the token to present to it."""
+
+    url: str
+    token: str | None
+
+
+def load_saved() -> dict:
+    """The saved config as a dict; ``{}`` if there is none or it is unreadable."""
+    try:
+        data = json.loads(config_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def save(url: str, token: str) -> Path:
+    """Write ``{"url", "token"}`` to the config file with mode 0600; returns its path.
+
+    Raises ``OSError`` if the directory cannot be created or written.
+    """
+    path = config_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"url": url, "token": token}, fh, indent=2)
+        fh.write("\n")
+    os.replace(tmp, path)
+    os.chmod(path, 0o600)
+    return path
+
+
+def resolve(url: str | None = None, token: str | None = None) -> Endpoint:
+    """Fill in whatever was not given from the environment, then the saved config.
+
+    Falls back to ``http://127.0.0.1:8000`` when nothing names a coordinator.
+    """
+    saved: dict | None = None
+    if url is None:
+        url = os.environ.get("GPUMESH_URL")
+    if url is None:
+        saved = load_saved()
+        url = saved.get("url")
+    if token is None:
+        token = os.environ.get("GPUMESH_TOKEN")
+    if token is None:
+        if saved is None:
+            saved = load_saved()
+        token = saved.get("token")
+    return Endpoint(normalise_url(url or f"http://127.0.0.1:{DEFAULT_PORT}"), token)
+
+
+def normalise_url(url: str) -> str:
+    """Validate a coordinator URL and strip a trailing slash.
+
+    Raises ``ValueError`` with a message saying what a valid URL looks like.
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise ValueError("coordinator URL is empty; expected e.g. http://127.0.0.1:8000")
+    url = url.strip().rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(
+            f"coordinator URL {url!r} must start with http:// or https:// and name a host, "
+            f"e.g. http://127.0.0.1:{DEFAULT_PORT}"
+        )
+    try:
+        parts.port
+    except ValueError:
+        raise ValueError(f"coordinator URL {url!r} has an invalid port") from None
+    return url
+
+
+def generate_token() -> str:
+    """A fresh 256-bit token (``secrets.token_urlsafe(32)``) that never begins with ``-``,
+    so it can always be passed as a command-line flag value."""
+    while True:
+        tok = secrets.token_urlsafe(32)
+        if not tok.startswith("-"):
+            return tok

@@ -1,0 +1,1 @@
+"""Coordinator: HTTP API, job store, scheduler."""

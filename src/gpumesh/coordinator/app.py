@@ -1,0 +1,513 @@
+"""HTTP routes of the coordinator: validate at the boundary, then call :class:`Coordinator`.
+
+Every route but ``GET /v1/health`` needs ``Authorization: Bearer <token>``. Errors are
+JSON ``{"error": code, "message": text}`` with a 4xx status naming what was wrong; a
+malformed request never changes state. Payload bodies are the ``frames`` layout of
+:mod:`gpumesh.wire` (``application/x-gpumesh-frames``), never base64 in JSON.
+
+    GET    /v1/health                          liveness (no auth)
+    GET    /v1/workers                         the pool
+    POST   /v1/workers                         register         {hostname, ..., slots, id?}
+    POST   /v1/workers/{id}/heartbeat          keep alive       {running: [task ids]}
+    DELETE /v1/workers/{id}                    leave; leases are re-queued at once
+    POST   /v1/workers/{id}/lease              long-poll for up to {slots} tasks
+    POST   /v1/tasks/{id}/result?lease=L       a result, fenced by lease id
+    HEAD   /v1/blobs/{sha256}                  is this function blob here?
+    PUT    /v1/blobs/{sha256}                  upload a function blob (hash verified)
+    GET    /v1/blobs/{sha256}                  download it
+    POST   /v1/jobs                            submit a job with all its arguments
+    GET    /v1/jobs                            recent jobs
+    GET    /v1/jobs/{id}                       status, counts and tasks
+    GET    /v1/jobs/{id}/results?after=S&wait=W  long-poll for results with seq > S
+    POST   /v1/jobs/{id}/release               the caller holds every result
+    POST   /v1/jobs/{id}/cancel                cancel what has not finished
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import re
+from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .. import wire
+from .._version import __version__
+from ..limits import (LONG_POLL_MAX_S, MAX_BODY_BYTES, MAX_TASKS_PER_JOB, MiB,
+                      RESULT_PAGE_BYTES, RESULT_PAGE_COUNT, SWEEP_INTERVAL_S)
+from ..errors import WireError
+from .core import (Coordinator, NoWorkers, StaleLease, UnknownJob, UnknownWorker)
+
+log = logging.getLogger("gpumesh.coordinator")
+
+FRAMES = "application/x-gpumesh-frames"
+_HEX = re.compile(r"^[0-9a-f]{4,64}$")
+_SHA = re.compile(r"^[0-9a-f]{64}$")
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def _err(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": code, "message": message}, status_code=status)
+
+
+# ---------------------------------------------------------------- validation -------
+def _field(d: dict, name: str, kind: type | tuple, default: Any = ..., *, lo=None, hi=None):
+    if name not in d or d[name] is None:
+        if default is ...:
+            raise HTTPError(400, "bad_request", f"field {name!r} is required")
+        return default
+    v = d[name]
+    if kind in (int, float) or kind == (int, float):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise HTTPError(400, "bad_request", f"field {name!r} must be a number, got {type(v).__name__}")
+        if kind is int and not isinstance(v, int):
+            raise HTTPError(400, "bad_request", f"field {name!r} must be an integer")
+        if v != v or (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise HTTPError(400, "bad_request", f"field {name!r} must be between {lo} and {hi}, got {v}")
+        return v
+    if not isinstance(v, kind):
+        raise HTTPError(400, "bad_request", f"field {name!r} must be {getattr(kind, '__name__', kind)}, "
+                                            f"got {type(v).__name__}")
+    return v
+
+
+def _id(value: str, what: str) -> str:
+    if not _HEX.match(value):
+        raise HTTPError(400, "bad_request", f"{what} {value[:80]!r} is not a valid id")
+    return value
+
+
+def _query_float(request: Request, name: str, default: float, lo: float, hi: float) -> float:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        raise HTTPError(400, "bad_request", f"query parameter {name!r} must be a number") from None
+    if not lo <= v <= hi:
+        raise HTTPError(400, "bad_request", f"query parameter {name!r} must be between {lo} and {hi}")
+    return v
+
+
+async def _read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytearray:
+    """Read the whole body into one writable buffer, refusing anything over ``limit``."""
+    too_big = HTTPError(413, "too_large",
+                        f"request body is over the coordinator's limit of {limit // MiB} MiB "
+                        f"(set GPUMESH_MAX_BODY_MB on the coordinator to raise it)")
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            if int(declared) > limit:
+                raise too_big
+        except ValueError:
+            raise HTTPError(400, "bad_request", "invalid Content-Length") from None
+    buf = bytearray()
+    async for chunk in request.stream():
+        buf += chunk
+        if len(buf) > limit:
+            raise too_big
+    return buf
+
+
+async def _json_body(request: Request) -> dict:
+    body = await _read_body(request, 4 * MiB)
+    if not body:
+        return {}
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise HTTPError(400, "bad_request", "body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise HTTPError(400, "bad_request", "body must be a JSON object")
+    return data
+
+
+def _frames(body: bytearray) -> tuple[dict, list[memoryview]]:
+    try:
+        frames = wire.unpack_frames(body)
+        meta = json.loads(bytes(frames[0])) if frames else None
+    except (WireError, ValueError) as e:
+        raise HTTPError(400, "bad_request", f"body is not a gpumesh frames message: {e}") from None
+    if not isinstance(meta, dict):
+        raise HTTPError(400, "bad_request", "frame 0 must be a JSON object")
+    return meta, frames[1:]
+
+
+# ---------------------------------------------------------------- responses --------
+class Part:
+    """One frame of a streamed response: in-memory bytes or a file on disk."""
+
+    __slots__ = ("data", "path", "size")
+
+    def __init__(self, data: bytes | memoryview | None = None, path: Path | None = None, size: int = 0):
+        self.data, self.path = data, path
+        self.size = memoryview(data).nbytes if data is not None else size
+
+
+def frames_response(meta: dict, parts: list[Part]) -> StreamingResponse:
+    head = json.dumps(meta).encode()
+    lengths = [len(head)] + [p.size for p in parts]
+    offsets = list(wire.frame_offsets(lengths))
+    total = offsets[-1] + lengths[-1]
+
+    async def body() -> AsyncIterator[bytes]:
+        pos = 0
+        header = wire.frames_header(lengths)
+        yield header
+        pos = len(header)
+        for off, part in zip(offsets, [Part(head)] + parts):
+            if off > pos:
+                yield b"\0" * (off - pos)
+            if part.data is not None:
+                yield bytes(part.data)
+            else:
+                with open(part.path, "rb") as fh:
+                    remaining = part.size
+                    while remaining > 0:
+                        chunk = fh.read(min(4 * MiB, remaining))
+                        if not chunk:  # file shorter than announced: keep the framing valid
+                            chunk = b"\0" * remaining
+                        remaining -= len(chunk)
+                        yield chunk
+            pos = off + part.size
+
+    return StreamingResponse(body(), media_type=FRAMES, headers={"content-length": str(total)})
+
+
+# ---------------------------------------------------------------- the app ----------
+def create_app(coord: Coordinator, token: str) -> Starlette:
+    """Build the ASGI app around ``coord``; ``token`` is the bearer token to require."""
+    token_digest = hashlib.sha256(token.encode("utf-8")).digest()
+
+    def authorize(request: Request) -> None:
+        header = request.headers.get("authorization", "")
+        scheme, _, presented = header.partition(" ")
+        if scheme.lower() != "bearer" or not presented:
+            raise HTTPError(401, "unauthorized", "missing bearer token (Authorization: Bearer <token>)")
+        got = hashlib.sha256(presented.encode("latin-1", "replace")).digest()  # raw header bytes
+        if not hmac.compare_digest(got, token_digest):
+            raise HTTPError(401, "unauthorized", "the token was refused")
+
+    def route(path: str, methods: list[str], auth: bool = True):
+        def deco(fn):
+            async def endpoint(request: Request) -> Response:
+                try:
+                    if auth:
+                        authorize(request)
+                    return await fn(request)
+                except HTTPError as e:
+                    return _err(e.status, e.code, e.message)
+                except UnknownWorker:
+                    return _err(404, "unknown_worker", "worker is not registered (register again)")
+                except UnknownJob as e:
+                    return _err(404, "unknown_job", f"no such job {e}")
+                except Exception:  # a bug must not take the coordinator down
+                    log.exception("error handling %s %s", request.method, request.url.path)
+                    return _err(500, "internal", "internal error; see the coordinator log")
+            routes.append(Route(path, endpoint, methods=methods))
+            return fn
+        return deco
+
+    routes: list[Route] = []
+
+    async def until_disconnect(request: Request, work: Awaitable):
+        """Run ``work``; cancel it if the client goes away first (then return None)."""
+        task = asyncio.ensure_future(work)
+
+        async def watch():
+            while True:
+                msg = await request.receive()
+                if msg["type"] == "http.disconnect":
+                    return
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+        if task in done:
+            return task.result()
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        return None
+
+    # -- health & pool ---------------------------------------------------------------
+    @route("/v1/health", ["GET"], auth=False)
+    async def health(request: Request) -> Response:
+        return JSONResponse({"ok": True, "version": __version__})
+
+    @route("/v1/workers", ["GET"])
+    async def list_workers(request: Request) -> Response:
+        out = []
+        for w in coord.workers.values():
+            d = dict(w.info)
+            d.update(id=w.id, alive=w.alive, slots=w.slots, running=len(w.leases))
+            out.append(d)
+        return JSONResponse(out)
+
+    @route("/v1/workers", ["POST"])
+    async def register(request: Request) -> Response:
+        data = await _json_body(request)
+        wid = _field(data, "id", str, None)
+        if wid is not None:
+            _id(wid, "worker id")
+        slots = _field(data, "slots", int, 1, lo=1, hi=1024)
+        info = {}
+        for key in ("hostname", "user", "device", "device_name", "platform", "python", "version",
+                    "cpu", "gpus"):
+            if key in data:
+                info[key] = data[key]
+        for key in ("cores", "ram_mb", "score"):
+            if key in data:
+                info[key] = _field(data, key, (int, float), lo=0, hi=1e12)
+        info.setdefault("score", 0.0)
+        for key in ("hostname", "user", "device", "device_name", "platform", "python", "version", "cpu"):
+            if key in info and not isinstance(info[key], str):
+                raise HTTPError(400, "bad_request", f"field {key!r} must be a string")
+        w = coord.register(info, wid, slots)
+        from ..limits import HEARTBEAT_INTERVAL_S, WORKER_TTL_S
+        return JSONResponse({"id": w.id, "heartbeat_s": HEARTBEAT_INTERVAL_S, "ttl_s": WORKER_TTL_S})
+
+    @route("/v1/workers/{wid}/heartbeat", ["POST"])
+    async def heartbeat(request: Request) -> Response:
+        wid = _id(request.path_params["wid"], "worker id")
+        data = await _json_body(request)
+        running = _field(data, "running", list, None)
+        if running is not None and not all(isinstance(t, str) for t in running):
+            raise HTTPError(400, "bad_request", "field 'running' must be a list of task ids")
+        info = {}
+        if "score" in data:
+            info["score"] = _field(data, "score", (int, float), lo=0, hi=1e12)
+        return JSONResponse(coord.heartbeat(wid, running, info))
+
+    @route("/v1/workers/{wid}", ["DELETE"])
+    async def deregister(request: Request) -> Response:
+        wid = _id(request.path_params["wid"], "worker id")
+        return JSONResponse({"requeued": coord.deregister(wid)})
+
+    @route("/v1/workers/{wid}/lease", ["POST"])
+    async def lease(request: Request) -> Response:
+        wid = _id(request.path_params["wid"], "worker id")
+        data = await _json_body(request)
+        slots = _field(data, "slots", int, 1, lo=1, hi=1024)
+        wait = _field(data, "wait", (int, float), 0, lo=0, hi=LONG_POLL_MAX_S)
+        grants = await until_disconnect(request, coord.lease(wid, slots, wait))
+        if not grants:
+            return frames_response({"tasks": []}, [])
+        tasks, parts = [], []
+        for g in grants:
+            job = coord.jobs[g.job_id]
+            inline, fname = coord.store.task_args(g.task_id)
+            parts.append(Part(inline) if fname is None else
+                         Part(path=coord.store.file_path(fname),
+                              size=coord.store.file_path(fname).stat().st_size))
+            tasks.append({"task_id": g.task_id, "job_id": g.job_id, "index": g.index,
+                          "lease_id": g.lease_id, "attempt": g.attempt, "kind": job.kind,
+                          "fn": job.fn_hash, "timeout": job.meta.get("timeout"),
+                          "name": job.meta.get("name", "")})
+        return frames_response({"tasks": tasks}, parts)
+
+    @route("/v1/tasks/{tid}/result", ["POST"])
+    async def result(request: Request) -> Response:
+        tid = _id(request.path_params["tid"], "task id")
+        lease_id = request.query_params.get("lease", "")
+        _id(lease_id or "-", "lease id")
+        meta, frames = _frames(await _read_body(request))
+        status = _field(meta, "status", str)
+        if status not in ("ok", "error", "retry"):
+            raise HTTPError(400, "bad_request", "field 'status' must be ok, error or retry")
+        error = _field(meta, "error", dict, None)
+        if status == "ok" and not frames:
+            raise HTTPError(400, "bad_request", "an ok result needs a payload frame")
+        payload = frames[0] if frames else None
+        try:
+            coord.post_result(tid, lease_id, status, error, payload)
+        except StaleLease:
+            return _err(409, "stale_lease",
+                        "this lease is no longer current (the task was re-queued or already has a result)")
+        return JSONResponse({"accepted": True})
+
+    # -- blobs -----------------------------------------------------------------------
+    @route("/v1/blobs/{h}", ["HEAD", "GET"])
+    async def get_blob(request: Request) -> Response:
+        h = request.path_params["h"]
+        if not _SHA.match(h):
+            raise HTTPError(400, "bad_request", "blob name must be a sha256 hex digest")
+        path = coord.store.blob_file(h)
+        if path is None:
+            return _err(404, "unknown_blob", f"no blob {h}")
+        size = path.stat().st_size
+        if request.method == "HEAD":
+            return Response(status_code=200, headers={"content-length": str(size)})
+
+        async def body() -> AsyncIterator[bytes]:
+            with open(path, "rb") as fh:
+                while chunk := fh.read(4 * MiB):
+                    yield chunk
+        return StreamingResponse(body(), media_type="application/octet-stream",
+                                 headers={"content-length": str(size)})
+
+    @route("/v1/blobs/{h}", ["PUT"])
+    async def put_blob(request: Request) -> Response:
+        h = request.path_params["h"]
+        if not _SHA.match(h):
+            raise HTTPError(400, "bad_request", "blob name must be a sha256 hex digest")
+        body = await _read_body(request)
+        if hashlib.sha256(body).hexdigest() != h:
+            raise HTTPError(400, "bad_request", "blob content does not match its sha256 name")
+        coord.store.put_blob(h, [body])
+        return JSONResponse({"stored": True})
+
+    # -- jobs ------------------------------------------------------------------------
+    @route("/v1/jobs", ["POST"])
+    async def submit(request: Request) -> Response:
+        meta, frames = _frames(await _read_body(request))
+        job_id = _id(_field(meta, "job_id", str), "job id")
+        kind = _field(meta, "kind", str, "function")
+        if kind not in ("function", "script"):
+            raise HTTPError(400, "bad_request", "field 'kind' must be 'function' or 'script'")
+        name = _field(meta, "name", str, "")[:200]
+        fn = _field(meta, "fn", str)
+        if not _SHA.match(fn):
+            raise HTTPError(400, "bad_request", "field 'fn' must be a sha256 hex digest")
+        inline_fn = _field(meta, "fn_inline", bool, False)
+        n = _field(meta, "n_tasks", int, lo=0, hi=MAX_TASKS_PER_JOB)
+        if len(frames) != n + (1 if inline_fn else 0):
+            raise HTTPError(400, "bad_request",
+                            f"n_tasks is {n} but the body carries {len(frames)} payload frames")
+        timeout = _field(meta, "timeout", (int, float), None, lo=0.001, hi=365 * 86400)
+        costs = _field(meta, "costs", list, None)
+        if costs is None:
+            costs = [1.0] * n
+        elif len(costs) != n or not all(isinstance(c, (int, float)) and not isinstance(c, bool)
+                                        and 0 <= c < 1e9 for c in costs):
+            raise HTTPError(400, "bad_request", "field 'costs' must hold one number >= 0 per task")
+        require_worker = _field(meta, "require_worker", bool, False)
+        args = frames
+        if inline_fn:
+            blob, args = frames[0], frames[1:]
+            if hashlib.sha256(blob).hexdigest() != fn:
+                raise HTTPError(400, "bad_request", "inline function blob does not match 'fn'")
+            coord.store.put_blob(fn, [blob])
+        elif not coord.store.has_blob(fn):
+            raise HTTPError(409, "missing_blob", f"upload blob {fn} first (PUT /v1/blobs/{fn})")
+        job_meta = {"timeout": timeout, "name": name,
+                    "caller": _field(meta, "caller", dict, {})}
+        try:
+            job, created = coord.submit(job_id, name, kind, fn, job_meta, list(args),
+                                        [float(c) for c in costs], require_worker)
+        except NoWorkers:
+            return _err(409, "no_workers", "no worker is alive in the mesh")
+        return JSONResponse({"job_id": job.id, "n_tasks": job.n_tasks, "created": created})
+
+    @route("/v1/jobs", ["GET"])
+    async def list_jobs(request: Request) -> Response:
+        limit = int(_query_float(request, "limit", 20, 1, 1000))
+        rows = coord.store.db.execute(
+            "SELECT id FROM jobs ORDER BY created DESC LIMIT ?", (limit,)).fetchall()
+        return JSONResponse([_job_view(coord, r[0], with_tasks=False) for r in rows])
+
+    @route("/v1/jobs/{jid}", ["GET"])
+    async def job_status(request: Request) -> Response:
+        jid = _id(request.path_params["jid"], "job id")
+        view = _job_view(coord, jid, with_tasks=True)
+        if view is None:
+            raise UnknownJob(jid)
+        return JSONResponse(view)
+
+    @route("/v1/jobs/{jid}/results", ["GET"])
+    async def results(request: Request) -> Response:
+        jid = _id(request.path_params["jid"], "job id")
+        after = int(_query_float(request, "after", -1, -1, 1e15))
+        wait = _query_float(request, "wait", 0, 0, LONG_POLL_MAX_S)
+        if jid not in coord.jobs:
+            if coord.store.job_exists(jid):
+                return _err(410, "released", f"job {jid}'s results were already collected")
+            raise UnknownJob(jid)
+        job = await until_disconnect(request, coord.wait_results(jid, after, wait))
+        if job is None:
+            return Response(status_code=204)
+        items, parts, budget = [], [], RESULT_PAGE_BYTES
+        for t in coord.store.results_after(jid, after, RESULT_PAGE_COUNT):
+            if parts and t.result_size > budget:
+                break
+            budget -= t.result_size
+            items.append({"index": t.idx, "task_id": t.id, "state": t.state, "seq": t.seq,
+                          "worker": t.worker_id, "error": t.error,
+                          "has_payload": t.result is not None or t.result_file is not None})
+            if t.result is not None:
+                parts.append(Part(t.result))
+            elif t.result_file is not None:
+                parts.append(Part(path=coord.store.file_path(t.result_file), size=t.result_size))
+        return frames_response({"results": items, "n_tasks": job.n_tasks, "n_final": job.n_final,
+                                "state": job.state}, parts)
+
+    @route("/v1/jobs/{jid}/release", ["POST"])
+    async def release(request: Request) -> Response:
+        jid = _id(request.path_params["jid"], "job id")
+        if jid not in coord.jobs and not coord.store.job_exists(jid):
+            raise UnknownJob(jid)
+        coord.release(jid)
+        return JSONResponse({"released": True})
+
+    @route("/v1/jobs/{jid}/cancel", ["POST"])
+    async def cancel(request: Request) -> Response:
+        jid = _id(request.path_params["jid"], "job id")
+        return JSONResponse({"cancelled": coord.cancel(jid)})
+
+    async def sweeper() -> None:
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            try:
+                coord.sweep()
+            except Exception:
+                log.exception("sweep failed")
+
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app):
+        task = asyncio.ensure_future(sweeper())
+        try:
+            yield
+        finally:
+            task.cancel()
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return _err(404, "not_found", f"no route {request.method} {request.url.path}")
+
+    async def bad_method(request: Request, exc: Exception) -> Response:
+        return _err(405, "method_not_allowed", f"{request.method} is not allowed on {request.url.path}")
+
+    return Starlette(routes=routes, lifespan=lifespan,
+                     exception_handlers={404: not_found, 405: bad_method})
+
+
+def _job_view(coord: Coordinator, job_id: str, with_tasks: bool) -> dict | None:
+    row = coord.store.job_row(job_id)
+    if row is None:
+        return None
+    counts = coord.store.task_counts(job_id)
+    view = {"id": row["id"], "name": row["name"], "kind": row["kind"], "state": row["state"],
+            "n_tasks": row["n_tasks"], "counts": counts, "created": row["created"]}
+    if with_tasks:
+        view["tasks"] = coord.store.task_rows(job_id)
+    return view

@@ -1,0 +1,413 @@
+"""The coordinator's brain: jobs, leases and workers, between the HTTP routes and the store.
+
+The life of a task::
+
+    submit ──► pending ──lease──► leased ──result──► done | failed
+                  ▲                  │
+                  └──── requeue ─────┘  worker lost (TTL, deregister, dropped session)
+                                        or reconciled away by a heartbeat
+
+* **submit** writes the job and all its tasks in one transaction, then wakes idle
+  workers that are long-polling for work: a task is handed out the moment it exists.
+* **lease** grants up to ``slots`` tasks with a fresh lease id each (the fencing token).
+  A lease stays valid while its worker is alive; heartbeats keep the worker alive.
+* **result** is accepted only under the task's current lease id; a result under an
+  expired or superseded lease is refused (``StaleLease``) and never replaces the first
+  accepted one. Each final result gets the next ``seq`` of its job, and callers read
+  results by ``seq`` cursor, so each caller sees each result exactly once.
+* **requeue** puts a task back at the front of its job's queue; after ``MAX_ATTEMPTS``
+  losses it fails with kind ``lost``. A task whose *code* failed is never retried.
+
+Everything here runs on the event loop thread; there is no locking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from ..limits import HEARTBEAT_INTERVAL_S, MAX_ATTEMPTS, WORKER_TTL_S
+from .scheduler import RunQueue
+from .store import Store
+
+log = logging.getLogger("gpumesh.coordinator")
+
+#: Dead workers stay listed (``alive: false``) this long before they are forgotten.
+FORGET_DEAD_AFTER_S = 300.0
+
+
+class NoWorkers(Exception):
+    """Submit asked for a live worker and there is none."""
+
+
+class UnknownWorker(Exception):
+    """A worker id the coordinator does not know (e.g. it restarted): register again."""
+
+
+class UnknownJob(Exception):
+    pass
+
+
+class StaleLease(Exception):
+    """A result posted under a lease that is no longer the task's current one."""
+
+
+def new_id(nbytes: int = 6) -> str:
+    return secrets.token_hex(nbytes)
+
+
+@dataclass
+class Worker:
+    id: str
+    info: dict
+    slots: int
+    last_seen: float
+    alive: bool = True
+    leases: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Lease:
+    task_id: str
+    job_id: str
+    lease_id: str
+    worker_id: str
+    granted: float
+
+
+@dataclass
+class Job:
+    id: str
+    kind: str
+    fn_hash: str | None
+    meta: dict
+    n_tasks: int
+    n_final: int = 0
+    next_seq: int = 0
+    state: str = "active"
+    waiters: list[asyncio.Future] = field(default_factory=list)
+
+    def notify(self) -> None:
+        for f in self.waiters:
+            if not f.done():
+                f.set_result(None)
+        self.waiters.clear()
+
+
+@dataclass
+class Grant:
+    """One leased task as handed to a worker."""
+
+    task_id: str
+    job_id: str
+    index: int
+    lease_id: str
+    attempt: int
+
+
+class Coordinator:
+    """All mutable coordinator state. ``clock`` is injectable for tests (seconds)."""
+
+    def __init__(self, store: Store, clock=time.monotonic):
+        self.store = store
+        self.clock = clock
+        self.started = clock()
+        self.workers: dict[str, Worker] = {}
+        self.jobs: dict[str, Job] = {}
+        self.leases: dict[str, Lease] = {}
+        self.queue = RunQueue()
+        self.task_meta: dict[str, tuple[int, int]] = {}  # open task id -> (index, attempts)
+        self.idle: OrderedDict[str, tuple[asyncio.Future, int]] = OrderedDict()
+        self._recover()
+
+    # ------------------------------------------------------------ start-up -------
+    def _recover(self) -> None:
+        """Rebuild the in-memory view from the store after a (re)start."""
+        for row in self.store.active_jobs():
+            job = Job(row["id"], row["kind"], row["fn_hash"], row["meta"], row["n_tasks"],
+                      state=row["state"])
+            counts = self.store.task_counts(job.id)
+            job.n_final = sum(n for s, n in counts.items() if s not in ("pending", "leased"))
+            job.next_seq = self.store.max_seq(job.id) + 1
+            self.jobs[job.id] = job
+        now = self.clock()
+        for t in self.store.open_tasks():
+            if t.job_id not in self.jobs:
+                continue
+            self.task_meta[t.id] = (t.idx, t.attempts)
+            if t.state == "leased" and t.lease_id and t.worker_id:
+                # Keep the lease: a worker that comes back within the TTL may still
+                # deliver this result. The sweeper requeues it otherwise.
+                self.leases[t.id] = Lease(t.id, t.job_id, t.lease_id, t.worker_id, now)
+            else:
+                self.queue.add(t.job_id, [t.id])
+        if self.jobs:
+            log.info("recovered %d jobs, %d pending and %d leased tasks",
+                     len(self.jobs), len(self.queue), len(self.leases))
+
+    # ------------------------------------------------------------ workers --------
+    def register(self, info: dict, worker_id: str | None, slots: int) -> Worker:
+        """Add a worker (or bring one back under the id it had). Leases it held survive."""
+        wid = worker_id or new_id()
+        w = self.workers.get(wid)
+        if w is None:
+            w = Worker(wid, info, slots, self.clock())
+            w.leases = {tid for tid, lease in self.leases.items() if lease.worker_id == wid}
+            self.workers[wid] = w
+        w.info, w.slots, w.last_seen, w.alive = info, slots, self.clock(), True
+        log.info("worker joined: %s (%s)", info.get("hostname", "?"), wid)
+        return w
+
+    def _worker(self, wid: str) -> Worker:
+        w = self.workers.get(wid)
+        if w is None or not w.alive:
+            raise UnknownWorker(wid)
+        return w
+
+    def heartbeat(self, wid: str, running: list[str] | None, info: dict | None) -> dict:
+        """Mark ``wid`` alive. ``running`` lists the task ids the worker is executing:
+        leases it holds but does not know about (a lost lease response) are requeued.
+        Returns ``{"cancel": [task ids the worker should kill]}``."""
+        w = self._worker(wid)
+        w.last_seen = self.clock()
+        if info:
+            w.info.update(info)
+        cancel: list[str] = []
+        if running is not None:
+            held = set(running)
+            now = self.clock()
+            forgotten = [tid for tid in w.leases
+                         if tid not in held and now - self.leases[tid].granted > 2 * HEARTBEAT_INTERVAL_S]
+            self._requeue(forgotten, reason="the worker no longer reported it")
+            cancel = [tid for tid in held if tid not in w.leases]
+        return {"cancel": cancel}
+
+    def deregister(self, wid: str, reason: str = "worker left") -> int:
+        """A worker is gone: requeue its leases now. Returns how many were requeued."""
+        w = self.workers.get(wid)
+        if w is None:
+            return 0
+        w.alive = False
+        waiter = self.idle.pop(wid, None)
+        if waiter and not waiter[0].done():
+            waiter[0].set_result([])
+        n = len(w.leases)
+        self._requeue(list(w.leases), reason=reason)
+        log.info("worker %s gone (%s); %d task(s) re-queued", wid, reason, n)
+        return n
+
+    def alive_workers(self) -> list[Worker]:
+        return [w for w in self.workers.values() if w.alive]
+
+    def sweep(self) -> None:
+        """Declare silent workers dead, requeue orphaned leases, forget long-dead workers."""
+        now = self.clock()
+        for w in list(self.workers.values()):
+            if w.alive and now - w.last_seen > WORKER_TTL_S:
+                self.deregister(w.id, reason=f"no heartbeat for {WORKER_TTL_S:.0f}s")
+            elif not w.alive and now - w.last_seen > FORGET_DEAD_AFTER_S:
+                del self.workers[w.id]
+        if now - self.started > WORKER_TTL_S:
+            orphans = [tid for tid, lease in self.leases.items() if lease.worker_id not in self.workers]
+            self._requeue(orphans, reason="its worker did not come back after a restart")
+
+    # ------------------------------------------------------------ leasing --------
+    async def lease(self, wid: str, slots: int, wait: float) -> list[Grant]:
+        """Grant up to ``slots`` tasks to ``wid``, waiting up to ``wait`` s for some."""
+        w = self._worker(wid)
+        w.last_seen = self.clock()
+        grants = self._grant(w, slots)
+        if grants or wait <= 0:
+            return grants
+        old = self.idle.pop(wid, None)
+        if old and not old[0].done():
+            old[0].set_result([])
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.idle[wid] = (fut, slots)
+        try:
+            return await asyncio.wait_for(fut, wait)
+        except asyncio.TimeoutError:
+            return []
+        except asyncio.CancelledError:
+            # The long-poll was abandoned (its connection dropped). Tasks granted in the
+            # same instant would be stranded on a worker that never saw them.
+            if fut.done() and not fut.cancelled() and fut.result():
+                self._requeue([g.task_id for g in fut.result()],
+                              reason="the lease response was not delivered")
+            raise
+        finally:
+            cur = self.idle.get(wid)
+            if cur and cur[0] is fut:
+                del self.idle[wid]
+
+    def _grant(self, w: Worker, slots: int) -> list[Grant]:
+        taken = self.queue.take(slots)
+        if not taken:
+            return []
+        now = self.clock()
+        grants, rows = [], []
+        for job_id, tid in taken:
+            idx, attempts = self.task_meta[tid]
+            lease_id = new_id(8)
+            self.task_meta[tid] = (idx, attempts + 1)
+            self.leases[tid] = Lease(tid, job_id, lease_id, w.id, now)
+            w.leases.add(tid)
+            grants.append(Grant(tid, job_id, idx, lease_id, attempts + 1))
+            rows.append((tid, lease_id, w.id))
+        self.store.lease(rows)
+        return grants
+
+    def _wake_idle(self) -> None:
+        """Hand newly pending tasks to workers that are long-polling, longest-waiting first."""
+        while self.idle and len(self.queue):
+            wid, (fut, slots) = next(iter(self.idle.items()))
+            del self.idle[wid]
+            w = self.workers.get(wid)
+            if fut.done() or w is None or not w.alive:
+                continue
+            fut.set_result(self._grant(w, slots))
+
+    def _requeue(self, task_ids: list[str], reason: str) -> None:
+        back, lost = [], []
+        for tid in task_ids:
+            lease = self.leases.pop(tid, None)
+            if lease is None:
+                continue
+            w = self.workers.get(lease.worker_id)
+            if w:
+                w.leases.discard(tid)
+            idx, attempts = self.task_meta[tid]
+            if attempts >= MAX_ATTEMPTS:
+                lost.append((lease.job_id, tid, attempts))
+            else:
+                back.append((lease.job_id, tid))
+        if back:
+            self.store.requeue([tid for _, tid in back])
+            for job_id, tid in reversed(back):
+                self.queue.push_front(job_id, tid)
+        for job_id, tid, attempts in lost:
+            self._finalize(job_id, tid, "failed", {
+                "kind": "lost", "type": "WorkerLost",
+                "message": f"task lost its worker {attempts} times (last: {reason})"}, None)
+        if back:
+            self._wake_idle()
+
+    # ------------------------------------------------------------ jobs -----------
+    def submit(self, job_id: str, name: str, kind: str, fn_hash: str | None, meta: dict,
+               args: list, costs: list[float], require_worker: bool) -> tuple[Job, bool]:
+        """Create a job with one task per ``args`` payload. Idempotent on ``job_id``:
+        returns ``(job, created)``. Raises ``NoWorkers`` when ``require_worker`` and none
+        is alive (nothing is stored then)."""
+        if job_id in self.jobs or self.store.job_exists(job_id):
+            job = self.jobs.get(job_id)
+            if job is None:
+                row = self.store.job_row(job_id)
+                job = Job(job_id, row["kind"], row["fn_hash"], row["meta"], row["n_tasks"],
+                          n_final=row["n_tasks"], state=row["state"])
+            return job, False
+        if require_worker and not self.alive_workers():
+            raise NoWorkers()
+        task_ids = [new_id() for _ in args]
+        self.store.create_job(job_id, name, kind, fn_hash, meta,
+                              [(tid, i, costs[i], a) for i, (tid, a) in enumerate(zip(task_ids, args))])
+        job = Job(job_id, kind, fn_hash, meta, len(args))
+        self.jobs[job_id] = job
+        for i, tid in enumerate(task_ids):
+            self.task_meta[tid] = (i, 0)
+        if not args:
+            job.state = "finished"
+            self.store.set_job_state(job_id, "finished")
+        self.queue.add(job_id, task_ids)
+        self._wake_idle()
+        return job, True
+
+    def job(self, job_id: str) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise UnknownJob(job_id)
+        return job
+
+    def post_result(self, task_id: str, lease_id: str, status: str, error: dict | None,
+                    payload) -> None:
+        """Accept a worker's result under ``lease_id``; raises ``StaleLease`` otherwise.
+
+        ``status``: ``ok`` (payload is the value), ``error`` (the function raised;
+        payload is the pickled exception or None), ``retry`` (the worker could not run
+        it; requeue without blaming the task)."""
+        lease = self.leases.get(task_id)
+        if lease is None or lease.lease_id != lease_id:
+            raise StaleLease(task_id)
+        w = self.workers.get(lease.worker_id)
+        if w:
+            w.last_seen = self.clock()
+        if status == "retry":
+            self._requeue([task_id], reason=(error or {}).get("message", "worker asked to retry"))
+            return
+        del self.leases[task_id]
+        if w:
+            w.leases.discard(task_id)
+        state = "done" if status == "ok" else "failed"
+        self._finalize(lease.job_id, task_id, state, error, payload, worker_id=lease.worker_id)
+
+    def _finalize(self, job_id: str, task_id: str, state: str, error: dict | None,
+                  payload, worker_id: str | None = None) -> None:
+        job = self.jobs[job_id]
+        if error is not None and worker_id:
+            error.setdefault("worker", worker_id)
+        self.store.finish(task_id, state, job.next_seq, error, payload, job_id)
+        job.next_seq += 1
+        job.n_final += 1
+        self.task_meta.pop(task_id, None)
+        if job.n_final >= job.n_tasks and job.state == "active":
+            job.state = "finished"
+            self.store.set_job_state(job_id, "finished")
+        job.notify()
+
+    def cancel(self, job_id: str) -> int:
+        """Cancel every task of a job that is not final yet. Returns how many."""
+        job = self.job(job_id)
+        pending = self.queue.drop_job(job_id)
+        leased = [tid for tid, lease in self.leases.items() if lease.job_id == job_id]
+        for tid in leased:
+            lease = self.leases.pop(tid)
+            w = self.workers.get(lease.worker_id)
+            if w:
+                w.leases.discard(tid)
+        rows = []
+        for tid in pending + leased:
+            rows.append((tid, "cancelled", job.next_seq,
+                         {"kind": "cancelled", "type": "Cancelled", "message": "the job was cancelled"}))
+            job.next_seq += 1
+            job.n_final += 1
+            self.task_meta.pop(tid, None)
+        self.store.finish_many(rows)
+        if job.state == "active":
+            job.state = "cancelled"
+            self.store.set_job_state(job_id, "cancelled")
+        job.notify()
+        return len(rows)
+
+    async def wait_results(self, job_id: str, after: int, wait: float) -> Job:
+        """Return once ``job_id`` has a result with ``seq > after`` or ``wait`` s passed."""
+        job = self.job(job_id)
+        if job.next_seq - 1 > after or wait <= 0:
+            return job
+        fut = asyncio.get_running_loop().create_future()
+        job.waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, wait)
+        except asyncio.TimeoutError:
+            pass
+        return job
+
+    def release(self, job_id: str) -> None:
+        """The caller has every result: free the payloads (metadata stays for listings)."""
+        job = self.jobs.get(job_id)
+        if job is not None and job.n_final < job.n_tasks:
+            return  # still running; nothing to release yet
+        self.store.release_job(job_id)
+        self.jobs.pop(job_id, None)

@@ -1,0 +1,317 @@
+"""The coordinator's durable state: every SQL statement gpumesh runs lives here.
+
+SQLite in WAL mode, ``synchronous=NORMAL``: a transaction is durable once ``commit``
+returns as far as a *process* crash is concerned (SIGKILL of the coordinator loses
+nothing it acknowledged); the WAL is fsynced at checkpoints, so a power cut may lose the
+last transactions before one. ``GPUMESH_SYNC=FULL`` fsyncs on every commit instead.
+
+Payloads (function blobs, task arguments, results) up to ``INLINE_BLOB_BYTES`` live in
+rows; larger ones are files under ``<data_dir>/blobs`` written to a temporary name,
+fsynced and renamed before the row that points at them is committed, so a row never
+points at a half-written file. Function blobs are content-addressed (sha256).
+
+All methods are synchronous and fast (no method scans all tasks); the coordinator calls
+them from its event loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..limits import INLINE_BLOB_BYTES
+from ..wire import Chunk
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id          TEXT PRIMARY KEY,
+    name        TEXT NOT NULL,
+    kind        TEXT NOT NULL,            -- 'function' | 'script'
+    fn_hash     TEXT,                     -- sha256 of the function / script blob
+    meta        TEXT NOT NULL,            -- JSON: timeout, requirements, caller info
+    n_tasks     INTEGER NOT NULL,
+    created     REAL NOT NULL,
+    state       TEXT NOT NULL,            -- 'active' | 'finished' | 'cancelled'
+    released    INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS tasks (
+    id          TEXT PRIMARY KEY,
+    job_id      TEXT NOT NULL,
+    idx         INTEGER NOT NULL,
+    state       TEXT NOT NULL,            -- 'pending' | 'leased' | 'done' | 'failed' | 'cancelled'
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    cost        REAL NOT NULL DEFAULT 1.0,
+    lease_id    TEXT,
+    worker_id   TEXT,
+    args        BLOB,                     -- inline payload, or NULL when args_file is set
+    args_file   TEXT,
+    result      BLOB,
+    result_file TEXT,
+    error       TEXT,                     -- JSON describing a failure
+    seq         INTEGER,                  -- order in which results became final, per job
+    finished    REAL,
+    UNIQUE (job_id, idx)
+);
+CREATE INDEX IF NOT EXISTS tasks_open ON tasks (state) WHERE state IN ('pending', 'leased');
+CREATE INDEX IF NOT EXISTS tasks_seq ON tasks (job_id, seq) WHERE seq IS NOT NULL;
+CREATE TABLE IF NOT EXISTS blobs (
+    hash        TEXT PRIMARY KEY,
+    size        INTEGER NOT NULL,
+    created     REAL NOT NULL
+);
+"""
+
+
+@dataclass
+class OpenTask:
+    """A task that is pending or leased, as loaded at start-up."""
+
+    id: str
+    job_id: str
+    idx: int
+    state: str
+    attempts: int
+    cost: float
+    lease_id: str | None
+    worker_id: str | None
+
+
+@dataclass
+class FinalTask:
+    """A task whose result (value or failure) is final."""
+
+    id: str
+    idx: int
+    state: str
+    seq: int
+    worker_id: str | None
+    error: dict | None
+    result: bytes | None
+    result_file: str | None
+    result_size: int
+
+
+class Store:
+    """SQLite + files under ``data_dir``. Raises ``OSError``/``sqlite3.Error`` if unusable."""
+
+    def __init__(self, data_dir: Path):
+        self.dir = Path(data_dir)
+        self.blob_dir = self.dir / "blobs"
+        self.blob_dir.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(self.dir / "gpumesh.db", isolation_level=None,
+                                  check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute(f"PRAGMA synchronous={os.environ.get('GPUMESH_SYNC', 'NORMAL')}")
+        self.db.execute("PRAGMA busy_timeout=5000")
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[None]:
+        """One explicit transaction (the connection is in autocommit mode otherwise)."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    # ---------------------------------------------------------- files ------------
+    def _write_file(self, rel: str, chunks: Iterable[Chunk]) -> int:
+        path = self.blob_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        n = 0
+        with open(tmp, "wb") as fh:
+            for c in chunks:
+                n += fh.write(c)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        return n
+
+    def file_path(self, rel: str) -> Path:
+        return self.blob_dir / rel
+
+    def _store_payload(self, rel: str, data: Chunk) -> tuple[bytes | None, str | None]:
+        """Inline small payloads, write big ones to a file. Returns (inline, file)."""
+        if memoryview(data).nbytes <= INLINE_BLOB_BYTES:
+            return bytes(data), None
+        self._write_file(rel, [data])
+        return None, rel
+
+    def _remove_file(self, rel: str | None) -> None:
+        if rel:
+            try:
+                (self.blob_dir / rel).unlink()
+            except FileNotFoundError:
+                pass
+
+    # ---------------------------------------------------------- function blobs ---
+    def has_blob(self, h: str) -> bool:
+        return self.db.execute("SELECT 1 FROM blobs WHERE hash=?", (h,)).fetchone() is not None
+
+    def put_blob(self, h: str, chunks: Iterable[Chunk]) -> None:
+        """Store a content-addressed blob. The caller has verified that sha256 == ``h``."""
+        if self.has_blob(h):
+            return
+        size = self._write_file(f"fn/{h[:2]}/{h}", chunks)
+        self.db.execute("INSERT OR IGNORE INTO blobs VALUES (?, ?, ?)", (h, size, time.time()))
+
+    def blob_file(self, h: str) -> Path | None:
+        if not self.has_blob(h):
+            return None
+        return self.blob_dir / "fn" / h[:2] / h
+
+    # ---------------------------------------------------------- jobs -------------
+    def create_job(self, job_id: str, name: str, kind: str, fn_hash: str | None, meta: dict,
+                   tasks: list[tuple[str, int, float, Chunk]]) -> None:
+        """Insert a job and its tasks ``(task_id, index, cost, args_payload)`` atomically."""
+        rows = []
+        written = []
+        try:
+            for tid, idx, cost, args in tasks:
+                inline, fname = self._store_payload(f"args/{job_id}/{tid}", args)
+                if fname:
+                    written.append(fname)
+                rows.append((tid, job_id, idx, cost, inline, fname))
+            with self._tx():
+                self.db.execute(
+                    "INSERT INTO jobs (id, name, kind, fn_hash, meta, n_tasks, created, state)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, 'active')",
+                    (job_id, name, kind, fn_hash, json.dumps(meta), len(tasks), time.time()))
+                self.db.executemany(
+                    "INSERT INTO tasks (id, job_id, idx, state, cost, args, args_file)"
+                    " VALUES (?, ?, ?, 'pending', ?, ?, ?)", rows)
+        except BaseException:
+            for f in written:
+                self._remove_file(f)
+            raise
+
+    def job_exists(self, job_id: str) -> bool:
+        return self.db.execute("SELECT 1 FROM jobs WHERE id=?", (job_id,)).fetchone() is not None
+
+    def job_row(self, job_id: str) -> dict | None:
+        row = self.db.execute(
+            "SELECT id, name, kind, fn_hash, meta, n_tasks, created, state, released"
+            " FROM jobs WHERE id=?", (job_id,)).fetchone()
+        if row is None:
+            return None
+        keys = ("id", "name", "kind", "fn_hash", "meta", "n_tasks", "created", "state", "released")
+        out = dict(zip(keys, row))
+        out["meta"] = json.loads(out["meta"])
+        return out
+
+    def task_counts(self, job_id: str) -> dict[str, int]:
+        rows = self.db.execute("SELECT state, COUNT(*) FROM tasks WHERE job_id=? GROUP BY state",
+                               (job_id,)).fetchall()
+        return {state: n for state, n in rows}
+
+    def set_job_state(self, job_id: str, state: str) -> None:
+        self.db.execute("UPDATE jobs SET state=? WHERE id=?", (state, job_id))
+
+    def active_jobs(self) -> list[dict]:
+        ids = [r[0] for r in self.db.execute(
+            "SELECT id FROM jobs WHERE state='active' OR released=0 ORDER BY created")]
+        return [self.job_row(i) for i in ids]
+
+    def open_tasks(self) -> list[OpenTask]:
+        """Pending and leased tasks, in job-creation then index order (uses tasks_open)."""
+        rows = self.db.execute(
+            "SELECT id, job_id, idx, state, attempts, cost, lease_id, worker_id FROM tasks"
+            " WHERE state IN ('pending', 'leased') ORDER BY rowid").fetchall()
+        return [OpenTask(*r) for r in rows]
+
+    def max_seq(self, job_id: str) -> int:
+        row = self.db.execute("SELECT MAX(seq) FROM tasks WHERE job_id=?", (job_id,)).fetchone()
+        return -1 if row[0] is None else row[0]
+
+    def release_job(self, job_id: str) -> None:
+        """The caller has every result: drop argument and result payloads, keep the rows."""
+        files = self.db.execute(
+            "SELECT args_file, result_file FROM tasks WHERE job_id=?", (job_id,)).fetchall()
+        with self._tx():
+            self.db.execute("UPDATE tasks SET args=NULL, args_file=NULL, result=NULL,"
+                            " result_file=NULL WHERE job_id=?", (job_id,))
+            self.db.execute("UPDATE jobs SET released=1 WHERE id=?", (job_id,))
+        for a, r in files:
+            self._remove_file(a)
+            self._remove_file(r)
+        try:
+            (self.blob_dir / "args" / job_id).rmdir()
+        except OSError:
+            pass
+
+    # ---------------------------------------------------------- tasks ------------
+    def task_args(self, task_id: str) -> tuple[bytes | None, str | None]:
+        row = self.db.execute("SELECT args, args_file FROM tasks WHERE id=?", (task_id,)).fetchone()
+        return (row[0], row[1]) if row else (None, None)
+
+    def lease(self, grants: list[tuple[str, str, str]]) -> None:
+        """Mark tasks leased: ``(task_id, lease_id, worker_id)``."""
+        with self._tx():
+            self.db.executemany(
+                "UPDATE tasks SET state='leased', lease_id=?, worker_id=?, attempts=attempts+1"
+                " WHERE id=?", [(lid, wid, tid) for tid, lid, wid in grants])
+
+    def requeue(self, task_ids: list[str]) -> None:
+        with self._tx():
+            self.db.executemany(
+                "UPDATE tasks SET state='pending', lease_id=NULL WHERE id=? AND state='leased'",
+                [(t,) for t in task_ids])
+
+    def finish(self, task_id: str, state: str, seq: int, error: dict | None,
+               result: Chunk | None, job_id: str) -> None:
+        """Record a final result (value or failure). ``state`` is 'done', 'failed' or 'cancelled'."""
+        inline, fname = (None, None)
+        if result is not None:
+            inline, fname = self._store_payload(f"results/{job_id}/{task_id}", result)
+        self.db.execute(
+            "UPDATE tasks SET state=?, seq=?, error=?, result=?, result_file=?, finished=?,"
+            " lease_id=NULL WHERE id=?",
+            (state, seq, json.dumps(error) if error else None, inline, fname, time.time(), task_id))
+
+    def finish_many(self, rows: list[tuple[str, str, int, dict | None]]) -> None:
+        """Final failures without payloads: ``(task_id, state, seq, error)``, one transaction."""
+        now = time.time()
+        with self._tx():
+            self.db.executemany(
+                "UPDATE tasks SET state=?, seq=?, error=?, finished=?, lease_id=NULL WHERE id=?",
+                [(st, seq, json.dumps(err) if err else None, now, tid) for tid, st, seq, err in rows])
+
+    def results_after(self, job_id: str, after: int, limit: int) -> Iterator[FinalTask]:
+        """Final tasks of ``job_id`` with ``seq > after``, in seq order (uses tasks_seq)."""
+        cur = self.db.execute(
+            "SELECT id, idx, state, seq, worker_id, error, result, result_file,"
+            " COALESCE(LENGTH(result), 0) FROM tasks"
+            " WHERE job_id=? AND seq>? ORDER BY seq LIMIT ?", (job_id, after, limit))
+        for tid, idx, state, seq, wid, err, res, rfile, rlen in cur.fetchall():
+            size = rlen
+            if rfile:
+                try:
+                    size = (self.blob_dir / rfile).stat().st_size
+                except OSError:
+                    size = 0
+            yield FinalTask(tid, idx, state, seq, wid, json.loads(err) if err else None,
+                            res, rfile, size)
+
+    def task_rows(self, job_id: str) -> list[dict]:
+        rows = self.db.execute(
+            "SELECT id, idx, state, attempts, worker_id, error, cost FROM tasks WHERE job_id=?"
+            " ORDER BY idx", (job_id,)).fetchall()
+        keys = ("id", "index", "state", "attempts", "worker_id", "error", "cost")
+        out = []
+        for r in rows:
+            d = dict(zip(keys, r))
+            d["error"] = json.loads(d["error"]) if d["error"] else None
+            out.append(d)
+        return out

@@ -1,0 +1,106 @@
+"""Every error gpumesh raises, under one base class.
+
+    MeshError                      catch this to catch anything gpumesh raises
+    ├── AuthError                  the coordinator refused the token (HTTP 401/403)
+    ├── RequestRejected            the coordinator refused a request as malformed (HTTP 4xx)
+    ├── MeshUnavailable            the coordinator stopped answering after it accepted a job
+    ├── WireError                  bytes that are not a gpumesh payload, or another wire version
+    ├── PayloadTooLarge            a body over a documented size limit (names the limit)
+    ├── TaskFailed                 the task did not return a value
+    │   ├── RemoteError            the function raised an exception that could not travel
+    │   │                          as itself (its type, message and traceback are kept)
+    │   ├── TaskCrashed            the task's process died (signal, os._exit, segfault)
+    │   ├── WorkerLost             every worker that tried the task went away
+    │   └── Cancelled              the job was cancelled
+    └── TaskTimeout                the task ran past its timeout (also a TimeoutError)
+
+An exception raised by *your* function is re-raised at the caller as itself (same type
+and message) whenever it can be pickled; gpumesh attaches the remote traceback as its
+``__cause__`` (a :class:`RemoteTraceback`). Only when that is impossible do you get a
+:class:`RemoteError`.
+"""
+
+from __future__ import annotations
+
+
+class MeshError(Exception):
+    """Base class of every error gpumesh raises itself."""
+
+
+class AuthError(MeshError):
+    """The coordinator refused the token. Never raised for a network failure."""
+
+
+class RequestRejected(MeshError):
+    """The coordinator answered 4xx to a request; ``status`` and the server's message are kept."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+class MeshUnavailable(MeshError):
+    """The coordinator could not be reached for longer than the client is willing to wait.
+
+    Raised only once the coordinator has accepted work (before that, calls fall back to
+    local execution instead).
+    """
+
+
+class WireError(MeshError):
+    """Bytes that are not a gpumesh payload, or a payload of another wire version."""
+
+
+class PayloadTooLarge(MeshError):
+    """A request or result is over a size limit; the message names the limit in MiB."""
+
+
+class TaskFailed(MeshError):
+    """A task did not produce a value. ``task_id`` and ``worker`` say where, when known."""
+
+    def __init__(self, message: str, task_id: str | None = None, worker: str | None = None):
+        super().__init__(message)
+        self.task_id = task_id
+        self.worker = worker
+
+
+class RemoteError(TaskFailed):
+    """The function raised an exception that could not be sent back as itself.
+
+    ``remote_type`` is the exception's qualified type name, ``remote_message`` its text and
+    ``remote_traceback`` the formatted traceback from the worker.
+    """
+
+    def __init__(self, remote_type: str, remote_message: str, remote_traceback: str = "",
+                 task_id: str | None = None, worker: str | None = None):
+        super().__init__(f"{remote_type}: {remote_message}", task_id, worker)
+        self.remote_type = remote_type
+        self.remote_message = remote_message
+        self.remote_traceback = remote_traceback
+
+
+class TaskCrashed(TaskFailed):
+    """The task's process died without returning (a signal, ``os._exit``, a segfault)."""
+
+
+class WorkerLost(TaskFailed):
+    """The task was re-queued after worker losses until its attempts ran out."""
+
+
+class Cancelled(TaskFailed):
+    """The job the task belongs to was cancelled."""
+
+
+class TaskTimeout(MeshError, TimeoutError):
+    """The task ran longer than its ``timeout`` (seconds) and its process tree was killed."""
+
+
+class RemoteTraceback(Exception):
+    """Carries the worker-side traceback text; set as ``__cause__`` of a re-raised exception."""
+
+    def __init__(self, tb: str):
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.tb}"""'

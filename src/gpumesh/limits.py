@@ -1,0 +1,66 @@
+"""Named timings and size limits, in one place.
+
+Units are in the names: ``_S`` seconds, ``_BYTES`` bytes (powers of two: 1 MiB = 2**20).
+Environment variables that override a value are named next to it.
+"""
+
+from __future__ import annotations
+
+import os
+
+MiB = 2**20
+
+# --- network -------------------------------------------------------------------------
+#: Default coordinator port (``gpumesh serve --port``).
+DEFAULT_PORT = 8000
+#: Seconds a client waits for a TCP connection to the coordinator.
+CONNECT_TIMEOUT_S = 3.0
+#: Seconds a client waits for an ordinary (non-long-poll) answer.
+READ_TIMEOUT_S = 30.0
+#: Seconds the routing probe (``GET /v1/health``) may take before the mesh counts as down.
+PROBE_TIMEOUT_S = 2.0
+#: Seconds a healthy probe result is trusted before the next call probes again.
+PROBE_CACHE_S = 5.0
+#: Longest long-poll the coordinator holds open (lease requests and result waits).
+LONG_POLL_MAX_S = 30.0
+#: Long-poll the clients ask for; below LONG_POLL_MAX_S so proxies don't cut them.
+LONG_POLL_S = 20.0
+
+# --- liveness ------------------------------------------------------------------------
+#: Seconds between worker heartbeats.
+HEARTBEAT_INTERVAL_S = 2.0
+#: Seconds without a heartbeat after which a worker is declared dead and its leases
+#: are re-queued. Override with ``GPUMESH_WORKER_TTL``.
+WORKER_TTL_S = float(os.environ.get("GPUMESH_WORKER_TTL", "10"))
+#: How often the coordinator sweeps for dead workers and expired leases.
+SWEEP_INTERVAL_S = 0.5
+#: Attempts a task gets when the worker running it is lost (not when the task raises).
+MAX_ATTEMPTS = 3
+
+# --- reconnect (bounded exponential backoff with full jitter) -----------------------
+BACKOFF_BASE_S = 0.2
+BACKOFF_MAX_S = 5.0
+#: How long a caller keeps retrying an unreachable coordinator while it waits for
+#: results of an accepted job before raising MeshUnavailable.
+CALLER_RECONNECT_S = float(os.environ.get("GPUMESH_RECONNECT_TIMEOUT", "300"))
+
+# --- sizes ---------------------------------------------------------------------------
+#: Largest request body the coordinator accepts (a job submit, a blob, a result).
+MAX_BODY_BYTES = int(os.environ.get("GPUMESH_MAX_BODY_MB", "2048")) * MiB
+#: Payloads up to this size are kept in SQLite rows; larger ones as files beside it.
+INLINE_BLOB_BYTES = 256 * 1024
+#: A function blob up to this size travels inside the submit request itself.
+INLINE_FUNCTION_BYTES = 256 * 1024
+#: Most tasks one ``.map`` submit may carry.
+MAX_TASKS_PER_JOB = 1_000_000
+#: Result-page budget: a results long-poll answers with at most this many bytes
+#: (always at least one result, whatever its size).
+RESULT_PAGE_BYTES = 64 * MiB
+#: Most results in one results page.
+RESULT_PAGE_COUNT = 2000
+
+# --- worker --------------------------------------------------------------------------
+#: Warm per-function processes a worker keeps (least recently used beyond this exit).
+MAX_WARM_FUNCTIONS = 4
+#: Seconds an idle warm per-function process lives.
+WARM_IDLE_S = 300.0

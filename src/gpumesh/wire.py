@@ -1,0 +1,214 @@
+"""The one place Python objects become bytes and bytes become Python objects.
+
+Two layouts, both little-endian and versioned by their magic:
+
+**Payload** - one pickled object (cloudpickle, protocol 5) with its out-of-band buffers::
+
+    b"GMP1" | u32 nbuf | u64 pickle_len | u64 buf_len * nbuf | pad | pickle | pad | buf0 | pad | buf1 ...
+
+  Large NumPy arrays, tensors and ``PickleBuffer``\\ s travel as raw buffers next to the
+  pickle stream instead of inside it, so they are never copied into it; on the receiving
+  side they are views of the (writable) receive buffer, so arrays come back writable
+  without another copy. Every section starts on a 64-byte boundary.
+
+**Frames** - several byte strings in one HTTP body (a job with its arguments, a page
+of results)::
+
+    b"GMF1" | u32 count | u64 len * count | pad | frame0 | pad | frame1 ...
+
+  Frame 0 is JSON metadata by convention; the rest are usually payloads.
+
+A reader that meets another magic raises :class:`~gpumesh.errors.WireError` naming both
+versions, instead of a pickle traceback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import struct
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import cloudpickle
+
+from .errors import WireError
+
+PAYLOAD_MAGIC = b"GMP1"
+FRAMES_MAGIC = b"GMF1"
+ALIGN = 64
+PROTOCOL = 5
+
+Chunk = bytes | bytearray | memoryview
+
+
+def _pad(n: int) -> int:
+    return (-n) % ALIGN
+
+
+def _check_magic(view: memoryview, magic: bytes, what: str) -> None:
+    got = bytes(view[:4])
+    if got == magic:
+        return
+    if got[:3] == magic[:3]:
+        raise WireError(
+            f"{what} uses wire version {got[3:4].decode(errors='replace')}, this gpumesh reads "
+            f"version {magic[3:4].decode()}: run the same gpumesh version on every machine"
+        )
+    raise WireError(f"not a gpumesh {what} (starts with {got!r})")
+
+
+# ---------------------------------------------------------------- payloads --------
+class Payload:
+    """A serialized object as a list of chunks, ready to hash, send or join.
+
+    ``chunks`` are the layout above in order; ``size`` is their total length in bytes.
+    Nothing is copied until a caller asks for :meth:`to_bytes`.
+    """
+
+    __slots__ = ("chunks", "size")
+
+    def __init__(self, chunks: list[Chunk]):
+        self.chunks = chunks
+        self.size = sum(memoryview(c).nbytes for c in chunks)
+
+    def sha256(self) -> str:
+        h = hashlib.sha256()
+        for c in self.chunks:
+            h.update(c)
+        return h.hexdigest()
+
+    def to_bytes(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+def dumps(obj: Any, *, by_value: bool = True) -> Payload:
+    """Serialize ``obj`` with cloudpickle (protocol 5, out-of-band buffers).
+
+    ``by_value=False`` uses the standard pickler (faster for plain data; functions and
+    classes must then be importable on the other side).
+    Raises whatever the pickler raises for an unpicklable object (``TypeError``,
+    ``pickle.PicklingError``).
+    """
+    buffers: list[memoryview] = []
+
+    def keep(buf: pickle.PickleBuffer) -> bool:
+        try:
+            buffers.append(buf.raw())
+        except BufferError:  # not contiguous: let pickle copy it in-band
+            return True
+        return False
+
+    if by_value:
+        stream = cloudpickle.dumps(obj, protocol=PROTOCOL, buffer_callback=keep)
+    else:
+        stream = pickle.dumps(obj, protocol=PROTOCOL, buffer_callback=keep)
+    head = bytearray(PAYLOAD_MAGIC)
+    head += struct.pack("<IQ", len(buffers), len(stream))
+    for b in buffers:
+        head += struct.pack("<Q", b.nbytes)
+    chunks: list[Chunk] = [bytes(head)]
+    off = len(head)
+    for part in (stream, *buffers):
+        pad = _pad(off)
+        if pad:
+            chunks.append(b"\0" * pad)
+            off += pad
+        chunks.append(part)
+        off += memoryview(part).nbytes
+    return Payload(chunks)
+
+
+def loads(data: Chunk) -> Any:
+    """Inverse of :func:`dumps`. Pass a ``bytearray`` to get writable arrays back.
+
+    Raises :class:`WireError` for bytes that are not a payload; whatever unpickling
+    raises (``ModuleNotFoundError`` for a module the receiver lacks, ...) otherwise.
+    """
+    view = memoryview(data).cast("B")
+    if view.nbytes < 16:
+        raise WireError(f"payload too short ({view.nbytes} bytes)")
+    _check_magic(view, PAYLOAD_MAGIC, "payload")
+    nbuf, stream_len = struct.unpack_from("<IQ", view, 4)
+    lens = struct.unpack_from(f"<{nbuf}Q", view, 16)
+    off = 16 + 8 * nbuf
+    off += _pad(off)
+    stream = view[off:off + stream_len]
+    off += stream_len
+    bufs = []
+    for n in lens:
+        off += _pad(off)
+        bufs.append(view[off:off + n])
+        off += n
+    if off > view.nbytes:
+        raise WireError("payload truncated")
+    return pickle.loads(stream, buffers=bufs)
+
+
+# ---------------------------------------------------------------- frames ----------
+def frames_header(lengths: Sequence[int]) -> bytes:
+    head = FRAMES_MAGIC + struct.pack("<I", len(lengths)) + struct.pack(f"<{len(lengths)}Q", *lengths)
+    return head + b"\0" * _pad(len(head))
+
+
+def pack_frames(frames: Sequence[Chunk | Payload]) -> tuple[list[Chunk], int]:
+    """Lay out ``frames`` as one body. Returns (chunks, total bytes); nothing is copied."""
+    lengths = [f.size if isinstance(f, Payload) else memoryview(f).nbytes for f in frames]
+    chunks: list[Chunk] = [frames_header(lengths)]
+    off = len(chunks[0])
+    for f, n in zip(frames, lengths):
+        pad = _pad(off)
+        if pad:
+            chunks.append(b"\0" * pad)
+            off += pad
+        if isinstance(f, Payload):
+            chunks.extend(f.chunks)
+        else:
+            chunks.append(f)
+        off += n
+    return chunks, off
+
+
+def frame_offsets(lengths: Sequence[int]) -> Iterator[int]:
+    """Byte offset of each frame in a body whose header names ``lengths``."""
+    off = len(frames_header(lengths))
+    for n in lengths:
+        off += _pad(off)
+        yield off
+        off += n
+
+
+def unpack_frames(data: Chunk) -> list[memoryview]:
+    """Split a frames body into views (no copies). Raises :class:`WireError` if malformed."""
+    view = memoryview(data).cast("B")
+    if view.nbytes < 8:
+        raise WireError(f"frames body too short ({view.nbytes} bytes)")
+    _check_magic(view, FRAMES_MAGIC, "message")
+    (count,) = struct.unpack_from("<I", view, 4)
+    if 8 + 8 * count > view.nbytes:
+        raise WireError("frames header truncated")
+    lengths = struct.unpack_from(f"<{count}Q", view, 8)
+    out = []
+    for off, n in zip(frame_offsets(lengths), lengths):
+        if off + n > view.nbytes:
+            raise WireError("frames body truncated")
+        out.append(view[off:off + n])
+    return out
+
+
+def iter_chunks(chunks: Iterable[Chunk], size: int = 1 << 20) -> Iterator[bytes]:
+    """Re-chunk for an HTTP client that wants ``bytes``: small pieces are coalesced and big
+    ones split, so every write is about ``size`` bytes (few syscalls, bounded copies)."""
+    pending = bytearray()
+    for c in chunks:
+        mv = memoryview(c).cast("B")
+        if pending and len(pending) + mv.nbytes > size:
+            yield bytes(pending)
+            pending.clear()
+        if mv.nbytes < size:
+            pending += mv
+            continue
+        for i in range(0, mv.nbytes, size):
+            yield bytes(mv[i:i + size])
+    if pending:
+        yield bytes(pending)

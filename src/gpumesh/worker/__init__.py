@@ -1,0 +1,1 @@
+"""Worker: agent, task runner processes, device detection and scoring."""

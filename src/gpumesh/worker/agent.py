@@ -1,0 +1,245 @@
+"""The worker agent: register, heartbeat, lease tasks by long-poll, run them, post results.
+
+::
+
+    register ─► heartbeat thread (every HEARTBEAT_INTERVAL_S: "these tasks are running";
+    │           answers carry task ids to cancel)
+    ▼
+    lease loop: POST /lease {slots: free} (long-poll) ─► one thread per granted task:
+                fetch function blob (cached by sha256) ─► Executor.run ─► POST result
+                (retried with backoff until accepted or refused as stale)
+
+Whenever the coordinator is unreachable every loop backs off (bounded exponential with
+full jitter) and retries; when the coordinator says it does not know this worker (it
+restarted) the agent registers again under the same id, keeping running tasks. On
+stop (Ctrl+C / SIGTERM) it kills its task processes, deregisters so the coordinator
+re-queues at once, and exits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from .. import wire
+from .._version import __version__
+from ..errors import AuthError, RequestRejected
+from ..limits import BACKOFF_BASE_S, BACKOFF_MAX_S, HEARTBEAT_INTERVAL_S, LONG_POLL_S
+from ..transport import Transport, Unreachable
+from .executor import Executor, Outcome
+
+log = logging.getLogger("gpumesh.worker")
+
+
+def backoff_delays(base: float = BACKOFF_BASE_S, cap: float = BACKOFF_MAX_S):
+    """Full-jitter exponential backoff (AWS architecture blog, "Exponential Backoff and
+    Jitter"): attempt k sleeps uniform(0, min(cap, base * 2**k)) seconds."""
+    k = 0
+    while True:
+        yield random.uniform(0, min(cap, base * (2 ** k)))
+        k = min(k + 1, 30)
+
+
+class WorkerAgent:
+    """One worker process's agent.
+
+    ``url``/``token``: the coordinator. ``slots``: tasks run at once. ``info``: the
+    device description sent at registration (see :func:`gpumesh.worker.device.detect`).
+    ``on_event(kind, text)`` receives user-facing lines (``joined``, ``reconnected``...).
+    """
+
+    def __init__(self, url: str, token: str, *, slots: int = 1, info: dict | None = None,
+                 cache_dir: Path | None = None, worker_id: str | None = None,
+                 on_event=None):
+        self.url = url
+        self.http = Transport(url, token)
+        self.slots = slots
+        self.info = dict(info or {})
+        self.info.setdefault("version", __version__)
+        self.id: str | None = worker_id
+        self.on_event = on_event or (lambda kind, text: log.info(text))
+        self.cache = Path(cache_dir or tempfile.mkdtemp(prefix="gpumesh-worker-"))
+        (self.cache / "fn").mkdir(parents=True, exist_ok=True)
+        self.stopping = threading.Event()
+        self.executor = Executor()
+        self._free = threading.Semaphore(slots)
+        self._reg_lock = threading.Lock()
+        self._registered = threading.Event()
+        self._blob_locks: dict[str, threading.Lock] = {}
+        self._threads: list[threading.Thread] = []
+
+    # ------------------------------------------------------------------ lifecycle ---
+    def run(self) -> None:
+        """Run until :meth:`stop`. Raises ``AuthError`` if the token is refused."""
+        self._register(first=True)
+        hb = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+        hb.start()
+        try:
+            self._lease_loop()
+        finally:
+            self._shutdown()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def _shutdown(self) -> None:
+        self.executor.close()  # kills running tasks first: no orphans
+        if self.id is not None and self._registered.is_set():
+            try:
+                self.http.request("DELETE", f"/v1/workers/{self.id}", timeout=3)
+            except Exception as e:  # noqa: BLE001 - best effort; the TTL covers it
+                log.debug("deregister failed: %s", e)
+        self.http.close()
+
+    # ------------------------------------------------------------------ registration -
+    def _register(self, first: bool = False) -> None:
+        with self._reg_lock:
+            if self._registered.is_set() and not first:
+                return
+            delays = backoff_delays()
+            while not self.stopping.is_set():
+                try:
+                    body = dict(self.info, slots=self.slots)
+                    if self.id:
+                        body["id"] = self.id
+                    resp = self.http.request("POST", "/v1/workers", json=body, timeout=10)
+                    self.id = resp.json()["id"]
+                    self._registered.set()
+                    self.on_event("joined" if first else "rejoined",
+                                  f"joined mesh as {self.id}" if first else f"re-joined mesh as {self.id}")
+                    return
+                except AuthError:
+                    raise
+                except Unreachable as e:
+                    if first:
+                        self.on_event("waiting", f"coordinator not reachable yet ({e}); retrying")
+                        first = False if self.id else first
+                    self.stopping.wait(next(delays))
+
+    def _lost_registration(self) -> None:
+        self._registered.clear()
+        self._register()
+
+    # ------------------------------------------------------------------ heartbeat ---
+    def _heartbeat_loop(self) -> None:
+        delays = backoff_delays()
+        while not self.stopping.wait(HEARTBEAT_INTERVAL_S):
+            if not self._registered.is_set():
+                continue
+            try:
+                resp = self.http.request("POST", f"/v1/workers/{self.id}/heartbeat",
+                                         json={"running": self.executor.running()}, timeout=5)
+                for task_id in resp.json().get("cancel", []):
+                    self.executor.cancel(task_id)
+                delays = backoff_delays()
+            except RequestRejected as e:
+                if getattr(e, "code", "") == "unknown_worker":
+                    self._lost_registration()
+            except Unreachable:
+                self.stopping.wait(next(delays))
+            except Exception as e:  # noqa: BLE001 - never let the heartbeat thread die
+                log.warning("heartbeat failed: %s", e)
+
+    # ------------------------------------------------------------------ leasing -----
+    def _lease_loop(self) -> None:
+        delays = backoff_delays()
+        while not self.stopping.is_set():
+            # Wait for a free slot, then ask for as many tasks as there are free slots.
+            if not self._free.acquire(timeout=0.5):
+                continue
+            free = 1
+            while self._free.acquire(blocking=False):
+                free += 1
+            try:
+                body = self.http.stream_into(
+                    "POST", f"/v1/workers/{self.id}/lease",
+                    json={"slots": free, "wait": LONG_POLL_S}, timeout=LONG_POLL_S + 10)
+                delays = backoff_delays()
+            except RequestRejected as e:
+                self._release(free)
+                if getattr(e, "code", "") == "unknown_worker":
+                    self._lost_registration()
+                else:
+                    log.warning("lease refused: %s", e)
+                    self.stopping.wait(next(delays))
+                continue
+            except Unreachable as e:
+                self._release(free)
+                log.info("coordinator unreachable (%s); retrying", e)
+                self.stopping.wait(next(delays))
+                continue
+            frames = wire.unpack_frames(body)
+            tasks = json.loads(bytes(frames[0]))["tasks"]
+            self._release(free - len(tasks))
+            for task, args in zip(tasks, frames[1:]):
+                t = threading.Thread(target=self._run_task, args=(task, args),
+                                     name=f"task-{task['task_id']}", daemon=True)
+                t.start()
+
+    def _release(self, n: int) -> None:
+        for _ in range(max(0, n)):
+            self._free.release()
+
+    def _run_task(self, task: dict, args: memoryview) -> None:
+        try:
+            try:
+                path = self._function_blob(task["fn"])
+            except Exception as e:  # noqa: BLE001
+                outcome = Outcome("retry", {"kind": "fetch", "message": f"could not fetch the function: {e}"})
+            else:
+                outcome = self.executor.run(task["task_id"], task["fn"], str(path), args,
+                                            task.get("timeout"))
+            self._post_result(task, outcome)
+        finally:
+            self._free.release()
+
+    def _function_blob(self, h: str) -> Path:
+        """Path of the function blob ``h`` in the local cache, downloading it once."""
+        path = self.cache / "fn" / h
+        if path.exists():
+            return path
+        lock = self._blob_locks.setdefault(h, threading.Lock())
+        with lock:
+            if path.exists():
+                return path
+            data = self.http.stream_into("GET", f"/v1/blobs/{h}", timeout=600)
+            if data is None or hashlib.sha256(data).hexdigest() != h:
+                raise RuntimeError(f"function blob {h[:12]} arrived corrupted")
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        return path
+
+    def _post_result(self, task: dict, outcome: Outcome) -> None:
+        meta = {"status": outcome.status}
+        if outcome.error is not None:
+            meta["error"] = outcome.error
+        frames = [json.dumps(meta).encode()]
+        if outcome.payload is not None:
+            frames.append(outcome.payload)
+        chunks, _size = wire.pack_frames(frames)
+        body = b"".join(chunks)
+        delays = backoff_delays()
+        deadline = time.monotonic() + 3600
+        while time.monotonic() < deadline:
+            try:
+                self.http.request("POST", f"/v1/tasks/{task['task_id']}/result",
+                                  params={"lease": task["lease_id"]}, content=body, timeout=600)
+                return
+            except RequestRejected as e:
+                if e.status == 409 or e.status == 404:
+                    log.info("result for task %s refused: %s", task["task_id"], e)
+                    return
+                log.warning("result for task %s rejected: %s", task["task_id"], e)
+                return
+            except Unreachable:
+                if self.stopping.is_set():
+                    return
+                self.stopping.wait(next(delays))

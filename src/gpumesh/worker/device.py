@@ -1,0 +1,233 @@
+"""Hardware detection for a worker.
+
+Nothing here imports torch or creates a CUDA context: GPUs are listed
+through NVML (the ``pynvml`` module from the ``nvidia-ml-py`` package) or,
+failing that, the ``nvidia-smi`` command line tool.  Every probe is
+best-effort; :func:`detect` never raises because of missing hardware,
+missing tools or odd output.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+
+log = logging.getLogger("gpumesh.worker.device")
+
+_MIB = 1024 * 1024
+_NVIDIA_SMI_QUERY = "index,name,memory.total,memory.free,driver_version"
+_TOOL_TIMEOUT_S = 5.0
+
+
+def detect() -> dict:
+    """Describe this machine's hardware.
+
+    Returns a dict with keys ``hostname``, ``user`` (OS user), ``platform``
+    (e.g. ``"Linux"``), ``python`` (e.g. ``"3.11.7"``), ``cpu`` (CPU model),
+    ``cores`` (logical cores), ``ram_mb`` (total RAM in MiB, 0 if unknown),
+    ``gpus`` (see :func:`nvidia_gpus`), ``device`` (``"GPU"`` if any GPU was
+    found, else ``"CPU"``) and ``device_name`` (the first GPU's name, else
+    the CPU model).
+    """
+    cpu = cpu_model()
+    try:
+        gpus = nvidia_gpus()
+    except Exception:  # belt and braces: GPU probing must never fail detect()
+        log.debug("GPU detection failed", exc_info=True)
+        gpus = []
+    return {
+        "hostname": platform.node(),
+        "user": _user(),
+        "platform": platform.system(),
+        "python": platform.python_version(),
+        "cpu": cpu,
+        "cores": os.cpu_count() or 1,
+        "ram_mb": ram_mb(),
+        "gpus": gpus,
+        "device": "GPU" if gpus else "CPU",
+        "device_name": gpus[0]["name"] if gpus else cpu,
+    }
+
+
+def _user() -> str:
+    """Name of the OS user running this process ("" if it cannot be found)."""
+    try:
+        return getpass.getuser()
+    except Exception:  # no passwd entry (containers) and no LOGNAME/USER
+        log.debug("getpass.getuser() failed", exc_info=True)
+    try:
+        return str(os.getuid())
+    except Exception:
+        return ""
+
+
+def cpu_model() -> str:
+    """CPU model string, e.g. ``"AMD EPYC 7763 64-Core Processor"``.
+
+    Linux: ``model name`` from /proc/cpuinfo; macOS: ``sysctl -n
+    machdep.cpu.brand_string``; otherwise (or when those give nothing)
+    ``platform.processor()``, then ``platform.machine()``, then
+    ``"unknown"``.
+    """
+    name = ""
+    if sys.platform.startswith("linux"):
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    key, sep, value = line.partition(":")
+                    if sep and key.strip() == "model name":
+                        name = value.strip()
+                        break
+        except OSError:
+            log.debug("cannot read /proc/cpuinfo", exc_info=True)
+    elif sys.platform == "darwin":
+        try:
+            out = subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"],
+                capture_output=True, text=True, timeout=_TOOL_TIMEOUT_S,
+            )
+            if out.returncode == 0:
+                name = out.stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            log.debug("sysctl failed", exc_info=True)
+    return name or platform.processor() or platform.machine() or "unknown"
+
+
+def ram_mb() -> int:
+    """Total physical RAM in MiB (1024*1024 bytes); 0 if it cannot be found.
+
+    Uses psutil when importable, else ``os.sysconf`` page size times
+    physical pages.
+    """
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total // _MIB)
+    except Exception:
+        log.debug("psutil unavailable for RAM size", exc_info=True)
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // _MIB)
+    except (AttributeError, ValueError, OSError):
+        log.debug("os.sysconf unavailable for RAM size", exc_info=True)
+    return 0
+
+
+def nvidia_gpus() -> list[dict]:
+    """List NVIDIA GPUs without creating a CUDA context.
+
+    Each entry is ``{"index": int, "name": str, "memory_total_mb": int,
+    "memory_free_mb": int, "driver": str}``, memory in MiB.  Indices are
+    NVML/nvidia-smi indices, which ignore ``CUDA_VISIBLE_DEVICES``.
+
+    Tries NVML via ``pynvml`` first; if that is not importable or fails,
+    runs ``nvidia-smi``.  Returns ``[]`` when neither works; never raises.
+    """
+    try:
+        gpus = _nvml_gpus()
+    except ImportError:
+        log.debug("pynvml not importable; trying nvidia-smi")
+    except Exception:
+        log.debug("NVML query failed; trying nvidia-smi", exc_info=True)
+    else:
+        return gpus
+    try:
+        return _nvidia_smi_gpus()
+    except Exception:
+        log.debug("nvidia-smi query failed", exc_info=True)
+        return []
+
+
+def _text(value) -> str:
+    """NVML returns bytes in older pynvml releases and str in newer ones."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+def _nvml_gpus() -> list[dict]:
+    """Every GPU NVML can see (memory in MiB). Raises on any NVML failure."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            gpus.append({
+                "index": i,
+                "name": _text(pynvml.nvmlDeviceGetName(handle)),
+                "memory_total_mb": int(mem.total // _MIB),
+                "memory_free_mb": int(mem.free // _MIB),
+                "driver": driver,
+            })
+        return gpus
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            log.debug("nvmlShutdown failed", exc_info=True)
+
+
+def _nvidia_smi_gpus() -> list[dict]:
+    """GPUs reported by ``nvidia-smi`` (memory in MiB); [] if it is absent or fails."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        log.debug("nvidia-smi not found")
+        return []
+    try:
+        out = subprocess.run(
+            [exe, f"--query-gpu={_NVIDIA_SMI_QUERY}", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=_TOOL_TIMEOUT_S,
+        )
+    except (OSError, subprocess.SubprocessError):
+        log.debug("nvidia-smi did not run", exc_info=True)
+        return []
+    if out.returncode != 0:
+        log.debug("nvidia-smi exited %s: %s", out.returncode, out.stderr.strip())
+        return []
+    return parse_nvidia_smi(out.stdout)
+
+
+def _int_or_zero(text: str) -> int:
+    """Parse an nvidia-smi number; "[N/A]" and other junk give 0."""
+    try:
+        return int(float(text))
+    except ValueError:
+        return 0
+
+
+def parse_nvidia_smi(text: str) -> list[dict]:
+    """Parse ``nvidia-smi --query-gpu=index,name,memory.total,memory.free,
+    driver_version --format=csv,noheader,nounits`` output.
+
+    Returns one dict per well-formed line: ``{"index": int, "name": str,
+    "memory_total_mb": int, "memory_free_mb": int, "driver": str}`` with
+    memory in MiB (nvidia-smi's unit for these fields).  Unreadable memory
+    values (e.g. ``[N/A]``) become 0; lines without a numeric index or with
+    too few fields are skipped.
+    """
+    gpus = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 5:
+            continue
+        try:
+            index = int(parts[0])
+        except ValueError:
+            continue
+        gpus.append({
+            "index": index,
+            # A name containing commas would be split; the other fields are fixed.
+            "name": ", ".join(parts[1:-3]),
+            "memory_total_mb": _int_or_zero(parts[-3]),
+            "memory_free_mb": _int_or_zero(parts[-2]),
+            "driver": parts[-1],
+        })
+    return gpus

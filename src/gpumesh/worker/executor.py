@@ -1,0 +1,273 @@
+"""The agent's side of the runner processes (see :mod:`gpumesh.worker.runner`).
+
+:class:`Executor` starts the zygote, keeps up to ``MAX_WARM_FUNCTIONS`` warm function
+hosts (least recently used beyond that are closed, idle ones after ``WARM_IDLE_S``), and
+runs one task at a time per calling thread through :meth:`Executor.run`.
+
+Failures it names (each becomes an :class:`Outcome` with ``status="error"``):
+
+* ``unpickle``   the function or its arguments cannot be loaded on this worker
+* ``raised``     the function raised (the pickled exception travels when possible)
+* ``crashed``    the task process died without a result (signal, ``os._exit``, segfault)
+* ``timeout``    the task ran past its timeout; its whole process group was killed
+* ``cancelled``  the coordinator cancelled the task; its process group was killed
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from ..limits import MAX_WARM_FUNCTIONS, WARM_IDLE_S
+from . import runner
+
+log = logging.getLogger("gpumesh.worker")
+
+
+@dataclass
+class Outcome:
+    """What became of one task: ``status`` is ``ok``, ``error`` or ``retry``."""
+
+    status: str
+    error: dict | None = None
+    payload: bytearray | None = None
+
+
+class _Pending:
+    """One task in flight inside a host: its pid and exit code arrive asynchronously."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.code: int | None = None
+        self.started = threading.Event()
+        self.exited = threading.Event()
+        self.killed_for: str | None = None
+
+
+class Host:
+    """A warm process that has loaded one function and forks a child per task."""
+
+    def __init__(self, fn_hash: str, ctrl: socket.socket):
+        self.fn_hash = fn_hash
+        self.ctrl = ctrl
+        self.lock = threading.Lock()
+        self.tasks: dict[str, _Pending] = {}
+        self.ready = threading.Event()
+        self.load_error: dict | None = None
+        self.dead = False
+        self.last_used = time.monotonic()
+        self.reader = threading.Thread(target=self._read, name=f"host-{fn_hash[:8]}", daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                msg, fds = runner.recv_msg(self.ctrl)
+            except OSError:
+                msg = None
+            if msg is None:
+                break
+            op = msg.get("op")
+            if op == "ready":
+                self.ready.set()
+            elif op == "load_error":
+                self.load_error = msg["error"]
+                self.ready.set()
+            elif op in ("started", "exited"):
+                p = self.tasks.get(msg["task_id"])
+                if p is None:
+                    continue
+                if op == "started":
+                    p.pid = msg["pid"]
+                    p.started.set()
+                else:
+                    p.code = msg["code"]
+                    p.exited.set()
+        self.dead = True
+        self.ready.set()
+        for p in list(self.tasks.values()):
+            p.started.set()
+            p.exited.set()
+
+    def close(self) -> None:
+        self.dead = True
+        try:
+            self.ctrl.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.ctrl.close()
+
+
+class Executor:
+    """Runs tasks in isolated processes. Thread-safe: one task per calling thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._hosts: OrderedDict[str, Host] = OrderedDict()
+        self._zygote_ctrl, child = runner.control_pair()
+        env = {k: v for k, v in os.environ.items() if k not in runner.SCRUBBED_ENV}
+        self._zygote = subprocess.Popen(
+            [sys.executable, "-m", "gpumesh.worker.runner", str(child.fileno())],
+            pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
+        child.close()
+        self._running: dict[str, tuple[Host, _Pending]] = {}
+
+    # ------------------------------------------------------------------ hosts -------
+    def _host(self, fn_hash: str, blob_path: str) -> Host:
+        with self._lock:
+            host = self._hosts.get(fn_hash)
+            if host is not None and not host.dead:
+                self._hosts.move_to_end(fn_hash)
+                host.last_used = time.monotonic()
+                return host
+            mine, theirs = runner.control_pair()
+            runner.send_msg(self._zygote_ctrl, {"op": "host", "path": blob_path}, [theirs.fileno()])
+            theirs.close()
+            host = Host(fn_hash, mine)
+            self._hosts[fn_hash] = host
+            self._evict()
+        return host
+
+    def _evict(self) -> None:
+        now = time.monotonic()
+        for h, host in list(self._hosts.items()):
+            busy = bool(host.tasks)
+            too_many = len(self._hosts) > MAX_WARM_FUNCTIONS
+            if not busy and (too_many or now - host.last_used > WARM_IDLE_S or host.dead):
+                del self._hosts[h]
+                host.close()
+
+    def forget(self, fn_hash: str) -> None:
+        """Drop a host (e.g. its function failed to load) so the next task starts afresh."""
+        with self._lock:
+            host = self._hosts.pop(fn_hash, None)
+        if host is not None and not host.tasks:
+            host.close()
+
+    # ------------------------------------------------------------------ tasks -------
+    def run(self, task_id: str, fn_hash: str, blob_path: str, args: bytes | bytearray,
+            timeout: float | None) -> Outcome:
+        """Run one task to completion; never raises for anything the task does."""
+        host = self._host(fn_hash, blob_path)
+        host.ready.wait()
+        if host.load_error is not None:
+            self.forget(fn_hash)
+            return Outcome("error", dict(host.load_error))
+        if host.dead:
+            self.forget(fn_hash)
+            return Outcome("retry", {"kind": "host_died", "message": "the function's host process died"})
+        mine, theirs = socket.socketpair()
+        pending = _Pending()
+        host.tasks[task_id] = pending
+        try:
+            with host.lock:
+                runner.send_msg(host.ctrl, {"op": "run", "task_id": task_id}, [theirs.fileno()])
+            theirs.close()
+            self._running[task_id] = (host, pending)
+            return self._exchange(host, pending, mine, args, timeout)
+        except OSError as e:
+            return Outcome("retry", {"kind": "host_died", "message": f"could not start the task: {e}"})
+        finally:
+            self._running.pop(task_id, None)
+            host.tasks.pop(task_id, None)
+            host.last_used = time.monotonic()
+            mine.close()
+            theirs.close()  # idempotent
+
+    def _exchange(self, host: Host, pending: _Pending, sock: socket.socket,
+                  args: bytes | bytearray, timeout: float | None) -> Outcome:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        sender = threading.Thread(target=self._send_args, args=(sock, args), daemon=True)
+        sender.start()
+        try:
+            sock.settimeout(timeout)
+            meta = runner.recv_blob(sock)
+            if deadline is not None:
+                sock.settimeout(max(0.001, deadline - time.monotonic()))
+            payload = runner.recv_blob(sock)
+        except (socket.timeout, TimeoutError):
+            self._kill(pending, "timeout")
+            return Outcome("error", {"kind": "timeout", "type": "TaskTimeout",
+                                     "message": f"the task ran longer than its timeout of {timeout:g}s"})
+        except (EOFError, OSError):
+            return self._died(pending)
+        info = json.loads(meta)
+        if pending.killed_for:
+            return self._killed_outcome(pending)
+        return Outcome(info["status"], info.get("error"), payload if payload else None)
+
+    @staticmethod
+    def _send_args(sock: socket.socket, args: bytes | bytearray) -> None:
+        try:
+            runner.send_blob(sock, args)
+        except OSError:
+            pass  # the child died before reading; the reader side reports why
+
+    def _died(self, pending: _Pending) -> Outcome:
+        if pending.killed_for:
+            return self._killed_outcome(pending)
+        pending.exited.wait(5)
+        code = pending.code
+        if code is None:
+            return Outcome("retry", {"kind": "host_died", "message": "the task's host process died"})
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            msg = f"the task process was killed by {name}"
+        else:
+            msg = f"the task process exited with code {code} before returning a result"
+        return Outcome("error", {"kind": "crashed", "type": "TaskCrashed", "message": msg, "code": code})
+
+    @staticmethod
+    def _killed_outcome(pending: _Pending) -> Outcome:
+        return Outcome("error", {"kind": pending.killed_for, "type": "Cancelled",
+                                 "message": f"the task was {pending.killed_for}"})
+
+    def _kill(self, pending: _Pending, why: str) -> None:
+        pending.killed_for = why
+        pending.started.wait(5)
+        if pending.pid:
+            try:
+                os.killpg(pending.pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def cancel(self, task_id: str) -> bool:
+        """Kill a running task's process group. Returns whether it was running here."""
+        entry = self._running.get(task_id)
+        if entry is None:
+            return False
+        self._kill(entry[1], "cancelled")
+        return True
+
+    def running(self) -> list[str]:
+        return list(self._running)
+
+    def close(self) -> None:
+        """Kill every task and host, then the zygote. Leaves no process behind."""
+        for task_id in list(self._running):
+            self.cancel(task_id)
+        with self._lock:
+            for host in self._hosts.values():
+                host.close()
+            self._hosts.clear()
+        try:
+            self._zygote_ctrl.close()
+        except OSError:
+            pass
+        try:
+            self._zygote.wait(5)
+        except subprocess.TimeoutExpired:
+            self._zygote.kill()
+            self._zygote.wait()

@@ -1,0 +1,331 @@
+"""The processes that run tasks: a zygote, one warm host per function, one child per task.
+
+::
+
+    worker agent (threads, HTTP)           never unpickles user code
+        │ control socket (SEQPACKET, JSON + passed fds)
+        ▼
+    zygote        python -m gpumesh.worker.runner FD      started once, imports only gpumesh.wire
+        │ fork (≈1 ms) on {"op": "host"}
+        ▼
+    function host   unpickles ONE function (and so pays its imports) once
+        │ fork on {"op": "run"}; the task's data socket is passed with it
+        ▼
+    task child      own session/process group; reads args, calls, writes the result, _exit
+
+Isolation: every task runs in its own forked child, so what a task does to its
+process (globals, leaked memory, a crash, ``os._exit``) dies with it and never reaches
+the next task; the host only ever holds the freshly unpickled function. Speed: the
+heavy part (interpreter start, the function's imports) is paid once per function per
+worker, not once per task.
+
+A child's result travels straight to the agent over its own data socket (stream):
+``u64 len | JSON meta | u64 len | payload``. The host reports ``started`` (with the pid,
+so the agent can kill the process group on timeout or cancel) and ``exited`` (with the
+exit status, so a child that died without a result becomes a precise error).
+
+Everything here is single-threaded on purpose: forking a multi-threaded process is unsafe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import traceback
+
+#: Control messages are single SEQPACKET datagrams; keep them well under the socket buffer.
+MAX_CONTROL_BYTES = 60 * 1024
+#: Environment variable set inside every task process (nested mesh calls run inline).
+IN_TASK_ENV = "GPUMESH_IN_TASK"
+#: Variables a task must never see (credentials of the worker).
+SCRUBBED_ENV = ("GPUMESH_TOKEN", "GPUMESH_CONFIG", "GPUMESH_URL")
+
+CONTROL_TYPE = getattr(socket, "SOCK_SEQPACKET", socket.SOCK_DGRAM)
+
+
+# ---------------------------------------------------------------- control messages ---
+def send_msg(sock: socket.socket, msg: dict, fds: list[int] | tuple = ()) -> None:
+    data = json.dumps(msg).encode()
+    if len(data) > MAX_CONTROL_BYTES:
+        raise ValueError("control message too large")
+    if fds:
+        socket.send_fds(sock, [data], list(fds))
+    else:
+        sock.send(data)
+
+
+def recv_msg(sock: socket.socket) -> tuple[dict | None, list[int]]:
+    """One message and the fds passed with it; ``(None, [])`` at EOF."""
+    data, fds, _flags, _addr = socket.recv_fds(sock, MAX_CONTROL_BYTES + 1024, 4)
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    return json.loads(data), list(fds)
+
+
+def control_pair() -> tuple[socket.socket, socket.socket]:
+    return socket.socketpair(socket.AF_UNIX, CONTROL_TYPE)
+
+
+# ---------------------------------------------------------------- data socket --------
+def send_blob(sock: socket.socket, data) -> None:
+    view = memoryview(data).cast("B")
+    sock.sendall(struct.pack("<Q", view.nbytes))
+    sock.sendall(view)
+
+
+def send_chunks(sock: socket.socket, chunks, size: int) -> None:
+    sock.sendall(struct.pack("<Q", size))
+    for c in chunks:
+        sock.sendall(c)
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], min(n - got, 1 << 22))
+        if k == 0:
+            raise EOFError(f"connection closed after {got} of {n} bytes")
+        got += k
+    return buf
+
+
+def recv_blob(sock: socket.socket) -> bytearray:
+    (n,) = struct.unpack("<Q", recv_exact(sock, 8))
+    return recv_exact(sock, n)
+
+
+# ---------------------------------------------------------------- errors --------------
+def describe_exception(exc: BaseException, kind: str) -> dict:
+    """JSON-safe description of an exception: kind, type, message, traceback text."""
+    t = type(exc)
+    return {"kind": kind, "type": f"{t.__module__}.{t.__qualname__}" if t.__module__ != "builtins"
+            else t.__qualname__, "message": _safe_str(exc),
+            "traceback": "".join(traceback.format_exception(t, exc, exc.__traceback__))[-32_000:]}
+
+
+def _safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)[:8000]
+    except Exception:  # a broken __str__ must not hide the failure
+        return f"<{type(exc).__name__} whose str() failed>"
+
+
+# ---------------------------------------------------------------- task child ---------
+def _reseed_after_fork() -> None:
+    """Forked children share the parent's RNG state; give each task fresh entropy."""
+    np = sys.modules.get("numpy")
+    if np is not None:
+        try:
+            np.random.seed()
+        except Exception:
+            pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            torch.seed()
+        except Exception:
+            pass
+
+
+def run_task(fn, data: socket.socket) -> None:
+    """Inside the task child: read arguments, call, send back value or failure."""
+    from gpumesh import wire
+
+    def reply(meta: dict, payload=None) -> None:
+        body = json.dumps(meta).encode()
+        send_blob(data, body)
+        if payload is None:
+            send_blob(data, b"")
+        else:
+            send_chunks(data, payload.chunks, payload.size)
+
+    try:
+        args, kwargs = wire.loads(recv_blob(data))
+    except BaseException as e:  # noqa: BLE001 - any unpickling failure is the task's error
+        reply({"status": "error", "error": describe_exception(e, "unpickle")})
+        return
+    try:
+        value = fn(*args, **kwargs)
+    except BaseException as e:  # noqa: BLE001
+        if isinstance(e, SystemExit):
+            err = describe_exception(e, "exit")
+            err["message"] = f"the task called sys.exit({e.code!r})"
+            reply({"status": "error", "error": err})
+            return
+        err = describe_exception(e, "raised")
+        try:
+            payload = wire.dumps(e)
+        except BaseException:  # noqa: BLE001 - the exception itself cannot travel
+            payload = None
+        reply({"status": "error", "error": err}, payload)
+        return
+    try:
+        payload = wire.dumps(value)
+    except BaseException as e:  # noqa: BLE001
+        err = describe_exception(e, "result_unpicklable")
+        err["message"] = f"the return value ({type(value).__qualname__}) cannot be pickled: {err['message']}"
+        reply({"status": "error", "error": err})
+        return
+    reply({"status": "ok"}, payload)
+
+
+# ---------------------------------------------------------------- function host ------
+def _wakeup_pipe() -> int:
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    os.set_blocking(r, False)
+    signal.set_wakeup_fd(w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    return r
+
+
+def host_main(ctrl: socket.socket, blob_path: str) -> None:
+    """Load one function, then fork a child per task until the agent hangs up."""
+    from gpumesh import wire
+
+    try:
+        with open(blob_path, "rb") as fh:
+            fn = wire.loads(bytearray(fh.read()))
+        fn = getattr(fn, "__gpumesh_wrapped__", fn)  # a decorated function: run the original
+        if not callable(fn):
+            raise TypeError(f"the job's function is a {type(fn).__name__}, not callable")
+    except BaseException as e:  # noqa: BLE001
+        send_msg(ctrl, {"op": "load_error", "error": describe_exception(e, "unpickle")})
+        return
+    send_msg(ctrl, {"op": "ready"})
+    wake = _wakeup_pipe()
+    children: dict[int, str] = {}
+    while True:
+        ready, _, _ = select.select([ctrl, wake], [], [])
+        if wake in ready:
+            try:
+                os.read(wake, 4096)
+            except BlockingIOError:
+                pass
+        _reap(ctrl, children)
+        if ctrl not in ready:
+            continue
+        msg, fds = recv_msg(ctrl)
+        if msg is None:  # the agent is gone: take our tasks with us
+            for pid in children:
+                _kill_group(pid)
+            return
+        if msg.get("op") == "run" and fds:
+            pid = os.fork()
+            if pid == 0:
+                _child(fn, ctrl, wake, fds[0])
+            os.close(fds[0])
+            children[pid] = msg["task_id"]
+            send_msg(ctrl, {"op": "started", "task_id": msg["task_id"], "pid": pid})
+        else:
+            for fd in fds:
+                os.close(fd)
+
+
+def _child(fn, ctrl: socket.socket, wake: int, data_fd: int) -> None:
+    code = 0
+    try:
+        os.setsid()  # own process group: a timeout kills everything the task started
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        ctrl.close()
+        os.close(wake)
+        os.environ[IN_TASK_ENV] = "1"
+        _reseed_after_fork()
+        data = socket.socket(fileno=data_fd)
+        run_task(fn, data)
+        data.close()
+    except BaseException:  # noqa: BLE001 - report nothing more; the exit status speaks
+        code = 70
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BaseException:  # noqa: BLE001
+            pass
+        os._exit(code)
+
+
+def _reap(ctrl: socket.socket, children: dict[int, str]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        task_id = children.pop(pid, None)
+        if task_id is None:
+            continue
+        code = os.waitstatus_to_exitcode(status)
+        try:
+            send_msg(ctrl, {"op": "exited", "task_id": task_id, "pid": pid, "code": code})
+        except OSError:
+            pass
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------- zygote -------------
+def zygote_main(ctrl: socket.socket) -> None:
+    """Fork a function host per request; reap them; exit when the agent hangs up."""
+    import gpumesh.wire  # noqa: F401 - warm: every host gets it for free
+
+    signal.signal(signal.SIGCHLD, lambda *_: _reap_all())
+    while True:
+        msg, fds = recv_msg(ctrl)
+        if msg is None:
+            return
+        if msg.get("op") == "host" and fds:
+            pid = os.fork()
+            if pid == 0:
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                ctrl.close()
+                host = socket.socket(fileno=fds[0])
+                code = 0
+                try:
+                    host_main(host, msg["path"])
+                except BaseException:  # noqa: BLE001
+                    code = 70
+                os._exit(code)
+            os.close(fds[0])
+        else:
+            for fd in fds:
+                os.close(fd)
+
+
+def _reap_all() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def main(argv: list[str]) -> None:
+    for name in SCRUBBED_ENV:
+        os.environ.pop(name, None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent decides when we stop
+    ctrl = socket.socket(fileno=int(argv[1]))
+    zygote_main(ctrl)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
