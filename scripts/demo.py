@@ -12,8 +12,8 @@ Nothing outside the temporary directory is touched: every child gets
 data in ``<tmp>/data``. The coordinator's and workers' output goes to ``<tmp>/*.log``;
 their tails are printed if anything fails. Pass ``--keep`` to keep the directory.
 
-Exit status: that of the grid search; 1 if the mesh could not be started, 130 if
-interrupted.
+Exit status: that of the grid search; 1 if the mesh could not be started, 130 on Ctrl+C,
+143 on SIGTERM.
 """
 
 from __future__ import annotations
@@ -50,6 +50,10 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 class DemoError(Exception):
     """The mesh could not be brought up; the message says which step failed."""
+
+
+class Terminated(Exception):
+    """This script got SIGTERM."""
 
 
 def say(msg: str) -> None:
@@ -250,8 +254,8 @@ def exit_status(returncode: int) -> int:
 
 
 # -- main -------------------------------------------------------------------------------
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
+def _raise_terminated(signum, frame):
+    raise Terminated
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,8 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, data)")
     args = parser.parse_args(argv)
 
+    # Ctrl+C raises KeyboardInterrupt here even if SIGINT was ignored when we started (as in a
+    # background job): children then start with SIGINT at its default, so the SIGINT that
+    # stops them below works. SIGTERM unwinds through the same cleanup.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if POSIX:
-        signal.signal(signal.SIGTERM, _raise_interrupt)  # so the cleanup below runs on SIGTERM too
+        signal.signal(signal.SIGTERM, _raise_terminated)
 
     tmp = Path(tempfile.mkdtemp(prefix="gpumesh-demo-"))
     coordinator_log, worker_log = tmp / "coordinator.log", tmp / "worker.log"
@@ -313,9 +321,13 @@ def main(argv: list[str] | None = None) -> int:
         status = 1
         return status
     except KeyboardInterrupt:
-        interrupted = True
+        interrupted = True  # the grid search, in our process group, got the Ctrl+C too
         print("\n[demo] interrupted", file=sys.stderr, flush=True)
         status = 130
+        return status
+    except Terminated:
+        print("[demo] terminated", file=sys.stderr, flush=True)
+        status = 143
         return status
     finally:
         # Cleanup is bounded (at most ~15 s per process); a second Ctrl+C must not cut it short.
@@ -325,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         stop_foreground("grid search", grid, interrupted)
         stop_service("worker", joiner)          # leave first, while the coordinator still answers
         stop_service("coordinator", coordinator)
-        if status != 0 and not interrupted:
+        if status not in (0, 130, 143):
             print_log_tails([coordinator_log, worker_log])
         if args.keep:
             say(f"kept {tmp}")

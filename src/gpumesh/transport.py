@@ -67,7 +67,8 @@ class Transport:
         return resp
 
     def stream_into(self, method: str, path: str, *, params: dict | None = None,
-                    json: Any = None, timeout: float | None = None) -> bytearray | None:
+                    json: Any = None, content: Any = None, headers: dict | None = None,
+                    timeout: float | None = None) -> bytearray | None:
         """GET a body straight into one writable ``bytearray`` (``None`` for 204).
 
         Reading into a preallocated buffer costs one copy and lets unpickled NumPy arrays
@@ -77,7 +78,8 @@ class Transport:
         if timeout is not None:
             kwargs["timeout"] = httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_S)
         try:
-            with self.client.stream(method, path, params=params, json=json, **kwargs) as resp:
+            with self.client.stream(method, path, params=params, json=json, content=content,
+                                    headers=headers, **kwargs) as resp:
                 if resp.status_code >= 400:
                     resp.read()
                     check(resp, self.url)

@@ -137,9 +137,12 @@ def serve(host, port, token, data_dir, no_self_worker, slots):
                      daemon=True).start()
     try:
         server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl+C it handled
+        pass
     finally:
         for proc in worker:
             _stop_child(proc)
+    click.echo("[gpumesh] coordinator stopped")
 
 
 def _after_start(server, url: str, token: str, self_worker: bool, slots: int, out: list) -> None:

@@ -46,9 +46,9 @@ class RemoteFunction:
         functools.update_wrapper(self, self.__gpumesh_wrapped__)
 
     def __reduce__(self):
-        # Shipping a decorated function ships the plain function: the mesh client (and
-        # its token) never travels, and a recursive call inside a task runs inline.
-        return (unwrap, (self.__gpumesh_wrapped__,))
+        # Ship the function and its options but not the mesh client (nor its token).
+        # Inside a task the rebuilt RemoteFunction runs inline, .map included.
+        return (_rebuild, (self.__gpumesh_wrapped__, self.options))
 
     def __repr__(self) -> str:
         return f"<RemoteFunction {getattr(self, '__qualname__', '?')}>"
@@ -88,6 +88,10 @@ class RemoteFunction:
     def local(self, *args: Any, **kwargs: Any) -> Any:
         """Run in this process, never on the mesh."""
         return self.__gpumesh_wrapped__(*args, **kwargs)
+
+
+def _rebuild(fn: Callable, options: dict) -> RemoteFunction:
+    return RemoteFunction(fn, None, options)
 
 
 class _DefaultMesh:

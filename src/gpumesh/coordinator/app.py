@@ -310,15 +310,19 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
         slots = _field(data, "slots", int, 1, lo=1, hi=1024)
         wait = _field(data, "wait", (int, float), 0, lo=0, hi=LONG_POLL_MAX_S)
         grants = await until_disconnect(request, coord.lease(wid, slots, wait))
-        if not grants:
-            return frames_response({"tasks": []}, [])
+        return lease_response(grants or [])
+
+    def lease_response(grants) -> Response:
+        """Frames: JSON ``{"tasks": [...]}`` then each task's argument payload."""
         tasks, parts = [], []
         for g in grants:
             job = coord.jobs[g.job_id]
             inline, fname = coord.store.task_args(g.task_id)
-            parts.append(Part(inline) if fname is None else
-                         Part(path=coord.store.file_path(fname),
-                              size=coord.store.file_path(fname).stat().st_size))
+            if fname is None:
+                parts.append(Part(inline))
+            else:
+                path = coord.store.file_path(fname)
+                parts.append(Part(path=path, size=path.stat().st_size))
             tasks.append({"task_id": g.task_id, "job_id": g.job_id, "index": g.index,
                           "lease_id": g.lease_id, "attempt": g.attempt, "kind": job.kind,
                           "fn": job.fn_hash, "timeout": job.meta.get("timeout"),
@@ -339,11 +343,15 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
             raise HTTPError(400, "bad_request", "an ok result needs a payload frame")
         payload = frames[0] if frames else None
         try:
-            coord.post_result(tid, lease_id, status, error, payload)
+            wid = coord.post_result(tid, lease_id, status, error, payload)
         except StaleLease:
             return _err(409, "stale_lease",
                         "this lease is no longer current (the task was re-queued or already has a result)")
-        return JSONResponse({"accepted": True})
+        # ?next=1: the worker's slot is free again; hand it the next task in the same
+        # round trip instead of making it come back with a lease request.
+        if request.query_params.get("next") == "1" and wid is not None:
+            return lease_response(coord.grant_now(wid, 1))
+        return lease_response([])
 
     # -- blobs -----------------------------------------------------------------------
     @route("/v1/blobs/{h}", ["HEAD", "GET"])

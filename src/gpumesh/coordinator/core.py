@@ -36,6 +36,9 @@ from .store import Store
 
 log = logging.getLogger("gpumesh.coordinator")
 
+#: How long a results long-poll of a big job lingers after the first new result, to
+#: answer with a batch rather than one result per round trip.
+RESULT_BATCH_S = 0.005
 #: Dead workers stay listed (``alive: false``) this long before they are forgotten.
 FORGET_DEAD_AFTER_S = 300.0
 
@@ -332,8 +335,9 @@ class Coordinator:
         return job
 
     def post_result(self, task_id: str, lease_id: str, status: str, error: dict | None,
-                    payload) -> None:
+                    payload) -> str | None:
         """Accept a worker's result under ``lease_id``; raises ``StaleLease`` otherwise.
+        Returns the id of the worker that held the lease (None if it is gone).
 
         ``status``: ``ok`` (payload is the value), ``error`` (the function raised;
         payload is the pickled exception or None), ``retry`` (the worker could not run
@@ -346,12 +350,20 @@ class Coordinator:
             w.last_seen = self.clock()
         if status == "retry":
             self._requeue([task_id], reason=(error or {}).get("message", "worker asked to retry"))
-            return
+            return lease.worker_id if w and w.alive else None
         del self.leases[task_id]
         if w:
             w.leases.discard(task_id)
         state = "done" if status == "ok" else "failed"
         self._finalize(lease.job_id, task_id, state, error, payload, worker_id=lease.worker_id)
+        return lease.worker_id if w and w.alive else None
+
+    def grant_now(self, wid: str, slots: int) -> list[Grant]:
+        """Grant up to ``slots`` tasks to ``wid`` without waiting (``[]`` if none)."""
+        w = self.workers.get(wid)
+        if w is None or not w.alive:
+            return []
+        return self._grant(w, slots)
 
     def _finalize(self, job_id: str, task_id: str, state: str, error: dict | None,
                   payload, worker_id: str | None = None) -> None:
@@ -401,7 +413,11 @@ class Coordinator:
         try:
             await asyncio.wait_for(fut, wait)
         except asyncio.TimeoutError:
-            pass
+            return job
+        if job.n_tasks - job.n_final > 1:
+            # More results are on their way: gather a few per answer instead of one
+            # round trip per result (a single call is never delayed by this).
+            await asyncio.sleep(RESULT_BATCH_S)
         return job
 
     def release(self, job_id: str) -> None:

@@ -187,16 +187,19 @@ class WorkerAgent:
         for _ in range(max(0, n)):
             self._free.release()
 
-    def _run_task(self, task: dict, args: memoryview) -> None:
+    def _run_task(self, task: dict | None, args: memoryview | None) -> None:
+        """Run granted tasks in this slot until the coordinator has no next one for it."""
         try:
-            try:
-                path = self._function_blob(task["fn"])
-            except Exception as e:  # noqa: BLE001
-                outcome = Outcome("retry", {"kind": "fetch", "message": f"could not fetch the function: {e}"})
-            else:
-                outcome = self.executor.run(task["task_id"], task["fn"], str(path), args,
-                                            task.get("timeout"))
-            self._post_result(task, outcome)
+            while task is not None:
+                try:
+                    path = self._function_blob(task["fn"])
+                except Exception as e:  # noqa: BLE001
+                    outcome = Outcome("retry", {"kind": "fetch",
+                                                "message": f"could not fetch the function: {e}"})
+                else:
+                    outcome = self.executor.run(task["task_id"], task["fn"], str(path), args,
+                                                task.get("timeout"))
+                task, args = self._post_result(task, outcome)
         finally:
             self._free.release()
 
@@ -217,29 +220,38 @@ class WorkerAgent:
             os.replace(tmp, path)
         return path
 
-    def _post_result(self, task: dict, outcome: Outcome) -> None:
+    def _post_result(self, task: dict, outcome: Outcome) -> tuple[dict | None, memoryview | None]:
+        """Deliver a result (retrying while the coordinator is away). The answer may carry
+        the next task for this slot: returns ``(task, args)`` or ``(None, None)``."""
         meta = {"status": outcome.status}
         if outcome.error is not None:
             meta["error"] = outcome.error
         frames = [json.dumps(meta).encode()]
         if outcome.payload is not None:
             frames.append(outcome.payload)
-        chunks, _size = wire.pack_frames(frames)
-        body = b"".join(chunks)
+        chunks, size = wire.pack_frames(frames)
         delays = backoff_delays()
         deadline = time.monotonic() + 3600
         while time.monotonic() < deadline:
+            params = {"lease": task["lease_id"]}
+            if not self.stopping.is_set():
+                params["next"] = "1"
             try:
-                self.http.request("POST", f"/v1/tasks/{task['task_id']}/result",
-                                  params={"lease": task["lease_id"]}, content=body, timeout=600)
-                return
+                body = self.http.stream_into(
+                    "POST", f"/v1/tasks/{task['task_id']}/result", params=params,
+                    content=wire.iter_chunks(chunks), headers={"content-length": str(size)},
+                    timeout=600)
             except RequestRejected as e:
-                if e.status == 409 or e.status == 404:
-                    log.info("result for task %s refused: %s", task["task_id"], e)
-                    return
-                log.warning("result for task %s rejected: %s", task["task_id"], e)
-                return
+                log.info("result for task %s refused: %s", task["task_id"], e)
+                return None, None
             except Unreachable:
                 if self.stopping.is_set():
-                    return
+                    return None, None
                 self.stopping.wait(next(delays))
+                continue
+            got = wire.unpack_frames(body)
+            granted = json.loads(bytes(got[0]))["tasks"]
+            if granted:
+                return granted[0], got[1]
+            return None, None
+        return None, None

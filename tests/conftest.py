@@ -1,0 +1,165 @@
+"""Fixtures that start real coordinators and workers as processes on 127.0.0.1.
+
+Every process gets its own HOME, data directory and config path under pytest's tmp dir,
+so the user's ~/.gpumesh is never touched, and is stopped (Ctrl+C, then kill) at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+TOKEN = "test-token-0123456789abcdefghijklmnopqrstuvwxyz"
+START_TIMEOUT_S = 30
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Proc:
+    """A gpumesh CLI process with its output in a log file."""
+
+    def __init__(self, args: list[str], env: dict, log: Path):
+        self.args, self.log = args, log
+        with open(log, "ab") as fh:
+            self.p = subprocess.Popen([sys.executable, "-m", "gpumesh", *args], env=env,
+                                      stdout=fh, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self, sig=signal.SIGINT, timeout: float = 10) -> int:
+        if self.p.poll() is None:
+            self.p.send_signal(sig)
+            try:
+                self.p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.p.pid, signal.SIGKILL)
+                self.p.wait()
+        return self.p.returncode
+
+
+class Mesh:
+    """A coordinator (optionally with workers) started for one test or module."""
+
+    def __init__(self, root: Path, token: str = TOKEN):
+        self.root, self.token = root, token
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.procs: list[Proc] = []
+        (root / "home").mkdir(parents=True, exist_ok=True)
+        self.env = dict(os.environ, HOME=str(root / "home"), GPUMESH_TOKEN=token,
+                        GPUMESH_CONFIG=str(root / "config.json"))
+        self.env.pop("GPUMESH_URL", None)
+        self.env.pop("GPUMESH_LOCAL", None)
+        self.coordinator: Proc | None = None
+
+    def start(self, self_worker: bool = False, extra: list[str] = ()) -> "Mesh":
+        args = ["serve", "--port", str(self.port), "--data-dir", str(self.root / "data"), *extra]
+        if not self_worker:
+            args.append("--no-self-worker")
+        self.coordinator = Proc(args, self.env, self.root / "coordinator.log")
+        self.procs.append(self.coordinator)
+        self.wait_health()
+        return self
+
+    def wait_health(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.coordinator.p.poll() is not None:
+                raise RuntimeError("coordinator exited:\n" + self.coordinator.output())
+            try:
+                if httpx.get(f"{self.url}/v1/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("coordinator did not start:\n" + self.coordinator.output())
+
+    def workers(self) -> list[dict]:
+        r = httpx.get(f"{self.url}/v1/workers", headers={"authorization": f"Bearer {self.token}"},
+                      timeout=5)
+        r.raise_for_status()
+        return r.json()
+
+    def alive(self) -> int:
+        return sum(1 for w in self.workers() if w["alive"])
+
+    def add_worker(self, slots: int = 1, wait: bool = True) -> Proc:
+        n = len(self.procs)
+        before = self.alive() if wait else 0
+        proc = Proc(["join", self.url, "--slots", str(slots)], self.env, self.root / f"worker{n}.log")
+        self.procs.append(proc)
+        if wait:
+            self.wait_alive(before + 1, proc)
+        return proc
+
+    def wait_alive(self, n: int, proc: Proc | None = None, timeout: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc is not None and proc.p.poll() is not None:
+                raise RuntimeError("worker exited:\n" + proc.output())
+            if self.alive() == n:
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"expected {n} alive workers, have {self.alive()}")
+
+    def client(self, **kw):
+        from gpumesh import GPUMesh
+        return GPUMesh(self.url, token=self.token, **kw)
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
+
+
+@pytest.fixture
+def make_mesh(tmp_path):
+    """Factory: ``make_mesh(workers=N, self_worker=False)`` -> a started :class:`Mesh`."""
+    made: list[Mesh] = []
+
+    def make(workers: int = 0, self_worker: bool = False, slots: int = 1, token: str = TOKEN) -> Mesh:
+        m = Mesh(tmp_path / f"mesh{len(made)}", token)
+        made.append(m)
+        m.start(self_worker=self_worker)
+        for _ in range(workers):
+            m.add_worker(slots=slots)
+        return m
+
+    yield make
+    for m in made:
+        m.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_mesh(tmp_path_factory):
+    """One coordinator with two one-slot workers, shared by the read-only API tests."""
+    m = Mesh(tmp_path_factory.mktemp("shared"))
+    m.start()
+    m.add_worker()
+    m.add_worker()
+    yield m
+    m.stop()
+
+
+@pytest.fixture
+def start_empty_coordinator(make_mesh):
+    """For shared/cases c24: a coordinator with no workers at all -> (url, token)."""
+    def start():
+        m = make_mesh(workers=0)
+        return m.url, m.token
+    return start
