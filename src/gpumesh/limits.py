@@ -32,6 +32,9 @@ HEARTBEAT_INTERVAL_S = 2.0
 #: Seconds without a heartbeat after which a worker is declared dead and its leases
 #: are re-queued. Override with ``GPUMESH_WORKER_TTL``.
 WORKER_TTL_S = float(os.environ.get("GPUMESH_WORKER_TTL", "10"))
+#: Seconds between keep-alive lines on a worker's pulse connection (keeps NAT and proxy
+#: state alive; liveness itself comes from the connection and the heartbeats).
+SESSION_PING_S = 15.0
 #: How often the coordinator sweeps for dead workers and expired leases.
 SWEEP_INTERVAL_S = 0.5
 #: Attempts a task gets when the worker running it is lost (not when the task raises).

@@ -226,6 +226,9 @@ class GPUMesh:
                     continue
                 frames = wire.unpack_frames(body)
                 page = json.loads(bytes(frames[0]))
+                if page.get("workers_alive") == 0 and not page["results"]:
+                    notice(f"no live worker in the mesh at {self.url}; job {job_id} is waiting "
+                           "for one to (re)join")
                 k = 1
                 for item in page["results"]:
                     payload = None

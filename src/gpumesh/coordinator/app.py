@@ -7,6 +7,7 @@ malformed request never changes state. Payload bodies are the ``frames`` layout 
 
     GET    /v1/health                          liveness (no auth)
     GET    /v1/workers                         the pool
+    GET    /v1/workers/{id}/session            the worker's pulse (held open; closing = gone)
     POST   /v1/workers                         register         {hostname, ..., slots, id?}
     POST   /v1/workers/{id}/heartbeat          keep alive       {running: [task ids]}
     DELETE /v1/workers/{id}                    leave; leases are re-queued at once
@@ -43,7 +44,7 @@ from starlette.routing import Route
 from .. import wire
 from .._version import __version__
 from ..limits import (LONG_POLL_MAX_S, MAX_BODY_BYTES, MAX_TASKS_PER_JOB, MiB,
-                      RESULT_PAGE_BYTES, RESULT_PAGE_COUNT, SWEEP_INTERVAL_S)
+                      RESULT_PAGE_BYTES, RESULT_PAGE_COUNT, SESSION_PING_S, SWEEP_INTERVAL_S)
 from ..errors import WireError
 from .core import (Coordinator, NoWorkers, StaleLease, UnknownJob, UnknownWorker)
 
@@ -298,6 +299,24 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
             info["score"] = _field(data, "score", (int, float), lo=0, hi=1e12)
         return JSONResponse(coord.heartbeat(wid, running, info))
 
+    @route("/v1/workers/{wid}/session", ["GET"])
+    async def session(request: Request) -> Response:
+        """The worker's pulse: an open response that only ends when either side goes.
+        A worker process that dies closes its sockets at once, so its tasks are re-queued
+        in milliseconds instead of after the heartbeat TTL."""
+        wid = _id(request.path_params["wid"], "worker id")
+        sid = coord.session_opened(wid)
+
+        async def pulse() -> AsyncIterator[bytes]:
+            try:
+                yield b"open\n"
+                while True:
+                    await asyncio.sleep(SESSION_PING_S)
+                    yield b"ping\n"
+            finally:
+                coord.session_closed(wid, sid)
+        return StreamingResponse(pulse(), media_type="text/plain")
+
     @route("/v1/workers/{wid}", ["DELETE"])
     async def deregister(request: Request) -> Response:
         wid = _id(request.path_params["wid"], "worker id")
@@ -466,7 +485,8 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
             elif t.result_file is not None:
                 parts.append(Part(path=coord.store.file_path(t.result_file), size=t.result_size))
         return frames_response({"results": items, "n_tasks": job.n_tasks, "n_final": job.n_final,
-                                "state": job.state}, parts)
+                                "state": job.state, "workers_alive": len(coord.alive_workers())},
+                               parts)
 
     @route("/v1/jobs/{jid}/release", ["POST"])
     async def release(request: Request) -> Response:

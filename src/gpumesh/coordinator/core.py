@@ -71,6 +71,7 @@ class Worker:
     last_seen: float
     alive: bool = True
     leases: set[str] = field(default_factory=set)
+    session: int = 0  # id of the worker's current pulse connection (0: none open)
 
 
 @dataclass
@@ -125,6 +126,7 @@ class Coordinator:
         self.queue = RunQueue()
         self.task_meta: dict[str, tuple[int, int]] = {}  # open task id -> (index, attempts)
         self.idle: OrderedDict[str, tuple[asyncio.Future, int]] = OrderedDict()
+        self._sessions = 0
         self._recover()
 
     # ------------------------------------------------------------ start-up -------
@@ -162,7 +164,9 @@ class Coordinator:
             w.leases = {tid for tid, lease in self.leases.items() if lease.worker_id == wid}
             self.workers[wid] = w
         w.info, w.slots, w.last_seen, w.alive = info, slots, self.clock(), True
-        log.info("worker joined: %s (%s)", info.get("hostname", "?"), wid)
+        log.info("worker joined: %s (%s %s, score=%.3f, id %s)", info.get("hostname", "?"),
+                 info.get("device", "CPU"), info.get("device_name", "?"),
+                 float(info.get("score") or 0), wid)
         return w
 
     def _worker(self, wid: str) -> Worker:
@@ -202,6 +206,22 @@ class Coordinator:
         self._requeue(list(w.leases), reason=reason)
         log.info("worker %s gone (%s); %d task(s) re-queued", wid, reason, n)
         return n
+
+    def session_opened(self, wid: str) -> int:
+        """The worker opened its pulse connection; returns the session's id."""
+        w = self._worker(wid)
+        self._sessions += 1
+        w.session = self._sessions
+        w.last_seen = self.clock()
+        return w.session
+
+    def session_closed(self, wid: str, session: int) -> None:
+        """The pulse connection dropped. If it was the worker's current one and the worker
+        did not leave cleanly, the process (or its network) is gone: requeue now rather
+        than after the heartbeat TTL."""
+        w = self.workers.get(wid)
+        if w is not None and w.alive and w.session == session:
+            self.deregister(wid, reason="its connection dropped")
 
     def alive_workers(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.alive]

@@ -31,7 +31,8 @@ from pathlib import Path
 from .. import wire
 from .._version import __version__
 from ..errors import AuthError, RequestRejected
-from ..limits import BACKOFF_BASE_S, BACKOFF_MAX_S, HEARTBEAT_INTERVAL_S, LONG_POLL_S
+from ..limits import (BACKOFF_BASE_S, BACKOFF_MAX_S, HEARTBEAT_INTERVAL_S, LONG_POLL_S,
+                      SESSION_PING_S)
 from ..transport import Transport, Unreachable
 from .executor import Executor, Outcome
 
@@ -79,8 +80,8 @@ class WorkerAgent:
     def run(self) -> None:
         """Run until :meth:`stop`. Raises ``AuthError`` if the token is refused."""
         self._register(first=True)
-        hb = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
-        hb.start()
+        for target, name in ((self._heartbeat_loop, "heartbeat"), (self._session_loop, "session")):
+            threading.Thread(target=target, name=name, daemon=True).start()
         try:
             self._lease_loop()
         finally:
@@ -146,6 +147,32 @@ class WorkerAgent:
                 self.stopping.wait(next(delays))
             except Exception as e:  # noqa: BLE001 - never let the heartbeat thread die
                 log.warning("heartbeat failed: %s", e)
+
+    # ------------------------------------------------------------------ pulse -------
+    def _session_loop(self) -> None:
+        """Hold the pulse connection open; reopen it whenever it ends."""
+        import httpx
+        delays = backoff_delays()
+        while not self.stopping.is_set():
+            if not self._registered.wait(0.5):
+                continue
+            try:
+                with self.http.client.stream(
+                        "GET", f"/v1/workers/{self.id}/session",
+                        timeout=httpx.Timeout(3 * SESSION_PING_S, connect=5)) as resp:
+                    if resp.status_code == 404:
+                        resp.read()
+                        self._lost_registration()
+                        continue
+                    for _line in resp.iter_lines():
+                        delays = backoff_delays()
+                        if self.stopping.is_set():
+                            return
+            except httpx.HTTPError as e:
+                log.debug("pulse connection ended: %s", e)
+            except Exception as e:  # noqa: BLE001 - never let the pulse thread die
+                log.warning("pulse connection failed: %s", e)
+            self.stopping.wait(next(delays))
 
     # ------------------------------------------------------------------ leasing -----
     def _lease_loop(self) -> None:

@@ -1,0 +1,207 @@
+"""Unit tests for gpumesh.client.calls: .map items -> calls, and failures -> exceptions."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from gpumesh import wire
+from gpumesh.client import calls
+from gpumesh.errors import (Cancelled, MeshError, RemoteError, RemoteTraceback, TaskCrashed,
+                            TaskFailed, TaskTimeout, WorkerLost)
+
+
+# ---------------------------------------------------------------- map_items ----------
+
+def two(a, b=0):
+    return a + b
+
+
+def test_dict_is_kwargs_tuple_is_args_scalar_is_single_arg():
+    got, hints = calls.map_items(two, [{"a": 1, "b": 2}, (3, 4), 5, [6, 7], None])
+    assert got == [((), {"a": 1, "b": 2}), ((3, 4), {}), ((5,), {}), (([6, 7],), {}), ((None,), {})]
+    assert hints == [{}, {}, {}, {}, {}]
+    assert [two(*a, **kw) for a, kw in got[:3]] == [3, 7, 5]
+
+
+def test_empty_items():
+    assert calls.map_items(two, []) == ([], [])
+
+
+def test_items_from_a_generator():
+    got, _ = calls.map_items(two, (i for i in range(3)))
+    assert got == [((0,), {}), ((1,), {}), ((2,), {})]
+
+
+def test_hint_keys_removed_when_not_in_signature():
+    def f(x):
+        return x
+
+    got, hints = calls.map_items(f, [{"x": 1, "cost": 5}, {"x": 2, "gpu_memory_mb": 512},
+                                     {"x": 3, "cost": 2.5, "gpu_memory_mb": 0}])
+    assert got == [((), {"x": 1}), ((), {"x": 2}), ((), {"x": 3})]
+    assert hints == [{"cost": 5.0}, {"gpu_memory_mb": 512.0}, {"cost": 2.5, "gpu_memory_mb": 0.0}]
+    assert all(isinstance(v, float) for h in hints for v in h.values())
+
+
+def test_hint_keys_kept_when_named_in_signature():
+    def f(x, cost):
+        return x * cost
+
+    def g(x, *, gpu_memory_mb=0):
+        return gpu_memory_mb
+
+    got, hints = calls.map_items(f, [{"x": 2, "cost": 5}])
+    assert got == [((), {"x": 2, "cost": 5})]
+    assert hints == [{"cost": 5}]
+    got, _ = calls.map_items(g, [{"x": 1, "gpu_memory_mb": 1024, "cost": 1}])
+    assert got == [((), {"x": 1, "gpu_memory_mb": 1024})]
+
+
+def test_named_hint_that_is_not_a_number_is_just_an_argument():
+    def f(x, cost):
+        return cost
+
+    got, hints = calls.map_items(f, [{"x": 1, "cost": "high"}])
+    assert got == [((), {"x": 1, "cost": "high"})]
+    assert hints == [{}]
+
+
+def test_var_kwargs_functions_still_get_hints_removed():
+    def f(**kw):
+        return kw
+
+    got, hints = calls.map_items(f, [{"a": 1, "cost": 3, "gpu_memory_mb": 100}])
+    assert got == [((), {"a": 1})]
+    assert hints == [{"cost": 3.0, "gpu_memory_mb": 100.0}]
+
+
+def test_hints_in_tuples_and_scalars_are_untouched():
+    got, hints = calls.map_items(two, [("cost", 5), {"cost": 1, "a": 1}])
+    assert got[0] == (("cost", 5), {})
+    assert got[1] == ((), {"a": 1})
+    assert hints == [{}, {"cost": 1.0}]
+
+
+@pytest.mark.parametrize("bad", ["5", None, True, -1, [1], {"x": 1}])
+def test_bad_hint_type_raises_type_error(bad):
+    def f(x):
+        return x
+
+    with pytest.raises(TypeError) as ei:
+        calls.map_items(f, [{"x": 1, "cost": bad}])
+    assert "cost" in str(ei.value)
+    with pytest.raises(TypeError, match="gpu_memory_mb"):
+        calls.map_items(f, [{"x": 1, "gpu_memory_mb": bad}])
+
+
+def test_map_items_does_not_mutate_the_callers_dict():
+    def f(x):
+        return x
+
+    item = {"x": 1, "cost": 2}
+    calls.map_items(f, [item])
+    assert item == {"x": 1, "cost": 2}
+
+
+def test_explicit_params():
+    def f(a, /, b, *args, c, d=1, **kw):
+        pass
+
+    assert calls.explicit_params(f) == {"b", "c", "d"}
+    assert calls.explicit_params(object()) == set()
+
+
+# ---------------------------------------------------------------- failure() ----------
+
+def item(kind, message="boom", **err):
+    return {"task_id": "t1", "state": "failed",
+            "error": dict(kind=kind, message=message, traceback="Traceback (most recent call last):\n  remote\n", **err)}
+
+
+def test_raised_with_pickled_exception_is_the_same_type():
+    payload = memoryview(wire.dumps(KeyError("x")).to_bytes())
+    exc = calls.failure(item("raised", "'x'", type="KeyError", worker="w1"), payload)
+    assert type(exc) is KeyError
+    assert exc.args == ("x",)
+    assert isinstance(exc.__cause__, RemoteTraceback)
+    assert "remote" in exc.__cause__.tb
+    assert "remote" in str(exc.__cause__)
+    notes = getattr(exc, "__notes__", [])
+    assert any("t1" in n and "w1" in n for n in notes)
+
+
+def test_raised_custom_exception_keeps_attributes():
+    class Custom(ValueError):
+        def __init__(self, msg, code):
+            super().__init__(msg, code)
+            self.code = code
+
+    payload = memoryview(wire.dumps(Custom("bad", 42)).to_bytes())
+    exc = calls.failure(item("raised"), payload)
+    assert isinstance(exc, ValueError)
+    assert type(exc).__name__ == "Custom"
+    assert exc.code == 42
+
+
+def test_raised_with_unloadable_payload_is_remote_error():
+    exc = calls.failure(item("raised", "it broke", type="mod.Weird"), memoryview(b"not a payload"))
+    assert type(exc) is RemoteError
+    assert exc.remote_type == "mod.Weird"
+    assert exc.remote_message == "it broke"
+    assert "mod.Weird: it broke" in str(exc)
+    assert isinstance(exc.__cause__, RemoteTraceback)
+
+
+def test_unpicklable_exception_is_remote_error_with_type_and_message():
+    exc = calls.failure(item("raised", "holds a lock", type="tests.LockError"), None)
+    assert isinstance(exc, RemoteError)
+    assert isinstance(exc, TaskFailed) and isinstance(exc, MeshError)
+    assert exc.remote_type == "tests.LockError"
+    assert exc.remote_message == "holds a lock"
+    assert exc.remote_traceback.startswith("Traceback")
+    assert exc.task_id == "t1"
+
+
+def test_timeout_is_task_timeout_and_timeout_error():
+    exc = calls.failure(item("timeout", "the task ran longer than its timeout of 0.5s"), None)
+    assert isinstance(exc, TaskTimeout)
+    assert isinstance(exc, TimeoutError)
+    assert isinstance(exc, MeshError)
+    assert "0.5s" in str(exc) and "t1" in str(exc)
+
+
+def test_crashed_is_task_crashed():
+    exc = calls.failure(item("crashed", "the task process exited with code 7", worker="wx"), None)
+    assert type(exc) is TaskCrashed
+    assert "code 7" in str(exc)
+    assert exc.worker == "wx"
+    assert exc.task_id == "t1"
+
+
+def test_lost_cancelled_exit_unknown():
+    assert type(calls.failure(item("lost"), None)) is WorkerLost
+    assert type(calls.failure(item("cancelled"), None)) is Cancelled
+    ex = calls.failure(item("exit", "the task called sys.exit(3)", type="SystemExit"), None)
+    assert type(ex) is RemoteError and "sys.exit(3)" in str(ex)
+    assert type(calls.failure(item("whatever"), None)) is TaskFailed
+    assert type(calls.failure({"task_id": "t", "state": "failed"}, None)) is TaskFailed
+
+
+def test_decode_result_done_and_failed():
+    payload = memoryview(bytearray(wire.dumps({"v": [1, 2]}).to_bytes()))
+    assert calls.decode_result({"state": "done"}, payload) == {"v": [1, 2]}
+    with pytest.raises(TaskCrashed):
+        calls.decode_result(item("crashed"), None)
+
+
+def test_exception_holding_a_lock_cannot_be_pickled():
+    """The premise of RemoteError: such an exception cannot travel as itself."""
+    class LockError(Exception):
+        def __init__(self):
+            super().__init__("holds a lock")
+            self.lock = threading.Lock()
+
+    with pytest.raises(Exception):
+        wire.dumps(LockError())
