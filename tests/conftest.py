@@ -67,15 +67,33 @@ class Mesh:
         self.env.pop("GPUMESH_URL", None)
         self.env.pop("GPUMESH_LOCAL", None)
         self.coordinator: Proc | None = None
+        self.serve_args: list[str] = []
 
     def start(self, self_worker: bool = False, extra: list[str] = ()) -> "Mesh":
         args = ["serve", "--port", str(self.port), "--data-dir", str(self.root / "data"), *extra]
         if not self_worker:
             args.append("--no-self-worker")
+        self.serve_args = args
         self.coordinator = Proc(args, self.env, self.root / "coordinator.log")
         self.procs.append(self.coordinator)
         self.wait_health()
         return self
+
+    def kill_coordinator(self) -> None:
+        """SIGKILL the coordinator (no clean shutdown), and wait until it is gone."""
+        p = self.coordinator.p
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+
+    def restart(self) -> Proc:
+        """Start ``gpumesh serve`` again with the same port, data dir and token."""
+        if self.coordinator is not None and self.coordinator.p.poll() is None:
+            self.coordinator.stop()
+        self.coordinator = Proc(self.serve_args, self.env, self.root / "coordinator.log")
+        self.procs.append(self.coordinator)
+        self.wait_health()
+        return self.coordinator
 
     def wait_health(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S

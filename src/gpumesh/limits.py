@@ -40,12 +40,26 @@ SWEEP_INTERVAL_S = 0.5
 #: Attempts a task gets when the worker running it is lost (not when the task raises).
 MAX_ATTEMPTS = 3
 
+# --- dead connections ---------------------------------------------------------------
+#: TCP keepalive on every client connection: a peer that vanished without a FIN (cable
+#: pulled, laptop lid closed) is noticed after IDLE + INTERVAL * COUNT seconds even while
+#: a long-poll is waiting, instead of after the long-poll's read timeout.
+TCP_KEEPIDLE_S = 5
+TCP_KEEPINTVL_S = 2
+TCP_KEEPCNT = 3
+
 # --- reconnect (bounded exponential backoff with full jitter) -----------------------
 BACKOFF_BASE_S = 0.2
-BACKOFF_MAX_S = 5.0
+BACKOFF_MAX_S = 2.0
 #: How long a caller keeps retrying an unreachable coordinator while it waits for
 #: results of an accepted job before raising MeshUnavailable.
 CALLER_RECONNECT_S = float(os.environ.get("GPUMESH_RECONNECT_TIMEOUT", "300"))
+
+#: Hours a finished job (its tasks, payloads and results) is kept before it is deleted.
+#: Override with ``GPUMESH_RETENTION_HOURS``.
+RETENTION_S = float(os.environ.get("GPUMESH_RETENTION_HOURS", "24")) * 3600
+#: How often the coordinator deletes what is past retention.
+PURGE_INTERVAL_S = 60.0
 
 # --- sizes ---------------------------------------------------------------------------
 #: Largest request body the coordinator accepts (a job submit, a blob, a result).

@@ -13,13 +13,15 @@ Every failure becomes a :mod:`gpumesh.errors` exception:
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterable
 from typing import Any
 
 import httpx
 
 from .errors import AuthError, MeshUnavailable, PayloadTooLarge, RequestRejected
-from .limits import CONNECT_TIMEOUT_S, READ_TIMEOUT_S
+from .limits import (CONNECT_TIMEOUT_S, READ_TIMEOUT_S, TCP_KEEPCNT, TCP_KEEPIDLE_S,
+                     TCP_KEEPINTVL_S)
 
 
 class Unreachable(MeshUnavailable):
@@ -40,10 +42,12 @@ class Transport:
             # UTF-8 bytes: a token with non-Latin-1 characters is still sent (and refused
             # by the coordinator with a clear 401) instead of failing inside the client.
             headers["authorization"] = b"Bearer " + token.encode("utf-8", "surrogateescape")
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=16)
         self.client = httpx.Client(
-            base_url=url, headers=headers, verify=verify, trust_env=False,
+            base_url=url, headers=headers, trust_env=False,
             timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16))
+            transport=httpx.HTTPTransport(verify=verify, limits=limits,
+                                          socket_options=keepalive_options()))
 
     def close(self) -> None:
         self.client.close()
@@ -106,6 +110,16 @@ class Transport:
         except httpx.TransportError as e:
             raise Unreachable(f"the coordinator at {self.url} did not answer: "
                               f"{type(e).__name__}: {e}", sent=True) from e
+
+
+def keepalive_options() -> list[tuple[int, int, int]]:
+    """Socket options turning on TCP keepalive with the timings of ``limits``."""
+    opts = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in (("TCP_KEEPIDLE", TCP_KEEPIDLE_S), ("TCP_KEEPINTVL", TCP_KEEPINTVL_S),
+                        ("TCP_KEEPCNT", TCP_KEEPCNT)):
+        if hasattr(socket, name):  # Linux has all three; macOS only some
+            opts.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    return opts
 
 
 def check(resp: httpx.Response, url: str) -> None:

@@ -80,6 +80,8 @@ def failure(item: dict, payload: memoryview | None) -> BaseException:
     tb = err.get("traceback", "")
     task_id, worker = item.get("task_id"), err.get("worker") or item.get("worker")
     where = f" (task {task_id} on worker {worker})" if worker else f" (task {task_id})"
+    if err.get("stderr_tail") and kind != "raised":
+        where += "\n--- last lines the task wrote to stderr ---\n" + err["stderr_tail"].rstrip()
     if kind == "raised" and payload is not None and payload.nbytes:
         try:
             exc = wire.loads(payload)

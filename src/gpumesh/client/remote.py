@@ -85,6 +85,13 @@ class RemoteFunction:
         return self.mesh.run_calls(fn, calls, hints=hints, timeout=self.options["timeout"],
                                    name=getattr(fn, "__qualname__", None))
 
+    def to(self, device: str) -> RemoteFunction:
+        """The same function bound to a device kind or model (``"cuda"``, ``"cpu"``,
+        ``"A100"``): a new RemoteFunction whose ``gpu`` option is ``device``."""
+        if not isinstance(device, str) or not device.strip():
+            raise ValueError(f".to() needs a device name such as 'cuda', 'cpu' or 'A100', got {device!r}")
+        return RemoteFunction(self.__gpumesh_wrapped__, self._mesh, dict(self.options, gpu=device.strip()))
+
     def local(self, *args: Any, **kwargs: Any) -> Any:
         """Run in this process, never on the mesh."""
         return self.__gpumesh_wrapped__(*args, **kwargs)

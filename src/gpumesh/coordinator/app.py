@@ -32,6 +32,7 @@ import hmac
 import json
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,8 @@ from starlette.routing import Route
 from .. import wire
 from .._version import __version__
 from ..limits import (LONG_POLL_MAX_S, MAX_BODY_BYTES, MAX_TASKS_PER_JOB, MiB,
-                      RESULT_PAGE_BYTES, RESULT_PAGE_COUNT, SESSION_PING_S, SWEEP_INTERVAL_S)
+                      PURGE_INTERVAL_S, RESULT_PAGE_BYTES, RESULT_PAGE_COUNT, RETENTION_S,
+                      SESSION_PING_S, SWEEP_INTERVAL_S)
 from ..errors import WireError
 from .core import (Coordinator, NoWorkers, StaleLease, UnknownJob, UnknownWorker)
 
@@ -307,12 +309,22 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
         wid = _id(request.path_params["wid"], "worker id")
         sid = coord.session_opened(wid)
 
+        worker = coord.workers[wid]
+        wake = worker.wake = asyncio.Event()
+
         async def pulse() -> AsyncIterator[bytes]:
             try:
                 yield b"open\n"
                 while True:
-                    await asyncio.sleep(SESSION_PING_S)
-                    yield b"ping\n"
+                    try:
+                        await asyncio.wait_for(wake.wait(), SESSION_PING_S)
+                    except asyncio.TimeoutError:
+                        yield b"ping\n"
+                        continue
+                    wake.clear()
+                    lines, worker.outbox = worker.outbox, []
+                    if lines:
+                        yield ("\n".join(lines) + "\n").encode()
             finally:
                 coord.session_closed(wid, sid)
         return StreamingResponse(pulse(), media_type="text/plain")
@@ -502,10 +514,15 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
         return JSONResponse({"cancelled": coord.cancel(jid)})
 
     async def sweeper() -> None:
+        last_purge = 0.0
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             try:
                 coord.sweep()
+                now = time.time()
+                if now - last_purge > PURGE_INTERVAL_S:
+                    last_purge = now
+                    coord.purge(now - RETENTION_S)
             except Exception:
                 log.exception("sweep failed")
 

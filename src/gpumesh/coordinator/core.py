@@ -72,6 +72,14 @@ class Worker:
     alive: bool = True
     leases: set[str] = field(default_factory=set)
     session: int = 0  # id of the worker's current pulse connection (0: none open)
+    outbox: list[str] = field(default_factory=list)  # lines to push down the pulse
+    wake: asyncio.Event | None = None
+
+    def push(self, line: str) -> None:
+        """Queue a line for the worker's pulse connection (e.g. ``cancel <task id>``)."""
+        self.outbox.append(line)
+        if self.wake is not None:
+            self.wake.set()
 
 
 @dataclass
@@ -409,6 +417,7 @@ class Coordinator:
             w = self.workers.get(lease.worker_id)
             if w:
                 w.leases.discard(tid)
+                w.push(f"cancel {tid}")  # now, not at the next heartbeat
         rows = []
         for tid in pending + leased:
             rows.append((tid, "cancelled", job.next_seq,
@@ -439,6 +448,14 @@ class Coordinator:
             # round trip per result (a single call is never delayed by this).
             await asyncio.sleep(RESULT_BATCH_S)
         return job
+
+    def purge(self, cutoff: float) -> int:
+        """Forget jobs that ended before ``cutoff`` (epoch seconds); see Store.purge_before."""
+        n = self.store.purge_before(cutoff)
+        if n:
+            for job_id in [j for j in self.jobs if not self.store.job_exists(j)]:
+                self.jobs.pop(job_id, None)
+        return n
 
     def release(self, job_id: str) -> None:
         """The caller has every result: free the payloads (metadata stays for listings)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
@@ -38,8 +39,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     n_tasks     INTEGER NOT NULL,
     created     REAL NOT NULL,
     state       TEXT NOT NULL,            -- 'active' | 'finished' | 'cancelled'
-    released    INTEGER NOT NULL DEFAULT 0
+    released    INTEGER NOT NULL DEFAULT 0,
+    finished    REAL                      -- when the state left 'active'
 );
+CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished) WHERE finished IS NOT NULL;
 CREATE TABLE IF NOT EXISTS tasks (
     id          TEXT PRIMARY KEY,
     job_id      TEXT NOT NULL,
@@ -217,7 +220,28 @@ class Store:
         return {state: n for state, n in rows}
 
     def set_job_state(self, job_id: str, state: str) -> None:
-        self.db.execute("UPDATE jobs SET state=? WHERE id=?", (state, job_id))
+        self.db.execute("UPDATE jobs SET state=?, finished=? WHERE id=?",
+                        (state, None if state == "active" else time.time(), job_id))
+
+    def purge_before(self, cutoff: float) -> int:
+        """Delete jobs that ended before ``cutoff`` (epoch seconds) with their tasks and
+        payloads, then function blobs no remaining job uses. Returns jobs deleted."""
+        ids = [r[0] for r in self.db.execute(
+            "SELECT id FROM jobs WHERE finished IS NOT NULL AND finished < ?", (cutoff,))]
+        for job_id in ids:
+            self.release_job(job_id)
+            with self._tx():
+                self.db.execute("DELETE FROM tasks WHERE job_id=?", (job_id,))
+                self.db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
+            for sub in ("results", "args"):
+                shutil.rmtree(self.blob_dir / sub / job_id, ignore_errors=True)
+        unused = [r[0] for r in self.db.execute(
+            "SELECT hash FROM blobs WHERE created < ? AND hash NOT IN"
+            " (SELECT fn_hash FROM jobs WHERE fn_hash IS NOT NULL)", (cutoff,))]
+        for h in unused:
+            self.db.execute("DELETE FROM blobs WHERE hash=?", (h,))
+            self._remove_file(f"fn/{h[:2]}/{h}")
+        return len(ids)
 
     def active_jobs(self) -> list[dict]:
         ids = [r[0] for r in self.db.execute(

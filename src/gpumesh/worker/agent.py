@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import tempfile
 import threading
 import time
@@ -66,10 +67,11 @@ class WorkerAgent:
         self.info.setdefault("version", __version__)
         self.id: str | None = worker_id
         self.on_event = on_event or (lambda kind, text: log.info(text))
+        self._own_cache = cache_dir is None
         self.cache = Path(cache_dir or tempfile.mkdtemp(prefix="gpumesh-worker-"))
         (self.cache / "fn").mkdir(parents=True, exist_ok=True)
         self.stopping = threading.Event()
-        self.executor = Executor()
+        self.executor = Executor(self.cache / "spool")
         self._free = threading.Semaphore(slots)
         self._reg_lock = threading.Lock()
         self._registered = threading.Event()
@@ -91,13 +93,18 @@ class WorkerAgent:
         self.stopping.set()
 
     def _shutdown(self) -> None:
-        self.executor.close()  # kills running tasks first: no orphans
+        # Leave first, so the coordinator re-queues our tasks at once and fences off any
+        # result a dying task might still post; then kill the task processes.
         if self.id is not None and self._registered.is_set():
             try:
                 self.http.request("DELETE", f"/v1/workers/{self.id}", timeout=3)
-            except Exception as e:  # noqa: BLE001 - best effort; the TTL covers it
+            except Exception as e:  # noqa: BLE001 - best effort; pulse and TTL cover it
                 log.debug("deregister failed: %s", e)
+        self.stopping.set()
+        self.executor.close()  # no orphans: every task's process group is killed
         self.http.close()
+        if self._own_cache:
+            shutil.rmtree(self.cache, ignore_errors=True)
 
     # ------------------------------------------------------------------ registration -
     def _register(self, first: bool = False) -> None:
@@ -164,10 +171,12 @@ class WorkerAgent:
                         resp.read()
                         self._lost_registration()
                         continue
-                    for _line in resp.iter_lines():
+                    for line in resp.iter_lines():
                         delays = backoff_delays()
                         if self.stopping.is_set():
                             return
+                        if line.startswith("cancel "):
+                            self.executor.cancel(line[7:].strip())
             except httpx.HTTPError as e:
                 log.debug("pulse connection ended: %s", e)
             except Exception as e:  # noqa: BLE001 - never let the pulse thread die
@@ -226,6 +235,7 @@ class WorkerAgent:
                 else:
                     outcome = self.executor.run(task["task_id"], task["fn"], str(path), args,
                                                 task.get("timeout"))
+                self.executor.discard_output(task["task_id"])
                 task, args = self._post_result(task, outcome)
         finally:
             self._free.release()

@@ -22,10 +22,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..limits import MAX_WARM_FUNCTIONS, WARM_IDLE_S
 from . import runner
@@ -40,6 +42,21 @@ class Outcome:
     status: str
     error: dict | None = None
     payload: bytearray | None = None
+
+
+#: How much of a failed task's stderr travels with its error (bytes, from the end).
+STDERR_TAIL_BYTES = 4096
+
+
+def _tail(path: Path, n: int) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - n))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 class _Pending:
@@ -110,7 +127,9 @@ class Host:
 class Executor:
     """Runs tasks in isolated processes. Thread-safe: one task per calling thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, spool: Path | None = None) -> None:
+        self.spool = Path(spool or tempfile.mkdtemp(prefix="gpumesh-spool-"))
+        self.spool.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._hosts: OrderedDict[str, Host] = OrderedDict()
         self._zygote_ctrl, child = runner.control_pair()
@@ -168,12 +187,19 @@ class Executor:
         mine, theirs = socket.socketpair()
         pending = _Pending()
         host.tasks[task_id] = pending
+        out, err = self.output_paths(task_id)
         try:
             with host.lock:
-                runner.send_msg(host.ctrl, {"op": "run", "task_id": task_id}, [theirs.fileno()])
+                runner.send_msg(host.ctrl, {"op": "run", "task_id": task_id, "stdout": str(out),
+                                            "stderr": str(err)}, [theirs.fileno()])
             theirs.close()
             self._running[task_id] = (host, pending)
-            return self._exchange(host, pending, mine, args, timeout)
+            outcome = self._exchange(host, pending, mine, args, timeout)
+            if outcome.status == "error" and outcome.error is not None:
+                tail = _tail(err, STDERR_TAIL_BYTES)
+                if tail:
+                    outcome.error["stderr_tail"] = tail
+            return outcome
         except OSError as e:
             return Outcome("retry", {"kind": "host_died", "message": f"could not start the task: {e}"})
         finally:
@@ -241,6 +267,17 @@ class Executor:
             try:
                 os.killpg(pending.pid, signal.SIGKILL)
             except OSError:
+                pass
+
+    def output_paths(self, task_id: str) -> tuple[Path, Path]:
+        """Files that receive the task's stdout and stderr."""
+        return self.spool / f"{task_id}.out", self.spool / f"{task_id}.err"
+
+    def discard_output(self, task_id: str) -> None:
+        for p in self.output_paths(task_id):
+            try:
+                p.unlink()
+            except FileNotFoundError:
                 pass
 
     def cancel(self, task_id: str) -> bool:

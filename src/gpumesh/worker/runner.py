@@ -222,7 +222,7 @@ def host_main(ctrl: socket.socket, blob_path: str) -> None:
         if msg.get("op") == "run" and fds:
             pid = os.fork()
             if pid == 0:
-                _child(fn, ctrl, wake, fds[0])
+                _child(fn, ctrl, wake, fds[0], msg.get("stdout"), msg.get("stderr"))
             os.close(fds[0])
             children[pid] = msg["task_id"]
             send_msg(ctrl, {"op": "started", "task_id": msg["task_id"], "pid": pid})
@@ -231,10 +231,27 @@ def host_main(ctrl: socket.socket, blob_path: str) -> None:
                 os.close(fd)
 
 
-def _child(fn, ctrl: socket.socket, wake: int, data_fd: int) -> None:
+def _redirect(fd: int, path: str | None) -> None:
+    """Point ``fd`` at a fresh file: a task's output never blocks on a pipe nobody reads."""
+    if not path:
+        return
+    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+    os.dup2(out, fd)
+    os.close(out)
+
+
+def _child(fn, ctrl: socket.socket, wake: int, data_fd: int, out: str | None,
+           err: str | None) -> None:
     code = 0
     try:
         os.setsid()  # own process group: a timeout kills everything the task started
+        _redirect(1, out)
+        _redirect(2, err)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.reconfigure(line_buffering=True, errors="backslashreplace")
+            except (AttributeError, ValueError):
+                pass
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)

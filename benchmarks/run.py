@@ -1,0 +1,463 @@
+#!/usr/bin/env python3
+"""gpumesh benchmarks, with dask.distributed and ray as optional peers.
+
+    python benchmarks/run.py                 # full run: every installed system
+    python benchmarks/run.py --quick         # < 2 min per system: fewer repetitions, 3 s idle
+    python benchmarks/run.py --systems gpumesh --json out.json
+    .venv-bench/bin/python benchmarks/run.py --quick   # with peers (benchmarks/setup_peers.sh)
+
+Prints one table: a row per figure, a column per system ("n/a" where a system is not
+installed or a scenario failed), then gpumesh / best peer. See benchmarks/README.md
+for what each figure means.
+
+Each system runs in its own child process (``run.py --child NAME``) so that one
+system's imports, threads and memory never touch another's figures; every process a
+child starts carries a per-run marker in its environment and is killed by pid at the
+end if anything is still alive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import secrets
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MARKER_ENV = "GPUMESH_BENCH_RUN"
+MiB = 2**20
+ARRAY_N = 16 * 2**20            # 16 Mi float32 = 64 MiB
+ARRAY_MiB = ARRAY_N * 4 / MiB
+
+
+# ------------------------------------------------------------------ the tasks ---------
+# Defined in __main__ on purpose: every system then ships them by value (cloudpickle),
+# and no worker needs this directory on its import path.
+def whoami():
+    import os
+    return os.getpid()
+
+
+def noop(x=None):
+    return x
+
+
+def nap(seconds):
+    import time
+    time.sleep(seconds)
+    return seconds
+
+
+def inc(a):
+    return a + 1
+
+
+def ones(n=ARRAY_N):
+    import numpy as np
+    return np.ones(n, np.float32)
+
+
+# ------------------------------------------------------------------ figures -----------
+#: (key, label, unit, which way is better)
+ROWS = [
+    ("cold_start_s", "cold start: launch -> first remote result (1 slot)", "s", "lower"),
+    ("lat_p50_ms", "no-op call latency p50", "ms", "lower"),
+    ("lat_p99_ms", "no-op call latency p99", "ms", "lower"),
+    ("idle_first_ms", "no-op call after {idle:g} s idle: first", "ms", "lower"),
+    ("idle_median_ms", "no-op call after {idle:g} s idle: median of {idle_calls}", "ms", "lower"),
+    ("map_tasks_per_s", "{map_tasks} no-op tasks via map, 2 slots", "tasks/s", "higher"),
+    ("sleep_makespan_s", "8 x sleep(1 s) via map, 2 slots (ideal 4)", "s", "lower"),
+    ("array_inout_MiBps", "64 MiB float32 in and out (a + 1)", "MiB/s", "higher"),
+    ("array_out_MiBps", "64 MiB float32 result only", "MiB/s", "higher"),
+    ("rss_before_MiB", "idle RSS of started processes, before calls", "MiB", "lower"),
+    ("rss_after_MiB", "idle RSS of started processes, after runs", "MiB", "lower"),
+    ("pss_after_MiB", "idle PSS of started processes, after runs", "MiB", "lower"),
+]
+
+
+def settings(args) -> dict:
+    quick = args.quick
+    return {
+        "latency_calls": args.calls or (50 if quick else 200),
+        "warmup_calls": 5 if quick else 10,
+        "idle": args.idle if args.idle is not None else (3.0 if quick else 15.0),
+        "idle_calls": 5,
+        "map_tasks": args.map_tasks or 1000,
+        "sleep_tasks": 8,
+        "sleep_s": 1.0,
+        "array_reps": 3,
+        "settle_s": 1.0 if quick else 3.0,
+    }
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    s = sorted(xs)
+    k = max(0, min(len(s) - 1, int(round(q / 100 * len(s) + 0.5)) - 1))
+    return s[k]
+
+
+# ------------------------------------------------------------------ one system --------
+def run_child(name: str, cfg: dict, out: Path) -> int:
+    """Run every scenario on one system; write figures to ``out`` after each one."""
+    sys.path.insert(0, str(HERE))
+    from systems import SYSTEMS
+
+    results: dict = {"figures": {}, "details": {}, "errors": {}}
+    fig, det = results["figures"], results["details"]
+
+    def save() -> None:
+        out.write_text(json.dumps(results, indent=1))
+
+    def scenario(key: str, body) -> None:
+        t0 = time.perf_counter()
+        log(f"{name}: {key} ...")
+        try:
+            body()
+        except Exception as e:  # noqa: BLE001 - one failed scenario must not hide the rest
+            results["errors"][key] = f"{type(e).__name__}: {e}"[:2000]
+            traceback.print_exc()
+        log(f"{name}: {key} done in {time.perf_counter() - t0:.1f} s")
+        save()
+
+    workdir = Path(tempfile.mkdtemp(prefix=f"gpumesh-bench-{name}-"))
+    system = SYSTEMS[name](workdir)
+    started = []
+
+    def cold() -> None:
+        r = system.cold_start(whoami)
+        fig["cold_start_s"] = r.pop("cold_start_s")
+        det.update(r)
+
+    def start() -> None:
+        t0 = time.perf_counter()
+        system.start()
+        started.append(True)
+        det["start_s"] = time.perf_counter() - t0
+        time.sleep(cfg["settle_s"])
+        m = system.memory()
+        fig["rss_before_MiB"] = m["rss_MiB"]
+        det["pss_before_MiB"] = m["pss_MiB"]
+        det["procs_before"] = m["n_procs"]
+
+    def latency() -> None:
+        for _ in range(cfg["warmup_calls"]):
+            system.call(noop, 0)
+        ts = []
+        for i in range(cfg["latency_calls"]):
+            t0 = time.perf_counter()
+            v = system.call(noop, i)
+            ts.append((time.perf_counter() - t0) * 1e3)
+            assert v == i, (v, i)
+        fig["lat_p50_ms"] = statistics.median(ts)
+        fig["lat_p99_ms"] = percentile(ts, 99)
+        det["lat_mean_ms"] = statistics.fmean(ts)
+        det["lat_max_ms"] = max(ts)
+
+    def idle() -> None:
+        time.sleep(cfg["idle"])
+        ts = []
+        for i in range(cfg["idle_calls"]):
+            t0 = time.perf_counter()
+            assert system.call(noop, i) == i
+            ts.append((time.perf_counter() - t0) * 1e3)
+        fig["idle_first_ms"] = ts[0]
+        fig["idle_median_ms"] = statistics.median(ts)
+        det["idle_ms"] = ts
+
+    def map_noop() -> None:
+        n = cfg["map_tasks"]
+        system.map(noop, list(range(10)))  # warm
+        t0 = time.perf_counter()
+        vals = system.map(noop, list(range(n)))
+        dt = time.perf_counter() - t0
+        assert list(vals) == list(range(n))
+        fig["map_tasks_per_s"] = n / dt
+        det["map_s"] = dt
+
+    def sleeps() -> None:
+        system.call(nap, 0.0)  # warm: the function is loaded, not timed
+        t0 = time.perf_counter()
+        vals = system.map(nap, [cfg["sleep_s"]] * cfg["sleep_tasks"])
+        fig["sleep_makespan_s"] = time.perf_counter() - t0
+        assert list(vals) == [cfg["sleep_s"]] * cfg["sleep_tasks"]
+
+    def arrays() -> None:
+        import numpy as np
+        a = np.zeros(ARRAY_N, np.float32)
+        r = system.call(inc, np.zeros(4, np.float32))  # warm: numpy imported remotely
+        assert float(r[0]) == 1.0
+        ts = []
+        for _ in range(cfg["array_reps"]):
+            t0 = time.perf_counter()
+            r = system.call(inc, a)
+            ts.append(time.perf_counter() - t0)
+            assert r.shape == a.shape and r.dtype == np.float32 and float(r[0]) == 1.0 and float(r[-1]) == 1.0
+            del r
+        fig["array_inout_MiBps"] = 2 * ARRAY_MiB / statistics.median(ts)
+        det["array_inout_s"] = ts
+        r = system.call(ones, 4)
+        ts = []
+        for _ in range(cfg["array_reps"]):
+            t0 = time.perf_counter()
+            r = system.call(ones)
+            ts.append(time.perf_counter() - t0)
+            assert r.shape == (ARRAY_N,) and float(r[0]) == 1.0 and float(r[-1]) == 1.0
+            del r
+        fig["array_out_MiBps"] = ARRAY_MiB / statistics.median(ts)
+        det["array_out_s"] = ts
+
+    def after() -> None:
+        import gc
+        gc.collect()
+        time.sleep(cfg["settle_s"])
+        m = system.memory()
+        fig["rss_after_MiB"] = m["rss_MiB"]
+        fig["pss_after_MiB"] = m["pss_MiB"]
+        det["procs_after"] = m["n_procs"]
+
+    try:
+        scenario("cold_start", cold)
+        scenario("start", start)
+        if started:
+            for key, body in [("latency", latency), ("idle", idle), ("map_noop", map_noop),
+                              ("sleep_makespan", sleeps), ("arrays", arrays), ("memory_after", after)]:
+                scenario(key, body)
+    finally:
+        try:
+            system.stop()
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+        save()
+        if results["errors"]:
+            log(f"{name}: logs kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+# ------------------------------------------------------------------ orchestrator ------
+def installed(name: str) -> bool:
+    sys.path.insert(0, str(HERE))
+    from systems import REQUIRES
+    try:
+        return importlib.util.find_spec(REQUIRES[name]) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def sweep(marker: str) -> int:
+    """Kill (by pid) every process still carrying this run's marker; return how many."""
+    import psutil
+    me = os.getpid()
+    left = []
+    for p in psutil.process_iter(["pid"]):
+        if p.pid == me:
+            continue
+        try:
+            if p.environ().get(MARKER_ENV) == marker:
+                left.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            pass
+    for p in left:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(left, timeout=5)
+    return len(left)
+
+
+def run_system(name: str, args, cfg: dict, marker: str, tmp: Path) -> dict:
+    out = tmp / f"{name}.json"
+    env = dict(os.environ, **{MARKER_ENV: marker})
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name,
+           "--child-out", str(out), "--child-cfg", json.dumps(cfg)]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    timed_out = False
+    try:
+        proc.wait(timeout=args.system_timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        log(f"{name}: still running after {args.system_timeout} s; stopping it")
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            pass
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            pass
+        raise
+    finally:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.wait()
+        n = sweep(marker)
+        if n:
+            log(f"{name}: killed {n} leftover process(es)")
+    try:
+        res = json.loads(out.read_text())
+    except (OSError, ValueError):
+        res = {"figures": {}, "details": {}, "errors": {"run": f"child exited {proc.returncode}"}}
+    if timed_out:
+        res["errors"]["run"] = f"timed out after {args.system_timeout} s"
+    res["wall_s"] = time.perf_counter() - t0
+    return res
+
+
+# ------------------------------------------------------------------ table -------------
+def fmt(v) -> str:
+    if v is None:
+        return "n/a"
+    if v != v:  # nan
+        return "n/a"
+    a = abs(v)
+    if a >= 1000:
+        return f"{v:,.0f}"
+    if a >= 100:
+        return f"{v:.0f}"
+    if a >= 10:
+        return f"{v:.1f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3f}"
+
+
+def build_rows(systems: list[str], results: dict, cfg: dict) -> list[dict]:
+    rows = []
+    peers = [s for s in systems if s != "gpumesh"]
+    for key, label, unit, better in ROWS:
+        vals = {s: (results.get(s) or {}).get("figures", {}).get(key) for s in systems}
+        row = {"key": key, "figure": label.format(**cfg), "unit": unit, "better": better,
+               "values": vals, "best_peer": None, "ratio": None, "winner": None}
+        pv = {s: v for s in peers if (v := vals.get(s)) is not None and v == v}
+        g = vals.get("gpumesh")
+        if pv:
+            best = (min if better == "lower" else max)(pv, key=pv.get)
+            row["best_peer"] = best
+            if g is not None and g == g and pv[best] > 0:
+                row["ratio"] = g / pv[best]
+                gm_better = g < pv[best] if better == "lower" else g > pv[best]
+                row["winner"] = "gpumesh" if gm_better else best
+        rows.append(row)
+    return rows
+
+
+def render(systems: list[str], rows: list[dict]) -> str:
+    head = ["figure", "unit", "better", *systems, "gpumesh / best peer", "winner"]
+    body = []
+    for r in rows:
+        ratio = "n/a" if r["ratio"] is None else f"{r['ratio']:.2f}x vs {r['best_peer']}"
+        body.append([r["figure"], r["unit"], r["better"], *[fmt(r["values"][s]) for s in systems],
+                     ratio, r["winner"] or "n/a"])
+    widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head))]
+    right = set(range(3, 3 + len(systems)))
+
+    def line(cells):
+        return "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    sep = "  ".join("-" * w for w in widths)
+    return "\n".join([line(head), sep, *(line(b) for b in body)])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="fewer repetitions (50 latency calls) and a 3 s idle, for < 2 min per system")
+    ap.add_argument("--idle", type=float, default=None, metavar="S",
+                    help="seconds of idle before the after-idle calls [default: 15, --quick: 3]")
+    ap.add_argument("--calls", type=int, default=None, metavar="N",
+                    help="timed no-op calls for p50/p99 [default: 200, --quick: 50]")
+    ap.add_argument("--map-tasks", type=int, default=None, metavar="N",
+                    help="tasks in the no-op map [default: 1000]")
+    ap.add_argument("--systems", default="gpumesh,dask,ray",
+                    help="comma-separated, of gpumesh, dask, ray [default: all; missing ones show n/a]")
+    ap.add_argument("--no-peers", action="store_true", help="gpumesh only")
+    ap.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures here")
+    ap.add_argument("--system-timeout", type=float, default=None, metavar="S",
+                    help="stop a system's run after this long [default: 300, or 600 in full mode]")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--child-cfg", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.child:
+        return run_child(args.child, json.loads(args.child_cfg), args.child_out)
+
+    cfg = settings(args)
+    if args.system_timeout is None:
+        args.system_timeout = 300 if args.quick else 600
+    systems = ["gpumesh"] if args.no_peers else [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = set(systems) - {"gpumesh", "dask", "ray"}
+    if unknown:
+        ap.error(f"unknown system(s): {sorted(unknown)}")
+    if "gpumesh" not in systems:
+        systems.insert(0, "gpumesh")
+    results: dict = {}
+    marker = secrets.token_hex(8)
+    t_all = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gpumesh-bench-") as tmp:
+        for name in systems:
+            if not installed(name):
+                log(f"{name}: not installed here; its column shows n/a")
+                results[name] = None
+                continue
+            log(f"{name}: running ({'quick' if args.quick else 'full'} mode)")
+            results[name] = run_system(name, args, cfg, marker, Path(tmp))
+            for k, e in results[name]["errors"].items():
+                log(f"{name}: {k} failed: {e.splitlines()[0] if e else e}")
+
+    rows = build_rows(systems, results, cfg)
+    versions = {}
+    for name, mod in (("gpumesh", "gpumesh"), ("dask", "distributed"), ("ray", "ray")):
+        try:
+            if importlib.util.find_spec(mod) is not None:
+                from importlib.metadata import version
+                versions[name] = version("gpumesh" if mod == "gpumesh" else mod)
+        except Exception:  # noqa: BLE001
+            pass
+    print()
+    print(f"gpumesh benchmarks ({'quick' if args.quick else 'full'} mode) on {platform.node()}: "
+          f"{os.cpu_count()} CPUs, Python {platform.python_version()}, "
+          + ", ".join(f"{k} {v}" for k, v in versions.items()) + "; all on 127.0.0.1")
+    print(render(systems, rows))
+    print(f"(ratio = gpumesh figure / best peer figure; 'better' says which direction wins; "
+          f"total {time.perf_counter() - t_all:.0f} s)")
+    if args.json:
+        doc = {"mode": "quick" if args.quick else "full", "settings": cfg, "systems": systems,
+               "machine": {"node": platform.node(), "cpus": os.cpu_count(),
+                           "python": platform.python_version(), "platform": platform.platform()},
+               "versions": versions, "results": results, "rows": rows,
+               "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        args.json.write_text(json.dumps(doc, indent=1))
+        log(f"figures written to {args.json}")
+    failed = (results.get("gpumesh") or {}).get("errors")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,381 @@
+"""The systems ``run.py`` measures, behind one small interface.
+
+Each system class offers::
+
+    cold_start(whoami) -> dict       launch a fresh 1-slot instance, time it to the first
+                                     remote result of whoami(), tear it down
+    start()                          the 2-slot instance every other scenario uses
+    call(fn, *args)                  one remote call, its value
+    map(fn, items)                   one remote task per item, values in order
+    memory() -> dict                 RSS/PSS of every process the instance started
+    stop()                           stop everything it started (idempotent)
+
+Functions are passed in by the caller (they live in ``run.py``, i.e. ``__main__``, so
+every system ships them by value with cloudpickle and no worker needs ``benchmarks/``
+importable).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+MiB = 2**20
+TOKEN = "bench-token-0123456789abcdefghijklmnopqrstuvwxyz"
+START_TIMEOUT_S = 60
+
+
+# ------------------------------------------------------------------ processes ---------
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    """The process ``pid`` and all its descendants (those alive now)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def memory_of(procs: list[psutil.Process]) -> dict:
+    """Summed RSS and PSS (MiB) of ``procs``; PSS splits pages shared between processes
+    (forked children, shared libraries) so it does not count them twice."""
+    rss = pss = 0
+    n = 0
+    for p in procs:
+        try:
+            rss += p.memory_info().rss
+            try:
+                pss += p.memory_full_info().pss
+            except (psutil.AccessDenied, AttributeError):
+                pss = float("nan")
+            n += 1
+        except psutil.NoSuchProcess:
+            pass
+    return {"rss_MiB": rss / MiB, "pss_MiB": pss / MiB, "n_procs": n}
+
+
+def descendants_memory() -> dict:
+    """Memory of every process this (benchmark) process started, itself excluded."""
+    return memory_of(psutil.Process().children(recursive=True))
+
+
+def kill_tree(procs: list[psutil.Process], grace: float = 10.0) -> None:
+    """SIGKILL whatever of ``procs`` is still alive after ``grace`` seconds."""
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+
+
+class CliProc:
+    """A ``gpumesh`` CLI process (own session) with its output in a log file."""
+
+    def __init__(self, args: list[str], env: dict, log: Path):
+        self.args, self.log = args, log
+        with open(log, "ab") as fh:
+            self.p = subprocess.Popen([sys.executable, "-m", "gpumesh", *args], env=env,
+                                      stdout=fh, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def output(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        """Ctrl+C (the CLI's clean stop), then SIGKILL the whole tree, task children
+        in their own sessions included, if anything is left after 10 s."""
+        procs = tree(self.p.pid)
+        if self.p.poll() is None:
+            try:
+                self.p.send_signal(signal.SIGINT)
+            except ProcessLookupError:
+                pass
+        kill_tree(procs)
+        try:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        self.p.wait()
+
+
+# ------------------------------------------------------------------ gpumesh -----------
+class GPUMeshSystem:
+    name = "gpumesh"
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        (workdir / "home").mkdir(parents=True, exist_ok=True)
+        self.env = dict(os.environ, HOME=str(workdir / "home"), GPUMESH_TOKEN=TOKEN,
+                        GPUMESH_CONFIG=str(workdir / "config.json"))
+        for k in ("GPUMESH_URL", "GPUMESH_LOCAL"):
+            self.env.pop(k, None)
+        # The caller (this process) must not read or write the user's config either.
+        os.environ.update(HOME=self.env["HOME"], GPUMESH_CONFIG=self.env["GPUMESH_CONFIG"])
+        for k in ("GPUMESH_URL", "GPUMESH_LOCAL", "GPUMESH_TOKEN"):
+            os.environ.pop(k, None)
+        self.procs: list[CliProc] = []
+        self.url = ""
+        self.mesh = None
+        self._wrapped: dict = {}
+
+    # -- helpers ---------------------------------------------------------------------
+    def _serve(self, tag: str, extra: list[str]) -> tuple[CliProc, str]:
+        port = free_port()
+        args = ["serve", "--port", str(port), "--token", TOKEN,
+                "--data-dir", str(self.workdir / f"data-{tag}"), *extra]
+        proc = CliProc(args, self.env, self.workdir / f"coordinator-{tag}.log")
+        self.procs.append(proc)
+        return proc, f"http://127.0.0.1:{port}"
+
+    @staticmethod
+    def _wait_health(proc: CliProc, url: str, deadline: float) -> None:
+        import httpx
+        while time.monotonic() < deadline:
+            if proc.p.poll() is not None:
+                raise RuntimeError("coordinator exited:\n" + proc.output())
+            try:
+                if httpx.get(f"{url}/v1/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.02)
+        raise RuntimeError("coordinator did not answer /v1/health:\n" + proc.output())
+
+    def _alive(self) -> int:
+        import httpx
+        r = httpx.get(f"{self.url}/v1/workers", headers={"authorization": f"Bearer {TOKEN}"},
+                      timeout=5)
+        r.raise_for_status()
+        return sum(1 for w in r.json() if w["alive"])
+
+    def _wrap(self, fn):
+        from gpumesh import accelerate
+        w = self._wrapped.get(fn)
+        if w is None:
+            w = self._wrapped[fn] = accelerate(self.mesh)(fn)
+        return w
+
+    # -- interface -------------------------------------------------------------------
+    def cold_start(self, whoami) -> dict:
+        from gpumesh import GPUMesh, accelerate
+        me = os.getpid()
+        t0 = time.perf_counter()
+        proc, url = self._serve("cold", ["--slots", "1"])  # with its self-worker
+        try:
+            self._wait_health(proc, url, time.monotonic() + START_TIMEOUT_S)
+            t_health = time.perf_counter() - t0
+            mesh = GPUMesh(url, token=TOKEN)
+            f = accelerate(mesh)(whoami)
+            deadline = time.monotonic() + START_TIMEOUT_S
+            local_calls = 0
+            while True:
+                # Until the self-worker has registered, the call runs here (fallback).
+                if f() != me:
+                    break
+                local_calls += 1
+                if time.monotonic() > deadline:
+                    raise RuntimeError("no remote result within the start timeout:\n" + proc.output())
+                time.sleep(0.02)
+            t_first = time.perf_counter() - t0
+            mesh.close()
+        finally:
+            proc.stop()
+            self.procs.remove(proc)
+        return {"cold_start_s": t_first, "cold_health_s": t_health,
+                "cold_local_fallback_calls": local_calls}
+
+    def start(self) -> None:
+        from gpumesh import GPUMesh
+        coord, self.url = self._serve("main", ["--no-self-worker"])
+        self._wait_health(coord, self.url, time.monotonic() + START_TIMEOUT_S)
+        joins = []
+        for i in range(2):
+            p = CliProc(["join", self.url, "--token", TOKEN, "--slots", "1"], self.env,
+                        self.workdir / f"worker{i}.log")
+            self.procs.append(p)
+            joins.append(p)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while self._alive() < 2:
+            for p in joins:
+                if p.p.poll() is not None:
+                    raise RuntimeError("worker exited:\n" + p.output())
+            if time.monotonic() > deadline:
+                raise RuntimeError("workers did not register")
+            time.sleep(0.05)
+        self.mesh = GPUMesh(self.url, token=TOKEN)
+
+    def call(self, fn, *args):
+        return self._wrap(fn)(*args)
+
+    def map(self, fn, items):
+        return self._wrap(fn).map(items)
+
+    def memory(self) -> dict:
+        procs = [q for p in self.procs for q in tree(p.p.pid)]
+        return memory_of(procs)
+
+    def stop(self) -> None:
+        if self.mesh is not None:
+            self.mesh.close()
+            self.mesh = None
+        for p in reversed(self.procs):
+            p.stop()
+        self.procs.clear()
+
+
+# ------------------------------------------------------------------ dask --------------
+class DaskSystem:
+    """``distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True)``;
+    the scheduler lives inside the caller process (LocalCluster's design), so memory
+    counts only the nanny and worker processes."""
+
+    name = "dask"
+
+    def __init__(self, workdir: Path):
+        import logging
+        import warnings
+        warnings.filterwarnings("ignore", message=".*[Ll]arge object.*")
+        warnings.filterwarnings("ignore", message=".*[Ss]ending large graph.*")
+        warnings.filterwarnings("ignore", category=UserWarning, module="distributed")
+        logging.getLogger("distributed").setLevel(logging.ERROR)
+        self.workdir = workdir
+        self.cluster = self.client = None
+
+    def _make(self, n_workers: int):
+        from distributed import Client, LocalCluster
+        import logging
+        cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                               dashboard_address=None, silence_logs=logging.ERROR,
+                               local_directory=str(self.workdir))
+        return cluster, Client(cluster)
+
+    def cold_start(self, whoami) -> dict:
+        me = os.getpid()
+        t0 = time.perf_counter()
+        cluster, client = self._make(1)
+        try:
+            pid = client.submit(whoami, pure=False).result()
+            t_first = time.perf_counter() - t0
+            assert pid != me
+        finally:
+            client.close()
+            cluster.close()
+        return {"cold_start_s": t_first}
+
+    def start(self) -> None:
+        self.cluster, self.client = self._make(2)
+        self.client.wait_for_workers(2, timeout=START_TIMEOUT_S)
+
+    def call(self, fn, *args):
+        return self.client.submit(fn, *args, pure=False).result()
+
+    def map(self, fn, items):
+        futs = self.client.map(fn, list(items), pure=False)
+        return self.client.gather(futs)
+
+    def memory(self) -> dict:
+        return descendants_memory()
+
+    def stop(self) -> None:
+        procs = psutil.Process().children(recursive=True)
+        try:
+            if self.client is not None:
+                self.client.close()
+            if self.cluster is not None:
+                self.cluster.close()
+        finally:
+            self.client = self.cluster = None
+            kill_tree(procs, grace=5)
+
+
+# ------------------------------------------------------------------ ray ---------------
+class RaySystem:
+    """``ray.init(num_cpus=2)`` (a local head: GCS, raylet, workers) with ``@ray.remote``
+    tasks. The object store hands NumPy results back zero-copy (read-only views)."""
+
+    name = "ray"
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self._remote: dict = {}
+        self.started = False
+
+    @staticmethod
+    def _init(num_cpus: int) -> None:
+        import ray
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                 logging_level="ERROR", configure_logging=True)
+
+    def _wrap(self, fn):
+        import ray
+        r = self._remote.get(fn)
+        if r is None:
+            r = self._remote[fn] = ray.remote(fn)
+        return r
+
+    def cold_start(self, whoami) -> dict:
+        import ray
+        me = os.getpid()
+        t0 = time.perf_counter()
+        self._init(1)
+        try:
+            pid = ray.get(ray.remote(whoami).remote())
+            t_first = time.perf_counter() - t0
+            assert pid != me
+        finally:
+            self._shutdown()
+        return {"cold_start_s": t_first}
+
+    def start(self) -> None:
+        self._init(2)
+        self.started = True
+
+    def call(self, fn, *args):
+        import ray
+        return ray.get(self._wrap(fn).remote(*args))
+
+    def map(self, fn, items):
+        import ray
+        r = self._wrap(fn)
+        return ray.get([r.remote(x) for x in items])
+
+    def memory(self) -> dict:
+        return descendants_memory()
+
+    def _shutdown(self) -> None:
+        import ray
+        procs = psutil.Process().children(recursive=True)
+        try:
+            ray.shutdown()
+        finally:
+            self._remote.clear()
+            kill_tree(procs, grace=5)
+
+    def stop(self) -> None:
+        if self.started:
+            self.started = False
+            self._shutdown()
+
+
+SYSTEMS = {"gpumesh": GPUMeshSystem, "dask": DaskSystem, "ray": RaySystem}
+#: The module a system needs, to tell whether it is installed.
+REQUIRES = {"gpumesh": "gpumesh", "dask": "distributed", "ray": "ray"}
