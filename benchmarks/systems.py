@@ -84,6 +84,13 @@ def kill_tree(procs: list[psutil.Process], grace: float = 10.0) -> None:
     psutil.wait_procs(alive, timeout=5)
 
 
+def _ppid(p: psutil.Process) -> int | None:
+    try:
+        return p.ppid()
+    except psutil.NoSuchProcess:
+        return None
+
+
 class CliProc:
     """A ``gpumesh`` CLI process (own session) with its output in a log file."""
 
@@ -104,6 +111,16 @@ class CliProc:
         """Ctrl+C (the CLI's clean stop), then SIGKILL the whole tree, task children
         in their own sessions included, if anything is left after 10 s."""
         procs = tree(self.p.pid)
+        # A coordinator's self-worker first: while its lease long-poll is open,
+        # ``serve`` on Ctrl+C waits ~30 s for it (uvicorn's graceful shutdown).
+        kids = [c for c in procs[1:] if _ppid(c) == self.p.pid]
+        for c in kids:
+            try:
+                c.send_signal(signal.SIGTERM)
+            except psutil.NoSuchProcess:
+                pass
+        if kids:
+            psutil.wait_procs(kids, timeout=10)
         if self.p.poll() is None:
             try:
                 self.p.send_signal(signal.SIGINT)

@@ -21,10 +21,9 @@ def main() -> None:
 
 
 def _register() -> None:
-    from . import join, pool, serve
-    main.add_command(serve.serve)
-    main.add_command(join.join)
-    main.add_command(pool.workers)
+    from . import jobs, join, pool, serve
+    for command in (serve.serve, join.join, pool.workers, jobs.jobs, jobs.status, jobs.cancel):
+        main.add_command(command)
 
 
 _register()

@@ -108,6 +108,20 @@ class GPUMesh:
         """
         return self.http.request("GET", "/v1/workers", timeout=10).json()
 
+    def jobs(self, limit: int = 20) -> list[dict]:
+        """The most recent jobs, newest first: ``id, name, kind, state, n_tasks, counts``."""
+        return self.http.request("GET", "/v1/jobs", params={"limit": limit}, timeout=10).json()
+
+    def status(self, job_id: str) -> dict:
+        """One job: its state, per-state task ``counts`` and ``tasks`` (index, state,
+        attempts, worker, error). Raises RequestRejected (404) for an unknown job."""
+        return self.http.request("GET", f"/v1/jobs/{job_id}", timeout=10).json()
+
+    def cancel(self, job_id: str) -> int:
+        """Cancel every unfinished task of a job; running ones are killed on their workers.
+        Returns how many tasks were cancelled."""
+        return self.http.request("POST", f"/v1/jobs/{job_id}/cancel", timeout=10).json()["cancelled"]
+
     # ------------------------------------------------------------------ routing ----
     def _mesh_reachable(self) -> bool:
         now = time.monotonic()

@@ -42,7 +42,6 @@ CREATE TABLE IF NOT EXISTS jobs (
     released    INTEGER NOT NULL DEFAULT 0,
     finished    REAL                      -- when the state left 'active'
 );
-CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished) WHERE finished IS NOT NULL;
 CREATE TABLE IF NOT EXISTS tasks (
     id          TEXT PRIMARY KEY,
     job_id      TEXT NOT NULL,
@@ -61,13 +60,21 @@ CREATE TABLE IF NOT EXISTS tasks (
     finished    REAL,
     UNIQUE (job_id, idx)
 );
-CREATE INDEX IF NOT EXISTS tasks_open ON tasks (state) WHERE state IN ('pending', 'leased');
-CREATE INDEX IF NOT EXISTS tasks_seq ON tasks (job_id, seq) WHERE seq IS NOT NULL;
 CREATE TABLE IF NOT EXISTS blobs (
     hash        TEXT PRIMARY KEY,
     size        INTEGER NOT NULL,
     created     REAL NOT NULL
 );
+"""
+
+#: Columns added after the first schema: (table, column, SQL type). Added in place on
+#: start-up, so a data directory written by an older gpumesh keeps working.
+MIGRATIONS = [("jobs", "finished", "REAL")]
+
+INDEXES = """
+CREATE INDEX IF NOT EXISTS tasks_open ON tasks (state) WHERE state IN ('pending', 'leased');
+CREATE INDEX IF NOT EXISTS tasks_seq ON tasks (job_id, seq) WHERE seq IS NOT NULL;
+CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished) WHERE finished IS NOT NULL;
 """
 
 
@@ -113,6 +120,11 @@ class Store:
         self.db.execute(f"PRAGMA synchronous={os.environ.get('GPUMESH_SYNC', 'NORMAL')}")
         self.db.execute("PRAGMA busy_timeout=5000")
         self.db.executescript(SCHEMA)
+        for table, column, kind in MIGRATIONS:
+            have = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+        self.db.executescript(INDEXES)
 
     def close(self) -> None:
         self.db.close()

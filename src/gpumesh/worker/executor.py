@@ -82,6 +82,7 @@ class Host:
         self.load_error: dict | None = None
         self.dead = False
         self.last_used = time.monotonic()
+        self.preloaded: set[str] = set()
         self.reader = threading.Thread(target=self._read, name=f"host-{fn_hash[:8]}", daemon=True)
         self.reader.start()
 
@@ -229,7 +230,20 @@ class Executor:
         info = json.loads(meta)
         if pending.killed_for:
             return self._killed_outcome(pending)
+        self._preload(host, info.get("imports"), info.get("path"))
         return Outcome(info["status"], info.get("error"), payload if payload else None)
+
+    @staticmethod
+    def _preload(host: Host, modules: list | None, path: list | None) -> None:
+        new = [m for m in modules or () if isinstance(m, str) and m not in host.preloaded]
+        if not new:
+            return
+        host.preloaded.update(new)
+        try:
+            with host.lock:
+                runner.send_msg(host.ctrl, {"op": "preload", "modules": new, "path": path or []})
+        except (OSError, ValueError):
+            pass
 
     @staticmethod
     def _send_args(sock: socket.socket, args: bytes | bytearray) -> None:

@@ -40,6 +40,8 @@ import traceback
 
 #: Control messages are single SEQPACKET datagrams; keep them well under the socket buffer.
 MAX_CONTROL_BYTES = 60 * 1024
+#: Most module names one task reports for its host to preload.
+MAX_PRELOAD = 64
 #: Environment variable set inside every task process (nested mesh calls run inline).
 IN_TASK_ENV = "GPUMESH_IN_TASK"
 #: Variables a task must never see (credentials of the worker).
@@ -148,6 +150,7 @@ def run_task(fn, data: socket.socket) -> None:
         else:
             send_chunks(data, payload.chunks, payload.size)
 
+    before, path_before = set(sys.modules), list(sys.path)
     try:
         args, kwargs = wire.loads(recv_blob(data))
     except BaseException as e:  # noqa: BLE001 - any unpickling failure is the task's error
@@ -155,6 +158,11 @@ def run_task(fn, data: socket.socket) -> None:
         return
     try:
         value = fn(*args, **kwargs)
+        # Modules the call imported: the host imports them too, so the next task forks
+        # with them loaded (a heavy import is paid once per host, not once per task).
+        imported = sorted({m.partition(".")[0] for m in set(sys.modules) - before
+                           if not m.startswith("_")})[:MAX_PRELOAD]
+        added_path = [p for p in sys.path if p not in path_before and isinstance(p, str)][:16]
     except BaseException as e:  # noqa: BLE001
         if isinstance(e, SystemExit):
             err = describe_exception(e, "exit")
@@ -175,7 +183,7 @@ def run_task(fn, data: socket.socket) -> None:
         err["message"] = f"the return value ({type(value).__qualname__}) cannot be pickled: {err['message']}"
         reply({"status": "error", "error": err})
         return
-    reply({"status": "ok"}, payload)
+    reply({"status": "ok", "imports": imported, "path": added_path}, payload)
 
 
 # ---------------------------------------------------------------- function host ------
@@ -219,6 +227,9 @@ def host_main(ctrl: socket.socket, blob_path: str) -> None:
             for pid in children:
                 _kill_group(pid)
             return
+        if msg.get("op") == "preload":
+            _preload(msg.get("modules", []), msg.get("path", []))
+            continue
         if msg.get("op") == "run" and fds:
             pid = os.fork()
             if pid == 0:
@@ -238,6 +249,20 @@ def _redirect(fd: int, path: str | None) -> None:
     out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
     os.dup2(out, fd)
     os.close(out)
+
+
+def _preload(modules: list[str], path: list[str]) -> None:
+    import importlib
+    for entry in path:
+        if isinstance(entry, str) and entry not in sys.path:
+            sys.path.append(entry)
+    for name in modules:
+        if name in sys.modules or not isinstance(name, str) or not name.isidentifier():
+            continue
+        try:
+            importlib.import_module(name)
+        except BaseException:  # noqa: BLE001 - a module that fails here just stays unloaded
+            pass
 
 
 def _child(fn, ctrl: socket.socket, wake: int, data_fd: int, out: str | None,

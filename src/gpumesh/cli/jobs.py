@@ -1,0 +1,74 @@
+"""``gpumesh jobs | status JOB | cancel JOB``: look at and control jobs."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from .common import endpoint_options, one_line_errors, resolve_endpoint
+
+
+def _mesh(url, token):
+    from ..client.mesh import GPUMesh
+    ep = resolve_endpoint(url, token)
+    return GPUMesh(ep.url, token=ep.token)
+
+
+def _counts(counts: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "-"
+
+
+@click.command()
+@endpoint_options
+@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@one_line_errors
+def jobs(url, token, limit, as_json):
+    """Recent jobs, newest first."""
+    found = _mesh(url, token).jobs(limit=limit)
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    if not found:
+        click.echo("no jobs yet")
+        return
+    for j in found:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j["created"]))
+        click.echo(f"{j['id']}  {when}  {j['state']:<9}  {j['n_tasks']:>6} tasks  "
+                   f"{_counts(j['counts'])}  {j['name']}")
+
+
+@click.command()
+@click.argument("job_id")
+@endpoint_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@one_line_errors
+def status(job_id, url, token, as_json):
+    """State of one job and its tasks. Exit code 1 if the job failed or is unknown."""
+    view = _mesh(url, token).status(job_id)
+    if as_json:
+        click.echo(json.dumps(view, indent=2))
+    else:
+        click.echo(f"Job: {view['name']} ({view['id']})")
+        click.echo(f"  Status: {view['state']}")
+        click.echo(f"  Counts: {view['counts']}")
+        for t in view.get("tasks", []):
+            mark = {"done": "✓", "failed": "✗", "cancelled": "-"}.get(t["state"], "…")
+            line = f"  {mark} task {t['id']} [{t['state']}]  cost={t['cost']}  worker={t['worker_id'] or '-'}"
+            if t.get("error"):
+                line += f"\n    error: {t['error'].get('message', '')}"
+            click.echo(line)
+    if view["counts"].get("failed"):
+        raise SystemExit(1)
+
+
+@click.command()
+@click.argument("job_id")
+@endpoint_options
+@one_line_errors
+def cancel(job_id, url, token):
+    """Cancel a job: queued tasks are dropped, running ones killed."""
+    n = _mesh(url, token).cancel(job_id)
+    click.echo(f"[OK] cancelled {n} task(s) of job {job_id}")

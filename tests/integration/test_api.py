@@ -1,0 +1,657 @@
+"""The caller API against a real mesh (shared: a coordinator and two one-slot workers).
+
+Every test here must run on the mesh: an autouse fixture makes the local fallback raise,
+so a test that silently ran in this process fails instead of passing trivially.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import cloudpickle
+import numpy as np
+import pandas as pd
+import pytest
+
+import gpumesh
+from gpumesh import (GPUMesh, MeshError, RemoteError, RemoteTraceback, TaskCrashed, TaskFailed,
+                     TaskTimeout, accelerate)
+from gpumesh.client import mesh as mesh_mod
+from gpumesh.client import remote as remote_mod
+
+# Module-level functions and classes of this file travel by value, as they would from a
+# user's script (__main__): the workers need not import the test suite.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+_real_run_locally = mesh_mod.run_locally
+
+
+@pytest.fixture(scope="module")
+def client(shared_mesh):
+    c = shared_mesh.client()
+    yield c
+    c.close()
+
+
+@pytest.fixture(autouse=True)
+def mesh_only(monkeypatch):
+    """Fail loudly if a call falls back to running in this process."""
+    def refuse(fn, calls):
+        raise AssertionError(f"{fn!r} ran locally although the mesh is up")
+    monkeypatch.setattr(mesh_mod, "run_locally", refuse)
+    monkeypatch.delenv("GPUMESH_LOCAL", raising=False)
+
+
+def same_as_local(remote_fn, *args, **kwargs):
+    """Call on the mesh and locally; assert equal values; return the mesh value."""
+    got = remote_fn(*args, **kwargs)
+    want = remote_fn.local(*args, **kwargs)
+    assert got == want
+    assert type(got) is type(want)
+    return got
+
+
+# ---------------------------------------------------------------- the spec's demo ----
+
+def test_spec_demo_with_default_mesh(shared_mesh, monkeypatch):
+    monkeypatch.setenv("GPUMESH_URL", shared_mesh.url)
+    monkeypatch.setenv("GPUMESH_TOKEN", shared_mesh.token)
+    monkeypatch.setattr(remote_mod.mesh, "_mesh", None)  # connect afresh from the env
+    from gpumesh import mesh
+
+    @mesh
+    def train(lr, epochs):
+        return {"lr": lr, "accuracy": round(0.90 + lr, 3)}
+
+    assert train(lr=0.01, epochs=100) == {"lr": 0.01, "accuracy": 0.91}
+    assert train.map([{"lr": 0.01, "epochs": 100}, {"lr": 0.05, "epochs": 200}]) == [
+        {"lr": 0.01, "accuracy": 0.91}, {"lr": 0.05, "accuracy": 0.95}]
+    assert mesh.url == shared_mesh.url
+    mesh.close()
+
+
+def test_workers_lists_both_workers(client):
+    ws = client.workers()
+    assert len(ws) == 2
+    for w in ws:
+        assert {"id", "device", "device_name", "hostname", "score", "alive"} <= set(w)
+        assert w["alive"] is True
+        assert w["device"] in ("CPU", "GPU")
+        assert isinstance(w["score"], (int, float)) and w["score"] > 0
+    assert len({w["id"] for w in ws}) == 2
+
+
+def test_distribute(client):
+    def power(x, p=2):
+        return x ** p
+
+    assert client.distribute(function=power, params=[{"x": 2}, {"x": 3, "p": 3}, 4], timeout=30) == [4, 27, 16]
+    assert client.distribute(power, []) == []
+
+
+# ---------------------------------------------------------------- arguments ----------
+
+def test_positional_keyword_defaults(client):
+    @accelerate(client)
+    def f(a, b, c=10, d="x"):
+        return (a, b, c, d)
+
+    assert same_as_local(f, 1, 2) == (1, 2, 10, "x")
+    assert same_as_local(f, 1, b=2, d="y") == (1, 2, 10, "y")
+    assert same_as_local(f, a=[1], b={"k": None}, c=None) == ([1], {"k": None}, None, "x")
+
+
+def test_keyword_only_and_positional_only(client):
+    @accelerate(client)
+    def f(a, /, b, *, c, d=4):
+        return [a, b, c, d]
+
+    assert same_as_local(f, 1, 2, c=3) == [1, 2, 3, 4]
+    assert same_as_local(f, 1, b=2, c=3, d=5) == [1, 2, 3, 5]
+
+
+def test_var_args_and_var_kwargs(client):
+    @accelerate(client)
+    def f(*args, **kwargs):
+        return args, kwargs
+
+    assert same_as_local(f) == ((), {})
+    assert same_as_local(f, 1, "two", 3.0, x=1, y=[2]) == ((1, "two", 3.0), {"x": 1, "y": [2]})
+
+
+def test_underscore_names(client):
+    @accelerate(client)
+    def f(*a, _k=1, **kw):
+        return a, _k, kw
+
+    assert same_as_local(f) == ((), 1, {})
+    assert same_as_local(f, 1, 2, _k=5, _private=6, __dunder=7) == ((1, 2), 5, {"_private": 6, "__dunder": 7})
+
+    @accelerate(client)
+    def g(_x, __y=2):
+        return _x - __y
+
+    assert same_as_local(g, _x=10) == 8
+    assert same_as_local(g, 10, __y=3) == 7
+
+
+def test_closure(client):
+    offset = 10
+    table = {"a": 1, "b": 2}
+
+    @accelerate(client)
+    def f(key):
+        return table[key] + offset
+
+    assert same_as_local(f, "b") == 12
+
+
+def test_lambda(client):
+    f = accelerate(client)(lambda x, y=2: x ** y)
+    assert same_as_local(f, 3) == 9
+    assert f.map([1, 2, (3, 3)]) == [1, 4, 27]
+
+
+def test_recursive_nested_functions(client):
+    def fact(n):
+        return 1 if n <= 1 else n * fact(n - 1)
+
+    def is_even(n):
+        return True if n == 0 else is_odd(n - 1)
+
+    def is_odd(n):
+        return False if n == 0 else is_even(n - 1)
+
+    @accelerate(client)
+    def both(n):
+        return fact(n), is_even(n), is_odd(n)
+
+    assert same_as_local(both, 10) == (3628800, True, False)
+    rfact = accelerate(client)(fact)
+    assert same_as_local(rfact, 20) == 2432902008176640000
+
+
+def test_method_of_a_local_class(client):
+    class Model:
+        def __init__(self, k):
+            self.k = k
+
+        @accelerate(client)
+        def predict(self, x, bias=0):
+            return self.k * x + bias
+
+        def plain(self, x):
+            return self.k - x
+
+    m = Model(3)
+    assert m.predict(4) == 12
+    assert m.predict(4, bias=1) == 13
+    assert Model.predict(m, 2) == 6
+    bound = accelerate(client)(m.plain)
+    assert bound(1) == 2
+    assert m.predict(4) == Model.predict.local(m, 4)
+
+
+@dataclass
+class Point:
+    x: int
+    y: float
+    tag: str = "p"
+
+
+def test_callers_dataclass_as_argument_and_result(client):
+    @dataclass(frozen=True)
+    class Local:
+        name: str
+        values: tuple
+
+    @accelerate(client)
+    def shift(p, d, meta):
+        return Point(p.x + d, p.y * 2, p.tag + "!"), Local(meta.name.upper(), meta.values[::-1])
+
+    p, loc = same_as_local(shift, Point(1, 1.5), 2, Local("ab", (1, 2, 3)))
+    assert p == Point(3, 3.0, "p!")
+    assert type(p) is Point
+    assert type(loc) is Local
+    assert loc == Local("AB", (3, 2, 1))
+
+
+# ---------------------------------------------------------------- values -------------
+
+def test_numpy_arrays_keep_dtype_order_and_are_writable(client):
+    @accelerate(client)
+    def inspect_arrays(c, f, small, scalar):
+        return (c.dtype.str, c.flags.c_contiguous, f.dtype.str, f.flags.f_contiguous,
+                f.flags.c_contiguous, c.flags.writeable, f.flags.writeable,
+                c * 2, f.copy(order="F"), small[::2], scalar * 2)
+
+    c = np.arange(300_000, dtype=np.float32).reshape(600, 500)
+    f = np.asfortranarray(np.arange(60_000, dtype=np.int16).reshape(200, 300))
+    out = inspect_arrays(c, f, np.arange(10, dtype=np.uint8), np.float32(1.5))
+    assert out[:7] == ("<f4", True, "<i2", True, False, True, True)
+    c2, f2, small, scalar = out[7:]
+    assert c2.dtype == np.float32 and c2.flags.c_contiguous and np.array_equal(c2, c * 2)
+    assert f2.dtype == np.int16 and f2.flags.f_contiguous and not f2.flags.c_contiguous
+    assert np.array_equal(f2, f)
+    assert small.dtype == np.uint8 and small.tolist() == [0, 2, 4, 6, 8]
+    assert type(scalar) is np.float32 and scalar == np.float32(3.0)
+    for arr in (c2, f2, small):
+        assert arr.flags.writeable
+        arr.flat[0] = 1
+        assert arr.flat[0] == 1
+
+
+def test_numpy_zero_dim_and_structured(client):
+    @accelerate(client)
+    def echo(x):
+        return x
+
+    dt = np.dtype([("a", "<i4"), ("b", "<f8")])
+    s = np.array([(1, 2.0), (3, 4.0)], dtype=dt)
+    got = echo(s)
+    assert got.dtype == dt and got.tolist() == [(1, 2.0), (3, 4.0)]
+    z = echo(np.array(7, dtype=np.int64))
+    assert z.ndim == 0 and z.dtype == np.int64 and int(z) == 7
+
+
+def test_pandas_dataframe_round_trip(client):
+    @accelerate(client)
+    def enrich(df, series):
+        out = df.copy()
+        out["z"] = out["x"] * 2
+        out["s"] = series.values
+        return out, out.dtypes.astype(str).to_dict()
+
+    df = pd.DataFrame({"x": np.arange(5, dtype=np.int32), "name": list("abcde"),
+                       "t": pd.date_range("2024-01-01", periods=5),
+                       "cat": pd.Categorical(list("xyxyx"))},
+                      index=pd.Index([10, 20, 30, 40, 50], name="id"))
+    series = pd.Series([0.5, 1.5, 2.5, 3.5, 4.5], name="s")
+    got, dtypes = enrich(df, series)
+    want, want_dtypes = enrich.local(df, series)
+    pd.testing.assert_frame_equal(got, want)
+    assert dtypes == want_dtypes
+    assert got.index.name == "id"
+    got.loc[10, "z"] = -1  # the result is a normal, writable frame
+    assert got.loc[10, "z"] == -1
+
+
+def test_unicode_and_big_values(client):
+    @accelerate(client)
+    def echo(**kw):
+        return kw
+
+    kw = {"cyr": "Привет", "cjk": "漢字", "emoji": "😀", "nul": "a\x00b", "sur": "\ud800",
+          "bytes": bytes(range(256)) * 4000, "neg0": -0.0, "big": 2 ** 200, "set": {1, 2},
+          "keys": {1: "int", (1, 2): "tuple"}}
+    assert echo(**kw) == kw
+
+
+# ---------------------------------------------------------------- errors -------------
+
+def test_remote_key_error_is_a_key_error_with_remote_traceback(client):
+    @accelerate(client)
+    def lookup_missing(d):
+        return d["x"]
+
+    with pytest.raises(KeyError) as ei:
+        lookup_missing({})
+    try:
+        lookup_missing({"y": 1})
+    except KeyError as e:  # the spec's promise: plain `except KeyError` catches it
+        caught = e
+    assert caught.args == ("x",)
+    exc = ei.value
+    assert type(exc) is KeyError and exc.args == ("x",)
+    cause = exc.__cause__
+    assert isinstance(cause, RemoteTraceback)
+    assert "Traceback (most recent call last)" in cause.tb
+    assert "lookup_missing" in cause.tb
+    assert "KeyError: 'x'" in cause.tb
+    # the worker has no source file, but the frame names the caller's line
+    src, first = inspect.getsourcelines(lookup_missing.__gpumesh_wrapped__)
+    line = first + next(i for i, text in enumerate(src) if 'd["x"]' in text)
+    assert f"line {line}, in lookup_missing" in cause.tb
+
+
+def test_custom_exception_keeps_type_message_and_attributes(client):
+    class QuotaExceeded(RuntimeError):
+        def __init__(self, msg, limit=0):
+            super().__init__(msg)
+            self.limit = limit
+
+    @accelerate(client)
+    def f():
+        raise QuotaExceeded("too many", limit=3)
+
+    with pytest.raises(QuotaExceeded) as ei:
+        f()
+    assert str(ei.value) == "too many"
+    assert isinstance(ei.value.__cause__, RemoteTraceback)
+
+
+def test_unpicklable_exception_arrives_as_remote_error(client):
+    class LockedError(Exception):
+        def __init__(self, msg):
+            super().__init__(msg)
+            self.lock = threading.Lock()
+
+    @accelerate(client)
+    def f():
+        raise LockedError("cannot travel")
+
+    with pytest.raises(RemoteError) as ei:
+        f()
+    e = ei.value
+    assert isinstance(e, TaskFailed) and isinstance(e, MeshError)
+    assert "LockedError" in e.remote_type
+    assert e.remote_message == "cannot travel"
+    assert "LockedError" in str(e) and "cannot travel" in str(e)
+    assert "Traceback" in e.remote_traceback
+
+
+def test_exception_that_pickles_but_cannot_unpickle_arrives_as_remote_error(client):
+    class TwoArgs(Exception):
+        def __init__(self, a, b):
+            super().__init__(f"{a}/{b}")
+
+    @accelerate(client)
+    def f():
+        raise TwoArgs("left", "right")
+
+    with pytest.raises(RemoteError) as ei:
+        f()
+    assert "TwoArgs" in ei.value.remote_type
+    assert ei.value.remote_message == "left/right"
+
+
+def test_os_exit_is_task_crashed_and_worker_survives(client, shared_mesh):
+    before = shared_mesh.alive()
+
+    @accelerate(client)
+    def die():
+        os._exit(7)
+
+    with pytest.raises(TaskCrashed) as ei:
+        die()
+    assert "code 7" in str(ei.value)
+
+    @accelerate(client)
+    def ok(x):
+        return x + 1
+
+    assert ok.map(list(range(4))) == [1, 2, 3, 4]
+    assert shared_mesh.alive() == before == 2
+
+
+def test_sys_exit_is_task_failed_not_system_exit(client):
+    @accelerate(client)
+    def leave():
+        sys.exit(3)
+
+    with pytest.raises(TaskFailed) as ei:
+        leave()
+    assert not isinstance(ei.value, SystemExit)
+    assert "sys.exit(3)" in str(ei.value)
+
+
+def test_unpicklable_result_is_remote_error(client):
+    @accelerate(client)
+    def make_lock():
+        return threading.Lock()
+
+    with pytest.raises(RemoteError) as ei:
+        make_lock()
+    assert "lock" in str(ei.value).lower()
+    assert "cannot be pickled" in str(ei.value)
+
+
+def test_timeout(client):
+    @accelerate(client, timeout=0.5)
+    def sleepy():
+        import time as _t
+        _t.sleep(10)
+        return "late"
+
+    t0 = time.monotonic()
+    with pytest.raises(TaskTimeout) as ei:
+        sleepy()
+    elapsed = time.monotonic() - t0
+    assert elapsed < 5, elapsed
+    assert isinstance(ei.value, TimeoutError)
+    assert "0.5" in str(ei.value)
+
+    @accelerate(client)
+    def quick():
+        return "fine"
+
+    assert quick() == "fine"  # the slot was freed
+
+
+def test_bad_timeout_is_value_error(client):
+    with pytest.raises(ValueError, match="timeout"):
+        accelerate(client, timeout=0)(lambda: 1)
+    with pytest.raises(ValueError, match="timeout"):
+        accelerate(client, timeout="5")(lambda: 1)
+
+
+def test_unknown_option_is_type_error(client):
+    with pytest.raises(TypeError, match="retries"):
+        accelerate(client, retries=3)(lambda: 1)
+
+
+# ---------------------------------------------------------------- map ----------------
+
+def test_map_empty_returns_fast(client):
+    @accelerate(client)
+    def f(x):
+        return x
+
+    t0 = time.monotonic()
+    assert f.map([]) == []
+    assert f.map(iter(())) == []
+    assert time.monotonic() - t0 < 0.5
+
+
+def test_map_preserves_order_with_duplicates(client):
+    @accelerate(client)
+    def sq(x):
+        import time as _t
+        _t.sleep(0.02 * (x % 3))  # finish out of order
+        return x * x
+
+    items = [3, 1, 3, 2, 1, 0, 3, 5, 2, 2]
+    assert sq.map(items) == [x * x for x in items]
+    assert sq.map([{"x": 4}, (2,), 7]) == [16, 4, 49]
+
+
+def test_map_many_items(client):
+    @accelerate(client)
+    def inc(i):
+        return i + 1
+
+    assert inc.map(range(300)) == list(range(1, 301))
+
+
+def test_map_hint_keys_stripped_unless_named(client):
+    @accelerate(client)
+    def f(x):
+        return x * 10
+
+    assert f.map([{"x": 1, "cost": 5}, {"x": 2, "gpu_memory_mb": 256},
+                  {"x": 3, "cost": 1, "gpu_memory_mb": 0}]) == [10, 20, 30]
+
+    @accelerate(client)
+    def g(x, cost):
+        return x * cost
+
+    assert g.map([{"x": 2, "cost": 5}, {"x": 3, "cost": 0.5}]) == [10, 1.5]
+
+    @accelerate(client)
+    def h(**kw):
+        return sorted(kw)
+
+    assert h.map([{"a": 1, "cost": 2}]) == [["a"]]
+    with pytest.raises(TypeError, match="cost"):
+        f.map([{"x": 1, "cost": "lots"}])
+
+
+def test_map_first_failure_raises(client):
+    @accelerate(client)
+    def f(x):
+        if x == 3:
+            raise ValueError(f"bad {x}")
+        return x
+
+    with pytest.raises(ValueError, match="bad 3"):
+        f.map(range(6))
+    assert f.map([0, 1]) == [0, 1]
+
+
+# ---------------------------------------------------------------- routing & API ------
+
+def test_install_then_bare_accelerate(client, monkeypatch):
+    monkeypatch.setattr(accelerate, "_installed", None)
+    accelerate.install(client)
+
+    @accelerate
+    def where(x):
+        import os as _os
+        return x * 2, _os.getpid()
+
+    value, pid = where(21)
+    assert value == 42
+    assert pid != os.getpid()
+
+    @accelerate(timeout=30)
+    def where2(x):
+        return x - 1
+
+    assert where2.map([1, 2]) == [0, 1]
+    assert where.mesh is client
+    with pytest.raises(TypeError):
+        accelerate.install("http://127.0.0.1:1")
+
+
+def test_gpumesh_local_forces_local(client, monkeypatch, capsys):
+    monkeypatch.setattr(mesh_mod, "run_locally", _real_run_locally)
+    monkeypatch.setattr(mesh_mod, "_notices", set())
+    monkeypatch.setenv("GPUMESH_LOCAL", "1")
+
+    @accelerate(client)
+    def pid():
+        import os as _os
+        return _os.getpid()
+
+    assert pid() == os.getpid()
+    assert pid.map([(), ()]) == [os.getpid(), os.getpid()]
+    err = capsys.readouterr().err
+    assert err.count("[gpumesh] GPUMESH_LOCAL=1: running locally") == 1
+
+
+
+def test_tasks_run_in_fresh_processes(client):
+    @accelerate(client)
+    def bump(_):
+        import os as _os
+        import sys as _sys
+        _sys._gpumesh_test_counter = getattr(_sys, "_gpumesh_test_counter", 0) + 1
+        return _sys._gpumesh_test_counter, _os.getpid()
+
+    out = [bump(i) for i in range(4)] + bump.map(range(4))
+    counters = [c for c, _ in out]
+    pids = [p for _, p in out]
+    assert counters == [1] * 8          # no task sees another task's global
+    assert os.getpid() not in pids
+    assert len(set(pids[:4])) == 4      # sequential calls: a new process each
+
+
+def test_closure_state_is_not_shared_between_tasks(client):
+    box = {"n": 0}
+
+    @accelerate(client)
+    def bump(_):
+        box["n"] += 1
+        return box["n"]
+
+    assert bump.map(range(5)) == [1] * 5
+    assert box["n"] == 0  # the caller's copy is untouched
+
+
+def test_task_environment_has_no_credentials(client, shared_mesh):
+    @accelerate(client)
+    def env():
+        import os as _os
+        return dict(_os.environ)
+
+    e = env()
+    assert "GPUMESH_TOKEN" not in e
+    assert "GPUMESH_CONFIG" not in e
+    assert "GPUMESH_URL" not in e
+    assert e.get("GPUMESH_IN_TASK") == "1"
+    assert not any(shared_mesh.token in v for v in e.values())
+
+
+def test_nested_decorated_call_runs_inline_in_the_task(client):
+    @accelerate(client)
+    def inner(x):
+        import os as _os
+        return x + 1, _os.getpid()
+
+    @accelerate(client)
+    def outer(x):
+        import os as _os
+        v, pid = inner(x)
+        return v, pid == _os.getpid(), inner.map([1, 2])
+
+    v, same, mapped = outer(1)
+    assert v == 2 and same is True
+    assert [m[0] for m in mapped] == [2, 3]
+
+
+def test_public_api_all():
+    assert gpumesh.__all__ == [
+        "GPUMesh", "accelerate", "mesh", "RemoteFunction", "MeshError", "AuthError",
+        "RequestRejected", "MeshUnavailable", "WireError", "PayloadTooLarge", "TaskFailed",
+        "RemoteError", "TaskCrashed", "WorkerLost", "Cancelled", "TaskTimeout",
+        "RemoteTraceback", "load_ipython_extension", "__version__",
+    ]
+    for name in gpumesh.__all__:
+        assert getattr(gpumesh, name) is not None, name
+    ns: dict = {}
+    exec("from gpumesh import *", ns)
+    assert set(gpumesh.__all__) <= set(ns)
+    assert sorted(dir(gpumesh)) == sorted(gpumesh.__all__)
+    for name in ("AuthError", "RequestRejected", "MeshUnavailable", "WireError", "PayloadTooLarge",
+                 "TaskFailed", "TaskTimeout"):
+        assert issubclass(getattr(gpumesh, name), gpumesh.MeshError), name
+    for name in ("RemoteError", "TaskCrashed", "WorkerLost", "Cancelled"):
+        assert issubclass(getattr(gpumesh, name), gpumesh.TaskFailed), name
+    assert issubclass(gpumesh.TaskTimeout, TimeoutError)
+    assert gpumesh.GPUMesh is GPUMesh
+    assert isinstance(gpumesh.__version__, str) and gpumesh.__version__.count(".") == 2
+    with pytest.raises(AttributeError):
+        gpumesh.does_not_exist  # noqa: B018
+
+
+def test_gpumesh_constructor_validates_url():
+    with pytest.raises(ValueError, match="http://"):
+        GPUMesh("127.0.0.1:8000", token="t")
+    with pytest.raises(ValueError):
+        GPUMesh("ftp://x", token="t")
+
+
+def test_mesh_and_decorated_function_pickle_without_token(client):
+    import pickle
+
+    @accelerate(client)
+    def f(x):
+        return x
+
+    assert client.token.encode() not in pickle.dumps(client)
+    assert client.token.encode() not in cloudpickle.dumps(f)
+    assert pickle.loads(pickle.dumps(client)).url == client.url
