@@ -73,15 +73,36 @@ def descendants_memory() -> dict:
     return memory_of(psutil.Process().children(recursive=True))
 
 
+def _gone(p: psutil.Process) -> bool:
+    # A zombie has exited; only its parent can reap it (psutil.wait_procs would wait
+    # for that, which for a grandchild may be the full timeout).
+    try:
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait until every process in ``procs`` has exited; return those still alive."""
+    deadline = time.monotonic() + timeout
+    alive = list(procs)
+    while alive:
+        alive = [p for p in alive if not _gone(p)]
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return alive
+
+
 def kill_tree(procs: list[psutil.Process], grace: float = 10.0) -> None:
     """SIGKILL whatever of ``procs`` is still alive after ``grace`` seconds."""
-    _, alive = psutil.wait_procs(procs, timeout=grace)
+    alive = wait_gone(procs, grace)
     for p in alive:
         try:
             p.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(alive, timeout=5)
+    wait_gone(alive, 5)
 
 
 def _ppid(p: psutil.Process) -> int | None:
@@ -120,7 +141,7 @@ class CliProc:
             except psutil.NoSuchProcess:
                 pass
         if kids:
-            psutil.wait_procs(kids, timeout=10)
+            wait_gone(kids, 10)
         if self.p.poll() is None:
             try:
                 self.p.send_signal(signal.SIGINT)

@@ -76,6 +76,11 @@ RESULT_PAGE_BYTES = 64 * MiB
 #: Most results in one results page.
 RESULT_PAGE_COUNT = 2000
 
+#: Largest body of one output post (a worker sends what a task printed in pieces).
+OUTPUT_BODY_BYTES = 4 * MiB
+#: Seconds between a worker's output posts while tasks print.
+OUTPUT_FLUSH_S = 0.2
+
 # --- worker --------------------------------------------------------------------------
 #: Warm per-function processes a worker keeps (least recently used beyond this exit).
 MAX_WARM_FUNCTIONS = 4

@@ -72,3 +72,24 @@ def cancel(job_id, url, token):
     """Cancel a job: queued tasks are dropped, running ones killed."""
     n = _mesh(url, token).cancel(job_id)
     click.echo(f"[OK] cancelled {n} task(s) of job {job_id}")
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--task", "task_id", default=None, help="Only this task.")
+@endpoint_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@one_line_errors
+def logs(job_id, task_id, url, token, as_json):
+    """What each task of a job printed to stdout and stderr."""
+    tasks = _mesh(url, token).logs(job_id, task_id)
+    if as_json:
+        click.echo(json.dumps(tasks, indent=2))
+        return
+    for t in tasks:
+        click.echo(f"=== task {t['id']} (#{t['index']}, {t['state']})")
+        if t["stdout"]:
+            click.echo(t["stdout"], nl=not t["stdout"].endswith("\n"))
+        if t["stderr"]:
+            click.echo("--- stderr")
+            click.echo(t["stderr"], nl=not t["stderr"].endswith("\n"))

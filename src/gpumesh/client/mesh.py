@@ -39,6 +39,7 @@ from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, PR
                       PROBE_TIMEOUT_S)
 from ..transport import Transport, Unreachable
 from . import calls as _calls
+from .console import OutputPrinter
 
 log = logging.getLogger("gpumesh.client")
 
@@ -66,11 +67,16 @@ class GPUMesh:
 
     ``url``: ``http(s)://host:port``; ``None`` reads ``$GPUMESH_URL`` then the saved config.
     ``token``: the coordinator's token; ``None`` reads ``$GPUMESH_TOKEN`` then the config.
+    ``output``: print what tasks print on this console, prefixed with the worker's name
+    (default: on, unless ``$GPUMESH_OUTPUT=0``).
     Raises ``ValueError`` for a URL that is not http(s). Creating one sends nothing.
     """
 
-    def __init__(self, url: str | None = None, token: str | None = None):
+    def __init__(self, url: str | None = None, token: str | None = None, *,
+                 output: bool | None = None):
         ep = config.resolve(url, token)
+        #: Print what remote tasks print (default on; ``GPUMESH_OUTPUT=0`` turns it off).
+        self.output = output if output is not None else os.environ.get("GPUMESH_OUTPUT", "1") != "0"
         self.url, self.token = ep.url, ep.token
         self._http: Transport | None = None
         self._lock = threading.Lock()
@@ -84,7 +90,7 @@ class GPUMesh:
     def __reduce__(self):
         # A mesh captured by a shipped function travels without its token; inside a
         # task, mesh calls run inline anyway (see RemoteFunction.__call__).
-        return (GPUMesh, (self.url, None))
+        return (GPUMesh, (self.url, None))  # output= is a console choice of the caller
 
     @property
     def http(self) -> Transport:
@@ -116,6 +122,11 @@ class GPUMesh:
         """One job: its state, per-state task ``counts`` and ``tasks`` (index, state,
         attempts, worker, error). Raises RequestRejected (404) for an unknown job."""
         return self.http.request("GET", f"/v1/jobs/{job_id}", timeout=10).json()
+
+    def logs(self, job_id: str, task_id: str | None = None) -> list[dict]:
+        """What each task of a job printed: ``[{"id", "index", "state", "stdout", "stderr"}]``."""
+        params = {"task": task_id} if task_id else None
+        return self.http.request("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=30).json()["tasks"]
 
     def cancel(self, job_id: str) -> int:
         """Cancel every unfinished task of a job; running ones are killed on their workers.
@@ -219,14 +230,18 @@ class GPUMesh:
 
     def _collect(self, job_id: str, n: int) -> list[Any]:
         results: list[Any] = [_MISSING] * n
-        got, after, attempt = 0, -1, 0
+        got, after, out_after, attempt = 0, -1, -1, 0
+        printer = OutputPrinter(single=n == 1) if self.output else None
         last_contact = time.monotonic()
         try:
             while got < n:
+                params = {"after": after, "wait": LONG_POLL_S}
+                if printer is not None:
+                    params["out_after"] = out_after
                 try:
                     body = self.http.stream_into(
-                        "GET", f"/v1/jobs/{job_id}/results",
-                        params={"after": after, "wait": LONG_POLL_S}, timeout=LONG_POLL_S + 15)
+                        "GET", f"/v1/jobs/{job_id}/results", params=params,
+                        timeout=LONG_POLL_S + 15)
                     last_contact, attempt = time.monotonic(), 0
                 except Unreachable as e:
                     if time.monotonic() - last_contact > CALLER_RECONNECT_S:
@@ -243,6 +258,13 @@ class GPUMesh:
                 if page.get("workers_alive") == 0 and not page["results"]:
                     notice(f"no live worker in the mesh at {self.url}; job {job_id} is waiting "
                            "for one to (re)join")
+                k = 1 + sum(1 for item in page["results"] if item["has_payload"])
+                if printer is not None:
+                    # Output first: a task's prints come before its result (and its error).
+                    printer.skipped(page.get("output_skipped", 0))
+                    for chunk, data in zip(page.get("output", []), frames[k:]):
+                        printer.write(chunk, data)
+                        out_after = max(out_after, chunk["seq"])
                 k = 1
                 for item in page["results"]:
                     payload = None
@@ -261,6 +283,9 @@ class GPUMesh:
             if got < n:
                 self._cancel_quietly(job_id)
             raise
+        finally:
+            if printer is not None:
+                printer.flush()
         self._release_quietly(job_id)
         return results
 

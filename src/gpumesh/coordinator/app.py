@@ -13,13 +13,17 @@ malformed request never changes state. Payload bodies are the ``frames`` layout 
     DELETE /v1/workers/{id}                    leave; leases are re-queued at once
     POST   /v1/workers/{id}/lease              long-poll for up to {slots} tasks
     POST   /v1/tasks/{id}/result?lease=L       a result, fenced by lease id
+    POST   /v1/tasks/{id}/output?lease=L       what a running task printed
     HEAD   /v1/blobs/{sha256}                  is this function blob here?
     PUT    /v1/blobs/{sha256}                  upload a function blob (hash verified)
     GET    /v1/blobs/{sha256}                  download it
     POST   /v1/jobs                            submit a job with all its arguments
     GET    /v1/jobs                            recent jobs
     GET    /v1/jobs/{id}                       status, counts and tasks
-    GET    /v1/jobs/{id}/results?after=S&wait=W  long-poll for results with seq > S
+    GET    /v1/jobs/{id}/results?after=S&wait=W[&out_after=O]
+                                               long-poll for results with seq > S (and
+                                               task output with seq > O)
+    GET    /v1/jobs/{id}/logs[?task=T]         what each task printed (kept per task)
     POST   /v1/jobs/{id}/release               the caller holds every result
     POST   /v1/jobs/{id}/cancel                cancel what has not finished
 """
@@ -44,7 +48,7 @@ from starlette.routing import Route
 
 from .. import wire
 from .._version import __version__
-from ..limits import (LONG_POLL_MAX_S, MAX_BODY_BYTES, MAX_TASKS_PER_JOB, MiB,
+from ..limits import (LONG_POLL_MAX_S, OUTPUT_BODY_BYTES, MAX_BODY_BYTES, MAX_TASKS_PER_JOB, MiB,
                       PURGE_INTERVAL_S, RESULT_PAGE_BYTES, RESULT_PAGE_COUNT, RETENTION_S,
                       SESSION_PING_S, SWEEP_INTERVAL_S)
 from ..errors import WireError
@@ -384,6 +388,20 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
             return lease_response(coord.grant_now(wid, 1))
         return lease_response([])
 
+    @route("/v1/tasks/{tid}/output", ["POST"])
+    async def task_output(request: Request) -> Response:
+        tid = _id(request.path_params["tid"], "task id")
+        lease_id = request.query_params.get("lease", "")
+        _id(lease_id or "-", "lease id")
+        _meta, frames = _frames(await _read_body(request, OUTPUT_BODY_BYTES))
+        if len(frames) != 2:
+            raise HTTPError(400, "bad_request", "output needs two frames: stdout, stderr")
+        try:
+            coord.post_output(tid, lease_id, bytes(frames[0]), bytes(frames[1]))
+        except StaleLease:
+            return _err(409, "stale_lease", "this lease is no longer current")
+        return JSONResponse({"accepted": True})
+
     # -- blobs -----------------------------------------------------------------------
     @route("/v1/blobs/{h}", ["HEAD", "GET"])
     async def get_blob(request: Request) -> Response:
@@ -477,11 +495,13 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
         jid = _id(request.path_params["jid"], "job id")
         after = int(_query_float(request, "after", -1, -1, 1e15))
         wait = _query_float(request, "wait", 0, 0, LONG_POLL_MAX_S)
+        out_after = request.query_params.get("out_after")
+        out_after = None if out_after is None else int(_query_float(request, "out_after", -1, -1, 1e15))
         if jid not in coord.jobs:
             if coord.store.job_exists(jid):
                 return _err(410, "released", f"job {jid}'s results were already collected")
             raise UnknownJob(jid)
-        job = await until_disconnect(request, coord.wait_results(jid, after, wait))
+        job = await until_disconnect(request, coord.wait_results(jid, after, wait, out_after))
         if job is None:
             return Response(status_code=204)
         items, parts, budget = [], [], RESULT_PAGE_BYTES
@@ -496,9 +516,36 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
                 parts.append(Part(t.result))
             elif t.result_file is not None:
                 parts.append(Part(path=coord.store.file_path(t.result_file), size=t.result_size))
-        return frames_response({"results": items, "n_tasks": job.n_tasks, "n_final": job.n_final,
-                                "state": job.state, "workers_alive": len(coord.alive_workers())},
-                               parts)
+        meta = {"results": items, "n_tasks": job.n_tasks, "n_final": job.n_final,
+                "state": job.state, "workers_alive": len(coord.alive_workers())}
+        if out_after is not None:  # the caller also wants what tasks printed
+            chunks, skipped = coord.output.since(jid, out_after)
+            meta["output"] = [{"seq": c.seq, "task_id": c.task_id, "index": c.index,
+                               "stream": c.stream, "worker": c.worker} for c in chunks]
+            meta["output_skipped"] = skipped
+            parts += [Part(c.data) for c in chunks]
+        return frames_response(meta, parts)
+
+    @route("/v1/jobs/{jid}/logs", ["GET"])
+    async def job_logs(request: Request) -> Response:
+        """Each task's kept stdout and stderr (text, invalid UTF-8 replaced)."""
+        jid = _id(request.path_params["jid"], "job id")
+        task = request.query_params.get("task")
+        if task is not None:
+            _id(task, "task id")
+        rows = coord.store.task_rows(jid)
+        if not rows and not coord.store.job_exists(jid):
+            raise UnknownJob(jid)
+        out = []
+        for t in rows:
+            if task is not None and t["id"] != task:
+                continue
+            out.append({"id": t["id"], "index": t["index"], "state": t["state"],
+                        "stdout": coord.output.task_log(jid, t["id"], "stdout").decode("utf-8", "replace"),
+                        "stderr": coord.output.task_log(jid, t["id"], "stderr").decode("utf-8", "replace")})
+        if task is not None and not out:
+            raise HTTPError(404, "unknown_task", f"job {jid} has no task {task}")
+        return JSONResponse({"job_id": jid, "tasks": out})
 
     @route("/v1/jobs/{jid}/release", ["POST"])
     async def release(request: Request) -> Response:

@@ -31,6 +31,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ..limits import HEARTBEAT_INTERVAL_S, MAX_ATTEMPTS, WORKER_TTL_S
+from .output import OutputHub
 from .scheduler import RunQueue
 from .store import Store
 
@@ -135,6 +136,7 @@ class Coordinator:
         self.task_meta: dict[str, tuple[int, int]] = {}  # open task id -> (index, attempts)
         self.idle: OrderedDict[str, tuple[asyncio.Future, int]] = OrderedDict()
         self._sessions = 0
+        self.output = OutputHub(store.dir / "logs")
         self._recover()
 
     # ------------------------------------------------------------ start-up -------
@@ -432,10 +434,13 @@ class Coordinator:
         job.notify()
         return len(rows)
 
-    async def wait_results(self, job_id: str, after: int, wait: float) -> Job:
-        """Return once ``job_id`` has a result with ``seq > after`` or ``wait`` s passed."""
+    async def wait_results(self, job_id: str, after: int, wait: float, out_after: int | None = None) -> Job:
+        """Return once ``job_id`` has a result with ``seq > after`` (or, when ``out_after``
+        is given, output with a higher seq than it), or ``wait`` s passed."""
         job = self.job(job_id)
         if job.next_seq - 1 > after or wait <= 0:
+            return job
+        if out_after is not None and self.output.last_seq(job_id) > out_after:
             return job
         fut = asyncio.get_running_loop().create_future()
         job.waiters.append(fut)
@@ -451,11 +456,25 @@ class Coordinator:
 
     def purge(self, cutoff: float) -> int:
         """Forget jobs that ended before ``cutoff`` (epoch seconds); see Store.purge_before."""
-        n = self.store.purge_before(cutoff)
-        if n:
-            for job_id in [j for j in self.jobs if not self.store.job_exists(j)]:
-                self.jobs.pop(job_id, None)
-        return n
+        gone = self.store.purge_before(cutoff)
+        for job_id in gone:
+            self.jobs.pop(job_id, None)
+            self.output.forget(job_id, files=True)
+        return len(gone)
+
+    def post_output(self, task_id: str, lease_id: str, stdout: bytes, stderr: bytes) -> None:
+        """Output a running task printed; fenced by its lease like a result."""
+        lease = self.leases.get(task_id)
+        if lease is None or lease.lease_id != lease_id:
+            raise StaleLease(task_id)
+        w = self.workers.get(lease.worker_id)
+        host = (w.info.get("hostname") if w else None) or lease.worker_id
+        idx = self.task_meta.get(task_id, (-1, 0))[0]
+        for stream, data in (("stdout", stdout), ("stderr", stderr)):
+            self.output.append(lease.job_id, task_id, idx, host, stream, data)
+        job = self.jobs.get(lease.job_id)
+        if job is not None and (stdout or stderr):
+            job.notify()
 
     def release(self, job_id: str) -> None:
         """The caller has every result: free the payloads (metadata stays for listings)."""
@@ -464,3 +483,4 @@ class Coordinator:
             return  # still running; nothing to release yet
         self.store.release_job(job_id)
         self.jobs.pop(job_id, None)
+        self.output.forget(job_id)

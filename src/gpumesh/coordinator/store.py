@@ -235,9 +235,9 @@ class Store:
         self.db.execute("UPDATE jobs SET state=?, finished=? WHERE id=?",
                         (state, None if state == "active" else time.time(), job_id))
 
-    def purge_before(self, cutoff: float) -> int:
+    def purge_before(self, cutoff: float) -> list[str]:
         """Delete jobs that ended before ``cutoff`` (epoch seconds) with their tasks and
-        payloads, then function blobs no remaining job uses. Returns jobs deleted."""
+        payloads, then function blobs no remaining job uses. Returns the deleted job ids."""
         ids = [r[0] for r in self.db.execute(
             "SELECT id FROM jobs WHERE finished IS NOT NULL AND finished < ?", (cutoff,))]
         for job_id in ids:
@@ -253,7 +253,7 @@ class Store:
         for h in unused:
             self.db.execute("DELETE FROM blobs WHERE hash=?", (h,))
             self._remove_file(f"fn/{h[:2]}/{h}")
-        return len(ids)
+        return ids
 
     def active_jobs(self) -> list[dict]:
         ids = [r[0] for r in self.db.execute(

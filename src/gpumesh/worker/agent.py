@@ -33,11 +33,44 @@ from .. import wire
 from .._version import __version__
 from ..errors import AuthError, RequestRejected
 from ..limits import (BACKOFF_BASE_S, BACKOFF_MAX_S, HEARTBEAT_INTERVAL_S, LONG_POLL_S,
-                      SESSION_PING_S)
+                      OUTPUT_BODY_BYTES, OUTPUT_FLUSH_S, SESSION_PING_S)
 from ..transport import Transport, Unreachable
 from .executor import Executor, Outcome
 
 log = logging.getLogger("gpumesh.worker")
+
+
+#: Bytes of each stream of one task forwarded to the coordinator; the rest is dropped
+#: with a note (the task still runs to the end and its result still arrives).
+FORWARD_CAP_BYTES = 16 * 2**20
+
+
+class _OutputCursor:
+    """How far a running task's output files have been forwarded."""
+
+    def __init__(self, task: dict, out: Path, err: Path):
+        self.task_id, self.lease_id = task["task_id"], task["lease_id"]
+        self.paths = (out, err)
+        self.offsets = [0, 0]
+        self.lock = threading.Lock()
+
+    def read(self, limit: int) -> tuple[bytes, bytes]:
+        got = []
+        for i, path in enumerate(self.paths):
+            data = b""
+            if self.offsets[i] < FORWARD_CAP_BYTES:
+                try:
+                    with open(path, "rb") as fh:
+                        fh.seek(self.offsets[i])
+                        data = fh.read(min(limit, FORWARD_CAP_BYTES - self.offsets[i]))
+                except OSError:
+                    data = b""
+                self.offsets[i] += len(data)
+                if self.offsets[i] >= FORWARD_CAP_BYTES:
+                    data += (f"\n[gpumesh: output beyond {FORWARD_CAP_BYTES // 2**20} MiB "
+                             "not forwarded]\n").encode()
+            got.append(data)
+        return got[0], got[1]
 
 
 def backoff_delays(base: float = BACKOFF_BASE_S, cap: float = BACKOFF_MAX_S):
@@ -76,13 +109,14 @@ class WorkerAgent:
         self._reg_lock = threading.Lock()
         self._registered = threading.Event()
         self._blob_locks: dict[str, threading.Lock] = {}
-        self._threads: list[threading.Thread] = []
+        self._output: dict[str, _OutputCursor] = {}
 
     # ------------------------------------------------------------------ lifecycle ---
     def run(self) -> None:
         """Run until :meth:`stop`. Raises ``AuthError`` if the token is refused."""
         self._register(first=True)
-        for target, name in ((self._heartbeat_loop, "heartbeat"), (self._session_loop, "session")):
+        for target, name in ((self._heartbeat_loop, "heartbeat"), (self._session_loop, "session"),
+                             (self._output_loop, "output")):
             threading.Thread(target=target, name=name, daemon=True).start()
         try:
             self._lease_loop()
@@ -183,6 +217,33 @@ class WorkerAgent:
                 log.warning("pulse connection failed: %s", e)
             self.stopping.wait(next(delays))
 
+    # ------------------------------------------------------------------ output ------
+    def _output_loop(self) -> None:
+        """Forward what running tasks print, every OUTPUT_FLUSH_S."""
+        while not self.stopping.wait(OUTPUT_FLUSH_S):
+            for cursor in list(self._output.values()):
+                try:
+                    self._forward_output(cursor)
+                except Exception as e:  # noqa: BLE001 - output is best effort
+                    log.debug("output forward failed: %s", e)
+
+    def _forward_output(self, cursor: _OutputCursor, final: bool = False) -> None:
+        with cursor.lock:
+            while True:
+                out, err = cursor.read(OUTPUT_BODY_BYTES // 2 - 1024)
+                if not out and not err:
+                    return
+                chunks, size = wire.pack_frames([b"{}", out, err])
+                try:
+                    self.http.request("POST", f"/v1/tasks/{cursor.task_id}/output",
+                                      params={"lease": cursor.lease_id},
+                                      content=wire.iter_chunks(chunks),
+                                      headers={"content-length": str(size)}, timeout=30)
+                except (RequestRejected, Unreachable):
+                    return  # output is best effort; the result is what matters
+                if not final:
+                    return
+
     # ------------------------------------------------------------------ leasing -----
     def _lease_loop(self) -> None:
         delays = backoff_delays()
@@ -233,8 +294,14 @@ class WorkerAgent:
                     outcome = Outcome("retry", {"kind": "fetch",
                                                 "message": f"could not fetch the function: {e}"})
                 else:
-                    outcome = self.executor.run(task["task_id"], task["fn"], str(path), args,
-                                                task.get("timeout"))
+                    cursor = self._output[task["task_id"]] = _OutputCursor(
+                        task, *self.executor.output_paths(task["task_id"]))
+                    try:
+                        outcome = self.executor.run(task["task_id"], task["fn"], str(path), args,
+                                                    task.get("timeout"))
+                    finally:
+                        del self._output[task["task_id"]]
+                    self._forward_output(cursor, final=True)  # before the result: order kept
                 self.executor.discard_output(task["task_id"])
                 task, args = self._post_result(task, outcome)
         finally:

@@ -1,0 +1,109 @@
+"""What tasks print: kept per task for ``gpumesh logs``, and streamed live to callers.
+
+Workers post output in chunks while a task runs (and a last one before its result).
+Each chunk is
+
+* appended to ``<data_dir>/logs/<job>/<task>.out|.err``, up to ``TASK_LOG_CAP_BYTES``
+  per stream (what comes after is counted, not kept, and the log says so), and
+* kept in a per-job ring of recent chunks (``JOB_RING_BYTES``) with a sequence number,
+  which callers read by cursor together with results (one long-poll wakes for either).
+  A caller that falls behind the ring is told how many chunks it missed instead of
+  stalling the tasks.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: Bytes of each stream of each task kept on disk for ``gpumesh logs``.
+TASK_LOG_CAP_BYTES = 8 * 2**20
+#: Bytes of recent output per job held in memory for live callers.
+JOB_RING_BYTES = 4 * 2**20
+STREAMS = ("stdout", "stderr")
+
+
+@dataclass
+class Chunk:
+    seq: int
+    task_id: str
+    index: int
+    stream: str
+    worker: str
+    data: bytes
+
+
+@dataclass
+class _JobOutput:
+    ring: deque = field(default_factory=deque)
+    ring_bytes: int = 0
+    next_seq: int = 0
+
+
+class OutputHub:
+    """Task output of every live job. Event-loop only; no locking."""
+
+    def __init__(self, log_dir: Path):
+        self.dir = Path(log_dir)
+        self._jobs: dict[str, _JobOutput] = {}
+        self._sizes: dict[tuple[str, str, str], int] = {}
+
+    def append(self, job_id: str, task_id: str, index: int, worker: str, stream: str,
+               data: bytes) -> None:
+        if not data or stream not in STREAMS:
+            return
+        self._to_file(job_id, task_id, stream, data)
+        out = self._jobs.setdefault(job_id, _JobOutput())
+        out.ring.append(Chunk(out.next_seq, task_id, index, stream, worker, data))
+        out.next_seq += 1
+        out.ring_bytes += len(data)
+        while out.ring_bytes > JOB_RING_BYTES and len(out.ring) > 1:
+            out.ring_bytes -= len(out.ring.popleft().data)
+
+    def _to_file(self, job_id: str, task_id: str, stream: str, data: bytes) -> None:
+        key = (job_id, task_id, stream)
+        path = self.dir / job_id / f"{task_id}.{'out' if stream == 'stdout' else 'err'}"
+        have = self._sizes.get(key)
+        if have is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            have = path.stat().st_size if path.exists() else 0
+        room = TASK_LOG_CAP_BYTES - have
+        if room <= 0:
+            return
+        keep = data[:room]
+        with open(path, "ab") as fh:
+            fh.write(keep)
+            if len(keep) < len(data):
+                fh.write(f"\n[gpumesh: output beyond {TASK_LOG_CAP_BYTES // 2**20} MiB not kept]\n"
+                         .encode())
+        self._sizes[key] = have + len(keep)
+
+    def last_seq(self, job_id: str) -> int:
+        out = self._jobs.get(job_id)
+        return -1 if out is None else out.next_seq - 1
+
+    def since(self, job_id: str, after: int) -> tuple[list[Chunk], int]:
+        """Chunks with ``seq > after`` still in the ring, and how many older ones the
+        reader missed because the ring moved on."""
+        out = self._jobs.get(job_id)
+        if out is None:
+            return [], 0
+        chunks = [c for c in out.ring if c.seq > after]
+        skipped = chunks[0].seq - after - 1 if chunks and chunks[0].seq > after + 1 else 0
+        return chunks, skipped
+
+    def task_log(self, job_id: str, task_id: str, stream: str) -> bytes:
+        path = self.dir / job_id / f"{task_id}.{'out' if stream == 'stdout' else 'err'}"
+        try:
+            return path.read_bytes()
+        except OSError:
+            return b""
+
+    def forget(self, job_id: str, files: bool = False) -> None:
+        """Drop a job's live ring (and with ``files`` its logs on disk)."""
+        self._jobs.pop(job_id, None)
+        if files:
+            shutil.rmtree(self.dir / job_id, ignore_errors=True)
+            self._sizes = {k: v for k, v in self._sizes.items() if k[0] != job_id}
