@@ -214,7 +214,7 @@ class GPUMeshSystem:
 
     # -- interface -------------------------------------------------------------------
     def cold_start(self, whoami) -> dict:
-        from gpumesh import GPUMesh, accelerate
+        from gpumesh import GPUMesh, accelerate  # the caller's import is not part of the start
         me = os.getpid()
         t0 = time.perf_counter()
         proc, url = self._serve("cold", ["--slots", "1"])  # with its self-worker
@@ -307,6 +307,7 @@ class DaskSystem:
         return cluster, Client(cluster)
 
     def cold_start(self, whoami) -> dict:
+        import distributed  # noqa: F401 - the caller's import is not part of the start
         me = os.getpid()
         t0 = time.perf_counter()
         cluster, client = self._make(1)
@@ -371,7 +372,7 @@ class RaySystem:
         return r
 
     def cold_start(self, whoami) -> dict:
-        import ray
+        import ray  # the caller's import is not part of the start
         me = os.getpid()
         t0 = time.perf_counter()
         self._init(1)

@@ -44,6 +44,7 @@ from .console import OutputPrinter
 log = logging.getLogger("gpumesh.client")
 
 _MISSING = object()
+_HOSTNAME = socket.gethostname()
 _notices: set[str] = set()
 _notice_lock = threading.Lock()
 
@@ -83,6 +84,7 @@ class GPUMesh:
         self._probe_ok_until = 0.0
         self._known_blobs: set[str] = set()
         self._announced = False
+        self.__janitor: _Janitor | None = None
 
     def __repr__(self) -> str:
         return f"GPUMesh({self.url!r})"
@@ -161,26 +163,40 @@ class GPUMesh:
             return run_locally(fn, calls)
         if not self._mesh_reachable():
             return run_locally(fn, calls)
-        job_id = self._submit(fn, calls, hints or [{}] * len(calls), timeout, name)
-        if job_id is None:
-            notice(f"no live worker in the mesh at {self.url}; running locally")
-            return run_locally(fn, calls)
-        return self._collect(job_id, len(calls))
+        job_id = secrets.token_hex(6)
+        printer = OutputPrinter(single=len(calls) == 1) if self.output else None
+        collected = False
+        try:
+            first = self._submit(job_id, fn, calls, hints or [{}] * len(calls), timeout, name,
+                                 printer is not None)
+            if first is None:
+                notice(f"no live worker in the mesh at {self.url}; running locally")
+                collected = True  # nothing was stored
+                return run_locally(fn, calls)
+            values = self._collect(job_id, len(calls), first, printer)
+            collected = True
+            return values
+        finally:
+            if printer is not None:
+                printer.flush()
+            if not collected:  # Ctrl+C, a task failure, a lost coordinator: stop the rest
+                self._cancel_quietly(job_id)
 
-    def _submit(self, fn: Callable, calls: list[_calls.Call], hints: list[dict],
-                timeout: float | None, name: str | None) -> str | None:
+    def _submit(self, job_id: str, fn: Callable, calls: list[_calls.Call], hints: list[dict],
+                timeout: float | None, name: str | None, output: bool) -> bytearray | None:
+        """Submit the job and wait briefly for its first results in the same round trip.
+        Returns that first results page, or None if the mesh has no live worker."""
         fn_payload = wire.dumps(fn)
         fn_hash = fn_payload.sha256()
         args = [wire.dumps(c) for c in calls]
         inline = fn_hash not in self._known_blobs and fn_payload.size <= INLINE_FUNCTION_BYTES
         if fn_hash not in self._known_blobs and not inline:
             self._upload_blob(fn_hash, fn_payload)
-        job_id = secrets.token_hex(6)
         meta = {"job_id": job_id, "kind": "function", "fn": fn_hash, "fn_inline": inline,
                 "n_tasks": len(calls), "timeout": timeout, "require_worker": True,
                 "name": name or getattr(fn, "__qualname__", "function"),
-                "costs": [h.get("cost", 1.0) for h in hints],
-                "caller": {"host": socket.gethostname(), "pid": os.getpid()}}
+                "costs": [h.get("cost", 1.0) for h in hints], "wait": LONG_POLL_S,
+                "output": output, "caller": {"host": _HOSTNAME, "pid": os.getpid()}}
         frames: list = [json.dumps(meta).encode()]
         if inline:
             frames.append(fn_payload)
@@ -190,11 +206,12 @@ class GPUMesh:
         attempt = 0
         while True:
             try:
-                self.http.request("POST", "/v1/jobs", content=wire.iter_chunks(chunks),
-                                  headers={"content-type": "application/x-gpumesh-frames",
-                                           "content-length": str(size)}, timeout=600)
+                page = self.http.stream_into(
+                    "POST", "/v1/jobs", content=wire.iter_chunks(chunks),
+                    headers={"content-type": "application/x-gpumesh-frames",
+                             "content-length": str(size)}, timeout=LONG_POLL_S + 600)
                 self._known_blobs.add(fn_hash)
-                return job_id
+                return page if page is not None else bytearray()
             except RequestRejected as e:
                 code = getattr(e, "code", "")
                 if code == "no_workers":
@@ -228,33 +245,15 @@ class GPUMesh:
                           headers={"content-length": str(payload.size)}, timeout=600)
         self._known_blobs.add(h)
 
-    def _collect(self, job_id: str, n: int) -> list[Any]:
+    def _collect(self, job_id: str, n: int, body: bytearray | None,
+                 printer: OutputPrinter | None) -> list[Any]:
+        """Read result pages (the first came with the submit) until all ``n`` are in."""
         results: list[Any] = [_MISSING] * n
         got, after, out_after, attempt = 0, -1, -1, 0
-        printer = OutputPrinter(single=n == 1) if self.output else None
         last_contact = time.monotonic()
-        try:
-            while got < n:
-                params = {"after": after, "wait": LONG_POLL_S}
-                if printer is not None:
-                    params["out_after"] = out_after
-                try:
-                    body = self.http.stream_into(
-                        "GET", f"/v1/jobs/{job_id}/results", params=params,
-                        timeout=LONG_POLL_S + 15)
-                    last_contact, attempt = time.monotonic(), 0
-                except Unreachable as e:
-                    if time.monotonic() - last_contact > CALLER_RECONNECT_S:
-                        raise MeshUnavailable(
-                            f"lost the coordinator at {self.url} for over {CALLER_RECONNECT_S:.0f}s "
-                            f"while waiting for job {job_id}: {e}") from e
-                    time.sleep(_backoff(attempt))
-                    attempt += 1
-                    continue
-                if body is None:
-                    continue
-                frames = wire.unpack_frames(body)
-                page = json.loads(bytes(frames[0]))
+        while True:
+            if body:
+                page, frames = self._read_page(body)
                 if page.get("workers_alive") == 0 and not page["results"]:
                     notice(f"no live worker in the mesh at {self.url}; job {job_id} is waiting "
                            "for one to (re)join")
@@ -274,20 +273,33 @@ class GPUMesh:
                     idx = item["index"]
                     if results[idx] is not _MISSING:
                         continue  # never deliver a result twice
-                    if item["state"] != "done":
-                        raise _calls.failure(item, payload)
-                    results[idx] = _calls.decode_result(item, payload)
+                    results[idx] = _calls.decode_result(item, payload)  # raises a failure
                     got += 1
-                del frames, body
-        except BaseException:
-            if got < n:
-                self._cancel_quietly(job_id)
-            raise
-        finally:
+                del frames, page
+            if got >= n:
+                break
+            params = {"after": after, "wait": LONG_POLL_S}
             if printer is not None:
-                printer.flush()
-        self._release_quietly(job_id)
+                params["out_after"] = out_after
+            try:
+                body = self.http.stream_into("GET", f"/v1/jobs/{job_id}/results", params=params,
+                                             timeout=LONG_POLL_S + 15)
+                last_contact, attempt = time.monotonic(), 0
+            except Unreachable as e:
+                if time.monotonic() - last_contact > CALLER_RECONNECT_S:
+                    raise MeshUnavailable(
+                        f"lost the coordinator at {self.url} for over {CALLER_RECONNECT_S:.0f}s "
+                        f"while waiting for job {job_id}: {e}") from e
+                time.sleep(_backoff(attempt))
+                attempt += 1
+                body = None
+        self._janitor.release(job_id)
         return results
+
+    @staticmethod
+    def _read_page(body: bytearray) -> tuple[dict, list[memoryview]]:
+        frames = wire.unpack_frames(body)
+        return json.loads(bytes(frames[0])), frames
 
     def _cancel_quietly(self, job_id: str) -> None:
         try:
@@ -295,11 +307,12 @@ class GPUMesh:
         except Exception as e:  # noqa: BLE001 - the original error matters more
             log.debug("cancel of %s failed: %s", job_id, e)
 
-    def _release_quietly(self, job_id: str) -> None:
-        try:
-            self.http.request("POST", f"/v1/jobs/{job_id}/release", timeout=5)
-        except Exception as e:  # noqa: BLE001 - results are delivered; the store keeps them
-            log.debug("release of %s failed: %s", job_id, e)
+    @property
+    def _janitor(self) -> _Janitor:
+        with self._lock:
+            if self.__janitor is None:
+                self.__janitor = _Janitor(self)
+            return self.__janitor
 
     # ------------------------------------------------------------------ API --------
     def distribute(self, function: Callable, params: Iterable[Any], timeout: float | None = None) -> list[Any]:
@@ -330,6 +343,31 @@ class GPUMesh:
         description (a dict as in :meth:`workers`, with ``.stop()``) once registered."""
         from .processes import add_worker
         return add_worker(url, token=token, slots=slots)
+
+
+class _Janitor:
+    """Releases collected jobs off the call's critical path, on a background thread.
+
+    A release only frees the coordinator's copy of arguments and results; if the process
+    exits first, retention deletes them later.
+    """
+
+    def __init__(self, mesh: GPUMesh):
+        import queue
+        self._mesh = mesh
+        self._queue: queue.SimpleQueue[str] = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="gpumesh-release", daemon=True).start()
+
+    def release(self, job_id: str) -> None:
+        self._queue.put(job_id)
+
+    def _run(self) -> None:
+        while True:
+            job_id = self._queue.get()
+            try:
+                self._mesh.http.request("POST", f"/v1/jobs/{job_id}/release", timeout=10)
+            except Exception as e:  # noqa: BLE001 - best effort (see the class docstring)
+                log.debug("release of %s failed: %s", job_id, e)
 
 
 def run_locally(fn: Callable, calls: list[_calls.Call]) -> list[Any]:

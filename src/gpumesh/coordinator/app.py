@@ -473,7 +473,17 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
                                         [float(c) for c in costs], require_worker)
         except NoWorkers:
             return _err(409, "no_workers", "no worker is alive in the mesh")
-        return JSONResponse({"job_id": job.id, "n_tasks": job.n_tasks, "created": created})
+        info = {"job_id": job.id, "n_tasks": job.n_tasks, "created": created}
+        wait = _field(meta, "wait", (int, float), 0, lo=0, hi=LONG_POLL_MAX_S)
+        if not wait or job.id not in coord.jobs:
+            return JSONResponse(info)
+        # Submit-and-wait: a short call's result comes back in the submit's own answer,
+        # saving the caller a round trip (the answer is a results page, cursor -1).
+        out_after = -1 if _field(meta, "output", bool, False) else None
+        waited = await until_disconnect(request, coord.wait_results(job.id, -1, wait, out_after))
+        if waited is None:
+            return Response(status_code=204)
+        return results_page(waited, -1, out_after, info)
 
     @route("/v1/jobs", ["GET"])
     async def list_jobs(request: Request) -> Response:
@@ -504,8 +514,12 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
         job = await until_disconnect(request, coord.wait_results(jid, after, wait, out_after))
         if job is None:
             return Response(status_code=204)
+        return results_page(job, after, out_after, {})
+
+    def results_page(job, after: int, out_after: int | None, extra: dict) -> Response:
+        """Frames: JSON (results, counts, output chunks) + result payloads + output bytes."""
         items, parts, budget = [], [], RESULT_PAGE_BYTES
-        for t in coord.store.results_after(jid, after, RESULT_PAGE_COUNT):
+        for t in coord.store.results_after(job.id, after, RESULT_PAGE_COUNT):
             if parts and t.result_size > budget:
                 break
             budget -= t.result_size
@@ -516,10 +530,10 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
                 parts.append(Part(t.result))
             elif t.result_file is not None:
                 parts.append(Part(path=coord.store.file_path(t.result_file), size=t.result_size))
-        meta = {"results": items, "n_tasks": job.n_tasks, "n_final": job.n_final,
-                "state": job.state, "workers_alive": len(coord.alive_workers())}
+        meta = dict(extra, results=items, n_tasks=job.n_tasks, n_final=job.n_final,
+                    state=job.state, workers_alive=len(coord.alive_workers()))
         if out_after is not None:  # the caller also wants what tasks printed
-            chunks, skipped = coord.output.since(jid, out_after)
+            chunks, skipped = coord.output.since(job.id, out_after)
             meta["output"] = [{"seq": c.seq, "task_id": c.task_id, "index": c.index,
                                "stream": c.stream, "worker": c.worker} for c in chunks]
             meta["output_skipped"] = skipped
