@@ -124,15 +124,29 @@ def run_child(name: str, cfg: dict, out: Path) -> int:
     def save() -> None:
         out.write_text(json.dumps(results, indent=1))
 
-    def scenario(key: str, body) -> None:
+    def scenario(key: str, body, check: bool = True) -> None:
         t0 = time.perf_counter()
         log(f"{name}: {key} ...")
+        before = set(fig)
         try:
             body()
+            if check:
+                # The instance must still be whole after the scenario, or its figures
+                # may describe something else (e.g. a crashed worker, a local fallback).
+                system.check()
         except Exception as e:  # noqa: BLE001 - one failed scenario must not hide the rest
-            results["errors"][key] = f"{type(e).__name__}: {e}"[:2000]
+            err = f"{type(e).__name__}: {e}"
+            if check and not str(e).startswith("gpumesh ") and "alive" not in str(e):
+                try:
+                    system.check()
+                except Exception as why:  # noqa: BLE001 - a diagnosis, e.g. which process died
+                    err += f" [then: {why}]"
+            results["errors"][key] = err[:2000]
             traceback.print_exc()
-        log(f"{name}: {key} done in {time.perf_counter() - t0:.1f} s")
+            for k in set(fig) - before:
+                del fig[k]
+        log(f"{name}: {key} {'FAILED' if key in results['errors'] else 'done'} "
+            f"in {time.perf_counter() - t0:.1f} s")
         save()
 
     workdir = Path(tempfile.mkdtemp(prefix=f"gpumesh-bench-{name}-"))
@@ -232,7 +246,7 @@ def run_child(name: str, cfg: dict, out: Path) -> int:
         det["procs_after"] = m["n_procs"]
 
     try:
-        scenario("cold_start", cold)
+        scenario("cold_start", cold, check=False)
         scenario("start", start)
         if started:
             for key, body in [("latency", latency), ("idle", idle), ("map_noop", map_noop),
@@ -244,7 +258,7 @@ def run_child(name: str, cfg: dict, out: Path) -> int:
         except Exception:  # noqa: BLE001
             traceback.print_exc()
         save()
-        if results["errors"]:
+        if results["errors"] or cfg.get("keep_logs"):
             log(f"{name}: logs kept in {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -398,6 +412,8 @@ def main(argv=None) -> int:
                     help="comma-separated, of gpumesh, dask, ray [default: all; missing ones show n/a]")
     ap.add_argument("--no-peers", action="store_true", help="gpumesh only")
     ap.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures here")
+    ap.add_argument("--keep-logs", action="store_true",
+                    help="keep each system's work directory (gpumesh logs, data dirs) [default: only on errors]")
     ap.add_argument("--system-timeout", type=float, default=None, metavar="S",
                     help="stop a system's run after this long [default: 300, or 600 in full mode]")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -409,6 +425,7 @@ def main(argv=None) -> int:
         return run_child(args.child, json.loads(args.child_cfg), args.child_out)
 
     cfg = settings(args)
+    cfg["keep_logs"] = args.keep_logs
     if args.system_timeout is None:
         args.system_timeout = 300 if args.quick else 600
     systems = ["gpumesh"] if args.no_peers else [s.strip() for s in args.systems.split(",") if s.strip()]

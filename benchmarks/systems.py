@@ -260,6 +260,27 @@ class GPUMeshSystem:
                 raise RuntimeError("workers did not register")
             time.sleep(0.05)
         self.mesh = GPUMesh(self.url, token=TOKEN)
+        self.refuse_local_fallback()
+
+    def refuse_local_fallback(self) -> None:
+        """From now on, make gpumesh's run-here fallback (coordinator unreachable, no
+        live worker) raise instead of silently timing this process."""
+        from gpumesh.client import mesh as mesh_mod
+
+        def refuse(fn, calls):
+            raise RuntimeError("gpumesh fell back to running the call locally "
+                               "(coordinator unreachable or no live worker)")
+        if hasattr(mesh_mod, "run_locally"):
+            mesh_mod.run_locally = refuse
+
+    def check(self) -> None:
+        """Raise if a process of the mesh has exited or a worker is no longer alive."""
+        for p in self.procs:
+            if p.p.poll() is not None:
+                raise RuntimeError(f"gpumesh {p.args[0]} exited with {p.p.returncode}:\n"
+                                   + p.output())
+        if self._alive() != 2:
+            raise RuntimeError(f"only {self._alive()} of 2 workers alive")
 
     def call(self, fn, *args):
         return self._wrap(fn)(*args)
@@ -331,6 +352,11 @@ class DaskSystem:
         futs = self.client.map(fn, list(items), pure=False)
         return self.client.gather(futs)
 
+    def check(self) -> None:
+        n = len(self.client.scheduler_info(n_workers=-1)["workers"]) if self.client else 0
+        if n != 2:
+            raise RuntimeError(f"only {n} of 2 dask workers alive")
+
     def memory(self) -> dict:
         return descendants_memory()
 
@@ -399,6 +425,12 @@ class RaySystem:
 
     def memory(self) -> dict:
         return descendants_memory()
+
+    def check(self) -> None:
+        import ray
+        cpus = ray.cluster_resources().get("CPU", 0)
+        if cpus != 2:
+            raise RuntimeError(f"ray reports {cpus} CPUs, expected 2")
 
     def _shutdown(self) -> None:
         import ray

@@ -90,8 +90,13 @@ class Mesh:
         """Start ``gpumesh serve`` again with the same port, data dir and token."""
         if self.coordinator is not None and self.coordinator.p.poll() is None:
             self.coordinator.stop()
+        old = self.coordinator
         self.coordinator = Proc(self.serve_args, self.env, self.root / "coordinator.log")
-        self.procs.append(self.coordinator)
+        # keep the coordinator where the old one was, so stop() still stops workers first
+        if old in self.procs:
+            self.procs[self.procs.index(old)] = self.coordinator
+        else:
+            self.procs.insert(0, self.coordinator)
         self.wait_health()
         return self.coordinator
 

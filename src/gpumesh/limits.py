@@ -38,7 +38,8 @@ SESSION_PING_S = 15.0
 #: How often the coordinator sweeps for dead workers and expired leases.
 SWEEP_INTERVAL_S = 0.5
 #: Attempts a task gets when the worker running it is lost (not when the task raises).
-MAX_ATTEMPTS = 3
+#: Override with ``GPUMESH_MAX_ATTEMPTS``.
+MAX_ATTEMPTS = int(os.environ.get("GPUMESH_MAX_ATTEMPTS", "3"))
 
 # --- dead connections ---------------------------------------------------------------
 #: TCP keepalive on every client connection: a peer that vanished without a FIN (cable
@@ -58,8 +59,8 @@ CALLER_RECONNECT_S = float(os.environ.get("GPUMESH_RECONNECT_TIMEOUT", "300"))
 #: Hours a finished job (its tasks, payloads and results) is kept before it is deleted.
 #: Override with ``GPUMESH_RETENTION_HOURS``.
 RETENTION_S = float(os.environ.get("GPUMESH_RETENTION_HOURS", "24")) * 3600
-#: How often the coordinator deletes what is past retention.
-PURGE_INTERVAL_S = 60.0
+#: How often the coordinator deletes what is past retention (``GPUMESH_PURGE_INTERVAL``).
+PURGE_INTERVAL_S = float(os.environ.get("GPUMESH_PURGE_INTERVAL", "60"))
 
 # --- sizes ---------------------------------------------------------------------------
 #: Largest request body the coordinator accepts (a job submit, a blob, a result).

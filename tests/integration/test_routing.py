@@ -200,5 +200,6 @@ def test_coordinator_killed_after_accept_never_runs_locally(make_mesh, monkeypat
     assert pid != os.getpid()
     # the mesh keeps working after the restart
     wait_until(lambda: mesh.alive() == 1, 15, "the worker to re-join")
-    assert slow.map([1]) and client.workers()[0]["alive"]
+    box = run_within(20, lambda: slow.map([5]))
+    assert [v for v, _ in box["v"]] == [10], box
     client.close()

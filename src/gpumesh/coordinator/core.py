@@ -215,6 +215,9 @@ class Coordinator:
         n = len(w.leases)
         self._requeue(list(w.leases), reason=reason)
         log.info("worker %s gone (%s); %d task(s) re-queued", wid, reason, n)
+        if not self.alive_workers():
+            for job in self.jobs.values():  # callers waiting on results should hear of it now
+                job.notify()
         return n
 
     def session_opened(self, wid: str) -> int:

@@ -69,7 +69,9 @@ class Server:
             http = "h11"
         self.uvicorn = uvicorn.Server(uvicorn.Config(
             app, loop=loop, http=http, log_level="warning", access_log=False,
-            timeout_keep_alive=120, lifespan="on"))
+            timeout_keep_alive=120, lifespan="on",
+            # long-polls and worker pulses never "finish": don't wait for them on Ctrl+C
+            timeout_graceful_shutdown=2))
         self.ready = threading.Event()
 
     def run(self) -> None:

@@ -1,0 +1,169 @@
+"""Coordinator restarts, cancellation and retention."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+import gpumesh
+from gpumesh import accelerate
+
+from .conftest import alive, wait_until
+
+
+def _pids(path):
+    try:
+        return [int(x) for x in path.read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def test_coordinator_sigkill_and_restart_during_map(fault_mesh):
+    m = fault_mesh(workers=2)
+
+    @accelerate(m.client(output=False))
+    def step(i):
+        import time
+        time.sleep(0.15)
+        return i * i
+
+    box: dict = {}
+
+    def run():
+        try:
+            box["v"] = step.map(range(40))
+        except BaseException as e:  # noqa: BLE001
+            box["e"] = e
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    time.sleep(1.0)
+    m.coordinator.stop(signal.SIGKILL)
+    time.sleep(1.0)
+    m.start()  # same port, same data directory
+    th.join(60)
+    assert box.get("v") == [i * i for i in range(40)], box.get("e")
+    # the workers came back by themselves
+    assert wait_until(lambda: m.alive() == 2, 10)
+
+
+def test_keyboard_interrupt_in_the_caller_kills_remote_tasks(fault_mesh, tmp_path):
+    m = fault_mesh(workers=2)
+    marker = tmp_path / "pids"
+    script = tmp_path / "caller.py"
+    script.write_text(textwrap.dedent(f"""
+        from gpumesh import GPUMesh, accelerate
+        m = GPUMesh({m.url!r}, token={m.token!r}, output=False)
+
+        @accelerate(m)
+        def hang(i):
+            import os, time
+            with open({str(marker)!r}, "a") as fh:
+                fh.write(f"{{os.getpid()}}\\n")
+            time.sleep(100)
+
+        hang.map(range(4))
+    """))
+    env = dict(m.env)
+    caller = subprocess.Popen([sys.executable, str(script)], env=env, stderr=subprocess.PIPE)
+    assert wait_until(lambda: len(_pids(marker)) == 2, 20), "tasks did not start"
+    caller.send_signal(signal.SIGINT)
+    caller.wait(10)
+    pids = _pids(marker)
+    assert wait_until(lambda: not any(alive(p) for p in pids), 2.0), "remote tasks survived Ctrl+C"
+    # nothing else of that job runs afterwards
+    time.sleep(0.5)
+    assert len(_pids(marker)) == 2
+
+
+def test_cancel_a_job_from_python_and_the_cli(fault_mesh, tmp_path):
+    m = fault_mesh(workers=1)
+    client = m.client(output=False)
+    marker = tmp_path / "pids"
+
+    @accelerate(client)
+    def hang(path):
+        import os
+        import time
+        with open(path, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+        time.sleep(100)
+
+    box: dict = {}
+
+    def run():
+        try:
+            box["v"] = hang(str(marker))
+        except BaseException as e:  # noqa: BLE001
+            box["e"] = e
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    assert wait_until(lambda: _pids(marker), 20)
+    job = next(j for j in client.jobs() if j["state"] == "active")
+    out = subprocess.run([sys.executable, "-m", "gpumesh", "cancel", job["id"]], env=m.env,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert "cancelled 1 task" in out.stdout
+    assert wait_until(lambda: not alive(_pids(marker)[0]), 2.0)
+    th.join(10)
+    assert isinstance(box.get("e"), gpumesh.Cancelled), box
+    assert client.status(job["id"])["state"] == "cancelled"
+
+
+def test_finished_jobs_are_deleted_after_retention(fault_mesh):
+    m = fault_mesh(workers=1, GPUMESH_RETENTION_HOURS=str(1 / 3600), GPUMESH_PURGE_INTERVAL="0.5")
+    client = m.client(output=False)
+    big = b"x" * (2 * 2**20)  # over the inline limit: stored as files
+    assert accelerate(client)(lambda b: len(b))(big) == len(big)
+    blobs = m.root / "data" / "blobs"
+
+    def files():
+        return [p for p in blobs.rglob("*") if p.is_file()]
+    assert wait_until(lambda: client.jobs() == [] and files() == [], 10), (client.jobs(), files())
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="needs Linux")
+def test_results_are_fenced_by_lease(fault_mesh):
+    """A result under a lease that is no longer current is refused and changes nothing."""
+    import httpx
+
+    from gpumesh import wire
+    m = fault_mesh(workers=0)
+    h = {"authorization": f"Bearer {m.token}"}
+    wid = httpx.post(f"{m.url}/v1/workers", json={"hostname": "fake"}, headers=h).json()["id"]
+    client = m.client(output=False)
+    fn = wire.dumps(lambda: 1)
+    job_meta = {"job_id": "abcdef012345", "fn": fn.sha256(), "fn_inline": True, "n_tasks": 1}
+    import json
+    chunks, _ = wire.pack_frames([json.dumps(job_meta).encode(), fn, wire.dumps(((), {}))])
+    assert httpx.post(f"{m.url}/v1/jobs", content=b"".join(chunks), headers=h).status_code == 200
+
+    def lease():
+        body = httpx.post(f"{m.url}/v1/workers/{wid}/lease", json={"slots": 1, "wait": 1},
+                          headers=h).content
+        return json.loads(bytes(wire.unpack_frames(body)[0]))["tasks"]
+
+    first = lease()[0]
+    httpx.delete(f"{m.url}/v1/workers/{wid}", headers=h)  # lost: the task is re-queued
+    wid = httpx.post(f"{m.url}/v1/workers", json={"hostname": "fake2"}, headers=h).json()["id"]
+    second = lease()[0]
+    assert second["task_id"] == first["task_id"] and second["lease_id"] != first["lease_id"]
+
+    def post(lease_id, value):
+        chunks, _ = wire.pack_frames([b'{"status": "ok"}', wire.dumps(value)])
+        return httpx.post(f"{m.url}/v1/tasks/{first['task_id']}/result",
+                          params={"lease": lease_id}, content=b"".join(chunks), headers=h)
+
+    assert post(first["lease_id"], "stale").status_code == 409
+    assert post(second["lease_id"], "fresh").status_code == 200
+    assert post(second["lease_id"], "again").status_code == 409
+    body = httpx.get(f"{m.url}/v1/jobs/abcdef012345/results", headers=h).content
+    frames = wire.unpack_frames(body)
+    assert wire.loads(frames[1]) == "fresh"
+    del client

@@ -1,0 +1,375 @@
+"""The gpumesh command line: version, serve, join, workers, and their bad-input errors."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpumesh import accelerate
+
+from ..conftest import TOKEN, Proc, free_port
+
+VERSION_RE = r"^gpumesh \d+\.\d+\.\d+ \(3\.\d+\.\d+, Linux\)$"
+
+
+@pytest.fixture
+def cli_env(tmp_path):
+    """An environment with no gpumesh settings, its own HOME and config path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMESH_")}
+    (tmp_path / "home").mkdir()
+    env.update(HOME=str(tmp_path / "home"), GPUMESH_CONFIG=str(tmp_path / "config.json"))
+    return env
+
+
+@pytest.fixture
+def procs():
+    """Processes a test starts itself; stopped at the end."""
+    started: list[Proc] = []
+    yield started
+    for p in reversed(started):
+        p.stop()
+
+
+def run_cli(args, env, timeout=30, exe=None):
+    cmd = [exe] if exe else [sys.executable, "-m", "gpumesh"]
+    return subprocess.run(cmd + list(args), env=env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def assert_one_line_error(r, *words):
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    return lines[0]
+
+
+def wait_for(cond, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def healthy(url):
+    try:
+        return httpx.get(f"{url}/v1/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def start_serve(tmp_path, env, args, name="serve"):
+    port = free_port()
+    proc = Proc(["serve", "--port", str(port), "--data-dir", str(tmp_path / f"{name}-data"), *args],
+                env, tmp_path / f"{name}.log")
+    url = f"http://127.0.0.1:{port}"
+
+    def up():
+        if proc.p.poll() is not None:
+            raise AssertionError("serve exited:\n" + proc.output())
+        return healthy(url)
+    wait_for(up, 30, "the coordinator to answer")
+    return proc, port, url
+
+
+def auth(token):
+    return {"authorization": f"Bearer {token}"}
+
+
+# ---------------------------------------------------------------- version ------------
+
+def test_version_console_script(cli_env):
+    exe = Path(sys.executable).parent / "gpumesh"
+    assert exe.exists()
+    r = run_cli(["--version"], cli_env, exe=str(exe))
+    assert r.returncode == 0, r.stderr
+    assert re.match(VERSION_RE, r.stdout.strip()), r.stdout
+    import platform
+
+    import gpumesh
+    assert r.stdout.strip() == f"gpumesh {gpumesh.__version__} ({platform.python_version()}, Linux)"
+
+
+def test_version_python_m(cli_env):
+    r = run_cli(["--version"], cli_env)
+    assert r.returncode == 0, r.stderr
+    assert re.match(VERSION_RE, r.stdout.strip()), r.stdout
+
+
+def test_help_lists_commands(cli_env):
+    r = run_cli(["--help"], cli_env)
+    assert r.returncode == 0
+    for cmd in ("serve", "join", "workers"):
+        assert cmd in r.stdout
+
+
+# ---------------------------------------------------------------- join: bad input ----
+
+@pytest.mark.parametrize("url", ["ftp://x", "127.0.0.1:8000", "localhost"])
+def test_join_url_without_http_scheme(cli_env, url):
+    r = run_cli(["join", url, "--token", "x" * 43], cli_env, timeout=20)
+    line = assert_one_line_error(r, "http://")
+    assert url in line
+
+
+def test_join_without_token(cli_env, shared_mesh):
+    r = run_cli(["join", shared_mesh.url], cli_env, timeout=20)
+    assert_one_line_error(r, "token")
+
+
+def test_join_wrong_token(cli_env, shared_mesh):
+    t0 = time.monotonic()
+    r = run_cli(["join", shared_mesh.url, "--token=wrong-token"], cli_env, timeout=30)
+    assert time.monotonic() - t0 < 15
+    line = assert_one_line_error(r, "token")
+    assert "refused" in line
+    assert shared_mesh.alive() == 2  # nothing joined
+
+
+# ---------------------------------------------------------------- serve: bad input ---
+
+def test_serve_port_in_use(cli_env, tmp_path):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    port = s.getsockname()[1]
+    try:
+        r = run_cli(["serve", "--port", str(port), "--data-dir", str(tmp_path / "d"),
+                     "--no-self-worker", "--token", TOKEN], cli_env, timeout=30)
+    finally:
+        s.close()
+    line = assert_one_line_error(r, "already in use", str(port))
+    assert "--port" in line
+
+
+def test_serve_unwritable_data_dir(cli_env, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    r = run_cli(["serve", "--port", str(free_port()), "--data-dir", str(blocker / "sub"),
+                 "--no-self-worker", "--token", TOKEN], cli_env, timeout=30)
+    assert_one_line_error(r, "data directory", "--data-dir")
+
+
+@pytest.mark.skipif(not Path("/etc/hostname").is_file(), reason="needs /etc/hostname to be a file")
+def test_serve_data_dir_under_a_system_file(cli_env):
+    r = run_cli(["serve", "--port", str(free_port()), "--data-dir", "/etc/hostname/sub",
+                 "--no-self-worker", "--token", TOKEN], cli_env, timeout=30)
+    assert_one_line_error(r, "/etc/hostname/sub")
+
+
+def test_serve_empty_token(cli_env, tmp_path):
+    r = run_cli(["serve", "--port", str(free_port()), "--data-dir", str(tmp_path / "d"),
+                 "--no-self-worker", "--token", "   "], cli_env, timeout=30)
+    assert_one_line_error(r, "token")
+
+
+# ---------------------------------------------------------------- serve: tokens ------
+
+def test_token_beginning_with_dash_works_as_flag_value(cli_env, tmp_path, procs):
+    tok = "-" + secrets.token_urlsafe(32)
+    coord, port, url = start_serve(tmp_path, cli_env, ["--no-self-worker", f"--token={tok}"])
+    procs.append(coord)
+    assert httpx.get(f"{url}/v1/workers", headers=auth(tok), timeout=5).json() == []
+    assert httpx.get(f"{url}/v1/workers", headers=auth(tok[1:]), timeout=5).status_code == 401
+    worker = Proc(["join", url, f"--token={tok}"], cli_env, tmp_path / "worker.log")
+    procs.append(worker)
+
+    def joined():
+        if worker.p.poll() is not None:
+            raise AssertionError("worker exited:\n" + worker.output())
+        return [w for w in httpx.get(f"{url}/v1/workers", headers=auth(tok), timeout=5).json() if w["alive"]]
+    (w,) = wait_for(joined, 30, "the worker to join")
+    assert f"joined mesh as {w['id']}" in wait_for(
+        lambda: "joined mesh as" in worker.output() and worker.output(), 10, "the join line")
+    r = run_cli(["workers", "--url", url, f"--token={tok}"], cli_env)
+    assert r.returncode == 0, r.stderr
+    assert "[alive]" in r.stdout and w["id"][:8] in r.stdout
+    # the token was given, so it is never printed
+    assert tok not in coord.output()
+
+
+def test_serve_without_token_generates_and_saves_one(cli_env, tmp_path, procs):
+    coord, port, url = start_serve(tmp_path, cli_env, ["--no-self-worker"])
+    procs.append(coord)
+    out = wait_for(lambda: "Ctrl+C" in coord.output() and coord.output(), 10, "the banner")
+    token_lines = [ln for ln in out.splitlines() if ln.strip().startswith("Token:")]
+    assert len(token_lines) == 1, out
+    tok = token_lines[0].split("Token:", 1)[1].strip()
+    assert len(tok) >= 43 and not tok.startswith("-")
+    assert re.fullmatch(r"[A-Za-z0-9_-]+", tok)
+    cfg = Path(cli_env["GPUMESH_CONFIG"])
+    assert stat.S_IMODE(cfg.stat().st_mode) == 0o600
+    assert json.loads(cfg.read_text()) == {"url": url, "token": tok}
+    assert f"config saved to {cfg}" in out
+    assert f"[OK] Coordinator listening on 127.0.0.1:{port}" in out
+    assert "Join from THIS machine:" in out
+    assert f"gpumesh join {url} --token={tok}" in out
+    assert "CANNOT reach" in out
+    assert "NETWORK-EXPOSED" not in out
+    # the printed token is the one the coordinator wants
+    assert httpx.get(f"{url}/v1/workers", headers=auth(tok), timeout=5).status_code == 200
+    assert httpx.get(f"{url}/v1/workers", headers=auth(tok + "x"), timeout=5).status_code == 401
+    assert httpx.get(f"{url}/v1/workers", timeout=5).status_code == 401
+    # a caller with nothing but the saved config finds it
+    r = run_cli(["workers"], cli_env)
+    assert r.returncode == 0, r.stderr
+    assert "no workers connected" in r.stdout
+
+
+def test_given_token_is_never_printed(shared_mesh):
+    out = shared_mesh.coordinator.output()
+    assert "[OK] Coordinator listening on 127.0.0.1:" in out
+    assert shared_mesh.token not in out
+    assert "--token=<your token>" in out
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_serve_on_all_interfaces_warns(cli_env, tmp_path, procs, how):
+    env = dict(cli_env, GPUMESH_TOKEN=TOKEN)
+    args = ["--no-self-worker"]
+    if how == "flag":
+        args += ["--host", "0.0.0.0"]
+    else:
+        env["GPUMESH_HOST"] = "0.0.0.0"
+    coord, port, url = start_serve(tmp_path, env, args)
+    procs.append(coord)
+    out = wait_for(lambda: "Ctrl+C" in coord.output() and coord.output(), 10, "the banner")
+    assert f"[OK] Coordinator listening on 0.0.0.0:{port}" in out
+    assert "NETWORK-EXPOSED COORDINATOR" in out
+    assert getpass.getuser() in out
+    assert "Join from THIS machine:" in out
+    assert TOKEN not in out
+
+
+# ---------------------------------------------------------------- workers ------------
+
+def test_workers_table(cli_env, shared_mesh):
+    env = dict(cli_env, GPUMESH_URL=shared_mesh.url, GPUMESH_TOKEN=shared_mesh.token)
+    r = run_cli(["workers"], env)
+    assert r.returncode == 0, r.stderr
+    assert "WORKERS" in r.stdout
+    rows = [ln for ln in r.stdout.splitlines() if "[alive]" in ln]
+    assert len(rows) == 2, r.stdout
+    ids = {w["id"][:8] for w in shared_mesh.workers()}
+    for row in rows:
+        assert "score=" in row
+        assert row.split()[0] in ("CPU", "GPU")
+        assert row.split()[1] in ids
+    r = run_cli(["workers", "--json"], env)
+    assert r.returncode == 0
+    data = json.loads(r.stdout)
+    assert {w["id"] for w in data} == {w["id"] for w in shared_mesh.workers()}
+
+
+def test_workers_none_connected(cli_env, start_empty_coordinator):
+    url, token = start_empty_coordinator()
+    r = run_cli(["workers", "--url", url, "--token", token], cli_env)
+    assert r.returncode == 0, r.stderr
+    assert "WORKERS" in r.stdout
+    assert "no workers connected" in r.stdout
+    assert "[alive]" not in r.stdout
+
+
+def test_workers_wrong_token_and_down(cli_env, shared_mesh):
+    r = run_cli(["workers", "--url", shared_mesh.url, "--token", "nope"], cli_env)
+    assert_one_line_error(r, "token")
+    r = run_cli(["workers", "--url", f"http://127.0.0.1:{free_port()}", "--token", "nope"], cli_env)
+    assert_one_line_error(r, "cannot reach")
+    r = run_cli(["workers", "--url", "ftp://x", "--token", "nope"], cli_env)
+    assert_one_line_error(r, "http://")
+
+
+# ---------------------------------------------------------------- workers' lives -----
+
+def test_self_worker_joins(make_mesh):
+    mesh = make_mesh(self_worker=True)
+    mesh.wait_alive(1, timeout=30)
+    out = wait_for(lambda: "[worker] joined mesh as" in mesh.coordinator.output()
+                   and mesh.coordinator.output(), 15, "the self-worker's join line")
+    (w,) = mesh.workers()
+    assert f"[worker] joined mesh as {w['id']}" in out
+    assert "[OK] Self-worker started" in out
+    assert "[OK] Self-check: server is up" in out
+    client = mesh.client()
+
+    @accelerate(client)
+    def f(x):
+        return x + 1
+
+    assert f.map([1, 2, 3]) == [2, 3, 4]
+    client.close()
+    # (serve would not stop on Ctrl+C while its self-worker is connected: see the xfail
+    # below) kill the whole process group so teardown does not wait for it
+    os.killpg(mesh.coordinator.p.pid, signal.SIGKILL)
+    mesh.coordinator.p.wait(10)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: `gpumesh serve` ignores Ctrl+C while a worker is connected: uvicorn's graceful "
+    "shutdown waits forever for the never-ending /v1/workers/{id}/session stream "
+    "(coordinator/app.py session(); server.py sets no timeout_graceful_shutdown)"))
+def test_serve_stops_on_sigint_with_a_worker_connected(make_mesh):
+    mesh = make_mesh(workers=1)
+    t0 = time.monotonic()
+    mesh.coordinator.p.send_signal(signal.SIGINT)
+    try:
+        code = mesh.coordinator.p.wait(5)
+    except subprocess.TimeoutExpired:
+        code = None
+    assert code == 0, f"serve still running {time.monotonic() - t0:.0f}s after Ctrl+C"
+    assert "coordinator stopped" in mesh.coordinator.output()
+
+
+def test_sigint_worker_deregisters_and_task_reruns_elsewhere(make_mesh):
+    mesh = make_mesh(workers=1)
+    first = mesh.procs[-1]
+    client = mesh.client()
+
+    @accelerate(client)
+    def slow(x):
+        import time as _t
+        _t.sleep(4)
+        return x * 3
+
+    box: dict = {}
+
+    def call():
+        try:
+            box["v"] = slow(14)
+        except BaseException as e:  # noqa: BLE001
+            box["e"] = e
+
+    th = threading.Thread(target=call, daemon=True)
+    th.start()
+    wait_for(lambda: any(w["running"] for w in mesh.workers()), 10, "the task to start")
+    mesh.add_worker()
+    assert mesh.alive() == 2
+    t0 = time.monotonic()
+    first.p.send_signal(signal.SIGINT)
+    wait_for(lambda: mesh.alive() == 1, 2, "the stopped worker to leave (within 2 s)")
+    assert first.p.wait(10) == 0
+    assert "[worker] stopped" in first.output()
+    th.join(15)
+    assert not th.is_alive(), "the re-queued task did not finish on the second worker"
+    assert box == {"v": 42}, box
+    assert time.monotonic() - t0 < 12
+    client.close()
