@@ -68,6 +68,36 @@ def ones(n=ARRAY_N):
     return np.ones(n, np.float32)
 
 
+def fault_task(spec):
+    """Append "pid start-time" to a file, sleep, return a value. ``spec`` is one list
+    ``[path, seconds, value]``: a single argument for every system's map (gpumesh's
+    ``.map`` would spread a tuple into positional arguments, dask's and ray's would not)."""
+    import os
+    import time
+    path, seconds, value = spec
+    with open(path, "a") as fh:
+        fh.write(f"{os.getpid()} {time.time():.6f}\n")
+    time.sleep(seconds)
+    return value
+
+
+#: What the fault scenario's task returns (and the caller must receive).
+FAULT_VALUE = 42
+
+
+def read_runs(path: Path) -> list[tuple[int, float]]:
+    """The (pid, start time) lines ``fault_task`` wrote so far; complete lines only."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    runs = []
+    for line in text.split("\n")[:-1]:
+        pid, t = line.split()
+        runs.append((int(pid), float(t)))
+    return runs
+
+
 # ------------------------------------------------------------------ figures -----------
 #: (key, label, unit, which way is better)
 ROWS = [
@@ -83,6 +113,10 @@ ROWS = [
     ("rss_before_MiB", "idle RSS of started processes, before calls", "MiB", "lower"),
     ("rss_after_MiB", "idle RSS of started processes, after runs", "MiB", "lower"),
     ("pss_after_MiB", "idle PSS of started processes, after runs", "MiB", "lower"),
+    ("fault_recovery_s", "worker kill -9 mid-task: kill -> right result ({fault_task_s:g} s task)",
+     "s", "lower"),
+    ("fault_overhead_s", "worker kill -9 mid-task: recovery overhead (that - {fault_task_s:g} s)",
+     "s", "lower"),
 ]
 
 
@@ -98,6 +132,9 @@ def settings(args) -> dict:
         "sleep_s": 1.0,
         "array_reps": 3,
         "settle_s": 1.0 if quick else 3.0,
+        "fault_task_s": 2.0,          # the task the worker dies under, and its re-run
+        "fault_kill_after_s": 0.5,    # SIGKILL its worker this long after it started
+        "fault_wait_s": 60.0,         # longest wait for the right value after the kill
     }
 
 
@@ -245,6 +282,84 @@ def run_child(name: str, cfg: dict, out: Path) -> int:
         fig["pss_after_MiB"] = m["pss_MiB"]
         det["procs_after"] = m["n_procs"]
 
+    def fault() -> None:
+        """SIGKILL the worker process running a task, 0.5 s into its 2 s; time the kill
+        to the caller receiving the right value (the system must re-run the task)."""
+        import psutil
+        import threading
+        from systems import START_TIMEOUT_S, wait_gone
+        task_s, kill_after, wait_s = cfg["fault_task_s"], cfg["fault_kill_after_s"], cfg["fault_wait_s"]
+        d = Path(tempfile.mkdtemp(prefix="fault-", dir=workdir))
+        # Warm: two overlapping tasks on the 2 slots, so each worker has most likely
+        # loaded the function already; the re-run then measures recovery, not a load.
+        warm = system.map(fault_task, [[str(d / "warm.log"), 0.3, i] for i in range(2)])
+        assert list(warm) == [0, 1], warm
+        det["fault_warm_pids"] = sorted({pid for pid, _ in read_runs(d / "warm.log")})
+        path = d / "runs.log"
+        box: dict = {}
+
+        def caller() -> None:
+            try:
+                box["value"] = system.call(fault_task, [str(path), task_s, FAULT_VALUE])
+            except BaseException as e:  # noqa: BLE001 - reported below
+                box["error"] = e
+            box["t_done"] = time.perf_counter()
+
+        th = threading.Thread(target=caller, name="fault-caller", daemon=True)
+        th.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not (runs := read_runs(path)):
+            if not th.is_alive():
+                raise RuntimeError(f"the call ended before the task started: {box.get('error', box)!r}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the task did not start within {START_TIMEOUT_S} s")
+            time.sleep(0.005)
+        task_pid, t_started = runs[0]
+        task_proc = psutil.Process(task_pid)
+        worker, info = system.find_worker(task_pid)
+        det["fault_task_pid"] = task_pid
+        det["fault_killed_pid"] = worker.pid
+        det.update({f"fault_{k}": v for k, v in info.items()})
+        time.sleep(max(0.0, t_started + kill_after - time.time()))
+        if not th.is_alive():
+            raise RuntimeError(f"the call ended before the kill: {box!r}")
+        det["fault_killed_after_start_s"] = time.time() - t_started
+        t_kill_wall = time.time()
+        t_kill = time.perf_counter()
+        worker.send_signal(signal.SIGKILL)
+        try:
+            th.join(wait_s)
+            if th.is_alive():
+                raise RuntimeError(f"no result within {wait_s:g} s of the kill (the task "
+                                   "was not re-run, or its re-run never reached the caller)")
+            if "error" in box:
+                e = box["error"]
+                raise RuntimeError(f"not re-run: the call raised {type(e).__name__}: {e}")
+            elapsed = box["t_done"] - t_kill
+            v = box.get("value")
+            if v != FAULT_VALUE or type(v) is not int:
+                raise RuntimeError(f"wrong value after the kill: {v!r} (expected {FAULT_VALUE})")
+            runs = read_runs(path)
+            det["fault_runs"] = [[pid, round(t - t_kill_wall, 3)] for pid, t in runs]
+            reruns = [(pid, t) for pid, t in runs[1:] if pid != task_pid and t >= t_kill_wall - 0.01]
+            if not reruns:
+                raise RuntimeError(f"right value, but no re-run started after the kill (runs: {runs}); "
+                                   "the killed process did not run the task")
+            det["fault_rerun_pid"] = reruns[0][0]
+            det["fault_rerun_started_after_kill_s"] = reruns[0][1] - t_kill_wall
+            fig["fault_recovery_s"] = elapsed
+            fig["fault_overhead_s"] = elapsed - task_s
+        finally:
+            # The killed task's own process must go too (gpumesh: its host kills it when
+            # the agent's socket closes; dask, ray: it is the killed process).
+            left = wait_gone([task_proc, worker], 5)
+            det["fault_killed_processes_left"] = [p.pid for p in left]
+            for p in left:
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
+
     try:
         scenario("cold_start", cold, check=False)
         scenario("start", start)
@@ -252,6 +367,8 @@ def run_child(name: str, cfg: dict, out: Path) -> int:
             for key, body in [("latency", latency), ("idle", idle), ("map_noop", map_noop),
                               ("sleep_makespan", sleeps), ("arrays", arrays), ("memory_after", after)]:
                 scenario(key, body)
+            # Last: it kills a worker, so the instance is not whole afterwards (no check).
+            scenario("fault_recovery", fault, check=False)
     finally:
         try:
             system.stop()
@@ -303,7 +420,10 @@ def run_system(name: str, args, cfg: dict, marker: str, tmp: Path) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name,
            "--child-out", str(out), "--child-cfg", json.dumps(cfg)]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    # The child's stdout goes to stderr: what a system prints (e.g. ray's raylet
+    # reporting the killed worker) stays out of the table on stdout.
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=sys.stderr,
+                            start_new_session=True)
     timed_out = False
     try:
         proc.wait(timeout=args.system_timeout)
@@ -464,6 +584,13 @@ def main(argv=None) -> int:
     print(render(systems, rows))
     print(f"(ratio = gpumesh figure / best peer figure; 'better' says which direction wins; "
           f"total {time.perf_counter() - t_all:.0f} s)")
+    notes = [(s, "run", "not installed in this environment") for s in systems if results.get(s) is None]
+    notes += [(s, k, e) for s in systems for k, e in ((results.get(s) or {}).get("errors") or {}).items()]
+    if notes:
+        print("n/a because:")
+        for s, k, e in notes:
+            first = (e or "").strip().splitlines()[0] if (e or "").strip() else "?"
+            print(f"  {s} {k}: {first[:300]}")
     if args.json:
         doc = {"mode": "quick" if args.quick else "full", "settings": cfg, "systems": systems,
                "machine": {"node": platform.node(), "cpus": os.cpu_count(),

@@ -8,6 +8,9 @@ Each system class offers::
     call(fn, *args)                  one remote call, its value
     map(fn, items)                   one remote task per item, values in order
     memory() -> dict                 RSS/PSS of every process the instance started
+    find_worker(task_pid)            the worker process that runs the task in process
+        -> (psutil.Process, dict)    task_pid (one this instance started), for the
+                                     kill -9 fault scenario; raises if it is not ours
     stop()                           stop everything it started (idempotent)
 
 Functions are passed in by the caller (they live in ``run.py``, i.e. ``__main__``, so
@@ -103,6 +106,53 @@ def kill_tree(procs: list[psutil.Process], grace: float = 10.0) -> None:
         except psutil.NoSuchProcess:
             pass
     wait_gone(alive, 5)
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of ``pid``, read from ``/proc/<pid>/stat`` (psutil elsewhere);
+    None once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+        # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
+        return int(stat[stat.rindex(")") + 2:].split()[1])
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            return None
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return psutil.Process(pid).ppid()
+    except psutil.NoSuchProcess:
+        return None
+
+
+def ancestors(pid: int) -> list[int]:
+    """``pid``, its parent, its parent's parent, ... up to (not including) pid 0."""
+    chain = [pid]
+    while len(chain) < 64:
+        ppid = parent_pid(chain[-1])
+        if not ppid or ppid in chain:
+            break
+        chain.append(ppid)
+    return chain
+
+
+def describe(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline()).strip()[:200] or p.name()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return "?"
+
+
+def own_process(pid: int) -> psutil.Process:
+    """``pid`` as a psutil.Process, if this process started it (directly or not);
+    raises otherwise, so the fault scenario never signals a process that is not ours."""
+    proc = psutil.Process(pid)  # pinned (pid + start time) before the check
+    if os.getpid() in ancestors(pid)[1:]:
+        return proc
+    raise RuntimeError(f"pid {pid} is not a descendant of this benchmark process "
+                       f"(ancestors {ancestors(pid)})")
 
 
 def _ppid(p: psutil.Process) -> int | None:
@@ -292,6 +342,20 @@ class GPUMeshSystem:
         procs = [q for p in self.procs for q in tree(p.p.pid)]
         return memory_of(procs)
 
+    def find_worker(self, task_pid: int) -> tuple[psutil.Process, dict]:
+        """The ``gpumesh join`` agent whose tree runs the task: walk the parent links
+        (task child -> function host -> zygote -> agent) up to one of the started joins."""
+        joins = {p.p.pid for p in self.procs if p.args[0] == "join" and p.p.poll() is None}
+        chain = ancestors(task_pid)
+        agent = next((pid for pid in chain if pid in joins), None)
+        if agent is None:
+            raise RuntimeError(f"task pid {task_pid} runs under none of the started "
+                               f"gpumesh join processes {sorted(joins)} (ancestors {chain})")
+        proc = own_process(agent)
+        return proc, {"killed": "gpumesh join agent (the worker process that leased the task)",
+                      "killed_cmd": describe(proc),
+                      "chain": chain[:chain.index(agent) + 1]}
+
     def stop(self) -> None:
         if self.mesh is not None:
             self.mesh.close()
@@ -360,6 +424,13 @@ class DaskSystem:
     def memory(self) -> dict:
         return descendants_memory()
 
+    def find_worker(self, task_pid: int) -> tuple[psutil.Process, dict]:
+        """A task runs in a thread of its worker process: that process itself (its
+        parent is the nanny, which restarts it)."""
+        proc = own_process(task_pid)
+        return proc, {"killed": "dask worker process running the task (its nanny survives)",
+                      "killed_cmd": describe(proc), "chain": ancestors(task_pid)}
+
     def stop(self) -> None:
         procs = psutil.Process().children(recursive=True)
         try:
@@ -425,6 +496,12 @@ class RaySystem:
 
     def memory(self) -> dict:
         return descendants_memory()
+
+    def find_worker(self, task_pid: int) -> tuple[psutil.Process, dict]:
+        """A task runs in a ray worker process (a child of the raylet): that process."""
+        proc = own_process(task_pid)
+        return proc, {"killed": "ray worker process running the task (a child of the raylet)",
+                      "killed_cmd": describe(proc), "chain": ancestors(task_pid)}
 
     def check(self) -> None:
         import ray

@@ -87,3 +87,38 @@ OUTPUT_FLUSH_S = 0.2
 MAX_WARM_FUNCTIONS = 4
 #: Seconds an idle warm per-function process lives.
 WARM_IDLE_S = 300.0
+
+# --- security (see SECURITY.md and docs/threat-model.md) ----------------------------
+#: Shortest token ``gpumesh serve`` accepts from a user (characters). Generated tokens
+#: are 43 characters (256 bits); a chosen one shorter than this is refused.
+MIN_TOKEN_CHARS = 16
+#: Longest ``Authorization`` token the coordinator looks at (characters); longer ones
+#: are refused without hashing.
+MAX_TOKEN_CHARS = 1024
+#: Failed authentications one client address may make within AUTH_FAIL_WINDOW_S before
+#: it is locked out. A few typos never lock anyone out.
+AUTH_FAIL_MAX = 10
+#: Seconds over which failed authentications of one address are counted (sliding window).
+AUTH_FAIL_WINDOW_S = 60.0
+#: Seconds a locked-out address gets ``429 locked_out`` for every request (right token or
+#: not: a lockout that still checked tokens would keep answering a guesser).
+AUTH_LOCKOUT_S = 300.0
+#: Client addresses whose failures are tracked at once (oldest forgotten beyond this).
+AUTH_TRACKED_ADDRESSES = 10_000
+#: Loopback clients are exempt from the lockout while the coordinator is bound to
+#: loopback and no proxy header is present. ``GPUMESH_LOOPBACK_EXEMPT=0`` turns the
+#: exemption off (e.g. a loopback coordinator exposed through an SSH or TCP tunnel).
+AUTH_LOOPBACK_EXEMPT = os.environ.get("GPUMESH_LOOPBACK_EXEMPT", "1") != "0"
+#: Seconds a new connection may take to send a complete request head (request line and
+#: headers), and a kept-alive one to finish the head of its next request once begun;
+#: slower clients are disconnected. A TLS handshake has the same budget.
+REQUEST_HEAD_TIMEOUT_S = 30.0
+#: Largest JSON request body (register, heartbeat, lease), bytes.
+#: Override with ``GPUMESH_MAX_JSON_KB``.
+MAX_JSON_BODY_BYTES = int(os.environ.get("GPUMESH_MAX_JSON_KB", "1024")) * 1024
+#: Longest string field in JSON metadata (hostname, job name, ...), characters.
+MAX_STRING_CHARS = 4096
+#: Largest nested JSON value in metadata (a task error, a worker's GPU list), bytes of JSON.
+MAX_META_JSON_BYTES = 256 * 1024
+#: Most task ids one heartbeat may list.
+MAX_HEARTBEAT_TASKS = 65_536

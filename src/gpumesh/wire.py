@@ -82,13 +82,16 @@ class Payload:
         return b"".join(self.chunks)
 
 
-def dumps(obj: Any, *, by_value: bool = True) -> Payload:
-    """Serialize ``obj`` with cloudpickle (protocol 5, out-of-band buffers).
+def dumps(obj: Any, *, code: bool = False) -> Payload:
+    """Serialize ``obj`` (protocol 5, out-of-band buffers).
 
-    ``by_value=False`` uses the standard pickler (faster for plain data; functions and
-    classes must then be importable on the other side).
+    Plain data goes through the C pickler (several times faster than cloudpickle). Whenever
+    the result would refer to something that only exists on this side - a function,
+    class or object defined in ``__main__`` or a notebook cell, a lambda, a closure - it
+    is redone with cloudpickle, which ships such things by value. ``code=True`` (function
+    blobs) always uses cloudpickle.
     Raises whatever the pickler raises for an unpicklable object (``TypeError``,
-    ``pickle.PicklingError``).
+    ``pickle.PicklingError``...).
     """
     buffers: list[memoryview] = []
 
@@ -99,10 +102,18 @@ def dumps(obj: Any, *, by_value: bool = True) -> Payload:
             return True
         return False
 
-    if by_value:
+    stream = None
+    if not code:
+        try:
+            stream = pickle.dumps(obj, protocol=PROTOCOL, buffer_callback=keep)
+        except Exception:  # noqa: BLE001 - lambdas, local classes...: cloudpickle below
+            stream = None
+        if stream is not None and b"__main__" in stream:
+            stream = None  # by-reference to the caller's __main__: the worker has no such thing
+        if stream is None:
+            buffers.clear()
+    if stream is None:
         stream = cloudpickle.dumps(obj, protocol=PROTOCOL, buffer_callback=keep)
-    else:
-        stream = pickle.dumps(obj, protocol=PROTOCOL, buffer_callback=keep)
     head = bytearray(PAYLOAD_MAGIC)
     head += struct.pack("<IQ", len(buffers), len(stream))
     for b in buffers:

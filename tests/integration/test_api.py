@@ -432,6 +432,57 @@ def test_timeout(client):
     assert quick() == "fine"  # the slot was freed
 
 
+def test_timeout_kills_the_tasks_whole_process_tree(client, tmp_path):
+    pid_file = tmp_path / "child.pid"
+
+    @accelerate(client, timeout=1)
+    def spawn_and_hang(path):
+        import subprocess as _sp
+        import time as _t
+        child = _sp.Popen(["sleep", "60"])
+        with open(path, "w") as fh:
+            fh.write(str(child.pid))
+        _t.sleep(30)
+
+    with pytest.raises(TaskTimeout):
+        spawn_and_hang(str(pid_file))
+    child = int(pid_file.read_text())
+
+    def gone():
+        try:
+            state = open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        return state == "Z"
+    deadline = time.monotonic() + 5
+    while not gone() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone(), "the task's own child process survived its timeout"
+
+
+def test_concurrent_calls_from_threads_share_one_client(client):
+    @accelerate(client)
+    def tag(t, i):
+        return t * 100 + i
+
+    results: dict = {}
+    errors: list = []
+
+    def caller(t):
+        try:
+            results[t] = [tag(t, i) for i in range(5)] + tag.map([(t, i) for i in range(5, 10)])
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=caller, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert not errors, errors
+    assert results == {t: [t * 100 + i for i in range(10)] for t in range(4)}
+
+
 def test_bad_timeout_is_value_error(client):
     with pytest.raises(ValueError, match="timeout"):
         accelerate(client, timeout=0)(lambda: 1)

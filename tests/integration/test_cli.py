@@ -317,17 +317,39 @@ def test_self_worker_joins(make_mesh):
 
     assert f.map([1, 2, 3]) == [2, 3, 4]
     client.close()
-    # (serve would not stop on Ctrl+C while its self-worker is connected: see the xfail
-    # below) kill the whole process group so teardown does not wait for it
-    os.killpg(mesh.coordinator.p.pid, signal.SIGKILL)
-    mesh.coordinator.p.wait(10)
+    # Ctrl+C on serve stops the coordinator and takes its self-worker with it
+    kids = _children(mesh.coordinator.p.pid)
+    assert kids, "the self-worker should be a child of serve"
+    mesh.coordinator.p.send_signal(signal.SIGINT)
+    assert mesh.coordinator.p.wait(10) == 0
+    assert "coordinator stopped" in mesh.coordinator.output()
+    wait_for(lambda: not any(_state(k) not in ("gone", "Z") for k in kids), 10,
+             "the self-worker to exit")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: `gpumesh serve` ignores Ctrl+C while a worker is connected: uvicorn's graceful "
-    "shutdown waits forever for the never-ending /v1/workers/{id}/session stream "
-    "(coordinator/app.py session(); server.py sets no timeout_graceful_shutdown)"))
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
 def test_serve_stops_on_sigint_with_a_worker_connected(make_mesh):
+    """Regression: uvicorn's graceful shutdown used to wait forever for the workers'
+    never-ending session streams, so Ctrl+C did nothing while a worker was connected."""
     mesh = make_mesh(workers=1)
     t0 = time.monotonic()
     mesh.coordinator.p.send_signal(signal.SIGINT)
@@ -339,14 +361,18 @@ def test_serve_stops_on_sigint_with_a_worker_connected(make_mesh):
     assert "coordinator stopped" in mesh.coordinator.output()
 
 
-def test_sigint_worker_deregisters_and_task_reruns_elsewhere(make_mesh):
+def test_sigint_worker_deregisters_and_task_reruns_elsewhere(make_mesh, tmp_path):
     mesh = make_mesh(workers=1)
     first = mesh.procs[-1]
     client = mesh.client()
+    pids = tmp_path / "pids"
+    pids.mkdir()
 
     @accelerate(client)
-    def slow(x):
+    def slow(x, where):
+        import os as _os
         import time as _t
+        open(_os.path.join(where, str(_os.getpid())), "w").close()
         _t.sleep(4)
         return x * 3
 
@@ -354,13 +380,13 @@ def test_sigint_worker_deregisters_and_task_reruns_elsewhere(make_mesh):
 
     def call():
         try:
-            box["v"] = slow(14)
+            box["v"] = slow(14, str(pids))
         except BaseException as e:  # noqa: BLE001
             box["e"] = e
 
     th = threading.Thread(target=call, daemon=True)
     th.start()
-    wait_for(lambda: any(w["running"] for w in mesh.workers()), 10, "the task to start")
+    (first_task,) = wait_for(lambda: [int(p.name) for p in pids.iterdir()], 10, "the task to start")
     mesh.add_worker()
     assert mesh.alive() == 2
     t0 = time.monotonic()
@@ -368,8 +394,54 @@ def test_sigint_worker_deregisters_and_task_reruns_elsewhere(make_mesh):
     wait_for(lambda: mesh.alive() == 1, 2, "the stopped worker to leave (within 2 s)")
     assert first.p.wait(10) == 0
     assert "[worker] stopped" in first.output()
+    assert _state(first_task) in ("gone", "Z"), "the stopped worker left its task running"
     th.join(15)
     assert not th.is_alive(), "the re-queued task did not finish on the second worker"
     assert box == {"v": 42}, box
     assert time.monotonic() - t0 < 12
+    assert len(list(pids.iterdir())) == 2  # run once on each worker
     client.close()
+
+
+# ---------------------------------------------------------------- from Python ------
+
+def test_start_coordinator_and_add_worker_from_python(tmp_path, monkeypatch):
+    from gpumesh import GPUMesh
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("GPUMESH_CONFIG", str(tmp_path / "config.json"))
+    for name in ("GPUMESH_URL", "GPUMESH_TOKEN", "GPUMESH_LOCAL", "GPUMESH_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    port = free_port()
+    handle = GPUMesh.start_coordinator(port=port, data_dir=str(tmp_path / "data"), self_worker=True)
+    worker = None
+    try:
+        assert handle.url == f"http://127.0.0.1:{port}"
+        assert len(handle.token) >= 43 and not handle.token.startswith("-")
+        client = GPUMesh(handle.url, token=handle.token)
+        wait_for(lambda: len(client.workers()) == 1, 30, "the self-worker")
+        worker = GPUMesh.add_worker(handle.url, token=handle.token)
+        assert isinstance(worker, dict) and worker["alive"] is True
+        assert {"id", "device", "device_name", "hostname", "score", "alive"} <= set(worker)
+        ids = {w["id"] for w in client.workers() if w["alive"]}
+        assert worker["id"] in ids and len(ids) == 2
+
+        @accelerate(client)
+        def f(x):
+            return -x
+
+        assert f.map(range(4)) == [0, -1, -2, -3]
+        worker.stop()
+        assert worker.process.returncode == 0
+        wait_for(lambda: sum(w["alive"] for w in client.workers()) == 1, 5, "the worker to leave")
+        client.close()
+        kids = _children(handle.process.pid)
+        t0 = time.monotonic()
+        handle.stop()
+        assert time.monotonic() - t0 < 10
+        assert handle.process.returncode == 0, handle.log_tail()
+        # the self-worker went with it: no orphan left behind
+        wait_for(lambda: not any(_state(k) not in ("gone", "Z") for k in kids), 10, "the self-worker to exit")
+    finally:
+        if worker is not None:
+            worker.stop()
+        handle.stop()

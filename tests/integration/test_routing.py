@@ -203,3 +203,28 @@ def test_coordinator_killed_after_accept_never_runs_locally(make_mesh, monkeypat
     box = run_within(20, lambda: slow.map([5]))
     assert [v for v, _ in box["v"]] == [10], box
     client.close()
+
+
+def test_connected_notice_once(shared_mesh, capsys):
+    m = shared_mesh.client()
+
+    @accelerate(m)
+    def f(x):
+        return x + 1
+
+    assert f(1) == 2
+    assert f.map([1, 2]) == [2, 3]
+    err = capsys.readouterr().err
+    assert err.count(f"[gpumesh] connected to coordinator at {shared_mesh.url}") == 1, err
+    assert "running locally" not in err
+    m.close()
+
+
+def test_gpumesh_local_with_mesh_down_needs_no_probe(capsys, monkeypatch):
+    monkeypatch.setenv("GPUMESH_LOCAL", "1")
+    m = GPUMesh(f"http://127.0.0.1:{free_port()}", token=TOKEN)
+    f = accelerate(m)(_square)
+    assert f.map([1, 2, 3]) == [1, 4, 9]
+    err = capsys.readouterr().err
+    assert "GPUMESH_LOCAL=1" in err
+    assert "unreachable" not in err

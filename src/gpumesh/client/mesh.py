@@ -186,7 +186,7 @@ class GPUMesh:
                 timeout: float | None, name: str | None, output: bool) -> bytearray | None:
         """Submit the job and wait briefly for its first results in the same round trip.
         Returns that first results page, or None if the mesh has no live worker."""
-        fn_payload = wire.dumps(fn)
+        fn_payload = wire.dumps(fn, code=True)
         fn_hash = fn_payload.sha256()
         args = [wire.dumps(c) for c in calls]
         inline = fn_hash not in self._known_blobs and fn_payload.size <= INLINE_FUNCTION_BYTES

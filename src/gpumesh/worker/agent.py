@@ -48,7 +48,7 @@ FORWARD_CAP_BYTES = 16 * 2**20
 class _OutputCursor:
     """How far a running task's output files have been forwarded."""
 
-    def __init__(self, task: dict, out: Path, err: Path):
+    def __init__(self, task: dict, out: str, err: str):
         self.task_id, self.lease_id = task["task_id"], task["lease_id"]
         self.paths = (out, err)
         self.offsets = [0, 0]
@@ -58,7 +58,11 @@ class _OutputCursor:
         got = []
         for i, path in enumerate(self.paths):
             data = b""
-            if self.offsets[i] < FORWARD_CAP_BYTES:
+            try:
+                grown = os.stat(path).st_size > self.offsets[i]
+            except OSError:
+                grown = False
+            if grown and self.offsets[i] < FORWARD_CAP_BYTES:
                 try:
                     with open(path, "rb") as fh:
                         fh.seek(self.offsets[i])
@@ -109,6 +113,7 @@ class WorkerAgent:
         self._reg_lock = threading.Lock()
         self._registered = threading.Event()
         self._blob_locks: dict[str, threading.Lock] = {}
+        self._blobs: dict[str, Path] = {}
         self._output: dict[str, _OutputCursor] = {}
 
     # ------------------------------------------------------------------ lifecycle ---
@@ -295,22 +300,25 @@ class WorkerAgent:
                                                 "message": f"could not fetch the function: {e}"})
                 else:
                     cursor = self._output[task["task_id"]] = _OutputCursor(
-                        task, *self.executor.output_paths(task["task_id"]))
+                        task, *self.executor.output_paths())
                     try:
                         outcome = self.executor.run(task["task_id"], task["fn"], str(path), args,
                                                     task.get("timeout"))
                     finally:
                         del self._output[task["task_id"]]
                     self._forward_output(cursor, final=True)  # before the result: order kept
-                self.executor.discard_output(task["task_id"])
                 task, args = self._post_result(task, outcome)
         finally:
             self._free.release()
 
     def _function_blob(self, h: str) -> Path:
         """Path of the function blob ``h`` in the local cache, downloading it once."""
+        known = self._blobs.get(h)
+        if known is not None:
+            return known
         path = self.cache / "fn" / h
         if path.exists():
+            self._blobs[h] = path
             return path
         lock = self._blob_locks.setdefault(h, threading.Lock())
         with lock:
@@ -322,6 +330,7 @@ class WorkerAgent:
             tmp = path.with_suffix(".tmp")
             tmp.write_bytes(data)
             os.replace(tmp, path)
+        self._blobs[h] = path
         return path
 
     def _post_result(self, task: dict, outcome: Outcome) -> tuple[dict | None, memoryview | None]:

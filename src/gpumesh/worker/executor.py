@@ -44,11 +44,14 @@ class Outcome:
     payload: bytearray | None = None
 
 
+#: Arguments up to this size are written to the task's socket without a helper thread
+#: (they fit in the socket buffer, so the write cannot block).
+INLINE_ARGS_BYTES = 64 * 1024
 #: How much of a failed task's stderr travels with its error (bytes, from the end).
 STDERR_TAIL_BYTES = 4096
 
 
-def _tail(path: Path, n: int) -> str:
+def _tail(path: str, n: int) -> str:
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
@@ -131,6 +134,7 @@ class Executor:
     def __init__(self, spool: Path | None = None) -> None:
         self.spool = Path(spool or tempfile.mkdtemp(prefix="gpumesh-spool-"))
         self.spool.mkdir(parents=True, exist_ok=True)
+        self._spool_str = str(self.spool)
         self._lock = threading.Lock()
         self._hosts: OrderedDict[str, Host] = OrderedDict()
         self._zygote_ctrl, child = runner.control_pair()
@@ -188,11 +192,11 @@ class Executor:
         mine, theirs = socket.socketpair()
         pending = _Pending()
         host.tasks[task_id] = pending
-        out, err = self.output_paths(task_id)
+        out, err = self.output_paths()
         try:
             with host.lock:
-                runner.send_msg(host.ctrl, {"op": "run", "task_id": task_id, "stdout": str(out),
-                                            "stderr": str(err)}, [theirs.fileno()])
+                runner.send_msg(host.ctrl, {"op": "run", "task_id": task_id, "stdout": out,
+                                            "stderr": err}, [theirs.fileno()])
             theirs.close()
             self._running[task_id] = (host, pending)
             outcome = self._exchange(host, pending, mine, args, timeout)
@@ -213,8 +217,10 @@ class Executor:
     def _exchange(self, host: Host, pending: _Pending, sock: socket.socket,
                   args: bytes | bytearray, timeout: float | None) -> Outcome:
         deadline = None if timeout is None else time.monotonic() + timeout
-        sender = threading.Thread(target=self._send_args, args=(sock, args), daemon=True)
-        sender.start()
+        if len(args) <= INLINE_ARGS_BYTES:  # fits the socket buffer: no thread needed
+            self._send_args(sock, args)
+        else:  # the child reads while we write; we must be free to read its result
+            threading.Thread(target=self._send_args, args=(sock, args), daemon=True).start()
         try:
             sock.settimeout(timeout)
             meta = runner.recv_blob(sock)
@@ -283,16 +289,11 @@ class Executor:
             except OSError:
                 pass
 
-    def output_paths(self, task_id: str) -> tuple[Path, Path]:
-        """Files that receive the task's stdout and stderr."""
-        return self.spool / f"{task_id}.out", self.spool / f"{task_id}.err"
-
-    def discard_output(self, task_id: str) -> None:
-        for p in self.output_paths(task_id):
-            try:
-                p.unlink()
-            except FileNotFoundError:
-                pass
+    def output_paths(self) -> tuple[str, str]:
+        """Files that receive stdout and stderr of the task this thread runs. One pair per
+        slot thread, truncated by each new task: no file is created or removed per task."""
+        base = f"{self._spool_str}/{threading.get_ident()}"
+        return base + ".out", base + ".err"
 
     def cancel(self, task_id: str) -> bool:
         """Kill a running task's process group. Returns whether it was running here."""

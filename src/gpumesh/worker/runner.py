@@ -29,6 +29,7 @@ Everything here is single-threaded on purpose: forking a multi-threaded process 
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -150,7 +151,8 @@ def run_task(fn, data: socket.socket) -> None:
         else:
             send_chunks(data, payload.chunks, payload.size)
 
-    before, path_before = set(sys.modules), list(sys.path)
+    n_modules, path_before = len(sys.modules), list(sys.path)
+    before = set(sys.modules)
     try:
         args, kwargs = wire.loads(recv_blob(data))
     except BaseException as e:  # noqa: BLE001 - any unpickling failure is the task's error
@@ -160,8 +162,9 @@ def run_task(fn, data: socket.socket) -> None:
         value = fn(*args, **kwargs)
         # Modules the call imported: the host imports them too, so the next task forks
         # with them loaded (a heavy import is paid once per host, not once per task).
-        imported = sorted({m.partition(".")[0] for m in set(sys.modules) - before
-                           if not m.startswith("_")})[:MAX_PRELOAD]
+        imported = [] if len(sys.modules) == n_modules else sorted(
+            {m.partition(".")[0] for m in set(sys.modules) - before if not m.startswith("_")}
+        )[:MAX_PRELOAD]
         added_path = [p for p in sys.path if p not in path_before and isinstance(p, str)][:16]
     except BaseException as e:  # noqa: BLE001
         if isinstance(e, SystemExit):
@@ -210,6 +213,17 @@ def host_main(ctrl: socket.socket, blob_path: str) -> None:
         send_msg(ctrl, {"op": "load_error", "error": describe_exception(e, "unpickle")})
         return
     send_msg(ctrl, {"op": "ready"})
+    # Children write to files, and what they print should leave at each line (it is
+    # forwarded live): set that up once here rather than in every child.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True, errors="backslashreplace")
+        except (AttributeError, ValueError):
+            pass
+    # Objects that exist now are never collected in the children: moving them out of the
+    # GC's reach keeps each child from touching (and so copying) their pages.
+    gc.collect()
+    gc.freeze()
     wake = _wakeup_pipe()
     children: dict[int, str] = {}
     while True:
@@ -229,6 +243,7 @@ def host_main(ctrl: socket.socket, blob_path: str) -> None:
             return
         if msg.get("op") == "preload":
             _preload(msg.get("modules", []), msg.get("path", []))
+            gc.freeze()
             continue
         if msg.get("op") == "run" and fds:
             pid = os.fork()
@@ -270,13 +285,9 @@ def _child(fn, ctrl: socket.socket, wake: int, data_fd: int, out: str | None,
     code = 0
     try:
         os.setsid()  # own process group: a timeout kills everything the task started
+        gc.disable()  # a short-lived process: collection would only copy shared pages
         _redirect(1, out)
         _redirect(2, err)
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.reconfigure(line_buffering=True, errors="backslashreplace")
-            except (AttributeError, ValueError):
-                pass
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
