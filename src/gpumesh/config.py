@@ -3,9 +3,11 @@
 Order of precedence (first found wins), the same for the CLI and the Python API:
 
 1. explicit arguments (``GPUMesh(url, token=...)``, ``--url/--token``),
-2. ``$GPUMESH_URL`` / ``$GPUMESH_TOKEN``,
+2. ``$GPUMESH_URL`` / ``$GPUMESH_TOKEN`` / ``$GPUMESH_FINGERPRINT``,
 3. the config file ``gpumesh serve`` writes: ``$GPUMESH_CONFIG`` if set, else
-   ``~/.gpumesh/config.json`` (a JSON object ``{"url": ..., "token": ...}``, mode 0600).
+   ``~/.gpumesh/config.json`` (a JSON object ``{"url": ..., "token": ...}``, plus
+   ``"fingerprint"`` for a coordinator serving TLS; mode 0600). The saved fingerprint is
+   used only for the saved URL.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class Endpoint:
 
     url: str
     token: str | None
+    #: ``SHA256:<hex>`` of the coordinator's TLS certificate to pin, or None.
+    fingerprint: str | None = None
 
 
 def load_saved() -> dict:
@@ -47,8 +51,9 @@ def load_saved() -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def save(url: str, token: str) -> Path:
-    """Write ``{"url", "token"}`` to the config file with mode 0600; returns its path.
+def save(url: str, token: str, fingerprint: str | None = None) -> Path:
+    """Write ``{"url", "token"}`` (and ``"fingerprint"`` when given) to the config file
+    with mode 0600; returns its path.
 
     Raises ``OSError`` if the directory cannot be created or written.
     """
@@ -57,14 +62,18 @@ def save(url: str, token: str) -> Path:
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
-        json.dump({"url": url, "token": token}, fh, indent=2)
+        data = {"url": url, "token": token}
+        if fingerprint:
+            data["fingerprint"] = fingerprint
+        json.dump(data, fh, indent=2)
         fh.write("\n")
     os.replace(tmp, path)
     os.chmod(path, 0o600)
     return path
 
 
-def resolve(url: str | None = None, token: str | None = None) -> Endpoint:
+def resolve(url: str | None = None, token: str | None = None,
+            fingerprint: str | None = None) -> Endpoint:
     """Fill in whatever was not given from the environment, then the saved config.
 
     Falls back to ``http://127.0.0.1:8000`` when nothing names a coordinator.
@@ -81,7 +90,15 @@ def resolve(url: str | None = None, token: str | None = None) -> Endpoint:
         if saved is None:
             saved = load_saved()
         token = saved.get("token")
-    return Endpoint(normalise_url(url or f"http://127.0.0.1:{DEFAULT_PORT}"), token)
+    url = normalise_url(url or f"http://127.0.0.1:{DEFAULT_PORT}")
+    if fingerprint is None:
+        fingerprint = os.environ.get("GPUMESH_FINGERPRINT") or None
+    if fingerprint is None and url.startswith("https://"):
+        if saved is None:
+            saved = load_saved()
+        if saved.get("url") == url and isinstance(saved.get("fingerprint"), str):
+            fingerprint = saved["fingerprint"]
+    return Endpoint(url, token, fingerprint)
 
 
 def normalise_url(url: str) -> str:

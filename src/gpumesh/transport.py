@@ -59,7 +59,7 @@ class Transport:
         self.url = url
         self.fingerprint = None
         if fingerprint:
-            from .coordinator.tls import normalise_fingerprint
+            from .tls import normalise_fingerprint
             self.fingerprint = normalise_fingerprint(fingerprint)
             if not url.lower().startswith("https://"):
                 raise ValueError(f"a TLS fingerprint was given but {url} is not an https:// URL")
@@ -239,7 +239,7 @@ def pinned_context(url: str, fingerprint: str) -> ssl.SSLContext:
     now, after checking that it matches ``fingerprint`` (``SHA256:<hex>``).
     Raises :class:`~gpumesh.errors.AuthError` on a mismatch, :class:`Unreachable` if the
     server cannot be reached."""
-    from .coordinator.tls import fingerprint_der, normalise_fingerprint
+    from .tls import fingerprint_der, normalise_fingerprint
     want = normalise_fingerprint(fingerprint)
     der = fetch_certificate(url)
     got = fingerprint_der(der)

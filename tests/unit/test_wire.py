@@ -11,9 +11,9 @@ from gpumesh import wire
 from gpumesh.errors import MeshError, WireError
 
 
-def roundtrip(obj, by_value: bool = True):
+def roundtrip(obj, code: bool = False):
     """dumps -> bytes -> bytearray -> loads, as the receiving side does."""
-    return wire.loads(bytearray(wire.dumps(obj, by_value=by_value).to_bytes()))
+    return wire.loads(bytearray(wire.dumps(obj, code=code).to_bytes()))
 
 
 # ---------------------------------------------------------------- payloads: numpy ----
@@ -120,8 +120,8 @@ def test_unicode_roundtrip_including_lone_surrogates(text):
 
 def test_plain_pickler_path_and_nested_containers():
     obj = {"a": [1, 2.5, None, True], (1, 2): {3, 4}, "z": frozenset({"q"}), "n": -0.0, "b": 2**200}
-    assert roundtrip(obj, by_value=False) == obj
-    assert roundtrip(obj, by_value=True) == obj
+    assert roundtrip(obj, code=False) == obj
+    assert roundtrip(obj, code=True) == obj
 
 
 def test_functions_by_value():

@@ -1,4 +1,4 @@
-"""TLS for the coordinator: a self-signed certificate made once, and its fingerprint.
+"""TLS: the coordinator's self-signed certificate (made once) and certificate fingerprints.
 
 ``gpumesh serve --tls`` keeps ``tls/cert.pem`` and ``tls/key.pem`` (mode 0600) in the data
 directory and reuses them while they cover the addresses being served, so the
