@@ -32,6 +32,7 @@ __all__ = [
     "MeshUnavailable",
     "WireError",
     "PayloadTooLarge",
+    "Unsatisfiable",
     "TaskFailed",
     "RemoteError",
     "TaskCrashed",

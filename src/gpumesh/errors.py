@@ -6,6 +6,8 @@
     ├── MeshUnavailable            the coordinator stopped answering after it accepted a job
     ├── WireError                  bytes that are not a gpumesh payload, or another wire version
     ├── PayloadTooLarge            a body over a documented size limit (names the limit)
+    ├── Unsatisfiable              no alive worker (nor, with none alive, this machine) can
+    │                              ever meet the call's hardware requirements
     ├── TaskFailed                 the task did not return a value
     │   ├── RemoteError            the function raised an exception that could not travel
     │   │                          as itself (its type, message and traceback are kept)
@@ -53,6 +55,17 @@ class WireError(MeshError):
 
 class PayloadTooLarge(MeshError):
     """A request or result is over a size limit; the message names the limit in MiB."""
+
+
+class Unsatisfiable(MeshError):
+    """A call asks for hardware (``gpu=``, ``cores=``, ``memory=``, ``gpu_memory=``, a
+    ``gpu_memory_mb`` hint) that no alive worker could ever provide; the message lists
+    what the pool has. With no worker alive, raised when this machine cannot provide it
+    either (otherwise the call runs here). Raised at call time, before anything runs.
+
+    Not raised when suitable workers exist but are busy, or their GPUs lack free memory
+    right now: the task then waits for one.
+    """
 
 
 class TaskFailed(MeshError):

@@ -135,6 +135,7 @@ def loads(data: Chunk) -> Any:
 
     Raises :class:`WireError` for bytes that are not a payload; whatever unpickling
     raises (``ModuleNotFoundError`` for a module the receiver lacks, ...) otherwise.
+    torch tensors saved on a device this process lacks arrive on the CPU.
     """
     view = memoryview(data).cast("B")
     if view.nbytes < 16:
@@ -153,7 +154,15 @@ def loads(data: Chunk) -> Any:
         off += n
     if off > view.nbytes:
         raise WireError("payload truncated")
-    return pickle.loads(stream, buffers=bufs)
+    try:
+        return pickle.loads(stream, buffers=bufs)
+    except RuntimeError as e:
+        # A torch tensor saved on a device this process lacks (a CUDA tensor sent to a
+        # CPU-only caller): load it again with its storages on the CPU (gpumesh.tensors).
+        from .tensors import is_device_error, loads_on_cpu
+        if not is_device_error(e):
+            raise
+        return loads_on_cpu(stream, bufs, e)
 
 
 # ---------------------------------------------------------------- frames ----------

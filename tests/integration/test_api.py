@@ -75,13 +75,17 @@ def test_spec_demo_with_default_mesh(shared_mesh, monkeypatch):
 
 
 def test_workers_lists_both_workers(client):
+    deadline = time.monotonic() + 30  # the benchmark runs after joining: scores come later
+    while not all(w.get("scores") for w in client.workers()) and time.monotonic() < deadline:
+        time.sleep(0.05)
     ws = client.workers()
     assert len(ws) == 2
     for w in ws:
         assert {"id", "device", "device_name", "hostname", "score", "alive"} <= set(w)
         assert w["alive"] is True
         assert w["device"] in ("CPU", "GPU")
-        assert isinstance(w["score"], (int, float)) and w["score"] > 0
+        # 0 until the worker's background benchmark has finished
+        assert isinstance(w["score"], (int, float)) and w["score"] >= 0
     assert len({w["id"] for w in ws}) == 2
 
 
@@ -218,6 +222,31 @@ def test_callers_dataclass_as_argument_and_result(client):
     assert type(p) is Point
     assert type(loc) is Local
     assert loc == Local("AB", (3, 2, 1))
+
+
+@pytest.mark.xfail(strict=True, raises=RemoteError, reason=(
+    "BUG: wire.dumps() (src/gpumesh/wire.py, C-pickler fast path for non-code payloads) "
+    "ignores cloudpickle.register_pickle_by_value(): an argument whose class lives in a "
+    "module registered by value is pickled by reference and the worker fails with "
+    "ModuleNotFoundError, although the function blob (code=True) ships that module by value"))
+def test_argument_of_a_module_registered_by_value(client, tmp_path, monkeypatch):
+    import importlib
+    import uuid
+    name = f"gm_byval_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(
+        "class Config:\n    def __init__(self, v):\n        self.v = v\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # only the caller has this module
+    mod = importlib.import_module(name)
+    cloudpickle.register_pickle_by_value(mod)
+    try:
+        @accelerate(client)
+        def use(cfg):
+            return cfg.v * 2
+
+        assert use(mod.Config(21)) == 42
+    finally:
+        cloudpickle.unregister_pickle_by_value(mod)
+        sys.modules.pop(name, None)
 
 
 # ---------------------------------------------------------------- values -------------
@@ -664,27 +693,44 @@ def test_nested_decorated_call_runs_inline_in_the_task(client):
     assert [m[0] for m in mapped] == [2, 3]
 
 
+#: The public names the issue and the package docstring promise (``__all__`` may grow).
+PROMISED = [
+    "GPUMesh", "accelerate", "mesh", "RemoteFunction", "MeshError", "AuthError",
+    "RequestRejected", "MeshUnavailable", "WireError", "PayloadTooLarge", "TaskFailed",
+    "RemoteError", "TaskCrashed", "WorkerLost", "Cancelled", "TaskTimeout",
+    "RemoteTraceback", "load_ipython_extension", "__version__",
+]
+
+
 def test_public_api_all():
-    assert gpumesh.__all__ == [
-        "GPUMesh", "accelerate", "mesh", "RemoteFunction", "MeshError", "AuthError",
-        "RequestRejected", "MeshUnavailable", "WireError", "PayloadTooLarge", "TaskFailed",
-        "RemoteError", "TaskCrashed", "WorkerLost", "Cancelled", "TaskTimeout",
-        "RemoteTraceback", "load_ipython_extension", "__version__",
-    ]
-    for name in gpumesh.__all__:
+    import re
+
+    from gpumesh import errors
+    names = gpumesh.__all__
+    assert len(names) == len(set(names)), "duplicates in __all__"
+    assert [n for n in PROMISED if n not in names] == []
+    for name in names:
         assert getattr(gpumesh, name) is not None, name
     ns: dict = {}
     exec("from gpumesh import *", ns)
-    assert set(gpumesh.__all__) <= set(ns)
-    assert sorted(dir(gpumesh)) == sorted(gpumesh.__all__)
-    for name in ("AuthError", "RequestRejected", "MeshUnavailable", "WireError", "PayloadTooLarge",
-                 "TaskFailed", "TaskTimeout"):
-        assert issubclass(getattr(gpumesh, name), gpumesh.MeshError), name
+    assert set(names) <= set(ns)
+    assert sorted(dir(gpumesh)) == sorted(names)
+    # every error class gpumesh defines is exported, and drawn in the errors docstring tree
+    defined = {n for n, v in vars(errors).items()
+               if isinstance(v, type) and issubclass(v, BaseException) and v.__module__ == errors.__name__}
+    assert defined <= set(names), defined - set(names)
+    drawn = set(re.findall(r"^\s*(?:[│├└─ ]*)([A-Z][A-Za-z]+)\s{2,}", errors.__doc__, re.M))
+    assert {n for n in defined if issubclass(getattr(errors, n), gpumesh.MeshError)} == drawn
+    for name in defined:
+        cls = getattr(gpumesh, name)
+        assert cls is getattr(errors, name)
+        if name != "RemoteTraceback":
+            assert issubclass(cls, gpumesh.MeshError), name
     for name in ("RemoteError", "TaskCrashed", "WorkerLost", "Cancelled"):
         assert issubclass(getattr(gpumesh, name), gpumesh.TaskFailed), name
     assert issubclass(gpumesh.TaskTimeout, TimeoutError)
     assert gpumesh.GPUMesh is GPUMesh
-    assert isinstance(gpumesh.__version__, str) and gpumesh.__version__.count(".") == 2
+    assert re.fullmatch(r"\d+\.\d+\.\d+", gpumesh.__version__)
     with pytest.raises(AttributeError):
         gpumesh.does_not_exist  # noqa: B018
 

@@ -161,6 +161,13 @@ def test_serve_port_in_use(cli_env, tmp_path):
     assert "--port" in line
 
 
+def test_serve_host_not_on_this_machine(cli_env, tmp_path):
+    r = run_cli(["serve", "--host", "192.0.2.1", "--port", str(free_port()),
+                 "--data-dir", str(tmp_path / "d"), "--no-self-worker", "--token", TOKEN],
+                cli_env, timeout=30)
+    assert_one_line_error(r, "192.0.2.1", "--host")
+
+
 def test_serve_unwritable_data_dir(cli_env, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")

@@ -228,3 +228,47 @@ def test_gpumesh_local_with_mesh_down_needs_no_probe(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "GPUMESH_LOCAL=1" in err
     assert "unreachable" not in err
+
+
+CALLER_SCRIPT = r"""
+import os, sys, time
+from gpumesh import GPUMesh, accelerate, MeshUnavailable
+m = GPUMesh(os.environ["GPUMESH_URL"], token=os.environ["GPUMESH_TOKEN"])
+caller = os.getpid()
+
+@accelerate(m)
+def slow(x):
+    import os as _os, time as _t
+    if _os.getpid() == caller:
+        print("RAN-LOCALLY", flush=True)
+    _t.sleep(5)
+    return x
+
+t0 = time.monotonic()
+try:
+    print("VALUE", slow(1), flush=True)
+except MeshUnavailable as e:
+    print(f"MESH-UNAVAILABLE after {time.monotonic() - t0:.1f}s: {e}", flush=True)
+"""
+
+
+def test_coordinator_gone_for_good_is_an_error_not_a_local_run(make_mesh, tmp_path):
+    mesh = make_mesh(workers=1)
+    env = dict(mesh.env, GPUMESH_URL=mesh.url, GPUMESH_RECONNECT_TIMEOUT="2", GPUMESH_OUTPUT="0")
+    script = tmp_path / "caller.py"
+    script.write_text(CALLER_SCRIPT)
+    import subprocess
+    import sys
+    p = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: any(w["running"] for w in mesh.workers()), 15, "the task to start")
+        mesh.kill_coordinator()
+        out, _ = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert "MESH-UNAVAILABLE" in out, out
+    assert "RAN-LOCALLY" not in out and "VALUE" not in out, out
+    assert mesh.url in out

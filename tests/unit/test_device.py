@@ -11,7 +11,7 @@ import pytest
 from gpumesh.worker import bench, device
 
 KEYS = {"hostname", "user", "platform", "python", "cpu", "cores", "ram_mb",
-        "gpus", "device", "device_name"}
+        "gpus", "mps", "device", "device_name"}
 GPU_KEYS = {"index", "name", "memory_total_mb", "memory_free_mb", "driver"}
 
 
@@ -25,6 +25,7 @@ def test_detect_keys_and_types():
     assert isinstance(info["cores"], int)
     assert isinstance(info["ram_mb"], int)
     assert isinstance(info["gpus"], list)
+    assert isinstance(info["mps"], bool)
     assert info["platform"] == platform.system()
     assert info["python"] == platform.python_version()
     assert info["cpu"]
@@ -36,7 +37,7 @@ def test_detect_keys_and_types():
     if info["gpus"]:
         assert info["device"] == "GPU"
         assert info["device_name"] == info["gpus"][0]["name"]
-    else:
+    elif not info["mps"]:
         assert info["device"] == "CPU"
         assert info["device_name"] == info["cpu"]
 

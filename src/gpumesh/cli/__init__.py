@@ -22,7 +22,7 @@ def main() -> None:
 
 def _register() -> None:
     from . import jobs, join, pool, serve
-    for command in (serve.serve, join.join, pool.workers, jobs.jobs, jobs.status,
+    for command in (serve.serve, join.join, pool.workers, pool.devices, jobs.jobs, jobs.status,
                     jobs.cancel, jobs.logs):
         main.add_command(command)
 

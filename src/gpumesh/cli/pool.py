@@ -1,4 +1,4 @@
-"""``gpumesh workers``: the pool as a table."""
+"""``gpumesh workers`` and ``gpumesh devices``: the pool as tables."""
 
 from __future__ import annotations
 
@@ -20,8 +20,31 @@ def format_workers(workers: list[dict]) -> str:
         kind = str(w.get("device") or "CPU")[:4]
         state = "alive" if w.get("alive") else "dead"
         score = float(w.get("score") or 0)
+        shown = f"{score:<9.3f}" if score or w.get("scores") else "pending  "  # measured after joining
         lines.append(f"  {kind:<4} {str(w.get('id', ''))[:8]:<10}  {str(w.get('hostname', '?'))[:16]:<16}  "
-                     f"score={score:<9.3f} [{state}]")
+                     f"score={shown} [{state}]")
+    return "\n".join(lines)
+
+
+def format_devices(devices: list[dict]) -> str:
+    """One line per device of the alive workers (strongest first): kind, device, model,
+    memory, score, host and worker, how many of its slots are busy."""
+    rule = "  " + "-" * 96
+    if not devices:
+        return "\n  DEVICES\n" + rule + "\n  (no alive worker: run `gpumesh join URL --token ...`)"
+    lines = ["", "  DEVICES", rule]
+    for d in devices:
+        kind = "CPU" if d["kind"] == "cpu" else "GPU"
+        if d["kind"] == "cpu":
+            memory = f"{d.get('cores', '?')} cores, {d.get('memory_total_mb', 0)} MiB RAM"
+        elif d.get("memory_free_mb") is not None:
+            memory = f"{d['memory_free_mb']}/{d.get('memory_total_mb', 0)} MiB free"
+        else:
+            memory = f"{d.get('memory_total_mb', 0)} MiB"
+        score = "pending" if d.get("score") is None else f"{float(d['score']):.3f}"
+        lines.append(f"  {kind:<4} {d['device']:<7} {str(d.get('name', '?'))[:30]:<30} {memory:<26} "
+                     f"score={score:<11} {str(d.get('hostname', '?'))[:14]} ({str(d.get('worker', ''))[:8]})  "
+                     f"[{d.get('busy', 0)}/{d.get('slots', 1)} busy]")
     return "\n".join(lines)
 
 
@@ -35,3 +58,15 @@ def workers(url, token, as_json):
     ep = resolve_endpoint(url, token)
     found = GPUMesh(ep.url, token=ep.token).workers()
     click.echo(json.dumps(found, indent=2) if as_json else format_workers(found))
+
+
+@click.command()
+@endpoint_options
+@click.option("--json", "as_json", is_flag=True, help="Print the raw list as JSON.")
+@one_line_errors
+def devices(url, token, as_json):
+    """List every device of the pool: each GPU and each CPU of the alive workers."""
+    from ..client.mesh import GPUMesh
+    ep = resolve_endpoint(url, token)
+    found = GPUMesh(ep.url, token=ep.token).devices()
+    click.echo(json.dumps(found, indent=2) if as_json else format_devices(found))

@@ -15,8 +15,11 @@ from pathlib import Path
 import click
 
 from .. import config
-from ..limits import DEFAULT_PORT
+from ..limits import DEFAULT_PORT, MIN_TOKEN_CHARS
 from .common import fail
+from .secrecy import hide
+
+GENERATE_HINT = 'generate one with: python -c "import secrets; print(secrets.token_urlsafe(32))"'
 
 
 def _lan_ip() -> str | None:
@@ -38,14 +41,34 @@ def _device_line() -> str:
     return f"{d['device']} {d['device_name']}"
 
 
-def banner(host: str, port: int, token: str, show_token: bool) -> list[str]:
+def check_token(token: str, what: str = "token") -> None:
+    """Refuse a user-chosen token that is empty or shorter than MIN_TOKEN_CHARS."""
+    if not token.strip():
+        fail(f"the {what} is empty; {GENERATE_HINT}")
+    if len(token) < MIN_TOKEN_CHARS:
+        fail(f"the {what} is {len(token)} characters; at least {MIN_TOKEN_CHARS} are needed "
+             f"(anyone who guesses it can run code here): {GENERATE_HINT}")
+
+
+def banner(host: str, port: int, token: str, show_token: bool, *, fingerprint: str | None = None,
+           worker_token: bool = False, safe_mode: bool = False) -> list[str]:
     """The lines ``serve`` prints once it listens (wording kept from the product README)."""
-    local = f"http://127.0.0.1:{port}"
+    scheme = "https" if fingerprint else "http"
+    local = f"{scheme}://127.0.0.1:{port}"
     tok = token if show_token else "<your token>"
-    lines = [f"[OK] Coordinator listening on {host}:{port}"]
+    if worker_token:
+        tok = "<your worker token>"
+    pin = f" --fingerprint {fingerprint}" if fingerprint else ""
+    lines = [f"[OK] Coordinator listening on {host}:{port}" + (" (TLS)" if fingerprint else "")]
     if show_token:
         lines.append(f"   Token: {token}")
-    lines += ["", f"   Join from THIS machine:   gpumesh join {local} --token={tok}"]
+    if fingerprint:
+        lines.append(f"   TLS certificate fingerprint: {fingerprint}")
+    if worker_token:
+        lines.append("   Workers may join with the worker token (it cannot submit or read results)")
+    if safe_mode:
+        lines.append("   Safe mode: function (pickle) jobs are refused")
+    lines += ["", f"   Join from THIS machine:   gpumesh join {local}{pin} --token={tok}"]
     if host in ("127.0.0.1", "localhost", "::1"):
         lines += [
             f"   Other machines CANNOT reach this coordinator (bound to {host} only).",
@@ -56,7 +79,7 @@ def banner(host: str, port: int, token: str, show_token: bool) -> list[str]:
     else:
         ip = _lan_ip() if host in ("0.0.0.0", "::") else host
         if ip:
-            lines.append(f"   Join from ANOTHER machine: gpumesh join http://{ip}:{port} --token={tok}")
+            lines.append(f"   Join from ANOTHER machine: gpumesh join {scheme}://{ip}:{port}{pin} --token={tok}")
         lines += ["   (127.0.0.1 always works locally; the LAN IP is for other machines)", ""]
         bar = "  " + "!" * 62
         lines += [bar, "  !! NETWORK-EXPOSED COORDINATOR", bar,
@@ -73,7 +96,10 @@ def banner(host: str, port: int, token: str, show_token: bool) -> list[str]:
 
 class _MeshLogFormat(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        return f"[mesh] {record.getMessage()}"
+        text = f"[mesh] {record.getMessage()}"
+        if record.exc_info:  # a bug's traceback must reach the log, not vanish
+            text += "\n" + self.formatException(record.exc_info)
+        return text
 
 
 @click.command()
@@ -88,17 +114,38 @@ class _MeshLogFormat(logging.Formatter):
 @click.option("--no-self-worker", is_flag=True, help="Do not join this machine as a worker.")
 @click.option("--slots", type=click.IntRange(1, 1024), default=1, show_default=True,
               help="Tasks the self-worker runs at once.")
-def serve(host, port, token, data_dir, no_self_worker, slots):
+@click.option("--worker-token", default=None, metavar="TOKEN",
+              help="A second token that may only act as a worker (register, lease, post results), "
+                   "never submit or read results [default: $GPUMESH_WORKER_TOKEN, else none].")
+@click.option("--tls", is_flag=True,
+              help="Serve HTTPS with a self-signed certificate kept in the data directory; "
+                   "prints its SHA-256 fingerprint for clients to pin.")
+@click.option("--tls-cert", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Serve HTTPS with this PEM certificate (chain) instead (implies --tls).")
+@click.option("--tls-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The PEM private key for --tls-cert.")
+@click.option("--safe-mode", is_flag=True,
+              help="Refuse function (pickle) jobs; accept script jobs only.")
+def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls, tls_cert, tls_key,
+          safe_mode):
     """Run a coordinator: the job store and HTTP API of the mesh."""
     from ..coordinator.server import BindError, Server, bind
 
     host = host or os.environ.get("GPUMESH_HOST") or "127.0.0.1"
     token = token or os.environ.get("GPUMESH_TOKEN")
+    worker_token = worker_token or os.environ.get("GPUMESH_WORKER_TOKEN") or None
+    hide(token, worker_token)  # out of ps and /proc/PID/environ from here on
     generated = token is None
     if generated:
         token = config.generate_token()
-    elif not token.strip():
-        fail("the token is empty; generate one with: python -c \"import secrets; print(secrets.token_urlsafe(32))\"")
+    else:
+        check_token(token)
+    if worker_token is not None:
+        check_token(worker_token, "worker token")
+        if worker_token == token:
+            fail("the worker token must differ from the main token")
+    if (tls_cert is None) != (tls_key is None):
+        fail("--tls-cert and --tls-key go together")
     data_dir = (data_dir or config.home_dir()).expanduser()
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -108,13 +155,26 @@ def serve(host, port, token, data_dir, no_self_worker, slots):
     except OSError as e:
         fail(f"cannot write to the data directory {data_dir} ({e.strerror or e}); "
              f"pass --data-dir with a writable directory")
+    fingerprint = None
+    if tls or tls_cert is not None:
+        from ..tls import TLSSetupError, check_pair, self_signed
+        try:
+            if tls_cert is None:
+                tls_cert, tls_key, created = self_signed(data_dir, host)
+                if created:
+                    click.echo(f"[gpumesh] new self-signed TLS certificate: {tls_cert}")
+            fingerprint = check_pair(tls_cert, tls_key)
+        except TLSSetupError as e:
+            fail(str(e))
     try:
         sock = bind(host, port)
     except BindError as e:
         fail(str(e))
-    local_url = f"http://127.0.0.1:{port}" if host in ("0.0.0.0", "::", "127.0.0.1") else f"http://{host}:{port}"
+    scheme = "https" if fingerprint else "http"
+    local_url = (f"{scheme}://127.0.0.1:{port}" if host in ("0.0.0.0", "::", "127.0.0.1")
+                 else f"{scheme}://{host}:{port}")
     try:
-        path = config.save(local_url, token)
+        path = config.save(local_url, token, fingerprint)
         click.echo(f"[gpumesh] config saved to {path}")
     except OSError as e:
         click.echo(f"[gpumesh] warning: could not save the config ({e}); callers need --url/--token", err=True)
@@ -127,13 +187,18 @@ def serve(host, port, token, data_dir, no_self_worker, slots):
     mesh_log.propagate = False
 
     try:
-        server = Server(sock, data_dir, token)
+        server = Server(sock, data_dir, token, worker_token=worker_token, safe_mode=safe_mode,
+                        tls_cert=tls_cert, tls_key=tls_key)
     except Exception as e:  # noqa: BLE001 - e.g. a corrupt or locked database
         fail(f"cannot open the job store in {data_dir}: {e}")
-    for line in banner(host, port, token, show_token=generated):
+    for line in banner(host, port, token, show_token=generated, fingerprint=fingerprint,
+                       worker_token=worker_token is not None, safe_mode=safe_mode):
         click.echo(line)
     worker: list[subprocess.Popen] = []
-    threading.Thread(target=_after_start, args=(server, local_url, token, not no_self_worker, slots, worker),
+    # The self-worker needs no more than a worker's rights: with a worker token it gets that.
+    threading.Thread(target=_after_start,
+                     args=(server, local_url, worker_token or token, not no_self_worker, slots, worker,
+                           fingerprint),
                      daemon=True).start()
     try:
         server.run()
@@ -145,17 +210,26 @@ def serve(host, port, token, data_dir, no_self_worker, slots):
     click.echo("[gpumesh] coordinator stopped")
 
 
-def _after_start(server, url: str, token: str, self_worker: bool, slots: int, out: list) -> None:
+def _after_start(server, url: str, token: str, self_worker: bool, slots: int, out: list,
+                 fingerprint: str | None = None) -> None:
     server.ready.wait()
-    import httpx
+    from ..errors import MeshError
+    from ..transport import Transport
+    http = Transport(url, None, fingerprint=fingerprint)
     try:
-        httpx.get(f"{url}/v1/health", timeout=5).raise_for_status()
+        http.request("GET", "/v1/health", timeout=5)
         click.echo("[OK] Self-check: server is up (tested on 127.0.0.1 only)")
-    except httpx.HTTPError as e:
+    except MeshError as e:
         click.echo(f"[!!] Self-check failed: {e}", err=True)
+    finally:
+        http.close()
     if not self_worker:
         return
+    # Credentials travel in the environment, never on a command line (ps shows those).
     env = dict(os.environ, GPUMESH_TOKEN=token)
+    env.pop("GPUMESH_WORKER_TOKEN", None)
+    if fingerprint:
+        env["GPUMESH_FINGERPRINT"] = fingerprint
     proc = subprocess.Popen([sys.executable, "-m", "gpumesh", "join", url, "--slots", str(slots)],
                             env=env, stdin=subprocess.DEVNULL)
     out.append(proc)

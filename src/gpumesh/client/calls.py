@@ -65,15 +65,27 @@ def map_items(fn: Callable, items: Iterable[Any]) -> tuple[list[Call], list[dict
     return calls, hints
 
 
-def decode_result(item: dict, payload: memoryview | None) -> Any:
-    """A result entry from the coordinator -> the value, or raise what the task raised."""
+def decode_result(item: dict, payload: memoryview | None, strict: bool = False) -> Any:
+    """A result entry from the coordinator -> the value, or raise what the task raised.
+
+    ``strict``: the payload is JSON (see :mod:`gpumesh.strict`) and nothing is unpickled;
+    a payload that is not JSON raises :class:`~gpumesh.errors.TaskFailed`.
+    """
     if item["state"] == "done":
+        if strict:
+            from ..strict import NotJSON, decode
+            try:
+                return decode(payload if payload is not None else b"")
+            except NotJSON as e:
+                raise TaskFailed(f"{e} (task {item.get('task_id')} on worker {item.get('worker')})",
+                                 item.get("task_id"), item.get("worker")) from None
         return wire.loads(payload)
-    raise failure(item, payload)
+    raise failure(item, None if strict else payload)
 
 
 def failure(item: dict, payload: memoryview | None) -> BaseException:
-    """The exception that stands for a failed task at the caller."""
+    """The exception that stands for a failed task at the caller (``payload``: the
+    pickled exception, or None to build a :class:`RemoteError` from its description)."""
     err = item.get("error") or {}
     kind = err.get("kind", "")
     message = err.get("message", "the task failed")
@@ -101,7 +113,7 @@ def failure(item: dict, payload: memoryview | None) -> BaseException:
         return WorkerLost(message + where, task_id, worker)
     if kind == "cancelled":
         return Cancelled(message + where, task_id, worker)
-    if kind in ("raised", "unpickle", "result_unpicklable", "exit"):
+    if kind in ("raised", "unpickle", "result_unpicklable", "exit", "result_not_json"):
         exc = RemoteError(err.get("type", "Exception"), message, tb, task_id, worker)
         if tb:
             exc.__cause__ = RemoteTraceback(tb)

@@ -33,8 +33,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .. import config, wire
-from ..errors import MeshUnavailable, RequestRejected
+from .. import config, hardware, wire
+from ..errors import MeshUnavailable, RequestRejected, Unsatisfiable
 from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, PROBE_CACHE_S,
                       PROBE_TIMEOUT_S)
 from ..transport import Transport, Unreachable
@@ -70,15 +70,28 @@ class GPUMesh:
     ``token``: the coordinator's token; ``None`` reads ``$GPUMESH_TOKEN`` then the config.
     ``output``: print what tasks print on this console, prefixed with the worker's name
     (default: on, unless ``$GPUMESH_OUTPUT=0``).
+    ``fingerprint``: ``SHA256:<hex>`` of the coordinator's TLS certificate to pin (what
+    ``gpumesh serve --tls`` printed); ``None`` reads ``$GPUMESH_FINGERPRINT``, then the
+    saved config (for the saved URL only).
+    ``strict``: accept only JSON results and never unpickle what workers send (see
+    :mod:`gpumesh.strict`); default ``$GPUMESH_STRICT_RESULTS=1``.
     Raises ``ValueError`` for a URL that is not http(s). Creating one sends nothing.
     """
 
     def __init__(self, url: str | None = None, token: str | None = None, *,
-                 output: bool | None = None):
-        ep = config.resolve(url, token)
+                 output: bool | None = None, fingerprint: str | None = None,
+                 strict: bool | None = None):
+        ep = config.resolve(url, token, fingerprint)
         #: Print what remote tasks print (default on; ``GPUMESH_OUTPUT=0`` turns it off).
         self.output = output if output is not None else os.environ.get("GPUMESH_OUTPUT", "1") != "0"
-        self.url, self.token = ep.url, ep.token
+        #: Strict results: JSON only, nothing from a worker is unpickled.
+        self.strict = strict if strict is not None else os.environ.get("GPUMESH_STRICT_RESULTS") == "1"
+        self.url, self.token, self.fingerprint = ep.url, ep.token, ep.fingerprint
+        if self.fingerprint:
+            from ..tls import normalise_fingerprint
+            self.fingerprint = normalise_fingerprint(self.fingerprint)
+            if not self.url.startswith("https://"):
+                raise ValueError(f"a TLS fingerprint was given but {self.url} is not an https:// URL")
         self._http: Transport | None = None
         self._lock = threading.Lock()
         self._probe_ok_until = 0.0
@@ -98,7 +111,7 @@ class GPUMesh:
     def http(self) -> Transport:
         with self._lock:
             if self._http is None:
-                self._http = Transport(self.url, self.token)
+                self._http = Transport(self.url, self.token, fingerprint=self.fingerprint)
             return self._http
 
     def close(self) -> None:
@@ -135,6 +148,32 @@ class GPUMesh:
         Returns how many tasks were cancelled."""
         return self.http.request("POST", f"/v1/jobs/{job_id}/cancel", timeout=10).json()["cancelled"]
 
+    def devices(self) -> list[dict]:
+        """The pool as devices, strongest first: every GPU of every alive worker and each
+        alive worker's CPU. Dicts with ``worker, hostname, kind`` (``"cuda"``, ``"mps"``,
+        ``"cpu"``), ``device`` (``"cuda:0"``...), ``index, name, memory_total_mb,
+        memory_free_mb`` (GPU memory; RAM for a CPU), ``cores, score`` (None until
+        measured), ``slots`` and ``busy`` (slots on it, and how many run a task)."""
+        return hardware.pool_devices(self.workers())
+
+    def device_count(self) -> int:
+        """How many devices the alive workers contribute (each GPU and each CPU once)."""
+        return len(self.devices())
+
+    def gpu_count(self) -> int:
+        """How many GPUs (CUDA and MPS) the alive workers contribute."""
+        return sum(1 for d in self.devices() if d["kind"] != "cpu")
+
+    def total_score(self) -> float:
+        """The sum of the alive devices' benchmark scores (unmeasured ones count 0)."""
+        return round(sum(float(d["score"] or 0) for d in self.devices()), 3)
+
+    def auto_device(self) -> dict | None:
+        """The alive device with the highest score (as in :meth:`devices`); None if the
+        pool is empty."""
+        devices = self.devices()
+        return devices[0] if devices else None
+
     # ------------------------------------------------------------------ routing ----
     def _mesh_reachable(self) -> bool:
         now = time.monotonic()
@@ -153,23 +192,28 @@ class GPUMesh:
 
     # ------------------------------------------------------------------ calls ------
     def run_calls(self, fn: Callable, calls: list[_calls.Call], *, hints: list[dict] | None = None,
-                  timeout: float | None = None, name: str | None = None) -> list[Any]:
+                  timeout: float | None = None, name: str | None = None,
+                  require: hardware.Requirements | None = None) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` for each ``(args, kwargs)`` in ``calls``; values in
-        order. Runs here when the mesh is unavailable (see the module docstring)."""
+        order. Runs here when the mesh is unavailable (see the module docstring).
+        ``require``: hardware every task needs; :class:`~gpumesh.errors.Unsatisfiable` if
+        no alive worker (nor, when none is alive, this machine) can ever provide it."""
         if not calls:
             return []
         if os.environ.get("GPUMESH_LOCAL") == "1":
             notice("GPUMESH_LOCAL=1: running locally")
             return run_locally(fn, calls)
         if not self._mesh_reachable():
+            check_local(fn, require, hints, f"the coordinator at {self.url} is unreachable")
             return run_locally(fn, calls)
         job_id = secrets.token_hex(6)
         printer = OutputPrinter(single=len(calls) == 1) if self.output else None
         collected = False
         try:
             first = self._submit(job_id, fn, calls, hints or [{}] * len(calls), timeout, name,
-                                 printer is not None)
+                                 printer is not None, require=require)
             if first is None:
+                check_local(fn, require, hints, f"no worker is alive in the mesh at {self.url}")
                 notice(f"no live worker in the mesh at {self.url}; running locally")
                 collected = True  # nothing was stored
                 return run_locally(fn, calls)
@@ -183,7 +227,8 @@ class GPUMesh:
                 self._cancel_quietly(job_id)
 
     def _submit(self, job_id: str, fn: Callable, calls: list[_calls.Call], hints: list[dict],
-                timeout: float | None, name: str | None, output: bool) -> bytearray | None:
+                timeout: float | None, name: str | None, output: bool,
+                require: hardware.Requirements | None = None) -> bytearray | None:
         """Submit the job and wait briefly for its first results in the same round trip.
         Returns that first results page, or None if the mesh has no live worker."""
         fn_payload = wire.dumps(fn, code=True)
@@ -197,6 +242,12 @@ class GPUMesh:
                 "name": name or getattr(fn, "__qualname__", "function"),
                 "costs": [h.get("cost", 1.0) for h in hints], "wait": LONG_POLL_S,
                 "output": output, "caller": {"host": _HOSTNAME, "pid": os.getpid()}}
+        if self.strict:
+            meta["result_format"] = "json"  # the task answers in JSON; nothing is unpickled
+        if require:
+            meta["require"] = require.to_meta()
+        if any(h.get("gpu_memory_mb") for h in hints):
+            meta["gpu_memory_mb"] = [h.get("gpu_memory_mb") for h in hints]
         frames: list = [json.dumps(meta).encode()]
         if inline:
             frames.append(fn_payload)
@@ -216,6 +267,8 @@ class GPUMesh:
                 code = getattr(e, "code", "")
                 if code == "no_workers":
                     return None
+                if code == "unsatisfiable":  # nothing was stored; the message lists the pool
+                    raise Unsatisfiable(str(e).rsplit(" (HTTP", 1)[0]) from None
                 if code == "missing_blob":  # coordinator lost it (fresh data dir): upload
                     self._known_blobs.discard(fn_hash)
                     self._upload_blob(fn_hash, fn_payload)
@@ -273,7 +326,7 @@ class GPUMesh:
                     idx = item["index"]
                     if results[idx] is not _MISSING:
                         continue  # never deliver a result twice
-                    results[idx] = _calls.decode_result(item, payload)  # raises a failure
+                    results[idx] = _calls.decode_result(item, payload, self.strict)  # raises a failure
                     got += 1
                 del frames, page
             if got >= n:
@@ -368,6 +421,33 @@ class _Janitor:
                 self._mesh.http.request("POST", f"/v1/jobs/{job_id}/release", timeout=10)
             except Exception as e:  # noqa: BLE001 - best effort (see the class docstring)
                 log.debug("release of %s failed: %s", job_id, e)
+
+
+_this_machine: dict | None = None
+
+
+def check_local(fn: Callable, require: hardware.Requirements | None, hints: list[dict] | None,
+                why: str) -> None:
+    """Before a call with hardware requirements runs here instead of on the mesh: raise
+    :class:`~gpumesh.errors.Unsatisfiable` unless this machine meets them."""
+    hint = max((h.get("gpu_memory_mb") or 0 for h in hints or ()), default=0)
+    if not require and not hint:
+        return
+    global _this_machine
+    if _this_machine is None:
+        from ..worker.device import detect  # NVML or nvidia-smi; never a CUDA context
+        _this_machine = detect()
+    info = _this_machine
+    slots = hardware.slots_of("local", info, hardware.slot_list(info["gpus"], 1, info["mps"]))
+    reasons = []
+    for slot in slots:
+        reason = hardware.refusal(require or hardware.Requirements(), slot, hint or None)
+        if reason is None:
+            return
+        reasons.append(f"its {slot.device} {reason}")
+    wants = (require.describe() if require else "") + (f", gpu_memory_mb={hint:g}" if hint else "")
+    raise Unsatisfiable(f"{why}, and this machine cannot run {getattr(fn, '__qualname__', 'the function')} "
+                        f"({wants.strip(', ')}): " + "; ".join(reasons))
 
 
 def run_locally(fn: Callable, calls: list[_calls.Call]) -> list[Any]:

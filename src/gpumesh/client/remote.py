@@ -15,12 +15,15 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..hardware import Requirements
 from . import calls as _calls
 from .mesh import GPUMesh, _check_timeout, run_locally
 
-#: Options ``@accelerate`` accepts. ``gpu``/``cores``/``memory`` describe the hardware a
-#: task needs; they are recorded with the job (hardware-aware placement builds on them).
-OPTIONS = ("timeout", "gpu", "cores", "memory")
+#: Options ``@accelerate`` accepts. ``gpu`` (a kind: "cuda", "mps", "gpu", "cpu", or a
+#: model such as "A100"), ``cores``, ``memory`` (host RAM) and ``gpu_memory`` (the GPU's
+#: memory) describe the hardware every task of the function needs: only slots that meet
+#: them run it (see :mod:`gpumesh.hardware` for the exact rules).
+OPTIONS = ("timeout", "gpu", "cores", "memory", "gpu_memory")
 
 
 def unwrap(fn: Callable) -> Callable:
@@ -43,6 +46,9 @@ class RemoteFunction:
         self._mesh = mesh
         self.options = dict(options)
         self.options["timeout"] = _check_timeout(options.get("timeout"))
+        #: What the function's tasks need; bad values raise ValueError here, at decoration.
+        self.require = Requirements.from_options(
+            **{k: options[k] for k in ("gpu", "cores", "memory", "gpu_memory") if options.get(k) is not None})
         functools.update_wrapper(self, self.__gpumesh_wrapped__)
 
     def __reduce__(self):
@@ -72,7 +78,7 @@ class RemoteFunction:
         if self._inline():
             return fn(*args, **kwargs)
         return self.mesh.run_calls(fn, [(args, kwargs)], timeout=self.options["timeout"],
-                                   name=getattr(fn, "__qualname__", None))[0]
+                                   name=getattr(fn, "__qualname__", None), require=self.require)[0]
 
     def map(self, items: Iterable[Any]) -> list[Any]:
         """One task per item (a dict is keyword arguments, a tuple positional arguments,
@@ -83,14 +89,18 @@ class RemoteFunction:
         if self._inline():
             return run_locally(fn, calls)
         return self.mesh.run_calls(fn, calls, hints=hints, timeout=self.options["timeout"],
-                                   name=getattr(fn, "__qualname__", None))
+                                   name=getattr(fn, "__qualname__", None), require=self.require)
 
     def to(self, device: str) -> RemoteFunction:
-        """The same function bound to a device kind or model (``"cuda"``, ``"cpu"``,
-        ``"A100"``): a new RemoteFunction whose ``gpu`` option is ``device``."""
+        """The same function bound to a device kind or model (``"cuda"``, ``"mps"``,
+        ``"gpu"``, ``"cpu"``, ``"A100"``): a new RemoteFunction whose ``gpu`` option is
+        ``device``, so its tasks run only on such slots. Raises ``ValueError`` for
+        anything else (e.g. ``"cuda:1"``: a task cannot choose a GPU by index)."""
         if not isinstance(device, str) or not device.strip():
             raise ValueError(f".to() needs a device name such as 'cuda', 'cpu' or 'A100', got {device!r}")
-        return RemoteFunction(self.__gpumesh_wrapped__, self._mesh, dict(self.options, gpu=device.strip()))
+        from ..hardware import normalise_gpu
+        gpu = normalise_gpu(device, "device")
+        return RemoteFunction(self.__gpumesh_wrapped__, self._mesh, dict(self.options, gpu=gpu))
 
     def local(self, *args: Any, **kwargs: Any) -> Any:
         """Run in this process, never on the mesh."""

@@ -1,11 +1,13 @@
 """HTTP routes of the coordinator: validate at the boundary, then call :class:`Coordinator`.
 
-Every route but ``GET /v1/health`` needs ``Authorization: Bearer <token>``. Errors are
-JSON ``{"error": code, "message": text}`` with a 4xx status naming what was wrong; a
-malformed request never changes state. Payload bodies are the ``frames`` layout of
+Every route but ``GET /v1/health`` and ``GET /v1/openapi.json`` needs
+``Authorization: Bearer <token>`` (see :mod:`.auth`: roles, lockout). Errors are JSON
+``{"error": code, "message": text}`` with a 4xx status naming what was wrong; a malformed
+request never changes state. The API is described in :mod:`.openapi`. Payload bodies are the ``frames`` layout of
 :mod:`gpumesh.wire` (``application/x-gpumesh-frames``), never base64 in JSON.
 
     GET    /v1/health                          liveness (no auth)
+    GET    /v1/openapi.json                    this API as OpenAPI 3.1 (no auth)
     GET    /v1/workers                         the pool
     GET    /v1/workers/{id}/session            the worker's pulse (held open; closing = gone)
     POST   /v1/workers                         register         {hostname, ..., slots, id?}
@@ -32,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import json
 import logging
 import re
@@ -51,14 +52,19 @@ from .._version import __version__
 from ..limits import (LONG_POLL_MAX_S, OUTPUT_BODY_BYTES, MAX_BODY_BYTES, MAX_TASKS_PER_JOB, MiB,
                       PURGE_INTERVAL_S, RESULT_PAGE_BYTES, RESULT_PAGE_COUNT, RETENTION_S,
                       SESSION_PING_S, SWEEP_INTERVAL_S)
+from ..limits import (MAX_HEARTBEAT_TASKS, MAX_JSON_BODY_BYTES, MAX_META_JSON_BYTES,
+                      MAX_STRING_CHARS)
 from ..errors import WireError
+from .auth import ROLE_MAIN, ROLE_WORKER, Authenticator, AuthRefused
 from .core import (Coordinator, NoWorkers, StaleLease, UnknownJob, UnknownWorker)
+from .core import Unsatisfiable
+from .. import hardware
 
 log = logging.getLogger("gpumesh.coordinator")
 
 FRAMES = "application/x-gpumesh-frames"
-_HEX = re.compile(r"^[0-9a-f]{4,64}$")
-_SHA = re.compile(r"^[0-9a-f]{64}$")
+_HEX = re.compile(r"[0-9a-f]{4,64}\Z")
+_SHA = re.compile(r"[0-9a-f]{64}\Z")
 
 
 class HTTPError(Exception):
@@ -89,12 +95,39 @@ def _field(d: dict, name: str, kind: type | tuple, default: Any = ..., *, lo=Non
     if not isinstance(v, kind):
         raise HTTPError(400, "bad_request", f"field {name!r} must be {getattr(kind, '__name__', kind)}, "
                                             f"got {type(v).__name__}")
+    if kind is str:
+        _check_str(v, name)
+    elif kind is dict:
+        _check_meta(v, name)
     return v
 
 
+def _check_str(v: str, name: str) -> None:
+    """A string field: at most MAX_STRING_CHARS characters, valid Unicode (no lone
+    surrogates, which could never be stored or sent back)."""
+    if len(v) > MAX_STRING_CHARS:
+        raise HTTPError(400, "bad_request", f"field {name!r} is longer than {MAX_STRING_CHARS} characters")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise HTTPError(400, "bad_request", f"field {name!r} is not valid Unicode text") from None
+
+
+def _check_meta(v: Any, name: str) -> None:
+    """A nested JSON value kept by the coordinator (an error, a GPU list, caller info):
+    plain JSON types, valid strings, finite numbers, at most MAX_META_JSON_BYTES."""
+    try:
+        size = len(json.dumps(v, allow_nan=False, ensure_ascii=False).encode("utf-8"))
+    except (ValueError, UnicodeEncodeError, RecursionError, TypeError):
+        raise HTTPError(400, "bad_request", f"field {name!r} holds a value that is not plain JSON "
+                                            "(non-finite number or invalid text)") from None
+    if size > MAX_META_JSON_BYTES:
+        raise HTTPError(400, "bad_request", f"field {name!r} is over {MAX_META_JSON_BYTES // 1024} KiB")
+
+
 def _id(value: str, what: str) -> str:
-    if not _HEX.match(value):
-        raise HTTPError(400, "bad_request", f"{what} {value[:80]!r} is not a valid id")
+    if not isinstance(value, str) or not _HEX.match(value):
+        raise HTTPError(400, "bad_request", f"{what} {str(value)[:80]!r} is not a valid id")
     return value
 
 
@@ -111,18 +144,22 @@ def _query_float(request: Request, name: str, default: float, lo: float, hi: flo
     return v
 
 
-async def _read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytearray:
-    """Read the whole body into one writable buffer, refusing anything over ``limit``."""
+async def _read_body(request: Request, limit: int = MAX_BODY_BYTES,
+                     setting: str = "GPUMESH_MAX_BODY_MB") -> bytearray:
+    """Read the whole body into one writable buffer, refusing anything over ``limit``
+    (before reading it when Content-Length already says so)."""
+    size = f"{limit // MiB} MiB" if limit >= MiB else f"{limit // 1024} KiB"
     too_big = HTTPError(413, "too_large",
-                        f"request body is over the coordinator's limit of {limit // MiB} MiB "
-                        f"(set GPUMESH_MAX_BODY_MB on the coordinator to raise it)")
+                        f"request body is over the coordinator's limit of {size} "
+                        f"(set {setting} on the coordinator to raise it)")
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
-            if int(declared) > limit:
-                raise too_big
+            n = int(declared)
         except ValueError:
             raise HTTPError(400, "bad_request", "invalid Content-Length") from None
+        if n > limit:
+            raise too_big
     buf = bytearray()
     async for chunk in request.stream():
         buf += chunk
@@ -132,12 +169,12 @@ async def _read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytearray
 
 
 async def _json_body(request: Request) -> dict:
-    body = await _read_body(request, 4 * MiB)
+    body = await _read_body(request, MAX_JSON_BODY_BYTES, "GPUMESH_MAX_JSON_KB")
     if not body:
         return {}
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise HTTPError(400, "bad_request", "body is not valid JSON") from None
     if not isinstance(data, dict):
         raise HTTPError(400, "bad_request", "body must be a JSON object")
@@ -148,7 +185,7 @@ def _frames(body: bytearray) -> tuple[dict, list[memoryview]]:
     try:
         frames = wire.unpack_frames(body)
         meta = json.loads(bytes(frames[0])) if frames else None
-    except (WireError, ValueError) as e:
+    except (WireError, ValueError, RecursionError) as e:
         raise HTTPError(400, "bad_request", f"body is not a gpumesh frames message: {e}") from None
     if not isinstance(meta, dict):
         raise HTTPError(400, "bad_request", "frame 0 must be a JSON object")
@@ -197,26 +234,38 @@ def frames_response(meta: dict, parts: list[Part]) -> StreamingResponse:
 
 
 # ---------------------------------------------------------------- the app ----------
-def create_app(coord: Coordinator, token: str) -> Starlette:
-    """Build the ASGI app around ``coord``; ``token`` is the bearer token to require."""
-    token_digest = hashlib.sha256(token.encode("utf-8")).digest()
+def create_app(coord: Coordinator, token: str, *, worker_token: str | None = None,
+               safe_mode: bool = False, loopback_bound: bool = False,
+               authenticator: Authenticator | None = None) -> Starlette:
+    """Build the ASGI app around ``coord``.
 
-    def authorize(request: Request) -> None:
-        header = request.headers.get("authorization", "")
-        scheme, _, presented = header.partition(" ")
-        if scheme.lower() != "bearer" or not presented:
-            raise HTTPError(401, "unauthorized", "missing bearer token (Authorization: Bearer <token>)")
-        got = hashlib.sha256(presented.encode("latin-1", "replace")).digest()  # raw header bytes
-        if not hmac.compare_digest(got, token_digest):
-            raise HTTPError(401, "unauthorized", "the token was refused")
+    ``token``: the main bearer token (everything allowed); ``worker_token``: an optional
+    token that may only act as a worker. ``safe_mode``: refuse function (pickle) jobs.
+    ``loopback_bound``: the server listens on loopback only (see :mod:`.auth` for what
+    that exempts). Only salted hashes of the tokens are kept.
+    """
+    auth = authenticator or Authenticator(token, worker_token, loopback_bound=loopback_bound)
+    del token, worker_token
 
-    def route(path: str, methods: list[str], auth: bool = True):
+    def route(path: str, methods: list[str], auth_required: bool = True, worker: bool = False,
+              action: str = ""):
+        """Register ``fn`` at ``path``. ``worker``: the worker token may call it too;
+        ``action`` names what the worker token may not do, for its 403."""
         def deco(fn):
             async def endpoint(request: Request) -> Response:
                 try:
-                    if auth:
-                        authorize(request)
+                    if auth_required:
+                        client = request.client.host if request.client else None
+                        role = await auth.role(client, request.headers)
+                        if role != ROLE_MAIN and not worker:
+                            raise HTTPError(403, "forbidden",
+                                            f"the worker token cannot {action or 'do this'}; "
+                                            "this needs the main token")
                     return await fn(request)
+                except AuthRefused as e:
+                    headers = {"retry-after": str(int(e.retry_after) + 1)} if e.retry_after else None
+                    return JSONResponse({"error": e.code, "message": e.message}, status_code=e.status,
+                                        headers=headers)
                 except HTTPError as e:
                     return _err(e.status, e.code, e.message)
                 except UnknownWorker:
@@ -257,20 +306,20 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
         return None
 
     # -- health & pool ---------------------------------------------------------------
-    @route("/v1/health", ["GET"], auth=False)
+    @route("/v1/health", ["GET"], auth_required=False)
     async def health(request: Request) -> Response:
         return JSONResponse({"ok": True, "version": __version__})
 
-    @route("/v1/workers", ["GET"])
-    async def list_workers(request: Request) -> Response:
-        out = []
-        for w in coord.workers.values():
-            d = dict(w.info)
-            d.update(id=w.id, alive=w.alive, slots=w.slots, running=len(w.leases))
-            out.append(d)
-        return JSONResponse(out)
+    @route("/v1/openapi.json", ["GET"], auth_required=False)
+    async def openapi(request: Request) -> Response:
+        from .openapi import spec
+        return JSONResponse(spec())
 
-    @route("/v1/workers", ["POST"])
+    @route("/v1/workers", ["GET"], action="list the workers")
+    async def list_workers(request: Request) -> Response:
+        return JSONResponse([coord.worker_view(w) for w in coord.workers.values()])
+
+    @route("/v1/workers", ["POST"], worker=True)
     async def register(request: Request) -> Response:
         data = await _json_body(request)
         wid = _field(data, "id", str, None)
@@ -289,23 +338,45 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
         for key in ("hostname", "user", "device", "device_name", "platform", "python", "version", "cpu"):
             if key in info and not isinstance(info[key], str):
                 raise HTTPError(400, "bad_request", f"field {key!r} must be a string")
+            if key in info:
+                _check_str(info[key], key)
+        if "gpus" in info:
+            gpus = info["gpus"]
+            if not isinstance(gpus, list) or len(gpus) > 256 or not all(isinstance(g, dict) for g in gpus):
+                raise HTTPError(400, "bad_request", "field 'gpus' must be a list of objects (at most 256)")
+            _check_meta(gpus, "gpus")
+        try:  # the slots it offers (one per GPU, then CPU slots) and its device scores
+            info["slot_list"] = hardware.check_slot_list(data.get("slot_list"), slots, info.get("gpus"))
+            if data.get("scores") is not None:
+                info["scores"] = hardware.check_scores(data["scores"])
+        except ValueError as e:
+            raise HTTPError(400, "bad_request", str(e)) from None
         w = coord.register(info, wid, slots)
         from ..limits import HEARTBEAT_INTERVAL_S, WORKER_TTL_S
         return JSONResponse({"id": w.id, "heartbeat_s": HEARTBEAT_INTERVAL_S, "ttl_s": WORKER_TTL_S})
 
-    @route("/v1/workers/{wid}/heartbeat", ["POST"])
+    @route("/v1/workers/{wid}/heartbeat", ["POST"], worker=True)
     async def heartbeat(request: Request) -> Response:
         wid = _id(request.path_params["wid"], "worker id")
         data = await _json_body(request)
         running = _field(data, "running", list, None)
-        if running is not None and not all(isinstance(t, str) for t in running):
-            raise HTTPError(400, "bad_request", "field 'running' must be a list of task ids")
+        if running is not None and (len(running) > MAX_HEARTBEAT_TASKS or not all(
+                isinstance(t, str) and _HEX.match(t) for t in running)):
+            raise HTTPError(400, "bad_request", "field 'running' must be a list of task ids "
+                                                f"(at most {MAX_HEARTBEAT_TASKS})")
         info = {}
         if "score" in data:
             info["score"] = _field(data, "score", (int, float), lo=0, hi=1e12)
+        try:  # device scores once measured; free GPU memory as last seen
+            if data.get("scores") is not None:
+                info["scores"] = hardware.check_scores(data["scores"])
+            if data.get("gpu_free_mb") is not None:
+                info["gpu_free_mb"] = hardware.check_gpu_free(data["gpu_free_mb"])
+        except ValueError as e:
+            raise HTTPError(400, "bad_request", str(e)) from None
         return JSONResponse(coord.heartbeat(wid, running, info))
 
-    @route("/v1/workers/{wid}/session", ["GET"])
+    @route("/v1/workers/{wid}/session", ["GET"], worker=True)
     async def session(request: Request) -> Response:
         """The worker's pulse: an open response that only ends when either side goes.
         A worker process that dies closes its sockets at once, so its tasks are re-queued
@@ -333,18 +404,22 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
                 coord.session_closed(wid, sid)
         return StreamingResponse(pulse(), media_type="text/plain")
 
-    @route("/v1/workers/{wid}", ["DELETE"])
+    @route("/v1/workers/{wid}", ["DELETE"], worker=True)
     async def deregister(request: Request) -> Response:
         wid = _id(request.path_params["wid"], "worker id")
         return JSONResponse({"requeued": coord.deregister(wid)})
 
-    @route("/v1/workers/{wid}/lease", ["POST"])
+    @route("/v1/workers/{wid}/lease", ["POST"], worker=True)
     async def lease(request: Request) -> Response:
         wid = _id(request.path_params["wid"], "worker id")
         data = await _json_body(request)
         slots = _field(data, "slots", int, 1, lo=1, hi=1024)
         wait = _field(data, "wait", (int, float), 0, lo=0, hi=LONG_POLL_MAX_S)
-        grants = await until_disconnect(request, coord.lease(wid, slots, wait))
+        try:
+            free = hardware.check_free_slots(data.get("free"))
+        except ValueError as e:
+            raise HTTPError(400, "bad_request", str(e)) from None
+        grants = await until_disconnect(request, coord.lease(wid, slots, wait, free))
         return lease_response(grants or [])
 
     def lease_response(grants) -> Response:
@@ -361,10 +436,11 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
             tasks.append({"task_id": g.task_id, "job_id": g.job_id, "index": g.index,
                           "lease_id": g.lease_id, "attempt": g.attempt, "kind": job.kind,
                           "fn": job.fn_hash, "timeout": job.meta.get("timeout"),
-                          "name": job.meta.get("name", "")})
+                          "name": job.meta.get("name", ""), "slot": g.slot,
+                          "result_format": job.meta.get("result_format", "pickle")})
         return frames_response({"tasks": tasks}, parts)
 
-    @route("/v1/tasks/{tid}/result", ["POST"])
+    @route("/v1/tasks/{tid}/result", ["POST"], worker=True)
     async def result(request: Request) -> Response:
         tid = _id(request.path_params["tid"], "task id")
         lease_id = request.query_params.get("lease", "")
@@ -385,10 +461,13 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
         # ?next=1: the worker's slot is free again; hand it the next task in the same
         # round trip instead of making it come back with a lease request.
         if request.query_params.get("next") == "1" and wid is not None:
-            return lease_response(coord.grant_now(wid, 1))
+            slot = request.query_params.get("slot")
+            if slot is not None and not (slot.isdigit() and int(slot) < 1024):
+                raise HTTPError(400, "bad_request", "query parameter 'slot' must be a slot id")
+            return lease_response(coord.grant_now(wid, 1, None if slot is None else int(slot)))
         return lease_response([])
 
-    @route("/v1/tasks/{tid}/output", ["POST"])
+    @route("/v1/tasks/{tid}/output", ["POST"], worker=True)
     async def task_output(request: Request) -> Response:
         tid = _id(request.path_params["tid"], "task id")
         lease_id = request.query_params.get("lease", "")
@@ -403,7 +482,7 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
         return JSONResponse({"accepted": True})
 
     # -- blobs -----------------------------------------------------------------------
-    @route("/v1/blobs/{h}", ["HEAD", "GET"])
+    @route("/v1/blobs/{h}", ["HEAD", "GET"], worker=True)
     async def get_blob(request: Request) -> Response:
         h = request.path_params["h"]
         if not _SHA.match(h):
@@ -422,7 +501,7 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
         return StreamingResponse(body(), media_type="application/octet-stream",
                                  headers={"content-length": str(size)})
 
-    @route("/v1/blobs/{h}", ["PUT"])
+    @route("/v1/blobs/{h}", ["PUT"], action="upload function blobs")
     async def put_blob(request: Request) -> Response:
         h = request.path_params["h"]
         if not _SHA.match(h):
@@ -434,13 +513,21 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
         return JSONResponse({"stored": True})
 
     # -- jobs ------------------------------------------------------------------------
-    @route("/v1/jobs", ["POST"])
+    @route("/v1/jobs", ["POST"], action="submit jobs")
     async def submit(request: Request) -> Response:
         meta, frames = _frames(await _read_body(request))
         job_id = _id(_field(meta, "job_id", str), "job id")
         kind = _field(meta, "kind", str, "function")
         if kind not in ("function", "script"):
             raise HTTPError(400, "bad_request", "field 'kind' must be 'function' or 'script'")
+        if safe_mode and kind == "function":
+            raise HTTPError(403, "safe_mode",
+                            "this coordinator runs in safe mode (serve --safe-mode): it refuses "
+                            "function jobs, whose pickled code and arguments run on the workers; "
+                            "submit a script job instead")
+        result_format = _field(meta, "result_format", str, "pickle")
+        if result_format not in ("pickle", "json"):
+            raise HTTPError(400, "bad_request", "field 'result_format' must be 'pickle' or 'json'")
         name = _field(meta, "name", str, "")[:200]
         fn = _field(meta, "fn", str)
         if not _SHA.match(fn):
@@ -457,7 +544,15 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
         elif len(costs) != n or not all(isinstance(c, (int, float)) and not isinstance(c, bool)
                                         and 0 <= c < 1e9 for c in costs):
             raise HTTPError(400, "bad_request", "field 'costs' must hold one number >= 0 per task")
+        try:  # hardware the tasks need, and their GPU memory hints (MiB)
+            require = hardware.Requirements.from_meta(_field(meta, "require", dict, None))
+            vram = hardware.check_vram_hints(meta.get("gpu_memory_mb"), n)
+        except ValueError as e:
+            raise HTTPError(400, "bad_request", str(e)) from None
         require_worker = _field(meta, "require_worker", bool, False)
+        caller = _field(meta, "caller", dict, {})
+        wait = _field(meta, "wait", (int, float), 0, lo=0, hi=LONG_POLL_MAX_S)
+        want_output = _field(meta, "output", bool, False)
         args = frames
         if inline_fn:
             blob, args = frames[0], frames[1:]
@@ -466,33 +561,39 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
             coord.store.put_blob(fn, [blob])
         elif not coord.store.has_blob(fn):
             raise HTTPError(409, "missing_blob", f"upload blob {fn} first (PUT /v1/blobs/{fn})")
-        job_meta = {"timeout": timeout, "name": name,
-                    "caller": _field(meta, "caller", dict, {})}
+        job_meta = {"timeout": timeout, "name": name, "caller": caller}
+        if require:
+            job_meta["require"] = require.to_meta()
+        if vram:
+            job_meta["gpu_memory_mb"] = {str(i): v for i, v in vram.items()}
+        if result_format != "pickle":
+            job_meta["result_format"] = result_format
         try:
             job, created = coord.submit(job_id, name, kind, fn, job_meta, list(args),
                                         [float(c) for c in costs], require_worker)
         except NoWorkers:
             return _err(409, "no_workers", "no worker is alive in the mesh")
+        except Unsatisfiable as e:
+            return _err(409, "unsatisfiable", str(e))
         info = {"job_id": job.id, "n_tasks": job.n_tasks, "created": created}
-        wait = _field(meta, "wait", (int, float), 0, lo=0, hi=LONG_POLL_MAX_S)
         if not wait or job.id not in coord.jobs:
             return JSONResponse(info)
         # Submit-and-wait: a short call's result comes back in the submit's own answer,
         # saving the caller a round trip (the answer is a results page, cursor -1).
-        out_after = -1 if _field(meta, "output", bool, False) else None
+        out_after = -1 if want_output else None
         waited = await until_disconnect(request, coord.wait_results(job.id, -1, wait, out_after))
         if waited is None:
             return Response(status_code=204)
         return results_page(waited, -1, out_after, info)
 
-    @route("/v1/jobs", ["GET"])
+    @route("/v1/jobs", ["GET"], action="list jobs")
     async def list_jobs(request: Request) -> Response:
         limit = int(_query_float(request, "limit", 20, 1, 1000))
         rows = coord.store.db.execute(
             "SELECT id FROM jobs ORDER BY created DESC LIMIT ?", (limit,)).fetchall()
         return JSONResponse([_job_view(coord, r[0], with_tasks=False) for r in rows])
 
-    @route("/v1/jobs/{jid}", ["GET"])
+    @route("/v1/jobs/{jid}", ["GET"], action="read job status")
     async def job_status(request: Request) -> Response:
         jid = _id(request.path_params["jid"], "job id")
         view = _job_view(coord, jid, with_tasks=True)
@@ -500,7 +601,7 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
             raise UnknownJob(jid)
         return JSONResponse(view)
 
-    @route("/v1/jobs/{jid}/results", ["GET"])
+    @route("/v1/jobs/{jid}/results", ["GET"], action="read results")
     async def results(request: Request) -> Response:
         jid = _id(request.path_params["jid"], "job id")
         after = int(_query_float(request, "after", -1, -1, 1e15))
@@ -540,7 +641,7 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
             parts += [Part(c.data) for c in chunks]
         return frames_response(meta, parts)
 
-    @route("/v1/jobs/{jid}/logs", ["GET"])
+    @route("/v1/jobs/{jid}/logs", ["GET"], action="read logs")
     async def job_logs(request: Request) -> Response:
         """Each task's kept stdout and stderr (text, invalid UTF-8 replaced)."""
         jid = _id(request.path_params["jid"], "job id")
@@ -561,7 +662,7 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
             raise HTTPError(404, "unknown_task", f"job {jid} has no task {task}")
         return JSONResponse({"job_id": jid, "tasks": out})
 
-    @route("/v1/jobs/{jid}/release", ["POST"])
+    @route("/v1/jobs/{jid}/release", ["POST"], action="release jobs")
     async def release(request: Request) -> Response:
         jid = _id(request.path_params["jid"], "job id")
         if jid not in coord.jobs and not coord.store.job_exists(jid):
@@ -569,7 +670,7 @@ def create_app(coord: Coordinator, token: str) -> Starlette:
         coord.release(jid)
         return JSONResponse({"released": True})
 
-    @route("/v1/jobs/{jid}/cancel", ["POST"])
+    @route("/v1/jobs/{jid}/cancel", ["POST"], action="cancel jobs")
     async def cancel(request: Request) -> Response:
         jid = _id(request.path_params["jid"], "job id")
         return JSONResponse({"cancelled": coord.cancel(jid)})

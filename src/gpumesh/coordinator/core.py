@@ -30,7 +30,9 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from .. import hardware
 from ..limits import HEARTBEAT_INTERVAL_S, MAX_ATTEMPTS, WORKER_TTL_S
+from . import placement
 from .output import OutputHub
 from .scheduler import RunQueue
 from .store import Store
@@ -56,6 +58,11 @@ class UnknownJob(Exception):
     pass
 
 
+class Unsatisfiable(Exception):
+    """No alive worker could ever run the job (its requirements or GPU memory hints);
+    the message lists what the pool has. Nothing is stored."""
+
+
 class StaleLease(Exception):
     """A result posted under a lease that is no longer the task's current one."""
 
@@ -75,6 +82,12 @@ class Worker:
     session: int = 0  # id of the worker's current pulse connection (0: none open)
     outbox: list[str] = field(default_factory=list)  # lines to push down the pulse
     wake: asyncio.Event | None = None
+    slot_list: list[dict] = field(default_factory=list)  # [{"id", "kind", "gpu"?}]
+
+    def slot_views(self) -> list[hardware.Slot]:
+        if not self.slot_list:
+            self.slot_list = hardware.check_slot_list(None, self.slots, None)
+        return hardware.slots_of(self.id, self.info, self.slot_list)
 
     def push(self, line: str) -> None:
         """Queue a line for the worker's pulse connection (e.g. ``cancel <task id>``)."""
@@ -90,6 +103,7 @@ class Lease:
     lease_id: str
     worker_id: str
     granted: float
+    slot: int | None = None  # the worker's slot running it (None: unknown after a restart)
 
 
 @dataclass
@@ -103,6 +117,14 @@ class Job:
     next_seq: int = 0
     state: str = "active"
     waiters: list[asyncio.Future] = field(default_factory=list)
+    require: hardware.Requirements = field(default_factory=hardware.Requirements)
+    vram_mb: dict[int, float] = field(default_factory=dict)  # task index -> gpu_memory_mb hint
+    costs_vary: bool = False  # tasks have different costs: choose by cost, not FIFO alone
+
+    def prepare(self) -> None:
+        """Requirements and hints from ``meta`` (validated at submit)."""
+        self.require = hardware.Requirements.from_meta(self.meta.get("require"))
+        self.vram_mb = {int(k): float(v) for k, v in (self.meta.get("gpu_memory_mb") or {}).items()}
 
     def notify(self) -> None:
         for f in self.waiters:
@@ -120,6 +142,7 @@ class Grant:
     index: int
     lease_id: str
     attempt: int
+    slot: int | None = None
 
 
 class Coordinator:
@@ -134,7 +157,9 @@ class Coordinator:
         self.leases: dict[str, Lease] = {}
         self.queue = RunQueue()
         self.task_meta: dict[str, tuple[int, int]] = {}  # open task id -> (index, attempts)
-        self.idle: OrderedDict[str, tuple[asyncio.Future, int]] = OrderedDict()
+        self.idle: OrderedDict[str, tuple[asyncio.Future, int, list[int] | None]] = OrderedDict()
+        self.task_cost: dict[str, float] = {}  # open task id -> cost, for jobs whose costs vary
+        self.stats = placement.SlotStats()
         self._sessions = 0
         self.output = OutputHub(store.dir / "logs")
         self._recover()
@@ -145,6 +170,10 @@ class Coordinator:
         for row in self.store.active_jobs():
             job = Job(row["id"], row["kind"], row["fn_hash"], row["meta"], row["n_tasks"],
                       state=row["state"])
+            try:
+                job.prepare()
+            except ValueError as e:  # written by another version: run it without them
+                log.warning("job %s: ignoring unreadable requirements (%s)", job.id, e)
             counts = self.store.task_counts(job.id)
             job.n_final = sum(n for s, n in counts.items() if s not in ("pending", "leased"))
             job.next_seq = self.store.max_seq(job.id) + 1
@@ -154,6 +183,9 @@ class Coordinator:
             if t.job_id not in self.jobs:
                 continue
             self.task_meta[t.id] = (t.idx, t.attempts)
+            if t.cost != 1.0:
+                self.task_cost[t.id] = t.cost
+                self.jobs[t.job_id].costs_vary = True
             if t.state == "leased" and t.lease_id and t.worker_id:
                 # Keep the lease: a worker that comes back within the TTL may still
                 # deliver this result. The sweeper requeues it otherwise.
@@ -174,9 +206,10 @@ class Coordinator:
             w.leases = {tid for tid, lease in self.leases.items() if lease.worker_id == wid}
             self.workers[wid] = w
         w.info, w.slots, w.last_seen, w.alive = info, slots, self.clock(), True
-        log.info("worker joined: %s (%s %s, score=%.3f, id %s)", info.get("hostname", "?"),
-                 info.get("device", "CPU"), info.get("device_name", "?"),
-                 float(info.get("score") or 0), wid)
+        w.slot_list = info.get("slot_list") or hardware.check_slot_list(None, slots, None)
+        score = f"{float(info['score']):.3f}" if info.get("scores") else "pending"
+        log.info("worker joined: %s (%s %s, %d slot(s), score=%s, id %s)", info.get("hostname", "?"),
+                 info.get("device", "CPU"), info.get("device_name", "?"), slots, score, wid)
         return w
 
     def _worker(self, wid: str) -> Worker:
@@ -192,7 +225,19 @@ class Coordinator:
         w = self._worker(wid)
         w.last_seen = self.clock()
         if info:
+            free = info.pop("gpu_free_mb", None)
+            if info.get("scores") and not w.info.get("scores"):
+                log.info("worker scored: %s (%s, id %s)", w.info.get("hostname", "?"),
+                         ", ".join(f"{k} score={v:.3f}" for k, v in info["scores"].items()), wid)
             w.info.update(info)
+            if free:
+                changed = False
+                for g in w.info.get("gpus") or ():
+                    new = free.get(g.get("index"))
+                    if new is not None and new != g.get("memory_free_mb"):
+                        g["memory_free_mb"], changed = new, True
+                if changed and self.idle:
+                    self._wake_idle()  # a task waiting for GPU memory may fit now
         cancel: list[str] = []
         if running is not None:
             held = set(running)
@@ -252,18 +297,19 @@ class Coordinator:
             self._requeue(orphans, reason="its worker did not come back after a restart")
 
     # ------------------------------------------------------------ leasing --------
-    async def lease(self, wid: str, slots: int, wait: float) -> list[Grant]:
-        """Grant up to ``slots`` tasks to ``wid``, waiting up to ``wait`` s for some."""
+    async def lease(self, wid: str, slots: int, wait: float, free: list[int] | None = None) -> list[Grant]:
+        """Grant up to ``slots`` tasks to ``wid``, waiting up to ``wait`` s for some.
+        ``free`` names the worker's free slots (None: any it holds no lease on)."""
         w = self._worker(wid)
         w.last_seen = self.clock()
-        grants = self._grant(w, slots)
+        grants = self._grant(w, slots, free)
         if grants or wait <= 0:
             return grants
         old = self.idle.pop(wid, None)
         if old and not old[0].done():
             old[0].set_result([])
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        self.idle[wid] = (fut, slots)
+        self.idle[wid] = (fut, slots, free)
         try:
             return await asyncio.wait_for(fut, wait)
         except asyncio.TimeoutError:
@@ -280,32 +326,108 @@ class Coordinator:
             if cur and cur[0] is fut:
                 del self.idle[wid]
 
-    def _grant(self, w: Worker, slots: int) -> list[Grant]:
-        taken = self.queue.take(slots)
+    def _free_slots(self, w: Worker, slots: int, free: list[int] | None) -> list[int]:
+        ids = [s["id"] for s in w.slot_list] or list(range(w.slots))
+        if free is not None:
+            known = set(ids)
+            return [i for i in dict.fromkeys(free) if i in known]
+        # A request that names no slots (a worker from before slots, or a test) asks for
+        # ``slots`` tasks, as it always could: idle slots first, then busy ones again.
+        busy = {lease.slot for tid in w.leases if (lease := self.leases.get(tid)) is not None}
+        order = [i for i in ids if i not in busy] + [i for i in ids if i in busy]
+        return [order[k % len(order)] for k in range(max(0, slots))] if order else []
+
+    def _grant(self, w: Worker, slots: int, free: list[int] | None = None) -> list[Grant]:
+        """Give each of ``w``'s free slots (strongest first) a task it can run, chosen by
+        :mod:`.placement` from what the run queue offers (round-robin between jobs)."""
+        if not len(self.queue):
+            return []
+        slot_ids = self._free_slots(w, slots, free)
+        if not slot_ids:
+            return []
+        views = {s.id: s for s in w.slot_views()}
+        ctx = _Placing(self)
+        taken = []
+        for slot in placement.order_slots(views[i] for i in slot_ids if i in views):
+            if not len(self.queue):
+                break
+            got = None
+            if slot.kind != "cpu" and ctx.gpu_jobs_pending():
+                # A GPU slot serves jobs that need a GPU before those that merely may use one.
+                got = self.queue.take_one(lambda j, q: self._choose(j, q, slot, ctx, gpu_only=True))
+            if got is None:
+                got = self.queue.take_one(lambda j, q: self._choose(j, q, slot, ctx))
+            if got is not None:
+                taken.append((got[0], got[1], slot.id))
         if not taken:
             return []
         now = self.clock()
         grants, rows = [], []
-        for job_id, tid in taken:
+        for job_id, tid, slot_id in taken:
             idx, attempts = self.task_meta[tid]
             lease_id = new_id(8)
             self.task_meta[tid] = (idx, attempts + 1)
-            self.leases[tid] = Lease(tid, job_id, lease_id, w.id, now)
+            self.leases[tid] = Lease(tid, job_id, lease_id, w.id, now, slot_id)
             w.leases.add(tid)
-            grants.append(Grant(tid, job_id, idx, lease_id, attempts + 1))
+            grants.append(Grant(tid, job_id, idx, lease_id, attempts + 1, slot_id))
             rows.append((tid, lease_id, w.id))
         self.store.lease(rows)
         return grants
 
+    def _choose(self, job_id: str, q, slot: hardware.Slot, ctx: _Placing,
+                gpu_only: bool = False) -> int | None:
+        """Position in job ``job_id``'s queue ``q`` of the task ``slot`` should run, or
+        None if it can run none of the first ``placement.HEAD_WINDOW``."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return 0
+        req = job.require
+        if gpu_only and not req.needs_gpu:
+            return None
+        if req and hardware.refusal(req, slot) is not None:
+            return None
+        if not job.vram_mb and not job.costs_vary:
+            return 0  # the common case: FIFO
+        candidates = []
+        for pos in range(min(len(q), placement.HEAD_WINDOW)):
+            tid = q[pos]
+            hint = job.vram_mb.get(self.task_meta[tid][0]) if job.vram_mb else None
+            if hint and hardware.vram_refusal(slot, hint) is not None:
+                continue
+            candidates.append((pos, self.task_cost.get(tid, 1.0)))
+        if not candidates:
+            return None
+        if not job.costs_vary:
+            return candidates[0][0]
+        return placement.pick(candidates, ctx.relative(job, slot))
+
     def _wake_idle(self) -> None:
-        """Hand newly pending tasks to workers that are long-polling, longest-waiting first."""
-        while self.idle and len(self.queue):
-            wid, (fut, slots) = next(iter(self.idle.items()))
-            del self.idle[wid]
+        """Hand newly pending tasks to workers that are long-polling: the strongest first
+        (longest-waiting first among equals). A worker none of whose free slots can run
+        what is pending keeps waiting."""
+        if not self.idle or not len(self.queue):
+            return
+        waiting = list(self.idle.items())
+        if len(waiting) > 1:
+            waiting.sort(key=lambda kv: -self._best_score(kv[0]))
+        for wid, (fut, slots, free) in waiting:
+            if not len(self.queue):
+                break
             w = self.workers.get(wid)
             if fut.done() or w is None or not w.alive:
+                self.idle.pop(wid, None)
                 continue
-            fut.set_result(self._grant(w, slots))
+            grants = self._grant(w, slots, free)
+            if grants:
+                del self.idle[wid]
+                fut.set_result(grants)
+
+    def _best_score(self, wid: str) -> float:
+        w = self.workers.get(wid)
+        if w is None:
+            return 0.0
+        scores = w.info.get("scores") or {}
+        return max([float(v) for v in scores.values()] + [float(w.info.get("score") or 0)])
 
     def _requeue(self, task_ids: list[str], reason: str) -> None:
         back, lost = [], []
@@ -345,21 +467,47 @@ class Coordinator:
                 job = Job(job_id, row["kind"], row["fn_hash"], row["meta"], row["n_tasks"],
                           n_final=row["n_tasks"], state=row["state"])
             return job, False
-        if require_worker and not self.alive_workers():
+        alive = self.alive_workers()
+        if require_worker and not alive:
             raise NoWorkers()
+        job = Job(job_id, kind, fn_hash, meta, len(args))
+        job.prepare()
+        hint = max(job.vram_mb.values(), default=None)
+        if alive and (job.require or hint):
+            slots = [s for w in alive for s in w.slot_views()]
+            if not hardware.satisfiable(job.require, slots, hint):
+                raise Unsatisfiable(self.unsatisfiable_message(job.require, hint))
         task_ids = [new_id() for _ in args]
         self.store.create_job(job_id, name, kind, fn_hash, meta,
                               [(tid, i, costs[i], a) for i, (tid, a) in enumerate(zip(task_ids, args))])
-        job = Job(job_id, kind, fn_hash, meta, len(args))
         self.jobs[job_id] = job
+        job.costs_vary = len(set(costs)) > 1
         for i, tid in enumerate(task_ids):
             self.task_meta[tid] = (i, 0)
+            if job.costs_vary and costs[i] != 1.0:
+                self.task_cost[tid] = costs[i]
         if not args:
             job.state = "finished"
             self.store.set_job_state(job_id, "finished")
         self.queue.add(job_id, task_ids)
         self._wake_idle()
         return job, True
+
+    def unsatisfiable_message(self, req: hardware.Requirements, hint: float | None) -> str:
+        wants = req.describe() if req else ""
+        if hint:
+            wants = (wants + ", " if wants else "") + f"gpu_memory_mb={hint:g}"
+        pool = [self.worker_view(w) for w in self.alive_workers()]
+        return f"no alive worker can ever run this job ({wants}); {hardware.describe_pool(pool)}"
+
+    def worker_view(self, w: Worker) -> dict:
+        """A worker as ``GET /v1/workers`` lists it."""
+        d = dict(w.info)
+        d.update(id=w.id, alive=w.alive, slots=w.slots, running=len(w.leases), slot_list=w.slot_list,
+                 busy_slots=sorted({lease.slot for tid in w.leases
+                                    if (lease := self.leases.get(tid)) is not None
+                                    and lease.slot is not None}))
+        return d
 
     def job(self, job_id: str) -> Job:
         job = self.jobs.get(job_id)
@@ -387,16 +535,31 @@ class Coordinator:
         del self.leases[task_id]
         if w:
             w.leases.discard(task_id)
+        if status == "ok" and lease.slot is not None:
+            job = self.jobs.get(lease.job_id)
+            now = self.clock()
+            self.stats.record((lease.worker_id, lease.slot), (job.fn_hash if job else None) or "",
+                              now - lease.granted, self.task_cost.get(task_id, 1.0), now)
         state = "done" if status == "ok" else "failed"
         self._finalize(lease.job_id, task_id, state, error, payload, worker_id=lease.worker_id)
         return lease.worker_id if w and w.alive else None
 
-    def grant_now(self, wid: str, slots: int) -> list[Grant]:
-        """Grant up to ``slots`` tasks to ``wid`` without waiting (``[]`` if none)."""
+    def grant_now(self, wid: str, slots: int, slot: int | None = None) -> list[Grant]:
+        """Grant up to ``slots`` tasks to ``wid`` without waiting (``[]`` if none);
+        ``slot``: the one slot that just became free."""
         w = self.workers.get(wid)
         if w is None or not w.alive:
             return []
-        return self._grant(w, slots)
+        grants = self._grant(w, slots, None if slot is None else [slot])
+        if not grants and slot is not None:
+            # The slot is idle now. If the worker has a lease long-poll open (naming its
+            # other free slots), let that poll serve this slot too; otherwise a task only
+            # this slot may run would wait for the poll to time out.
+            waiter = self.idle.get(wid)
+            if waiter is not None and not waiter[0].done() and waiter[2] is not None \
+                    and slot not in waiter[2]:
+                self.idle[wid] = (waiter[0], waiter[1] + 1, waiter[2] + [slot])
+        return grants
 
     def _finalize(self, job_id: str, task_id: str, state: str, error: dict | None,
                   payload, worker_id: str | None = None) -> None:
@@ -407,6 +570,7 @@ class Coordinator:
         job.next_seq += 1
         job.n_final += 1
         self.task_meta.pop(task_id, None)
+        self.task_cost.pop(task_id, None)
         if job.n_final >= job.n_tasks and job.state == "active":
             job.state = "finished"
             self.store.set_job_state(job_id, "finished")
@@ -430,6 +594,7 @@ class Coordinator:
             job.next_seq += 1
             job.n_final += 1
             self.task_meta.pop(tid, None)
+            self.task_cost.pop(tid, None)
         self.store.finish_many(rows)
         if job.state == "active":
             job.state = "cancelled"
@@ -487,3 +652,40 @@ class Coordinator:
         self.store.release_job(job_id)
         self.jobs.pop(job_id, None)
         self.output.forget(job_id)
+
+
+class _Placing:
+    """What one grant round needs to know about the whole pool, computed once, lazily:
+    which jobs need a GPU, the stragglers per function, the best slot per job."""
+
+    def __init__(self, coord: Coordinator):
+        self.coord = coord
+        self._gpu_jobs: bool | None = None
+        self._slots: list[hardware.Slot] | None = None
+        self._stragglers: dict[str, set] = {}
+        self._best: dict[str, float] = {}
+
+    def gpu_jobs_pending(self) -> bool:
+        if self._gpu_jobs is None:
+            jobs = self.coord.jobs
+            self._gpu_jobs = any(j in jobs and jobs[j].require.needs_gpu for j in self.coord.queue.job_ids())
+        return self._gpu_jobs
+
+    def _all_slots(self) -> list[hardware.Slot]:
+        if self._slots is None:
+            self._slots = [s for w in self.coord.alive_workers() for s in w.slot_views()]
+        return self._slots
+
+    def stragglers(self, fn: str) -> set:
+        if fn not in self._stragglers:
+            self._stragglers[fn] = self.coord.stats.stragglers(fn, self.coord.clock())
+        return self._stragglers[fn]
+
+    def relative(self, job: Job, slot: hardware.Slot) -> float:
+        """``slot``'s strength over the best alive slot that could run ``job``."""
+        fn = job.fn_hash or ""
+        st = self.stragglers(fn)
+        if job.id not in self._best:
+            fit = [s for s in self._all_slots() if not job.require or hardware.refusal(job.require, s) is None]
+            self._best[job.id] = max((placement.strength(s, st) for s in fit), default=0.0)
+        return placement.relative(placement.strength(slot, st), self._best[job.id])

@@ -5,6 +5,9 @@ The run queue holds pending task ids per job. Within a job tasks leave in index 
 jobs interleave instead of the second waiting for the whole first one. A task that is
 re-queued after its worker was lost goes to the *front* of its job's queue: it has
 waited longest.
+
+Which of the tasks a job offers a given slot takes (hard filters, cost, stragglers) is
+decided by :mod:`gpumesh.coordinator.placement`, through :meth:`RunQueue.take_one`.
 """
 
 from __future__ import annotations
@@ -46,6 +49,36 @@ class RunQueue:
     def pending(self, job_id: str) -> int:
         q = self._jobs.get(job_id)
         return len(q) if q else 0
+
+    def job_ids(self) -> list[str]:
+        """Jobs with pending tasks, in the order they will next be served."""
+        return list(self._jobs)
+
+    def take_one(self, choose: Callable[[str, deque[str]], int | None]) -> tuple[str, str] | None:
+        """Remove one task for one free slot and return ``(job_id, task_id)``, or None.
+
+        Jobs are offered in turn (round-robin, as :meth:`take`); ``choose(job_id, queue)``
+        returns the position in that job's queue of the task to run (0 keeps FIFO), or
+        None when the slot can run none of them: the job then keeps its place in line.
+        The served job moves to the back of the line.
+        """
+        for job_id in list(self._jobs):
+            q = self._jobs[job_id]
+            pos = choose(job_id, q)
+            if pos is None:
+                continue
+            if pos == 0:
+                task_id = q.popleft()
+            else:
+                task_id = q[pos]
+                del q[pos]
+            self._n -= 1
+            if q:
+                self._jobs.move_to_end(job_id)
+            else:
+                del self._jobs[job_id]
+            return job_id, task_id
+        return None
 
     def take(self, n: int, eligible: Callable[[str], bool] = lambda job_id: True) -> list[tuple[str, str]]:
         """Remove up to ``n`` tasks, one job at a time in turn; returns ``(job_id, task_id)``.

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import uvicorn
 
+from ..limits import REQUEST_HEAD_TIMEOUT_S
 from .app import create_app
+from .auth import is_loopback
 from .core import Coordinator
 from .store import Store
 
@@ -49,29 +51,88 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-class Server:
-    """The coordinator: store + state + HTTP, served on an already bound socket."""
+def _head_timeout_protocol():
+    """uvicorn's httptools protocol with a deadline on request heads: a connection that
+    has not sent a complete request line and headers within REQUEST_HEAD_TIMEOUT_S of
+    opening (or of beginning its next request) is closed. Slow clients never block
+    others (everything is asynchronous); this only stops them holding sockets forever.
+    None when httptools is missing (uvicorn's h11 protocol is used as it is)."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        return None
 
-    def __init__(self, sock: socket.socket, data_dir: Path, token: str):
+    class HeadTimeoutProtocol(HttpToolsProtocol):
+        _head_timer = None
+
+        def _arm_head_timer(self) -> None:
+            self._cancel_head_timer()
+            self._head_timer = self.loop.call_later(REQUEST_HEAD_TIMEOUT_S, self._head_timed_out)
+
+        def _cancel_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timed_out(self) -> None:
+            self._head_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm_head_timer()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm_head_timer()
+
+        def on_headers_complete(self) -> None:
+            self._cancel_head_timer()
+            super().on_headers_complete()
+
+        def connection_lost(self, exc) -> None:
+            self._cancel_head_timer()
+            super().connection_lost(exc)
+
+    return HeadTimeoutProtocol
+
+
+class Server:
+    """The coordinator: store + state + HTTP, served on an already bound socket.
+
+    ``token``/``worker_token``: see :func:`~.app.create_app` (only hashes are kept).
+    ``safe_mode``: refuse function jobs. ``tls_cert``/``tls_key``: serve HTTPS with this
+    PEM pair (see :mod:`gpumesh.tls`).
+    """
+
+    def __init__(self, sock: socket.socket, data_dir: Path, token: str, *,
+                 worker_token: str | None = None, safe_mode: bool = False,
+                 tls_cert: Path | None = None, tls_key: Path | None = None):
         self.sock = sock
         self.store = Store(data_dir)
         self.coord = Coordinator(self.store)
-        app = create_app(self.coord, token)
+        bound = sock.getsockname()[0]
+        app = create_app(self.coord, token, worker_token=worker_token, safe_mode=safe_mode,
+                         loopback_bound=is_loopback(bound))
         try:
             import uvloop  # noqa: F401
             loop = "uvloop"
         except ImportError:
             loop = "asyncio"
-        try:
-            import httptools  # noqa: F401
-            http = "httptools"
-        except ImportError:
-            http = "h11"
+        http = _head_timeout_protocol() or "h11"
+        tls = {}
+        if tls_cert is not None:
+            tls = {"ssl_certfile": str(tls_cert), "ssl_keyfile": str(tls_key) if tls_key else None}
         self.uvicorn = uvicorn.Server(uvicorn.Config(
             app, loop=loop, http=http, log_level="warning", access_log=False,
             timeout_keep_alive=120, lifespan="on",
+            # The client address is the socket's peer, never a header: X-Forwarded-For
+            # from a tunnel could otherwise name a new address per guess and dodge the
+            # failed-auth lockout (see auth.py).
+            proxy_headers=False,
             # long-polls and worker pulses never "finish": don't wait for them on Ctrl+C
-            timeout_graceful_shutdown=2))
+            timeout_graceful_shutdown=2, **tls))
         self.ready = threading.Event()
 
     def run(self) -> None:

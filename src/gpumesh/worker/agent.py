@@ -5,9 +5,14 @@
     register ─► heartbeat thread (every HEARTBEAT_INTERVAL_S: "these tasks are running";
     │           answers carry task ids to cancel)
     ▼
-    lease loop: POST /lease {slots: free} (long-poll) ─► one thread per granted task:
+    lease loop: POST /lease {free: [slot ids]} (long-poll) ─► one thread per granted task:
                 fetch function blob (cached by sha256) ─► Executor.run ─► POST result
                 (retried with backoff until accepted or refused as stale)
+    scorer: after joining, benchmark the devices in a separate process while no task runs
+
+Slots: one per GPU (its tasks run with ``CUDA_VISIBLE_DEVICES=<that GPU>``), then the
+CPU slots (their tasks see no GPU on a machine that has some). Each granted task names
+the slot it was granted for; its result asks for that slot's next task.
 
 Whenever the coordinator is unreachable every loop backs off (bounded exponential with
 full jitter) and retries; when the coordinator says it does not know this worker (it
@@ -29,13 +34,15 @@ import threading
 import time
 from pathlib import Path
 
-from .. import wire
+from .. import hardware, wire
 from .._version import __version__
 from ..errors import AuthError, RequestRejected
 from ..limits import (BACKOFF_BASE_S, BACKOFF_MAX_S, HEARTBEAT_INTERVAL_S, LONG_POLL_S,
                       OUTPUT_BODY_BYTES, OUTPUT_FLUSH_S, SESSION_PING_S)
 from ..transport import Transport, Unreachable
+from .device import GpuMonitor
 from .executor import Executor, Outcome
+from .scoring import Scorer, describe
 
 log = logging.getLogger("gpumesh.worker")
 
@@ -89,19 +96,30 @@ def backoff_delays(base: float = BACKOFF_BASE_S, cap: float = BACKOFF_MAX_S):
 class WorkerAgent:
     """One worker process's agent.
 
-    ``url``/``token``: the coordinator. ``slots``: tasks run at once. ``info``: the
-    device description sent at registration (see :func:`gpumesh.worker.device.detect`).
+    ``url``/``token``: the coordinator. ``slots``: CPU slots (tasks run at once besides
+    one per GPU). ``info``: the device description sent at registration (see
+    :func:`gpumesh.worker.device.detect`); its ``gpus`` and ``mps`` decide the GPU slots.
+    ``bench``: measure the devices' scores after joining (off: scores stay 0).
     ``on_event(kind, text)`` receives user-facing lines (``joined``, ``reconnected``...).
     """
 
     def __init__(self, url: str, token: str, *, slots: int = 1, info: dict | None = None,
                  cache_dir: Path | None = None, worker_id: str | None = None,
-                 on_event=None):
+                 on_event=None, fingerprint: str | None = None, bench: bool = True):
         self.url = url
-        self.http = Transport(url, token)
-        self.slots = slots
+        self.http = Transport(url, token, fingerprint=fingerprint)  # fingerprint: TLS pin
         self.info = dict(info or {})
         self.info.setdefault("version", __version__)
+        gpus = [g for g in self.info.get("gpus") or () if isinstance(g, dict)]
+        self.slot_list = hardware.slot_list(gpus, slots, bool(self.info.get("mps")))
+        if not self.slot_list:
+            raise ValueError("a worker needs at least one slot (a GPU or a CPU slot)")
+        self.slots = len(self.slot_list)
+        self._slot_env = {s["id"]: self._env_for(s, bool(gpus)) for s in self.slot_list}
+        self._gpus = GpuMonitor([g["index"] for g in gpus])
+        self._scores: dict[str, float] = {}
+        self.scorer = Scorer([g["index"] for g in gpus], bool(self.info.get("mps")),
+                             self._on_scores) if bench else None
         self.id: str | None = worker_id
         self.on_event = on_event or (lambda kind, text: log.info(text))
         self._own_cache = cache_dir is None
@@ -109,7 +127,8 @@ class WorkerAgent:
         (self.cache / "fn").mkdir(parents=True, exist_ok=True)
         self.stopping = threading.Event()
         self.executor = Executor(self.cache / "spool")
-        self._free = threading.Semaphore(slots)
+        self._busy = {s["id"]: 0 for s in self.slot_list}  # tasks holding (or polls reserving) a slot
+        self._free_cv = threading.Condition()
         self._reg_lock = threading.Lock()
         self._registered = threading.Event()
         self._blob_locks: dict[str, threading.Lock] = {}
@@ -123,6 +142,9 @@ class WorkerAgent:
         for target, name in ((self._heartbeat_loop, "heartbeat"), (self._session_loop, "session"),
                              (self._output_loop, "output")):
             threading.Thread(target=target, name=name, daemon=True).start()
+        if self.scorer is not None:
+            self.scorer.stopping = self.stopping
+            self.scorer.start()  # after joining: the first task never waits for it
         try:
             self._lease_loop()
         finally:
@@ -140,6 +162,9 @@ class WorkerAgent:
             except Exception as e:  # noqa: BLE001 - best effort; pulse and TTL cover it
                 log.debug("deregister failed: %s", e)
         self.stopping.set()
+        if self.scorer is not None:
+            self.scorer.close()
+        self._gpus.close()
         self.executor.close()  # no orphans: every task's process group is killed
         self.http.close()
         if self._own_cache:
@@ -153,7 +178,7 @@ class WorkerAgent:
             delays = backoff_delays()
             while not self.stopping.is_set():
                 try:
-                    body = dict(self.info, slots=self.slots)
+                    body = dict(self.info, slots=self.slots, slot_list=self.slot_list)
                     if self.id:
                         body["id"] = self.id
                     resp = self.http.request("POST", "/v1/workers", json=body, timeout=10)
@@ -182,7 +207,8 @@ class WorkerAgent:
                 continue
             try:
                 resp = self.http.request("POST", f"/v1/workers/{self.id}/heartbeat",
-                                         json={"running": self.executor.running()}, timeout=5)
+                                         json={"running": self.executor.running(),
+                                               **self._device_state()}, timeout=5)
                 for task_id in resp.json().get("cancel", []):
                     self.executor.cancel(task_id)
                 delays = backoff_delays()
@@ -193,6 +219,48 @@ class WorkerAgent:
                 self.stopping.wait(next(delays))
             except Exception as e:  # noqa: BLE001 - never let the heartbeat thread die
                 log.warning("heartbeat failed: %s", e)
+
+    def _device_state(self) -> dict:
+        """What the heartbeat says about the devices: free GPU memory, scores once known."""
+        out: dict = {}
+        free = self._gpus.free_mb()
+        if free:
+            out["gpu_free_mb"] = {str(i): mb for i, mb in free.items()}
+            for g in self.info.get("gpus") or ():
+                if g.get("index") in free:
+                    g["memory_free_mb"] = free[g["index"]]
+        if self._scores:
+            out["scores"] = self._scores
+            out["score"] = self.info["score"]
+        return out
+
+    def _on_scores(self, result: dict) -> None:
+        """The benchmark finished: keep the scores (a re-registration carries them too),
+        print them, and tell the coordinator now rather than at the next heartbeat."""
+        scores = {k: float(v["score"]) for k, v in result.items()
+                  if isinstance(v, dict) and isinstance(v.get("score"), (int, float))}
+        self._scores = scores
+        self.info["scores"] = scores
+        self.info["score"] = max(scores.values(), default=0.0)
+        for line in describe(result, self.info):
+            self.on_event("scored", line)
+        if self._registered.is_set():
+            try:
+                self.http.request("POST", f"/v1/workers/{self.id}/heartbeat",
+                                  json={"scores": scores, "score": self.info["score"]}, timeout=5)
+            except Exception as e:  # noqa: BLE001 - the next heartbeat carries them too
+                log.debug("could not report the scores now: %s", e)
+
+    @staticmethod
+    def _env_for(slot: dict, machine_has_gpus: bool) -> dict | None:
+        """Environment of a task in ``slot``: its own GPU, or (a CPU slot on a GPU machine)
+        none, so it cannot take memory from the GPUs' own tasks."""
+        if slot["kind"] == "cuda":
+            # NVML indices follow PCI bus order; make CUDA number the GPUs the same way.
+            return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(slot["gpu"])}
+        if machine_has_gpus:
+            return {"CUDA_VISIBLE_DEVICES": ""}
+        return None
 
     # ------------------------------------------------------------------ pulse -------
     def _session_loop(self) -> None:
@@ -253,16 +321,20 @@ class WorkerAgent:
     def _lease_loop(self) -> None:
         delays = backoff_delays()
         while not self.stopping.is_set():
-            # Wait for a free slot, then ask for as many tasks as there are free slots.
-            if not self._free.acquire(timeout=0.5):
-                continue
-            free = 1
-            while self._free.acquire(blocking=False):
-                free += 1
+            # Wait for a free slot, then ask for a task for each free slot (naming them:
+            # the coordinator grants a slot only a task that slot can run).
+            with self._free_cv:
+                free = [k for k, n in self._busy.items() if n == 0]
+                if not free:
+                    self._free_cv.wait(0.5)
+                    continue
+                for k in free:
+                    self._busy[k] += 1  # reserved by this request
             try:
                 body = self.http.stream_into(
                     "POST", f"/v1/workers/{self.id}/lease",
-                    json={"slots": free, "wait": LONG_POLL_S}, timeout=LONG_POLL_S + 10)
+                    json={"slots": len(free), "free": free, "wait": LONG_POLL_S},
+                    timeout=LONG_POLL_S + 10)
                 delays = backoff_delays()
             except RequestRejected as e:
                 self._release(free)
@@ -279,18 +351,36 @@ class WorkerAgent:
                 continue
             frames = wire.unpack_frames(body)
             tasks = json.loads(bytes(frames[0]))["tasks"]
-            self._release(free - len(tasks))
+            left = list(free)
             for task, args in zip(tasks, frames[1:]):
-                t = threading.Thread(target=self._run_task, args=(task, args),
+                slot = task.get("slot")
+                if slot in left:
+                    left.remove(slot)  # the request's reservation becomes the task's
+                elif slot in self._busy:
+                    # A slot that became idle while this poll was open (its result told the
+                    # coordinator so); its last task's thread is on its way out.
+                    with self._free_cv:
+                        self._busy[slot] += 1
+                elif left:  # a coordinator that does not name slots: any free one
+                    slot = left.pop(0)
+                else:
+                    slot = None
+                t = threading.Thread(target=self._run_task, args=(task, args, slot),
                                      name=f"task-{task['task_id']}", daemon=True)
                 t.start()
+            self._release(left)
 
-    def _release(self, n: int) -> None:
-        for _ in range(max(0, n)):
-            self._free.release()
+    def _release(self, slots) -> None:
+        with self._free_cv:
+            for k in slots:
+                if self._busy.get(k, 0) > 0:
+                    self._busy[k] -= 1
+            self._free_cv.notify_all()
 
-    def _run_task(self, task: dict | None, args: memoryview | None) -> None:
-        """Run granted tasks in this slot until the coordinator has no next one for it."""
+    def _run_task(self, task: dict | None, args: memoryview | None, slot: int | None = None) -> None:
+        """Run granted tasks in ``slot`` until the coordinator has no next one for it."""
+        if self.scorer is not None:
+            self.scorer.task_started()  # a running benchmark is killed before the task starts
         try:
             while task is not None:
                 try:
@@ -303,13 +393,17 @@ class WorkerAgent:
                         task, *self.executor.output_paths())
                     try:
                         outcome = self.executor.run(task["task_id"], task["fn"], str(path), args,
-                                                    task.get("timeout"))
+                                                    task.get("timeout"),
+                                                    result_format=task.get("result_format", "pickle"),
+                                                    env=self._slot_env.get(slot))
                     finally:
                         del self._output[task["task_id"]]
                     self._forward_output(cursor, final=True)  # before the result: order kept
-                task, args = self._post_result(task, outcome)
+                task, args = self._post_result(task, outcome, slot)
         finally:
-            self._free.release()
+            if self.scorer is not None:
+                self.scorer.task_finished()
+            self._release([slot])
 
     def _function_blob(self, h: str) -> Path:
         """Path of the function blob ``h`` in the local cache, downloading it once."""
@@ -333,7 +427,8 @@ class WorkerAgent:
         self._blobs[h] = path
         return path
 
-    def _post_result(self, task: dict, outcome: Outcome) -> tuple[dict | None, memoryview | None]:
+    def _post_result(self, task: dict, outcome: Outcome,
+                     slot: int | None = None) -> tuple[dict | None, memoryview | None]:
         """Deliver a result (retrying while the coordinator is away). The answer may carry
         the next task for this slot: returns ``(task, args)`` or ``(None, None)``."""
         meta = {"status": outcome.status}
@@ -349,6 +444,8 @@ class WorkerAgent:
             params = {"lease": task["lease_id"]}
             if not self.stopping.is_set():
                 params["next"] = "1"
+                if slot is not None:
+                    params["slot"] = str(slot)
             try:
                 body = self.http.stream_into(
                     "POST", f"/v1/tasks/{task['task_id']}/result", params=params,

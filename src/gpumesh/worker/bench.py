@@ -1,12 +1,25 @@
-"""Quick CPU compute score for a worker.
+"""Quick compute score of each device of a worker: its CPU and each of its GPUs.
 
-The score is a relative, unbounded number for ranking workers against each
-other; it is not a unit of anything.  Only the CPU is measured.
+``score = gflops * 0.7 + bandwidth_gbps * 0.3``: a relative, unbounded number for
+ranking devices against each other; it is not a unit of anything (see docs/hardware.md).
+The CPU is measured with NumPy (a float32 matmul and a memory copy), a GPU with torch or,
+without torch, CuPy (the same two operations on the device); Apple's MPS with torch.
+
+A worker runs this module as a separate process (``python -m gpumesh.worker.bench
+--gpus 0,1``), after it has joined and only while no task runs, and kills it the moment a
+task arrives: the worker agent itself never imports torch nor creates a CUDA context.
+The process prints one JSON object: ``{"cpu": {...}, "cuda:0": {...}, "mps": {...}}``
+with ``gflops``, ``bandwidth_gbps``, ``score`` and ``backend`` per device; a device that
+could not be measured (no torch nor CuPy) is absent. The measurements take at most
+``TOTAL_BUDGET_S`` together; importing torch and starting CUDA come on top.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import sys
 import time
 
 log = logging.getLogger("gpumesh.worker.bench")
@@ -17,6 +30,14 @@ BANDWIDTH_WEIGHT = 0.3
 _MATMUL_N = 256                   # matmul size: n x n float32
 _COPY_BYTES = 16 * 1024 * 1024    # ~16 MiB per array for the copy test
 _MIN_BUDGET_S = 0.01
+
+#: Seconds all measurements of one worker take together (CPU and every GPU).
+TOTAL_BUDGET_S = 3.0
+#: Seconds spent on the CPU (the rest is shared by the GPUs, at most GPU_BUDGET_S each).
+CPU_BUDGET_S = 0.3
+GPU_BUDGET_S = 0.8
+_GPU_MATMUL_N = 4096                 # float32 n x n on the GPU
+_GPU_COPY_BYTES = 256 * 1024 * 1024  # per array for the GPU copy test
 
 
 def score(budget_s: float = 0.15) -> dict:
@@ -122,3 +143,152 @@ def _python_measure(start: float, budget_s: float) -> tuple[float, float]:
         if now >= deadline:
             break
     return gflops, _rate(2.0 * _COPY_BYTES * count, now - t0)
+
+
+
+# ---------------------------------------------------------------- every device -------
+def _result(gflops: float, gbps: float, backend: str) -> dict:
+    return {"gflops": gflops, "bandwidth_gbps": gbps,
+            "score": round(gflops * GFLOPS_WEIGHT + gbps * BANDWIDTH_WEIGHT, 3), "backend": backend}
+
+
+def measure(gpus: list[int] = (), mps: bool = False, budget_s: float = TOTAL_BUDGET_S) -> dict:
+    """Score the CPU, the CUDA GPUs ``gpus`` (NVML indices) and, if ``mps``, the Apple
+    GPU. Returns ``{device key: {"gflops", "bandwidth_gbps", "score", "backend"}}``.
+
+    GPU ``k`` of ``gpus`` is CUDA device ``k`` of this process, which must have been
+    started with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and ``CUDA_VISIBLE_DEVICES`` listing
+    ``gpus`` in order (see :mod:`gpumesh.worker.scoring`).
+    """
+    out = {}
+    cpu = score(min(CPU_BUDGET_S, budget_s))
+    out["cpu"] = dict(cpu, backend="numpy" if "numpy" in sys.modules else "python")
+    fake = _fake_scores()
+    n_dev = len(gpus) + (1 if mps else 0)
+    if not n_dev:
+        return out
+    each = max(0.1, min(GPU_BUDGET_S, (budget_s - CPU_BUDGET_S) / n_dev))
+    if fake is not None:
+        for i in gpus:
+            f = fake[i] if i < len(fake) else {}
+            if "score" in f:
+                out[f"cuda:{i}"] = {"gflops": 0.0, "bandwidth_gbps": 0.0, "score": float(f["score"]),
+                                    "backend": "fake"}
+            elif "gflops" in f:
+                out[f"cuda:{i}"] = _result(float(f["gflops"]), float(f.get("bandwidth_gbps", 0)), "fake")
+        return out
+    backend = _gpu_backend()
+    for k, i in enumerate(gpus):
+        if backend is None:
+            break
+        try:
+            out[f"cuda:{i}"] = _measure_gpu(backend, k, each)
+        except Exception as e:  # noqa: BLE001 - one GPU failing must not hide the others
+            log.warning("benchmark of GPU %d failed: %s", i, e)
+    if mps:
+        try:
+            import torch
+            if torch.backends.mps.is_available():
+                out["mps"] = _measure_torch(torch, torch.device("mps"), each, torch.mps.synchronize)
+        except Exception as e:  # noqa: BLE001
+            log.warning("benchmark of the Apple GPU failed: %s", e)
+    return out
+
+
+def _fake_scores() -> list[dict] | None:
+    from .device import FAKE_GPUS_ENV
+    raw = os.environ.get(FAKE_GPUS_ENV)
+    if not raw:
+        return None
+    if raw.startswith("@"):
+        with open(raw[1:], encoding="utf-8") as fh:
+            raw = fh.read()
+    return [g if isinstance(g, dict) else {} for g in json.loads(raw)]
+
+
+def _gpu_backend():
+    """("torch", module) or ("cupy", module), whichever imports and sees CUDA; else None."""
+    try:
+        import torch
+        if torch.cuda.is_available():
+            return ("torch", torch)
+    except Exception:  # noqa: BLE001 - missing or broken: try CuPy
+        log.debug("torch unavailable for the GPU benchmark", exc_info=True)
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return ("cupy", cupy)
+    except Exception:  # noqa: BLE001
+        log.debug("cupy unavailable for the GPU benchmark", exc_info=True)
+    return None
+
+
+def _measure_gpu(backend, ordinal: int, budget_s: float) -> dict:
+    name, mod = backend
+    if name == "torch":
+        dev = mod.device(f"cuda:{ordinal}")
+        return _measure_torch(mod, dev, budget_s, lambda: mod.cuda.synchronize(dev))
+    with mod.cuda.Device(ordinal):
+        return _measure_cupy(mod, budget_s)
+
+
+def _timed(step, sync, deadline: float) -> tuple[int, float]:
+    """Run ``step`` (then ``sync``) until ``deadline``; (count, seconds)."""
+    step()
+    sync()  # warm-up: kernels load, memory is touched
+    count, t0 = 0, time.perf_counter()
+    while True:
+        step()
+        sync()
+        count += 1
+        now = time.perf_counter()
+        if now >= deadline:
+            return count, now - t0
+
+
+def _measure_torch(torch, dev, budget_s: float, sync) -> dict:
+    n = _GPU_MATMUL_N
+    a = torch.rand((n, n), device=dev, dtype=torch.float32)
+    b = torch.rand((n, n), device=dev, dtype=torch.float32)
+    c = torch.empty((n, n), device=dev, dtype=torch.float32)
+    start = time.perf_counter()
+    count, secs = _timed(lambda: torch.matmul(a, b, out=c), sync, start + budget_s / 2)
+    gflops = _rate(2.0 * n ** 3 * count, secs)
+    del a, b, c
+    src = torch.ones(_GPU_COPY_BYTES // 4, device=dev, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    count, secs = _timed(lambda: dst.copy_(src), sync, time.perf_counter() + budget_s / 2)
+    return _result(gflops, _rate(2.0 * _GPU_COPY_BYTES * count, secs), "torch")
+
+
+def _measure_cupy(cp, budget_s: float) -> dict:
+    n = _GPU_MATMUL_N
+    sync = cp.cuda.Device().synchronize
+    a = cp.random.rand(n, n, dtype=cp.float32)
+    b = cp.random.rand(n, n, dtype=cp.float32)
+    c = cp.empty((n, n), dtype=cp.float32)
+    count, secs = _timed(lambda: cp.matmul(a, b, out=c), sync, time.perf_counter() + budget_s / 2)
+    gflops = _rate(2.0 * n ** 3 * count, secs)
+    del a, b, c
+    src = cp.ones(_GPU_COPY_BYTES // 4, dtype=cp.float32)
+    dst = cp.empty_like(src)
+    count, secs = _timed(lambda: cp.copyto(dst, src), sync, time.perf_counter() + budget_s / 2)
+    return _result(gflops, _rate(2.0 * _GPU_COPY_BYTES * count, secs), "cupy")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gpumesh.worker.bench [--gpus 0,1] [--mps] [--budget S]``: print the
+    scores of :func:`measure` as one JSON line."""
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m gpumesh.worker.bench")
+    p.add_argument("--gpus", default="", help="NVML indices of the GPUs to measure, e.g. 0,1")
+    p.add_argument("--mps", action="store_true", help="also measure the Apple GPU")
+    p.add_argument("--budget", type=float, default=TOTAL_BUDGET_S, help="seconds for all measurements")
+    args = p.parse_args(argv)
+    gpus = [int(x) for x in args.gpus.split(",") if x.strip()]
+    print(json.dumps(measure(gpus, args.mps, args.budget)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,15 +1,30 @@
 """Hardware detection for a worker.
 
 Nothing here imports torch or creates a CUDA context: GPUs are listed
-through NVML (the ``pynvml`` module from the ``nvidia-ml-py`` package) or,
-failing that, the ``nvidia-smi`` command line tool.  Every probe is
-best-effort; :func:`detect` never raises because of missing hardware,
-missing tools or odd output.
+through NVML (the ``pynvml`` module from the ``nvidia-ml-py`` package, the
+``gpumesh[gpu]`` extra) or, failing that, the ``nvidia-smi`` command line
+tool.  Every probe is best-effort; :func:`detect` never raises because of
+missing hardware, missing tools or odd output.
+
+A worker offers the GPUs listed here, restricted to the indices in its own
+``CUDA_VISIBLE_DEVICES`` when that is set to a list of indices (NVML
+indices, which follow PCI bus order).  Apple's MPS counts as present on an
+Apple Silicon Mac where torch is installed (found without importing it).
+
+**Testing hook** (never set it outside tests): ``GPUMESH_FAKE_GPUS`` replaces
+NVML with fake GPUs, a JSON list such as ``[{"name": "NVIDIA
+A100-SXM4-80GB", "memory_total_mb": 81920, "memory_free_mb": 80000,
+"score": 5000}]``, or ``@/path/to.json`` naming a file that is re-read at
+every refresh (so a test can change free memory while a worker runs).
+``score`` (or ``gflops`` and ``bandwidth_gbps``) stands in for the
+benchmark of that GPU.
 """
 
 from __future__ import annotations
 
 import getpass
+import importlib.util
+import json
 import logging
 import os
 import platform
@@ -22,6 +37,8 @@ log = logging.getLogger("gpumesh.worker.device")
 _MIB = 1024 * 1024
 _NVIDIA_SMI_QUERY = "index,name,memory.total,memory.free,driver_version"
 _TOOL_TIMEOUT_S = 5.0
+#: Environment variable of the fake-GPU testing hook (see the module docstring).
+FAKE_GPUS_ENV = "GPUMESH_FAKE_GPUS"
 
 
 def detect() -> dict:
@@ -30,16 +47,18 @@ def detect() -> dict:
     Returns a dict with keys ``hostname``, ``user`` (OS user), ``platform``
     (e.g. ``"Linux"``), ``python`` (e.g. ``"3.11.7"``), ``cpu`` (CPU model),
     ``cores`` (logical cores), ``ram_mb`` (total RAM in MiB, 0 if unknown),
-    ``gpus`` (see :func:`nvidia_gpus`), ``device`` (``"GPU"`` if any GPU was
-    found, else ``"CPU"``) and ``device_name`` (the first GPU's name, else
-    the CPU model).
+    ``gpus`` (the GPUs this worker offers: see :func:`nvidia_gpus` and
+    :func:`visible`), ``mps`` (an Apple GPU usable through torch),
+    ``device`` (``"GPU"`` if any GPU was found, else ``"CPU"``) and
+    ``device_name`` (the first GPU's name, else the CPU model).
     """
     cpu = cpu_model()
     try:
-        gpus = nvidia_gpus()
+        gpus = visible(nvidia_gpus())
     except Exception:  # belt and braces: GPU probing must never fail detect()
         log.debug("GPU detection failed", exc_info=True)
         gpus = []
+    mps = has_mps()
     return {
         "hostname": platform.node(),
         "user": _user(),
@@ -49,9 +68,111 @@ def detect() -> dict:
         "cores": os.cpu_count() or 1,
         "ram_mb": ram_mb(),
         "gpus": gpus,
-        "device": "GPU" if gpus else "CPU",
+        "mps": mps,
+        "device": "GPU" if gpus or mps else "CPU",
         "device_name": gpus[0]["name"] if gpus else cpu,
     }
+
+
+def visible(gpus: list[dict], env: dict | None = None) -> list[dict]:
+    """``gpus`` restricted to this process's ``CUDA_VISIBLE_DEVICES`` when it is a list
+    of indices (``""`` or ``"-1"``: none); any other form (UUIDs) leaves all of them."""
+    raw = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return gpus
+    raw = raw.strip()
+    if raw in ("", "-1"):
+        return []
+    try:
+        wanted = [int(x) for x in raw.split(",") if x.strip()]
+    except ValueError:
+        log.info("CUDA_VISIBLE_DEVICES=%r is not a list of indices; offering every GPU", raw)
+        return gpus
+    keep = []
+    for i in wanted:
+        if i < 0:
+            break  # CUDA stops at the first invalid index
+        keep.extend(g for g in gpus if g["index"] == i)
+    return keep
+
+
+def has_mps() -> bool:
+    """An Apple Silicon Mac with torch installed (torch is not imported here)."""
+    if sys.platform != "darwin" or platform.machine() != "arm64":
+        return False
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def fake_gpus() -> list[dict] | None:
+    """The GPUs of the ``GPUMESH_FAKE_GPUS`` testing hook, or None when it is unset."""
+    raw = os.environ.get(FAKE_GPUS_ENV)
+    if not raw:
+        return None
+    if raw.startswith("@"):
+        with open(raw[1:], encoding="utf-8") as fh:
+            raw = fh.read()
+    out = []
+    for i, g in enumerate(json.loads(raw)):
+        out.append({"index": i, "name": str(g.get("name", f"Fake GPU {i}")),
+                    "memory_total_mb": int(g.get("memory_total_mb", 0)),
+                    "memory_free_mb": int(g.get("memory_free_mb", g.get("memory_total_mb", 0))),
+                    "driver": str(g.get("driver", "fake"))})
+    return out
+
+
+class GpuMonitor:
+    """Free GPU memory, refreshed on demand for the heartbeat. Keeps NVML initialised
+    between calls (no CUDA context: NVML is the driver's management library); falls
+    back to ``nvidia-smi``. Thread-safe enough for one caller thread."""
+
+    def __init__(self, indices: list[int]):
+        self.indices = list(indices)
+        self._nvml = None
+
+    def free_mb(self) -> dict[int, int]:
+        """``{gpu index: free MiB}`` for the watched GPUs; ``{}`` if none can be read."""
+        if not self.indices:
+            return {}
+        try:
+            fake = fake_gpus()
+        except (OSError, ValueError):
+            log.debug("cannot read %s", FAKE_GPUS_ENV, exc_info=True)
+            return {}
+        if fake is not None:
+            return {g["index"]: g["memory_free_mb"] for g in fake if g["index"] in self.indices}
+        try:
+            return self._nvml_free()
+        except Exception:
+            log.debug("NVML free-memory query failed; trying nvidia-smi", exc_info=True)
+            self.close()
+        try:
+            return {g["index"]: g["memory_free_mb"] for g in _nvidia_smi_gpus()
+                    if g["index"] in self.indices}
+        except Exception:
+            log.debug("nvidia-smi free-memory query failed", exc_info=True)
+            return {}
+
+    def _nvml_free(self) -> dict[int, int]:
+        if self._nvml is None:
+            import pynvml
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+        out = {}
+        for i in self.indices:
+            mem = self._nvml.nvmlDeviceGetMemoryInfo(self._nvml.nvmlDeviceGetHandleByIndex(i))
+            out[i] = int(mem.free // _MIB)
+        return out
+
+    def close(self) -> None:
+        if self._nvml is not None:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:
+                log.debug("nvmlShutdown failed", exc_info=True)
+            self._nvml = None
 
 
 def _user() -> str:
@@ -126,7 +247,15 @@ def nvidia_gpus() -> list[dict]:
 
     Tries NVML via ``pynvml`` first; if that is not importable or fails,
     runs ``nvidia-smi``.  Returns ``[]`` when neither works; never raises.
+    With the ``GPUMESH_FAKE_GPUS`` testing hook set, returns its fake GPUs.
     """
+    try:
+        fake = fake_gpus()
+    except (OSError, ValueError, TypeError, AttributeError):
+        log.warning("%s is set but unreadable; ignoring it", FAKE_GPUS_ENV)
+        fake = None
+    if fake is not None:
+        return fake
     try:
         gpus = _nvml_gpus()
     except ImportError:

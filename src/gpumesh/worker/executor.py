@@ -179,8 +179,10 @@ class Executor:
 
     # ------------------------------------------------------------------ tasks -------
     def run(self, task_id: str, fn_hash: str, blob_path: str, args: bytes | bytearray,
-            timeout: float | None) -> Outcome:
-        """Run one task to completion; never raises for anything the task does."""
+            timeout: float | None, result_format: str = "pickle", env: dict | None = None) -> Outcome:
+        """Run one task to completion; never raises for anything the task does.
+        ``result_format="json"``: the task sends its value as JSON (strict results).
+        ``env``: variables set in the task's process (its slot's GPU, for one)."""
         host = self._host(fn_hash, blob_path)
         host.ready.wait()
         if host.load_error is not None:
@@ -195,8 +197,11 @@ class Executor:
         out, err = self.output_paths()
         try:
             with host.lock:
-                runner.send_msg(host.ctrl, {"op": "run", "task_id": task_id, "stdout": out,
-                                            "stderr": err}, [theirs.fileno()])
+                msg = {"op": "run", "task_id": task_id, "stdout": out, "stderr": err,
+                       "result_format": result_format}
+                if env:
+                    msg["env"] = env
+                runner.send_msg(host.ctrl, msg, [theirs.fileno()])
             theirs.close()
             self._running[task_id] = (host, pending)
             outcome = self._exchange(host, pending, mine, args, timeout)

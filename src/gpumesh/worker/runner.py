@@ -46,7 +46,8 @@ MAX_PRELOAD = 64
 #: Environment variable set inside every task process (nested mesh calls run inline).
 IN_TASK_ENV = "GPUMESH_IN_TASK"
 #: Variables a task must never see (credentials of the worker).
-SCRUBBED_ENV = ("GPUMESH_TOKEN", "GPUMESH_CONFIG", "GPUMESH_URL")
+SCRUBBED_ENV = ("GPUMESH_TOKEN", "GPUMESH_WORKER_TOKEN", "GPUMESH_CONFIG", "GPUMESH_URL",
+                "GPUMESH_FINGERPRINT")
 
 CONTROL_TYPE = getattr(socket, "SOCK_SEQPACKET", socket.SOCK_DGRAM)
 
@@ -139,9 +140,11 @@ def _reseed_after_fork() -> None:
             pass
 
 
-def run_task(fn, data: socket.socket) -> None:
-    """Inside the task child: read arguments, call, send back value or failure."""
+def run_task(fn, data: socket.socket, result_format: str | None = None) -> None:
+    """Inside the task child: read arguments, call, send back value or failure.
+    ``result_format="json"`` (strict results): the value travels as JSON, never pickled."""
     from gpumesh import wire
+    as_json = result_format == "json"
 
     def reply(meta: dict, payload=None) -> None:
         body = json.dumps(meta).encode()
@@ -174,10 +177,20 @@ def run_task(fn, data: socket.socket) -> None:
             return
         err = describe_exception(e, "raised")
         try:
-            payload = wire.dumps(e)
+            payload = None if as_json else wire.dumps(e)  # strict callers never unpickle
         except BaseException:  # noqa: BLE001 - the exception itself cannot travel
             payload = None
         reply({"status": "error", "error": err}, payload)
+        return
+    if as_json:
+        from gpumesh.strict import NotJSON, encode
+        try:
+            data_json = encode(value)
+        except NotJSON as e:
+            reply({"status": "error", "error": {"kind": "result_not_json", "type": "NotJSON",
+                                                "message": str(e), "traceback": ""}})
+            return
+        reply({"status": "ok", "imports": imported, "path": added_path}, _Bytes(data_json))
         return
     try:
         payload = wire.dumps(value)
@@ -187,6 +200,13 @@ def run_task(fn, data: socket.socket) -> None:
         reply({"status": "error", "error": err})
         return
     reply({"status": "ok", "imports": imported, "path": added_path}, payload)
+
+
+class _Bytes:
+    """Bytes shaped like a :class:`gpumesh.wire.Payload` for ``reply``."""
+
+    def __init__(self, data: bytes):
+        self.chunks, self.size = [data], len(data)
 
 
 # ---------------------------------------------------------------- function host ------
@@ -248,7 +268,8 @@ def host_main(ctrl: socket.socket, blob_path: str) -> None:
         if msg.get("op") == "run" and fds:
             pid = os.fork()
             if pid == 0:
-                _child(fn, ctrl, wake, fds[0], msg.get("stdout"), msg.get("stderr"))
+                _child(fn, ctrl, wake, fds[0], msg.get("stdout"), msg.get("stderr"),
+                       msg.get("result_format"), msg.get("env"))
             os.close(fds[0])
             children[pid] = msg["task_id"]
             send_msg(ctrl, {"op": "started", "task_id": msg["task_id"], "pid": pid})
@@ -281,10 +302,14 @@ def _preload(modules: list[str], path: list[str]) -> None:
 
 
 def _child(fn, ctrl: socket.socket, wake: int, data_fd: int, out: str | None,
-           err: str | None) -> None:
+           err: str | None, result_format: str | None = None, env: dict | None = None) -> None:
     code = 0
     try:
         os.setsid()  # own process group: a timeout kills everything the task started
+        if env:
+            # The slot's device, e.g. CUDA_VISIBLE_DEVICES=<its GPU>: set before the
+            # function runs; CUDA libraries read it when they first initialise CUDA.
+            os.environ.update({str(k): str(v) for k, v in env.items()})
         gc.disable()  # a short-lived process: collection would only copy shared pages
         _redirect(1, out)
         _redirect(2, err)
@@ -296,7 +321,7 @@ def _child(fn, ctrl: socket.socket, wake: int, data_fd: int, out: str | None,
         os.environ[IN_TASK_ENV] = "1"
         _reseed_after_fork()
         data = socket.socket(fileno=data_fd)
-        run_task(fn, data)
+        run_task(fn, data, result_format)
         data.close()
     except BaseException:  # noqa: BLE001 - report nothing more; the exit status speaks
         code = 70

@@ -1,0 +1,265 @@
+"""The coordinator's HTTP API as an OpenAPI 3.1 description (served at ``GET /v1/openapi.json``).
+
+Written by hand next to the routes in :mod:`.app`, and checked against them by the fuzz
+test (``tests/security/test_fuzz.py``), which generates requests from this description
+and asserts that the live coordinator never answers 5xx.
+
+Bodies of type ``application/x-gpumesh-frames`` are the frames layout of
+:mod:`gpumesh.wire`; the schema given for them is that of frame 0 (JSON metadata), and
+the frames that follow are payloads (see each operation's description).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from .._version import __version__
+from ..limits import (LONG_POLL_MAX_S, MAX_BODY_BYTES, MAX_HEARTBEAT_TASKS, MAX_JSON_BODY_BYTES,
+                      MAX_STRING_CHARS, MAX_TASKS_PER_JOB, OUTPUT_BODY_BYTES)
+
+FRAMES = "application/x-gpumesh-frames"
+HEX_ID = "^[0-9a-f]{4,64}$"
+SHA256 = "^[0-9a-f]{64}$"
+
+_STR = {"type": "string", "maxLength": MAX_STRING_CHARS}
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict) -> dict:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*codes: int) -> dict:
+    text = {400: "malformed request (the message names the field)",
+            401: "token missing or refused", 403: "the token's role may not do this",
+            404: "unknown worker, job, task or blob", 409: "conflict (no_workers, missing_blob, "
+            "stale_lease)", 410: "results already collected", 413: "body over the size limit",
+            429: "locked out after too many refused tokens (see Retry-After)"}
+    out = {}
+    for c in (400, 401, 403, 429) + codes:
+        out[str(c)] = {"description": text[c], **_json(_ref("Error"))}
+    return out
+
+
+def _path_param(name: str, pattern: str, what: str) -> dict:
+    return {"name": name, "in": "path", "required": True, "description": what,
+            "schema": {"type": "string", "pattern": pattern}}
+
+
+def _query(name: str, schema: dict, what: str, required: bool = False) -> dict:
+    return {"name": name, "in": "query", "required": required, "description": what, "schema": schema}
+
+
+_WID = _path_param("wid", HEX_ID, "worker id")
+_JID = _path_param("jid", HEX_ID, "job id")
+_TID = _path_param("tid", HEX_ID, "task id")
+_SHA = _path_param("h", SHA256, "sha256 of the blob (hex)")
+_LEASE = _query("lease", {"type": "string", "pattern": HEX_ID}, "the lease id the task was granted under",
+                required=True)
+_FRAMES_ANSWER = {"description": "frames: JSON metadata, then payloads",
+                  "content": {FRAMES: {"schema": {"type": "string", "format": "binary"}}}}
+
+_SCHEMAS: dict[str, Any] = {
+    "Error": {"type": "object", "required": ["error", "message"],
+              "properties": {"error": {"type": "string"}, "message": {"type": "string"}}},
+    "Registration": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string", "pattern": HEX_ID,
+                   "description": "come back under the id the worker had"},
+            "slots": {"type": "integer", "minimum": 1, "maximum": 1024},
+            **{k: _STR for k in ("hostname", "user", "device", "device_name", "platform",
+                                 "python", "version", "cpu")},
+            **{k: {"type": "number", "minimum": 0, "maximum": 1e12} for k in ("cores", "ram_mb", "score")},
+            "gpus": {"type": "array", "maxItems": 256, "items": {"type": "object"}},
+            "slot_list": {"type": "array", "maxItems": 1024, "description":
+                          "one slot per GPU, then CPU slots: {id, kind: cuda|mps|cpu, gpu: index} "
+                          "(see docs/hardware.md)", "items": {"type": "object"}},
+            "scores": {"type": "object", "description": "benchmark score per device (cpu, cuda:N, mps)"},
+        },
+    },
+    "Registered": {"type": "object", "properties": {"id": {"type": "string"},
+                                                     "heartbeat_s": {"type": "number"},
+                                                     "ttl_s": {"type": "number"}}},
+    "Heartbeat": {"type": "object", "properties": {
+        "running": {"type": "array", "maxItems": MAX_HEARTBEAT_TASKS,
+                    "items": {"type": "string", "pattern": HEX_ID}},
+        "score": {"type": "number", "minimum": 0, "maximum": 1e12},
+        "scores": {"type": "object", "description": "benchmark score per device (cpu, cuda:N, mps)"},
+        "gpu_free_mb": {"type": "object", "description": "free GPU memory in MiB per GPU index"}}},
+    "LeaseRequest": {"type": "object", "properties": {
+        "slots": {"type": "integer", "minimum": 1, "maximum": 1024},
+        "free": {"type": "array", "maxItems": 1024, "description": "the free slots' ids",
+                 "items": {"type": "integer", "minimum": 0, "maximum": 1023}},
+        "wait": {"type": "number", "minimum": 0, "maximum": LONG_POLL_MAX_S}}},
+    "ResultMeta": {"type": "object", "required": ["status"], "properties": {
+        "status": {"enum": ["ok", "error", "retry"]},
+        "error": {"type": "object", "description": "kind, type, message, traceback, ..."}},
+        "description": "frame 0 of a result; frame 1 (required for ok) is the payload"},
+    "OutputMeta": {"type": "object",
+                   "description": "frame 0 of an output post; frames 1 and 2 are stdout and stderr bytes"},
+    "JobSubmit": {
+        "type": "object", "required": ["job_id", "fn", "n_tasks"],
+        "description": "frame 0 of a submit; then the function blob when fn_inline, then one "
+                       "argument payload per task",
+        "properties": {
+            "job_id": {"type": "string", "pattern": HEX_ID,
+                       "description": "chosen by the caller; a resend with the same id is idempotent"},
+            "kind": {"enum": ["function", "script"]},
+            "name": _STR,
+            "fn": {"type": "string", "pattern": SHA256},
+            "fn_inline": {"type": "boolean"},
+            "n_tasks": {"type": "integer", "minimum": 0, "maximum": MAX_TASKS_PER_JOB},
+            "timeout": {"type": ["number", "null"], "minimum": 0.001, "maximum": 365 * 86400},
+            "costs": {"type": "array", "items": {"type": "number", "minimum": 0, "exclusiveMaximum": 1e9}},
+            "require": {"type": "object", "description": "hardware every task needs: gpu (kind or "
+                        "model), cores, memory and gpu_memory (bytes); see docs/hardware.md"},
+            "gpu_memory_mb": {"type": "array", "description": "per task: free GPU memory it needs "
+                              "(MiB) or null", "items": {"type": ["number", "null"], "minimum": 0}},
+            "require_worker": {"type": "boolean"},
+            "wait": {"type": "number", "minimum": 0, "maximum": LONG_POLL_MAX_S},
+            "output": {"type": "boolean"},
+            "caller": {"type": "object"},
+            "result_format": {"enum": ["pickle", "json"],
+                              "description": "json: the task returns its value as JSON (strict results)"},
+        },
+    },
+    "Submitted": {"type": "object", "properties": {"job_id": {"type": "string"},
+                                                    "n_tasks": {"type": "integer"},
+                                                    "created": {"type": "boolean"}}},
+}
+
+_DOC: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {
+        "title": "gpumesh coordinator", "version": __version__,
+        "description": (
+            "Every operation but /v1/health and /v1/openapi.json needs "
+            "`Authorization: Bearer <token>`. The main token may do everything; a worker token "
+            "(serve --worker-token) only the operations tagged 'worker'. Body limits: "
+            f"{MAX_BODY_BYTES // 2**20} MiB for payload bodies (GPUMESH_MAX_BODY_MB), "
+            f"{MAX_JSON_BODY_BYTES // 1024} KiB for JSON bodies (GPUMESH_MAX_JSON_KB), "
+            f"{OUTPUT_BODY_BYTES // 2**20} MiB for an output post."),
+    },
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "schemas": _SCHEMAS,
+    },
+    "security": [{"bearer": []}],
+    "paths": {
+        "/v1/health": {"get": {
+            "operationId": "health", "security": [], "summary": "liveness (no auth)",
+            "responses": {"200": {"description": "up", **_json({"type": "object"})}}}},
+        "/v1/openapi.json": {"get": {
+            "operationId": "openapi", "security": [], "summary": "this description (no auth)",
+            "responses": {"200": {"description": "OpenAPI 3.1", **_json({"type": "object"})}}}},
+        "/v1/workers": {
+            "get": {"operationId": "listWorkers", "summary": "the pool",
+                    "responses": {"200": {"description": "workers", **_json({"type": "array"})}, **_errors()}},
+            "post": {"operationId": "register", "tags": ["worker"], "summary": "register a worker",
+                     "requestBody": {"required": False, **_json(_ref("Registration"))},
+                     "responses": {"200": {"description": "registered", **_json(_ref("Registered"))},
+                                   **_errors(413)}},
+        },
+        "/v1/workers/{wid}/heartbeat": {"post": {
+            "operationId": "heartbeat", "tags": ["worker"], "parameters": [_WID],
+            "requestBody": {"required": False, **_json(_ref("Heartbeat"))},
+            "responses": {"200": {"description": "task ids to cancel", **_json({"type": "object"})},
+                          **_errors(404, 413)}}},
+        "/v1/workers/{wid}/session": {"get": {
+            "operationId": "session", "tags": ["worker"], "parameters": [_WID],
+            "summary": "the worker's pulse: a response held open while the worker lives",
+            "x-long-lived": True,
+            "responses": {"200": {"description": "lines: open, ping, cancel <task id>",
+                                  "content": {"text/plain": {"schema": {"type": "string"}}}},
+                          **_errors(404)}}},
+        "/v1/workers/{wid}": {"delete": {
+            "operationId": "deregister", "tags": ["worker"], "parameters": [_WID],
+            "responses": {"200": {"description": "leases re-queued", **_json({"type": "object"})},
+                          **_errors()}}},
+        "/v1/workers/{wid}/lease": {"post": {
+            "operationId": "lease", "tags": ["worker"], "parameters": [_WID],
+            "summary": "long-poll for up to `slots` tasks",
+            "requestBody": {"required": False, **_json(_ref("LeaseRequest"))},
+            "responses": {"200": _FRAMES_ANSWER, **_errors(404, 413)}}},
+        "/v1/tasks/{tid}/result": {"post": {
+            "operationId": "postResult", "tags": ["worker"],
+            "parameters": [_TID, _LEASE, _query("next", {"enum": ["0", "1"]},
+                                                "1: answer with this slot's next task"),
+                           _query("slot", {"type": "string", "pattern": "^[0-9]{1,4}$"},
+                                  "the slot the task ran in")],
+            "requestBody": {"required": True, "content": {FRAMES: {"schema": _ref("ResultMeta")}}},
+            "responses": {"200": _FRAMES_ANSWER, **_errors(409, 413)}}},
+        "/v1/tasks/{tid}/output": {"post": {
+            "operationId": "postOutput", "tags": ["worker"], "parameters": [_TID, _LEASE],
+            "requestBody": {"required": True, "content": {FRAMES: {"schema": _ref("OutputMeta")}}},
+            "responses": {"200": {"description": "accepted", **_json({"type": "object"})},
+                          **_errors(409, 413)}}},
+        "/v1/blobs/{h}": {
+            "get": {"operationId": "getBlob", "tags": ["worker"], "parameters": [_SHA],
+                    "responses": {"200": {"description": "the blob", "content": {
+                        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+                                  **_errors(404)}},
+            "head": {"operationId": "hasBlob", "tags": ["worker"], "parameters": [_SHA],
+                     "responses": {"200": {"description": "present"}, "404": {"description": "absent"},
+                                   "400": {"description": "malformed name"},
+                                   "401": {"description": "token refused"}}},
+            "put": {"operationId": "putBlob", "parameters": [_SHA],
+                    "requestBody": {"required": True, "content": {
+                        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+                    "responses": {"200": {"description": "stored", **_json({"type": "object"})},
+                                  **_errors(413)}},
+        },
+        "/v1/jobs": {
+            "post": {"operationId": "submit", "summary": "submit a job with all its arguments",
+                     "requestBody": {"required": True, "content": {FRAMES: {"schema": _ref("JobSubmit")}}},
+                     "responses": {"200": {"description": "accepted (JSON) or, with wait, a results "
+                                                          "page (frames)",
+                                           "content": {"application/json": {"schema": _ref("Submitted")},
+                                                       FRAMES: {"schema": {"type": "string",
+                                                                           "format": "binary"}}}},
+                                   "204": {"description": "the caller went away while waiting"},
+                                   **_errors(409, 413)}},
+            "get": {"operationId": "listJobs",
+                    "parameters": [_query("limit", {"type": "integer", "minimum": 1, "maximum": 1000},
+                                          "most jobs to list")],
+                    "responses": {"200": {"description": "jobs, newest first", **_json({"type": "array"})},
+                                  **_errors()}},
+        },
+        "/v1/jobs/{jid}": {"get": {
+            "operationId": "jobStatus", "parameters": [_JID],
+            "responses": {"200": {"description": "the job", **_json({"type": "object"})}, **_errors(404)}}},
+        "/v1/jobs/{jid}/results": {"get": {
+            "operationId": "results",
+            "parameters": [_JID,
+                           _query("after", {"type": "integer", "minimum": -1, "maximum": 10**15},
+                                  "results with seq > after"),
+                           _query("wait", {"type": "number", "minimum": 0, "maximum": LONG_POLL_MAX_S},
+                                  "seconds to long-poll"),
+                           _query("out_after", {"type": "integer", "minimum": -1, "maximum": 10**15},
+                                  "also task output with seq > out_after")],
+            "responses": {"200": _FRAMES_ANSWER, "204": {"description": "the caller went away"},
+                          **_errors(404, 410)}}},
+        "/v1/jobs/{jid}/logs": {"get": {
+            "operationId": "jobLogs",
+            "parameters": [_JID, _query("task", {"type": "string", "pattern": HEX_ID}, "one task only")],
+            "responses": {"200": {"description": "stdout and stderr per task", **_json({"type": "object"})},
+                          **_errors(404)}}},
+        "/v1/jobs/{jid}/release": {"post": {
+            "operationId": "release", "parameters": [_JID],
+            "responses": {"200": {"description": "released", **_json({"type": "object"})}, **_errors(404)}}},
+        "/v1/jobs/{jid}/cancel": {"post": {
+            "operationId": "cancel", "parameters": [_JID],
+            "responses": {"200": {"description": "how many were cancelled", **_json({"type": "object"})},
+                          **_errors(404)}}},
+    },
+}
+
+
+def spec() -> dict:
+    """A fresh copy of the OpenAPI description (a dict ready for JSON)."""
+    return copy.deepcopy(_DOC)

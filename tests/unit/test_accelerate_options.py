@@ -1,0 +1,88 @@
+"""@accelerate's hardware options at decoration time, .to(), and the local-fallback check."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from gpumesh import GPUMesh, Unsatisfiable, accelerate
+from gpumesh.client import mesh as mesh_mod
+from gpumesh.hardware import Requirements
+
+M = GPUMesh("http://127.0.0.1:9", token="t")   # never contacted here
+
+
+def f(x=1):
+    return x
+
+
+@pytest.mark.parametrize("options, arg", [
+    ({"memory": "lots"}, "memory"),
+    ({"memory": "16"}, "memory"),
+    ({"gpu_memory": "8G"}, "gpu_memory"),
+    ({"cores": 0}, "cores"),
+    ({"gpu": "cuda:1"}, "gpu"),
+    ({"gpu": ""}, "gpu"),
+])
+def test_bad_options_raise_at_decoration(options, arg):
+    with pytest.raises(ValueError, match=arg):
+        accelerate(M, **options)(f)
+
+
+def test_options_become_requirements():
+    g = accelerate(M, gpu="A100", cores=8, memory="16GB", gpu_memory="40GiB", timeout=300)(f)
+    assert g.require == Requirements("A100", 8, 16 * 10**9, 40 * 2**30)
+    assert g.options["timeout"] == 300.0
+    assert accelerate(M)(f).require == Requirements()
+    # shipped inside a task, the options travel and rebuild the same requirements
+    assert pickle.loads(pickle.dumps(g)).require == g.require
+
+
+def test_to_binds_a_device_and_keeps_the_rest():
+    g = accelerate(M, memory="16GB")(f)
+    on_cuda = g.to("cuda")
+    assert on_cuda.require == Requirements(gpu="cuda", memory=16 * 10**9)
+    assert on_cuda.to(" RTX 4090 ").require.gpu == "RTX 4090"
+    assert g.to("CPU").require.gpu == "cpu"
+    assert g.require.gpu is None                      # the original is unchanged
+    for bad in ("cuda:0", "", 3):
+        with pytest.raises(ValueError):
+            g.to(bad)
+
+
+MACHINE = {"hostname": "me", "cpu": "Intel i7", "cores": 8, "ram_mb": 16000, "mps": False,
+           "gpus": [{"index": 0, "name": "NVIDIA GeForce RTX 3060", "memory_total_mb": 12288,
+                     "memory_free_mb": 11000}]}
+
+
+@pytest.fixture
+def this_machine(monkeypatch):
+    monkeypatch.setattr(mesh_mod, "_this_machine", MACHINE)
+
+
+@pytest.mark.parametrize("require, hints", [
+    (None, None),
+    (Requirements(), [{"gpu_memory_mb": 10**6}]),          # the CPU can: hints are GPU-only
+    (Requirements(gpu="cuda"), None),
+    (Requirements(gpu="RTX 3060", memory=16 * 10**9), None),
+    (Requirements(gpu="cuda"), [{"gpu_memory_mb": 11000}]),
+    (Requirements(gpu="cpu", cores=8), None),
+])
+def test_check_local_passes(this_machine, require, hints):
+    mesh_mod.check_local(f, require, hints, "no worker is alive")
+
+
+@pytest.mark.parametrize("require, hints, words", [
+    (Requirements(gpu="A100"), None, "is a NVIDIA GeForce RTX 3060, not a A100"),
+    (Requirements(cores=16), None, "has 8 cores, fewer than 16"),
+    (Requirements(memory=32 * 10**9), None, "less than 32 GB"),
+    (Requirements(gpu="cuda"), [{"gpu_memory_mb": 12000}], "11000 MiB of GPU memory free"),
+    (Requirements(gpu="mps"), None, "has no mps GPU"),
+])
+def test_check_local_refuses(this_machine, require, hints, words):
+    with pytest.raises(Unsatisfiable) as e:
+        mesh_mod.check_local(f, require, hints, "no worker is alive in the mesh at X")
+    msg = str(e.value)
+    assert msg.startswith("no worker is alive in the mesh at X, and this machine cannot run f (")
+    assert words in msg
