@@ -21,6 +21,8 @@ READ_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 2.0
 #: Seconds a healthy probe result is trusted before the next call probes again.
 PROBE_CACHE_S = 5.0
+#: Seconds a failed probe is trusted: calls meanwhile run locally without probing again.
+PROBE_DOWN_CACHE_S = 2.0
 #: Longest long-poll the coordinator holds open (lease requests and result waits).
 LONG_POLL_MAX_S = 30.0
 #: Long-poll the clients ask for; below LONG_POLL_MAX_S so proxies don't cut them.

@@ -82,6 +82,13 @@ class Payload:
         return b"".join(self.chunks)
 
 
+def _by_value_modules() -> bool:
+    """Whether the caller registered modules with ``cloudpickle.register_pickle_by_value``:
+    then only cloudpickle knows what must travel by value."""
+    registry = getattr(getattr(cloudpickle, "cloudpickle", None), "_PICKLE_BY_VALUE_MODULES", None)
+    return bool(registry)
+
+
 def dumps(obj: Any, *, code: bool = False) -> Payload:
     """Serialize ``obj`` (protocol 5, out-of-band buffers).
 
@@ -103,7 +110,7 @@ def dumps(obj: Any, *, code: bool = False) -> Payload:
         return False
 
     stream = None
-    if not code:
+    if not code and not _by_value_modules():
         try:
             stream = pickle.dumps(obj, protocol=PROTOCOL, buffer_callback=keep)
         except Exception:  # noqa: BLE001 - lambdas, local classes...: cloudpickle below

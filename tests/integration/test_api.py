@@ -6,7 +6,6 @@ so a test that silently ran in this process fails instead of passing trivially.
 
 from __future__ import annotations
 
-import inspect
 import os
 import sys
 import threading
@@ -224,11 +223,6 @@ def test_callers_dataclass_as_argument_and_result(client):
     assert loc == Local("AB", (3, 2, 1))
 
 
-@pytest.mark.xfail(strict=True, raises=RemoteError, reason=(
-    "BUG: wire.dumps() (src/gpumesh/wire.py, C-pickler fast path for non-code payloads) "
-    "ignores cloudpickle.register_pickle_by_value(): an argument whose class lives in a "
-    "module registered by value is pickled by reference and the worker fails with "
-    "ModuleNotFoundError, although the function blob (code=True) ships that module by value"))
 def test_argument_of_a_module_registered_by_value(client, tmp_path, monkeypatch):
     import importlib
     import uuid
@@ -342,8 +336,8 @@ def test_remote_key_error_is_a_key_error_with_remote_traceback(client):
     assert "lookup_missing" in cause.tb
     assert "KeyError: 'x'" in cause.tb
     # the worker has no source file, but the frame names the caller's line
-    src, first = inspect.getsourcelines(lookup_missing.__gpumesh_wrapped__)
-    line = first + next(i for i, text in enumerate(src) if 'd["x"]' in text)
+    code = lookup_missing.__gpumesh_wrapped__.__code__
+    line = max(ln for _, _, ln in code.co_lines() if ln)  # the `return d["x"]` line
     assert f"line {line}, in lookup_missing" in cause.tb
 
 

@@ -108,7 +108,6 @@ BUG = ("BUG: the worker's heartbeat lists only tasks whose process is running "
        "the task is re-run and its result refused as stale, until it fails with WorkerLost")
 
 
-@pytest.mark.xfail(strict=True, raises=WorkerLost, reason=BUG)
 def test_result_upload_slower_than_heartbeats(slow_mesh, tmp_path):
     mesh = slow_mesh(up=RATE)
     client = mesh.client(output=False)
@@ -128,7 +127,6 @@ def test_result_upload_slower_than_heartbeats(slow_mesh, tmp_path):
     assert runs.read_text().count("run") == 1
 
 
-@pytest.mark.xfail(strict=True, raises=WorkerLost, reason=BUG)
 def test_argument_download_slower_than_heartbeats(slow_mesh, tmp_path):
     mesh = slow_mesh(down=RATE)
     client = mesh.client(output=False)

@@ -235,8 +235,22 @@ def test_heartbeat_requeues_forgotten_and_cancels_unknown(coord, store, clock):
     # right after the grant, a heartbeat that does not list it yet is tolerated
     assert coord.heartbeat(w.id, [], None) == {"cancel": []}
     assert g.task_id in coord.leases
+    # so is any heartbeat while the lease answer is still on its way (a slow link)
+    clock.advance(10)
+    assert coord.heartbeat(w.id, [], None) == {"cancel": []}
+    assert g.task_id in coord.leases
+    coord.lease_delivered([(g.task_id, g.lease_id)], True)
     clock.advance(10)
     assert coord.heartbeat(w.id, ["deadbeef"], None) == {"cancel": ["deadbeef"]}
+    assert g.task_id not in coord.leases
+    assert task_state(store, job.id)[0] == ("pending", 1)
+
+
+def test_lease_answer_that_broke_off_is_requeued_at_once(coord, store):
+    w = coord.register({}, None, 1)
+    job, _ = submit(coord)
+    (g,) = lease(coord, w.id)
+    coord.lease_delivered([(g.task_id, g.lease_id)], False)
     assert g.task_id not in coord.leases
     assert task_state(store, job.id)[0] == ("pending", 1)
 

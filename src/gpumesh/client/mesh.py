@@ -36,7 +36,7 @@ from typing import Any
 from .. import config, hardware, wire
 from ..errors import MeshUnavailable, RequestRejected, Unsatisfiable
 from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, PROBE_CACHE_S,
-                      PROBE_TIMEOUT_S)
+                      PROBE_DOWN_CACHE_S, PROBE_TIMEOUT_S)
 from ..transport import Transport, Unreachable
 from . import calls as _calls
 from .console import OutputPrinter
@@ -95,6 +95,7 @@ class GPUMesh:
         self._http: Transport | None = None
         self._lock = threading.Lock()
         self._probe_ok_until = 0.0
+        self._probe_down_until = 0.0
         self._known_blobs: set[str] = set()
         self._announced = False
         self.__janitor: _Janitor | None = None
@@ -179,10 +180,13 @@ class GPUMesh:
         now = time.monotonic()
         if now < self._probe_ok_until:
             return True
+        if now < self._probe_down_until:  # a frozen coordinator costs one probe timeout, not one per call
+            return False
         try:
             self.http.request("GET", "/v1/health", timeout=PROBE_TIMEOUT_S)
         except Unreachable:
             notice(f"coordinator at {self.url} is unreachable; running locally")
+            self._probe_down_until = time.monotonic() + PROBE_DOWN_CACHE_S
             return False
         self._probe_ok_until = now + PROBE_CACHE_S
         if not self._announced:

@@ -203,13 +203,29 @@ class Part:
         self.size = memoryview(data).nbytes if data is not None else size
 
 
-def frames_response(meta: dict, parts: list[Part]) -> StreamingResponse:
+def frames_response(meta: dict, parts: list[Part], on_sent=None) -> StreamingResponse:
+    """Stream ``meta`` and ``parts`` as one frames body. ``on_sent(ok)`` (optional) is called
+    once the last byte was handed to the connection (``True``) or sending failed
+    (``False``)."""
     head = json.dumps(meta).encode()
     lengths = [len(head)] + [p.size for p in parts]
     offsets = list(wire.frame_offsets(lengths))
     total = offsets[-1] + lengths[-1]
 
     async def body() -> AsyncIterator[bytes]:
+        if on_sent is None:
+            async for chunk in chunks():
+                yield chunk
+            return
+        sent = False
+        try:
+            async for chunk in chunks():
+                yield chunk
+            sent = True
+        finally:
+            on_sent(sent)
+
+    async def chunks() -> AsyncIterator[bytes]:
         pos = 0
         header = wire.frames_header(lengths)
         yield header
@@ -438,7 +454,13 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
                           "fn": job.fn_hash, "timeout": job.meta.get("timeout"),
                           "name": job.meta.get("name", ""), "slot": g.slot,
                           "result_format": job.meta.get("result_format", "pickle")})
-        return frames_response({"tasks": tasks}, parts)
+        if not grants:
+            return frames_response({"tasks": tasks}, parts)
+        leases = [(g.task_id, g.lease_id) for g in grants]
+        # A lease counts as delivered only once its whole answer has left; one whose answer
+        # broke off goes back to the queue at once (see Coordinator.lease_delivered).
+        return frames_response({"tasks": tasks}, parts,
+                               on_sent=lambda ok: coord.lease_delivered(leases, ok))
 
     @route("/v1/tasks/{tid}/result", ["POST"], worker=True)
     async def result(request: Request) -> Response:
@@ -462,7 +484,7 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         # round trip instead of making it come back with a lease request.
         if request.query_params.get("next") == "1" and wid is not None:
             slot = request.query_params.get("slot")
-            if slot is not None and not (slot.isdigit() and int(slot) < 1024):
+            if slot is not None and not (re.fullmatch(r"[0-9]{1,4}", slot) and int(slot) < 1024):
                 raise HTTPError(400, "bad_request", "query parameter 'slot' must be a slot id")
             return lease_response(coord.grant_now(wid, 1, None if slot is None else int(slot)))
         return lease_response([])

@@ -27,7 +27,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 from .. import hardware
@@ -83,11 +83,15 @@ class Worker:
     outbox: list[str] = field(default_factory=list)  # lines to push down the pulse
     wake: asyncio.Event | None = None
     slot_list: list[dict] = field(default_factory=list)  # [{"id", "kind", "gpu"?}]
+    views: list[hardware.Slot] | None = None  # slot_views() cache; None when info changed
 
     def slot_views(self) -> list[hardware.Slot]:
-        if not self.slot_list:
-            self.slot_list = hardware.check_slot_list(None, self.slots, None)
-        return hardware.slots_of(self.id, self.info, self.slot_list)
+        """The worker's slots, strongest first (cached until its description changes)."""
+        if self.views is None:
+            if not self.slot_list:
+                self.slot_list = hardware.check_slot_list(None, self.slots, None)
+            self.views = placement.order_slots(hardware.slots_of(self.id, self.info, self.slot_list))
+        return self.views
 
     def push(self, line: str) -> None:
         """Queue a line for the worker's pulse connection (e.g. ``cancel <task id>``)."""
@@ -104,6 +108,9 @@ class Lease:
     worker_id: str
     granted: float
     slot: int | None = None  # the worker's slot running it (None: unknown after a restart)
+    #: When the worker's copy of the lease (its lease answer) finished sending; None while
+    #: it is still on its way - a slow link must not make the task look forgotten.
+    delivered: float | None = None
 
 
 @dataclass
@@ -189,7 +196,8 @@ class Coordinator:
             if t.state == "leased" and t.lease_id and t.worker_id:
                 # Keep the lease: a worker that comes back within the TTL may still
                 # deliver this result. The sweeper requeues it otherwise.
-                self.leases[t.id] = Lease(t.id, t.job_id, t.lease_id, t.worker_id, now)
+                self.leases[t.id] = Lease(t.id, t.job_id, t.lease_id, t.worker_id, now,
+                                          delivered=now)
             else:
                 self.queue.add(t.job_id, [t.id])
         if self.jobs:
@@ -207,7 +215,9 @@ class Coordinator:
             self.workers[wid] = w
         w.info, w.slots, w.last_seen, w.alive = info, slots, self.clock(), True
         w.slot_list = info.get("slot_list") or hardware.check_slot_list(None, slots, None)
-        score = f"{float(info['score']):.3f}" if info.get("scores") else "pending"
+        w.views = None
+        scores = info.get("scores") or {}
+        score = f"{max(scores.values()):.3f}" if scores else "pending"
         log.info("worker joined: %s (%s %s, %d slot(s), score=%s, id %s)", info.get("hostname", "?"),
                  info.get("device", "CPU"), info.get("device_name", "?"), slots, score, wid)
         return w
@@ -230,6 +240,7 @@ class Coordinator:
                 log.info("worker scored: %s (%s, id %s)", w.info.get("hostname", "?"),
                          ", ".join(f"{k} score={v:.3f}" for k, v in info["scores"].items()), wid)
             w.info.update(info)
+            w.views = None
             if free:
                 changed = False
                 for g in w.info.get("gpus") or ():
@@ -243,7 +254,8 @@ class Coordinator:
             held = set(running)
             now = self.clock()
             forgotten = [tid for tid in w.leases
-                         if tid not in held and now - self.leases[tid].granted > 2 * HEARTBEAT_INTERVAL_S]
+                         if tid not in held and self.leases[tid].delivered is not None
+                         and now - self.leases[tid].delivered > 2 * HEARTBEAT_INTERVAL_S]
             self._requeue(forgotten, reason="the worker no longer reported it")
             cancel = [tid for tid in held if tid not in w.leases]
         return {"cancel": cancel}
@@ -292,6 +304,7 @@ class Coordinator:
                 self.deregister(w.id, reason=f"no heartbeat for {WORKER_TTL_S:.0f}s")
             elif not w.alive and now - w.last_seen > FORGET_DEAD_AFTER_S:
                 del self.workers[w.id]
+                self.stats.forget_worker(w.id)
         if now - self.started > WORKER_TTL_S:
             orphans = [tid for tid, lease in self.leases.items() if lease.worker_id not in self.workers]
             self._requeue(orphans, reason="its worker did not come back after a restart")
@@ -345,10 +358,15 @@ class Coordinator:
         slot_ids = self._free_slots(w, slots, free)
         if not slot_ids:
             return []
-        views = {s.id: s for s in w.slot_views()}
+        views = w.slot_views()  # strongest first
+        if len(slot_ids) == 1:
+            serve = [v for v in views if v.id == slot_ids[0]]
+        else:
+            want = Counter(slot_ids)  # a legacy request may name a slot more than once
+            serve = [v for v in views for _ in range(want.get(v.id, 0))]
         ctx = _Placing(self)
         taken = []
-        for slot in placement.order_slots(views[i] for i in slot_ids if i in views):
+        for slot in serve:
             if not len(self.queue):
                 break
             got = None
@@ -543,6 +561,22 @@ class Coordinator:
         state = "done" if status == "ok" else "failed"
         self._finalize(lease.job_id, task_id, state, error, payload, worker_id=lease.worker_id)
         return lease.worker_id if w and w.alive else None
+
+    def lease_delivered(self, leases: list[tuple[str, str]], ok: bool) -> None:
+        """The answer carrying these ``(task_id, lease_id)`` grants finished sending (``ok``)
+        or broke off: then the worker never got them, so they are re-queued now."""
+        now = self.clock()
+        lost = []
+        for tid, lease_id in leases:
+            lease = self.leases.get(tid)
+            if lease is None or lease.lease_id != lease_id:
+                continue
+            if ok:
+                lease.delivered = now
+            else:
+                lost.append(tid)
+        if lost:
+            self._requeue(lost, reason="the lease answer did not reach the worker")
 
     def grant_now(self, wid: str, slots: int, slot: int | None = None) -> list[Grant]:
         """Grant up to ``slots`` tasks to ``wid`` without waiting (``[]`` if none);

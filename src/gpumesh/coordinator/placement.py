@@ -82,6 +82,10 @@ class SlotStats:
         if len(per_fn) > 64:  # keep memory bounded: drop what has faded away
             for k in [k for k, v in per_fn.items() if self._decayed(v, now)[1] < _FORGET_COST]:
                 del per_fn[k]
+        if len(self._acc) > 256:
+            for f in [f for f, d in self._acc.items()
+                      if all(self._decayed(v, now)[1] < _FORGET_COST for v in d.values())]:
+                del self._acc[f]
 
     def rate(self, key: tuple, fn: str, now: float) -> float | None:
         """Seconds per unit of cost, or None without enough recent evidence."""

@@ -62,8 +62,7 @@ class RunQueue:
         None when the slot can run none of them: the job then keeps its place in line.
         The served job moves to the back of the line.
         """
-        for job_id in list(self._jobs):
-            q = self._jobs[job_id]
+        for job_id, q in self._jobs.items():  # changed only right before returning
             pos = choose(job_id, q)
             if pos is None:
                 continue

@@ -133,6 +133,9 @@ class WorkerAgent:
         self._registered = threading.Event()
         self._blob_locks: dict[str, threading.Lock] = {}
         self._blobs: dict[str, Path] = {}
+        #: Tasks this worker holds a lease for, from the moment they arrive until their
+        #: result is delivered (argument download, run and result upload included).
+        self._held: set[str] = set()
         self._output: dict[str, _OutputCursor] = {}
 
     # ------------------------------------------------------------------ lifecycle ---
@@ -207,7 +210,7 @@ class WorkerAgent:
                 continue
             try:
                 resp = self.http.request("POST", f"/v1/workers/{self.id}/heartbeat",
-                                         json={"running": self.executor.running(),
+                                         json={"running": sorted(self._held),
                                                **self._device_state()}, timeout=5)
                 for task_id in resp.json().get("cancel", []):
                     self.executor.cancel(task_id)
@@ -383,6 +386,8 @@ class WorkerAgent:
             self.scorer.task_started()  # a running benchmark is killed before the task starts
         try:
             while task is not None:
+                held = task["task_id"]
+                self._held.add(held)  # reported by heartbeats until its result is delivered
                 try:
                     path = self._function_blob(task["fn"])
                 except Exception as e:  # noqa: BLE001
@@ -399,7 +404,10 @@ class WorkerAgent:
                     finally:
                         del self._output[task["task_id"]]
                     self._forward_output(cursor, final=True)  # before the result: order kept
-                task, args = self._post_result(task, outcome, slot)
+                try:
+                    task, args = self._post_result(task, outcome, slot)
+                finally:
+                    self._held.discard(held)
         finally:
             if self.scorer is not None:
                 self.scorer.task_finished()

@@ -34,7 +34,7 @@ _MIN_BUDGET_S = 0.01
 #: Seconds all measurements of one worker take together (CPU and every GPU).
 TOTAL_BUDGET_S = 3.0
 #: Seconds spent on the CPU (the rest is shared by the GPUs, at most GPU_BUDGET_S each).
-CPU_BUDGET_S = 0.3
+CPU_BUDGET_S = 0.2
 GPU_BUDGET_S = 0.8
 _GPU_MATMUL_N = 4096                 # float32 n x n on the GPU
 _GPU_COPY_BYTES = 256 * 1024 * 1024  # per array for the GPU copy test

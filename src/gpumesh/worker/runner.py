@@ -175,6 +175,11 @@ def run_task(fn, data: socket.socket, result_format: str | None = None) -> None:
             err["message"] = f"the task called sys.exit({e.code!r})"
             reply({"status": "error", "error": err})
             return
+        if not isinstance(e, Exception):
+            # KeyboardInterrupt, GeneratorExit...: re-raised at the caller they would look
+            # like the caller's own Ctrl+C. They arrive as a RemoteError naming them.
+            reply({"status": "error", "error": describe_exception(e, "exit")})
+            return
         err = describe_exception(e, "raised")
         try:
             payload = None if as_json else wire.dumps(e)  # strict callers never unpickle
