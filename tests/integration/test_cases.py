@@ -27,9 +27,14 @@ SELECTED = {
     "c04": {},
     "c06": {},
     "c09": {"GPUMESH_CASE_BIG_MB": "16"},
+    "c12": {"GPUMESH_CASE_LEAK_MB": "16", "GPUMESH_CASE_LEAK_N": "24"},
+    "c14": {"GPUMESH_CASE_FLOOD_MB": "16"},
+    "c15": {},
     "c19": {},
+    "c20": {},
     "c22": {},
     "c24": {},
+    "c23": {"GPUMESH_CASE_MAP_N": "2000"},
     "c25": {},
 }
 

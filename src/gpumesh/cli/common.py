@@ -39,4 +39,8 @@ def endpoint_options(fn):
 
 
 def resolve_endpoint(url: str | None, token: str | None) -> config.Endpoint:
-    return config.resolve(url, token)
+    """The coordinator to talk to; its token is then hidden from ``ps`` (see secrecy)."""
+    from .secrecy import hide
+    ep = config.resolve(url, token)
+    hide(ep.token)
+    return ep

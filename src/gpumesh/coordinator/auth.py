@@ -33,7 +33,10 @@ list or read jobs, results or logs, nor upload blobs: a 403 names the action.
 coordinator is bound to loopback *and* the request carries no proxy header
 (``Forwarded``, ``X-Forwarded-For``, ...): a proxy or tunnel agent on the same machine
 makes remote clients look local, so its requests are counted like anyone's. A plain TCP
-tunnel adds no header: set ``GPUMESH_LOOPBACK_EXEMPT=0`` when you use one.
+tunnel adds no header: set ``GPUMESH_LOOPBACK_EXEMPT=0`` when you use one. The address is
+always the socket's peer, never a header (uvicorn's proxy-header rewriting is off): behind
+a proxy all clients share the proxy's address, which can lock them out together but lets
+no guesser dodge the count by inventing a new ``X-Forwarded-For`` per request.
 """
 
 from __future__ import annotations

@@ -397,10 +397,15 @@ class WorkerAgent:
                     cursor = self._output[task["task_id"]] = _OutputCursor(
                         task, *self.executor.output_paths())
                     try:
-                        outcome = self.executor.run(task["task_id"], task["fn"], str(path), args,
-                                                    task.get("timeout"),
-                                                    result_format=task.get("result_format", "pickle"),
-                                                    env=self._slot_env.get(slot))
+                        if task.get("kind") == "script":  # python SCRIPT, payload on stdin
+                            outcome = self.executor.run_script(task["task_id"], str(path), args,
+                                                               task.get("timeout"),
+                                                               env=self._slot_env.get(slot))
+                        else:
+                            outcome = self.executor.run(task["task_id"], task["fn"], str(path), args,
+                                                        task.get("timeout"),
+                                                        result_format=task.get("result_format", "pickle"),
+                                                        env=self._slot_env.get(slot))
                     finally:
                         del self._output[task["task_id"]]
                     self._forward_output(cursor, final=True)  # before the result: order kept

@@ -294,6 +294,22 @@ class Executor:
             except OSError:
                 pass
 
+    def run_script(self, task_id: str, script_path: str, payload: bytes | bytearray | memoryview,
+                   timeout: float | None, env: dict | None = None) -> Outcome:
+        """Run a script task: ``python script_path`` as a fresh process in its own process
+        group, ``payload`` (JSON) on its stdin, stdout/stderr to this thread's output
+        files. The result is the last stdout line that parses as JSON (see
+        :mod:`gpumesh.worker.scripts`). Never raises for anything the script does."""
+        from . import scripts
+        out, err = self.output_paths()
+        pending = _Pending()
+        self._running[task_id] = (None, pending)
+        try:
+            return scripts.run(script_path, bytes(payload), timeout, out, err, pending, self._kill,
+                               env)
+        finally:
+            self._running.pop(task_id, None)
+
     def output_paths(self) -> tuple[str, str]:
         """Files that receive stdout and stderr of the task this thread runs. One pair per
         slot thread, truncated by each new task: no file is created or removed per task."""

@@ -1,0 +1,151 @@
+"""Script tasks: ``gpumesh submit SCRIPT --payloads FILE.json`` on the worker side.
+
+The protocol a script follows (also in docs/cli.md):
+
+* it is run as ``python <script>`` (the worker's interpreter) in a fresh process, in its
+  own process group, with the current directory set to an empty temporary directory;
+* its task's payload arrives as JSON on **stdin** (read it all, e.g. ``json.load(sys.stdin)``);
+* its **result is the last line of its stdout that parses as JSON**; it may print anything
+  before that line (progress, logs); everything it prints is kept for ``gpumesh logs``;
+* exit status 0 means success. A non-zero exit status, or no JSON line on stdout, makes
+  the task fail with the tail of its stderr in the error.
+
+The environment has ``GPUMESH_SCRIPT=1`` and ``GPUMESH_IN_TASK=1`` set, never the
+worker's credentials. Nothing is unpickled anywhere on this path, so a coordinator in
+safe mode (``serve --safe-mode``) accepts script jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+
+from . import runner
+
+#: Variable set for script tasks (a script can tell it runs on the mesh).
+SCRIPT_ENV = "GPUMESH_SCRIPT"
+#: How much of the end of a script's stdout is searched for the result line.
+RESULT_SEARCH_BYTES = 16 * 2**20
+#: How much of a failed script's stderr / stdout travels with its error.
+TAIL_BYTES = 4096
+
+
+def _tail(path: str, n: int) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - n))
+            return fh.read()
+    except OSError:
+        return b""
+
+
+def result_line(stdout: bytes) -> bytes | None:
+    """The last line of ``stdout`` that parses as JSON (stripped), or None."""
+    for line in reversed(stdout.splitlines()):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            continue
+        return line
+    return None
+
+
+def _error(kind: str, message: str, err_path: str, out_path: str | None = None, **extra) -> dict:
+    error = {"kind": kind, "type": "ScriptFailed" if kind == "script" else "TaskCrashed",
+             "message": message, **extra}
+    tail = _tail(err_path, TAIL_BYTES).decode("utf-8", "replace")
+    if tail:
+        error["stderr_tail"] = tail
+        last = [ln for ln in tail.splitlines() if ln.strip()]
+        if last:
+            error["message"] += f"; stderr ends with: {last[-1][:300]}"
+    if out_path is not None:
+        out = _tail(out_path, 1024).decode("utf-8", "replace")
+        if out:
+            error["stdout_tail"] = out
+    return error
+
+
+def run(script_path: str, payload: bytes, timeout: float | None, out: str, err: str,
+        pending, kill, env: dict | None = None):
+    """Run one script task; returns an ``executor.Outcome``. ``pending`` (the executor's
+    ``_Pending``) gets the pid so ``kill(pending, why)`` (timeout, cancel) can kill the
+    process group."""
+    from .executor import Outcome
+
+    child_env = {k: v for k, v in os.environ.items() if k not in runner.SCRUBBED_ENV}
+    child_env.update({runner.IN_TASK_ENV: "1", SCRIPT_ENV: "1", "PYTHONUNBUFFERED": "1"})
+    if env:
+        child_env.update({str(k): str(v) for k, v in env.items()})
+    workdir = tempfile.mkdtemp(prefix="gpumesh-script-")
+    try:
+        with open(out, "wb") as fo, open(err, "wb") as fe:
+            try:
+                proc = subprocess.Popen([sys.executable, script_path], stdin=subprocess.PIPE,
+                                        stdout=fo, stderr=fe, cwd=workdir, env=child_env,
+                                        start_new_session=True)
+            except OSError as e:
+                pending.started.set()
+                return Outcome("retry", {"kind": "host_died",
+                                         "message": f"could not start the script: {e}"})
+        pending.pid = proc.pid
+        pending.started.set()
+
+        def feed() -> None:
+            try:
+                proc.stdin.write(payload)
+            except OSError:
+                pass  # the script exited without reading its payload; its exit status speaks
+            finally:
+                try:
+                    proc.stdin.close()
+                except OSError:
+                    pass
+
+        threading.Thread(target=feed, daemon=True).start()
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            kill(pending, "timeout")
+            proc.wait()
+            return Outcome("error", {"kind": "timeout", "type": "TaskTimeout",
+                                     "message": f"the task ran longer than its timeout of {timeout:g}s"})
+        finally:
+            pending.code = proc.returncode
+            pending.exited.set()
+            try:  # nothing the script started outlives its task
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if pending.killed_for:
+            return Outcome("error", {"kind": pending.killed_for, "type": "Cancelled",
+                                     "message": f"the task was {pending.killed_for}"})
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return Outcome("error", _error("crashed", f"the script was killed by {name}", err,
+                                           code=code))
+        if code != 0:
+            return Outcome("error", _error("script", f"the script exited with status {code}", err,
+                                           code=code))
+        line = result_line(_tail(out, RESULT_SEARCH_BYTES))
+        if line is None:
+            return Outcome("error", _error(
+                "script", "the script printed no JSON line on stdout (its result is the last "
+                "stdout line that parses as JSON)", err, out))
+        return Outcome("ok", None, bytearray(line))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
