@@ -57,6 +57,7 @@ from ..limits import (MAX_HEARTBEAT_TASKS, MAX_JSON_BODY_BYTES, MAX_META_JSON_BY
 from ..errors import WireError
 from .auth import ROLE_MAIN, ROLE_WORKER, Authenticator, AuthRefused
 from .core import (Coordinator, NoWorkers, StaleLease, UnknownJob, UnknownWorker)
+from .core import JobReleased
 from .core import Unsatisfiable
 from .. import hardware
 
@@ -696,6 +697,15 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
     async def cancel(request: Request) -> Response:
         jid = _id(request.path_params["jid"], "job id")
         return JSONResponse({"cancelled": coord.cancel(jid)})
+
+    @route("/v1/jobs/{jid}/retry", ["POST"], action="retry jobs")
+    async def retry(request: Request) -> Response:
+        jid = _id(request.path_params["jid"], "job id")
+        try:
+            return JSONResponse({"retried": coord.retry(jid)})
+        except JobReleased:
+            return _err(410, "released", f"job {jid}'s arguments were already released "
+                                         "(its results were collected); submit it again")
 
     async def sweeper() -> None:
         last_purge = 0.0

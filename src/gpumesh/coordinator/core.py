@@ -63,6 +63,10 @@ class Unsatisfiable(Exception):
     the message lists what the pool has. Nothing is stored."""
 
 
+class JobReleased(Exception):
+    """The job's arguments and results were already released (or purged)."""
+
+
 class StaleLease(Exception):
     """A result posted under a lease that is no longer the task's current one."""
 
@@ -635,6 +639,31 @@ class Coordinator:
             self.store.set_job_state(job_id, "cancelled")
         job.notify()
         return len(rows)
+
+    def retry(self, job_id: str) -> int:
+        """Re-queue every failed task of ``job_id`` (fresh attempts; their old results and
+        errors are dropped). Returns how many. Raises ``UnknownJob`` for an unknown job and
+        ``JobReleased`` when its arguments were already released (nothing to re-run)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            if self.store.job_exists(job_id):
+                raise JobReleased(job_id)
+            raise UnknownJob(job_id)
+        failed = self.store.failed_tasks(job_id)
+        if not failed:
+            return 0
+        ids = [tid for tid, _ in failed]
+        self.store.retry_tasks(job_id, ids)
+        job.n_final -= len(ids)
+        job.state = "active"
+        costs = {t["id"]: t["cost"] for t in self.store.task_rows(job_id)} if job.costs_vary else {}
+        for tid, idx in failed:
+            self.task_meta[tid] = (idx, 0)
+            if costs.get(tid, 1.0) != 1.0:
+                self.task_cost[tid] = costs[tid]
+        self.queue.add(job_id, ids)
+        self._wake_idle()
+        return len(ids)
 
     async def wait_results(self, job_id: str, after: int, wait: float, out_after: int | None = None) -> Job:
         """Return once ``job_id`` has a result with ``seq > after`` (or, when ``out_after``

@@ -256,6 +256,11 @@ _DOC: dict[str, Any] = {
             "operationId": "cancel", "parameters": [_JID],
             "responses": {"200": {"description": "how many were cancelled", **_json({"type": "object"})},
                           **_errors(404)}}},
+        "/v1/jobs/{jid}/retry": {"post": {
+            "operationId": "retry", "parameters": [_JID],
+            "responses": {"200": {"description": "how many failed tasks were re-queued",
+                                  **_json({"type": "object"})},
+                          **_errors(404, 410)}}},
     },
 }
 

@@ -324,6 +324,25 @@ class Store:
                 "UPDATE tasks SET state=?, seq=?, error=?, finished=?, lease_id=NULL WHERE id=?",
                 [(st, seq, json.dumps(err) if err else None, now, tid) for tid, st, seq, err in rows])
 
+    def failed_tasks(self, job_id: str) -> list[tuple[str, int]]:
+        """``(task_id, index)`` of the failed tasks of ``job_id``, in index order."""
+        return [(r[0], r[1]) for r in self.db.execute(
+            "SELECT id, idx FROM tasks WHERE job_id=? AND state='failed' ORDER BY idx", (job_id,))]
+
+    def retry_tasks(self, job_id: str, task_ids: list[str]) -> None:
+        """Make failed tasks pending again (fresh attempts, no result), and the job active."""
+        files = self.db.execute(
+            f"SELECT result_file FROM tasks WHERE id IN ({','.join('?' * len(task_ids))})",
+            task_ids).fetchall() if task_ids else []
+        with self._tx():
+            self.db.executemany(
+                "UPDATE tasks SET state='pending', attempts=0, lease_id=NULL, worker_id=NULL,"
+                " result=NULL, result_file=NULL, error=NULL, seq=NULL, finished=NULL"
+                " WHERE id=? AND state='failed'", [(t,) for t in task_ids])
+            self.db.execute("UPDATE jobs SET state='active', finished=NULL WHERE id=?", (job_id,))
+        for (r,) in files:
+            self._remove_file(r)
+
     def results_after(self, job_id: str, after: int, limit: int) -> Iterator[FinalTask]:
         """Final tasks of ``job_id`` with ``seq > after``, in seq order (uses tasks_seq)."""
         cur = self.db.execute(

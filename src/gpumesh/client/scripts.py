@@ -1,0 +1,150 @@
+"""Script jobs from the caller's side: submit a script with JSON payloads, read results.
+
+A script job runs ``python SCRIPT`` once per payload on the workers; the payload arrives
+as JSON on the script's stdin and the result is the last stdout line that parses as JSON
+(see :mod:`gpumesh.worker.scripts`). Results are JSON both ways: nothing is pickled, so
+a coordinator in safe mode accepts these jobs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from .. import wire
+from ..limits import INLINE_FUNCTION_BYTES, MAX_TASKS_PER_JOB
+
+#: Seconds one results long-poll may wait.
+POLL_S = 5.0
+
+
+def load_payloads(path: str | os.PathLike) -> list:
+    """Payloads from a JSON file: a JSON array (one task per element), or JSON lines (one
+    task per non-empty line). Raises ``ValueError`` naming the file and what is wrong."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"cannot read the payloads file {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"the payloads file {path} is not UTF-8 text") from None
+    try:
+        data = json.loads(text)
+    except ValueError as first:
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        try:
+            data = [json.loads(ln) for ln in lines]
+        except ValueError:
+            raise ValueError(f"the payloads file {path} is not JSON ({first}); it must hold a "
+                             "JSON array with one payload per task (or one JSON value per line)") from None
+        if len(lines) < 2:
+            raise ValueError(f"the payloads file {path} is not JSON: {first}") from None
+    if not isinstance(data, list):
+        raise ValueError(f"the payloads file {path} must hold a JSON array with one payload per "
+                         f"task, not a JSON {type(data).__name__}")
+    return data
+
+
+def encode_payloads(payloads: Iterable[Any]) -> list[bytes]:
+    """Each payload as UTF-8 JSON; ``ValueError`` naming the first that is not JSON."""
+    if isinstance(payloads, (str, bytes, dict)):
+        raise ValueError("payloads must be a list with one JSON value per task")
+    out = []
+    for i, p in enumerate(payloads):
+        try:
+            out.append(json.dumps(p, ensure_ascii=False, allow_nan=False).encode("utf-8"))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"payload #{i} cannot be written as JSON: {e}") from None
+    if not out:
+        raise ValueError("no payloads: a script job needs at least one (one task per payload)")
+    if len(out) > MAX_TASKS_PER_JOB:
+        raise ValueError(f"{len(out)} payloads is more than {MAX_TASKS_PER_JOB} tasks per job")
+    return out
+
+
+def read_script(script: str | os.PathLike | bytes) -> tuple[bytes, str]:
+    """``(source bytes, default job name)``: ``script`` is a path, or the source as bytes."""
+    if isinstance(script, (bytes, bytearray)):
+        return bytes(script), "script"
+    path = Path(script)
+    try:
+        source = path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"cannot read the script {script}: {e.strerror or e}") from None
+    return source, str(script)
+
+
+def submit(mesh, script, payloads: Iterable[Any], *, name: str | None = None,
+           timeout: float | None = None, costs: list[float] | None = None) -> str:
+    """Submit a script job on ``mesh`` (a :class:`~gpumesh.client.mesh.GPUMesh`); returns
+    its job id. The job waits in the queue when no worker is connected yet."""
+    source, default_name = read_script(script)
+    args = encode_payloads(payloads)
+    if costs is not None and len(costs) != len(args):
+        raise ValueError(f"{len(costs)} costs for {len(args)} payloads")
+    h = hashlib.sha256(source).hexdigest()
+    inline = len(source) <= INLINE_FUNCTION_BYTES
+    if not inline:
+        mesh._upload_blob(h, _Blob(source))
+    job_id = secrets.token_hex(6)
+    meta = {"job_id": job_id, "kind": "script", "fn": h, "fn_inline": inline,
+            "n_tasks": len(args), "timeout": timeout, "name": (name or default_name)[:200],
+            "result_format": "json", "costs": costs or [1.0] * len(args)}
+    frames: list = [json.dumps(meta).encode()]
+    if inline:
+        frames.append(source)
+    frames.extend(args)
+    chunks, size = wire.pack_frames(frames)
+    mesh.http.request("POST", "/v1/jobs", content=wire.iter_chunks(chunks),
+                      headers={"content-type": "application/x-gpumesh-frames",
+                               "content-length": str(size)}, timeout=600)
+    return job_id
+
+
+class _Blob:
+    def __init__(self, data: bytes):
+        self.chunks, self.size = [data], len(data)
+
+
+def wait(mesh, job_id: str, on_progress: Callable[[int, int], None] | None = None,
+         timeout: float | None = None) -> dict[str, dict]:
+    """Wait until every task of ``job_id`` is final; returns ``{task_id: {"index",
+    "state", "worker", "error", "result"}}`` (``result``: the decoded JSON value, or None).
+    ``on_progress(n_final, n_tasks)`` is called after every page. The job's results are
+    kept on the coordinator (``gpumesh status``, ``retry`` still work)."""
+    from ..strict import NotJSON, decode
+    out: dict[str, dict] = {}
+    after = -1
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        body = mesh.http.stream_into("GET", f"/v1/jobs/{job_id}/results",
+                                     params={"after": after, "wait": POLL_S}, timeout=POLL_S + 30)
+        if body:
+            frames = wire.unpack_frames(body)
+            page = json.loads(bytes(frames[0]))
+            k = 1
+            for item in page["results"]:
+                payload = None
+                if item["has_payload"]:
+                    payload, k = frames[k], k + 1
+                after = max(after, item["seq"])
+                value = None
+                if item["state"] == "done" and payload is not None:
+                    try:
+                        value = decode(payload)
+                    except NotJSON as e:
+                        value = {"error": str(e)}
+                out[item["task_id"]] = {"index": item["index"], "state": item["state"],
+                                        "worker": item.get("worker"), "error": item.get("error"),
+                                        "result": value}
+            if on_progress is not None:
+                on_progress(page["n_final"], page["n_tasks"])
+            if page["n_final"] >= page["n_tasks"]:
+                return out
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id} did not finish within {timeout:g}s")
