@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 
 import click
@@ -16,14 +17,28 @@ def version_line() -> str:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", "-V", message=version_line())
-def main() -> None:
-    """gpumesh: pool the CPUs and GPUs of a few machines into one compute mesh."""
+@click.option("-v", "--verbose", count=True,
+              help="More log output: -v for info, -vv for debug [default: warnings only].")
+@click.option("--log-json", is_flag=True, envvar="GPUMESH_LOG_JSON",
+              help="Write log records as JSON lines on stderr [default: off; env GPUMESH_LOG_JSON=1].")
+@click.option("--no-color", is_flag=True,
+              help="No colours in the output [default: colours on a terminal; env NO_COLOR].")
+def main(verbose: int, log_json: bool, no_color: bool) -> None:
+    """gpumesh: pool the CPUs and GPUs of a few machines into one compute mesh.
+
+    Exit codes: 0 success, 1 failure (an error, a failed task, an unknown job),
+    2 usage error (a bad flag or argument). Full reference: docs/cli.md.
+    """
+    from .. import logs
+    if no_color:
+        os.environ["NO_COLOR"] = "1"  # rich and our own output honour it
+    logs.configure(verbose, log_json)
 
 
 def _register() -> None:
-    from . import jobs, join, pool, serve
-    for command in (serve.serve, join.join, pool.workers, pool.devices, jobs.jobs, jobs.status,
-                    jobs.cancel, jobs.logs):
+    from . import doctor, jobs, join, pool, serve, submit
+    for command in (serve.serve, join.join, pool.workers, pool.devices, submit.submit, jobs.jobs,
+                    jobs.status, jobs.cancel, submit.retry, jobs.logs, doctor.doctor):
         main.add_command(command)
 
 

@@ -40,6 +40,7 @@ from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, PR
 from ..transport import Transport, Unreachable
 from . import calls as _calls
 from .console import OutputPrinter
+from .progress import Progress
 
 log = logging.getLogger("gpumesh.client")
 
@@ -149,6 +150,38 @@ class GPUMesh:
         Returns how many tasks were cancelled."""
         return self.http.request("POST", f"/v1/jobs/{job_id}/cancel", timeout=10).json()["cancelled"]
 
+    def retry(self, job_id: str) -> int:
+        """Re-queue the failed tasks of a job (fresh attempts). Returns how many.
+        Raises RequestRejected (404 unknown job, 410 arguments already released)."""
+        return self.http.request("POST", f"/v1/jobs/{job_id}/retry", timeout=10).json()["retried"]
+
+    def submit(self, name: str | None = None, script=None, payloads=(), *,
+               timeout: float | None = None) -> str:
+        """Submit a script job: ``python script`` runs once per payload on the mesh, the
+        payload arriving as JSON on its stdin; each task's result is the last line of its
+        stdout that parses as JSON. ``script``: a path (or the source as bytes). Returns
+        the job id at once (see :meth:`status`, :meth:`wait`). Raises ``ValueError`` for
+        an unreadable script or a payload that is not JSON."""
+        from . import scripts
+        if script is None:
+            raise ValueError("submit() needs script= (the path of a Python script)")
+        return scripts.submit(self, script, list(payloads), name=name, timeout=_check_timeout(timeout))
+
+    def wait(self, job_id: str, timeout: float | None = None) -> list[dict]:
+        """Wait for a script job to finish; one dict per task in payload order:
+        ``{"task_id", "index", "state", "worker", "error", "result"}`` (``result`` is the
+        JSON value the script printed, None if the task failed)."""
+        from . import scripts
+        got = scripts.wait(self, job_id, timeout=timeout)
+        return [dict(v, task_id=k) for k, v in sorted(got.items(), key=lambda kv: kv[1]["index"])]
+
+    @staticmethod
+    def results_to_dataframe(results):
+        """A ``pandas.DataFrame`` from results: dicts become columns (one row each), other
+        values a single ``result`` column. Requires pandas (``pip install pandas``)."""
+        from .frames import results_to_dataframe
+        return results_to_dataframe(results)
+
     def devices(self) -> list[dict]:
         """The pool as devices, strongest first: every GPU of every alive worker and each
         alive worker's CPU. Dicts with ``worker, hostname, kind`` (``"cuda"``, ``"mps"``,
@@ -212,6 +245,7 @@ class GPUMesh:
             return run_locally(fn, calls)
         job_id = secrets.token_hex(6)
         printer = OutputPrinter(single=len(calls) == 1) if self.output else None
+        bar = None
         collected = False
         try:
             first = self._submit(job_id, fn, calls, hints or [{}] * len(calls), timeout, name,
@@ -221,10 +255,14 @@ class GPUMesh:
                 notice(f"no live worker in the mesh at {self.url}; running locally")
                 collected = True  # nothing was stored
                 return run_locally(fn, calls)
-            values = self._collect(job_id, len(calls), first, printer)
+            if len(calls) > 1:  # a batch: a bar once it takes over a second (terminal/notebook)
+                bar = Progress(len(calls), name or getattr(fn, "__qualname__", "tasks"))
+            values = self._collect(job_id, len(calls), first, printer, bar)
             collected = True
             return values
         finally:
+            if bar is not None:
+                bar.close()
             if printer is not None:
                 printer.flush()
             if not collected:  # Ctrl+C, a task failure, a lost coordinator: stop the rest
@@ -303,7 +341,7 @@ class GPUMesh:
         self._known_blobs.add(h)
 
     def _collect(self, job_id: str, n: int, body: bytearray | None,
-                 printer: OutputPrinter | None) -> list[Any]:
+                 printer: OutputPrinter | None, bar: Progress | None = None) -> list[Any]:
         """Read result pages (the first came with the submit) until all ``n`` are in."""
         results: list[Any] = [_MISSING] * n
         got, after, out_after, attempt = 0, -1, -1, 0
@@ -332,6 +370,8 @@ class GPUMesh:
                         continue  # never deliver a result twice
                     results[idx] = _calls.decode_result(item, payload, self.strict)  # raises a failure
                     got += 1
+                if bar is not None:
+                    bar.update(got)
                 del frames, page
             if got >= n:
                 break

@@ -6,9 +6,10 @@ nothing it acknowledged); the WAL is fsynced at checkpoints, so a power cut may 
 last transactions before one. ``GPUMESH_SYNC=FULL`` fsyncs on every commit instead.
 
 Payloads (function blobs, task arguments, results) up to ``INLINE_BLOB_BYTES`` live in
-rows; larger ones are files under ``<data_dir>/blobs`` written to a temporary name,
-fsynced and renamed before the row that points at them is committed, so a row never
-points at a half-written file. Function blobs are content-addressed (sha256).
+rows; larger ones are files under ``<data_dir>/blobs`` written to a temporary name and
+renamed before the row that points at them is committed, so a row never points at a
+half-written file (with ``GPUMESH_SYNC=FULL`` they are fsynced before the rename too).
+Function blobs are content-addressed (sha256).
 
 All methods are synchronous and fast (no method scans all tasks); the coordinator calls
 them from its event loop.
@@ -117,7 +118,11 @@ class Store:
         self.db = sqlite3.connect(self.dir / "gpumesh.db", isolation_level=None,
                                   check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute(f"PRAGMA synchronous={os.environ.get('GPUMESH_SYNC', 'NORMAL')}")
+        sync = os.environ.get("GPUMESH_SYNC", "NORMAL").upper()
+        if sync not in ("NORMAL", "FULL"):
+            raise ValueError(f"GPUMESH_SYNC must be NORMAL or FULL, not {sync!r}")
+        self.full_sync = sync == "FULL"
+        self.db.execute(f"PRAGMA synchronous={sync}")
         self.db.execute("PRAGMA busy_timeout=5000")
         self.db.executescript(SCHEMA)
         for table, column, kind in MIGRATIONS:
@@ -150,7 +155,8 @@ class Store:
             for c in chunks:
                 n += fh.write(c)
             fh.flush()
-            os.fsync(fh.fileno())
+            if self.full_sync:  # same promise as the database: see the module docstring
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
         return n
 
