@@ -2,6 +2,7 @@
 #   make install   the package (editable) with the notebook and examples extras
 #   make demo      a two-worker mesh on loopback running examples/grid_search.py
 #   make test      the test suite (dev extra)
+#   make test-engines  the conformance suite on the native mesh, Dask and Ray (dev,dask,ray extras)
 #   make bench     benchmarks/run.py
 #   make clean     build and cache files (make distclean also removes .venv)
 
@@ -10,7 +11,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: venv install demo test bench clean distclean
+.PHONY: venv install demo test test-engines bench clean distclean
 
 venv: $(PY)
 
@@ -27,6 +28,11 @@ demo: install
 test: $(PY)
 	$(PIP) install -q -e '.[dev]'
 	$(PY) -m pytest
+
+# The same decorator/.map tests on the native mesh, a Dask LocalCluster and a local Ray.
+test-engines: $(PY)
+	$(PIP) install -q -e '.[dev,dask,ray]'
+	$(PY) -m pytest tests/conformance
 
 bench: install
 	$(PY) benchmarks/run.py

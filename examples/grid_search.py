@@ -2,6 +2,7 @@
 
     python examples/grid_search.py                  # fan the grid out over the mesh
     python examples/grid_search.py --stdin-payload  # script-job mode: one JSON payload on stdin
+    gpumesh submit examples/grid_search.py --payloads examples/payloads.json --wait
 
 The mesh is found the usual way ($GPUMESH_URL / $GPUMESH_TOKEN, else the saved config);
 if it cannot be reached the same ``.map`` runs locally. The digits data ships with
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 
@@ -113,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         help='read one JSON payload {"C": ..., "gamma": ...} from stdin, print the result as JSON',
     )
     args = parser.parse_args(argv)
-    if args.stdin_payload:
+    # A worker runs script jobs (gpumesh submit) with GPUMESH_SCRIPT=1: payload mode.
+    if args.stdin_payload or os.environ.get("GPUMESH_SCRIPT") == "1":
         return run_payload()
 
     from gpumesh import mesh  # auto-connects: $GPUMESH_URL / $GPUMESH_TOKEN, else saved config

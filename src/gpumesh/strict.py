@@ -10,7 +10,9 @@ Only values that come back *exactly* as they were returned are accepted: ``dict`
 with ``str`` keys, ``list``, ``str``, ``int``, ``float`` (NaN and infinities included, as
 Python's json writes them), ``bool`` and ``None`` — the types themselves, not
 subclasses. A tuple, a NumPy scalar, a set or a dict with int keys would change on the
-way, so they are refused with an error naming the type and where it sits.
+way, so they are refused with an error naming the type and where it sits. (A call that
+runs locally because the mesh is down returns its value as it is: nothing crossed a
+trust boundary.)
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ def _counts(counts: dict) -> str:
 @click.command()
 @endpoint_options
 @click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
 @one_line_errors
 def jobs(url, token, limit, as_json):
     """Recent jobs, newest first."""
@@ -43,7 +43,7 @@ def jobs(url, token, limit, as_json):
 @click.command()
 @click.argument("job_id")
 @endpoint_options
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
 @one_line_errors
 def status(job_id, url, token, as_json):
     """State of one job and its tasks. Exit code 1 if the job failed or is unknown."""
@@ -67,18 +67,23 @@ def status(job_id, url, token, as_json):
 @click.command()
 @click.argument("job_id")
 @endpoint_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
 @one_line_errors
-def cancel(job_id, url, token):
-    """Cancel a job: queued tasks are dropped, running ones killed."""
+def cancel(job_id, url, token, as_json):
+    """Cancel a job: queued tasks are dropped, running ones killed. Exit code 1 if the
+    job is unknown."""
     n = _mesh(url, token).cancel(job_id)
+    if as_json:
+        click.echo(json.dumps({"job_id": job_id, "cancelled": n}))
+        return
     click.echo(f"[OK] cancelled {n} task(s) of job {job_id}")
 
 
 @click.command()
 @click.argument("job_id")
-@click.option("--task", "task_id", default=None, help="Only this task.")
+@click.option("--task", "task_id", default=None, help="Only this task's output [default: every task].")
 @endpoint_options
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
 @one_line_errors
 def logs(job_id, task_id, url, token, as_json):
     """What each task of a job printed to stdout and stderr."""

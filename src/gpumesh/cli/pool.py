@@ -50,7 +50,7 @@ def format_devices(devices: list[dict]) -> str:
 
 @click.command()
 @endpoint_options
-@click.option("--json", "as_json", is_flag=True, help="Print the raw list as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw list as JSON [default: a table].")
 @one_line_errors
 def workers(url, token, as_json):
     """List the workers of the mesh."""
@@ -62,7 +62,7 @@ def workers(url, token, as_json):
 
 @click.command()
 @endpoint_options
-@click.option("--json", "as_json", is_flag=True, help="Print the raw list as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw list as JSON [default: a table].")
 @one_line_errors
 def devices(url, token, as_json):
     """List every device of the pool: each GPU and each CPU of the alive workers."""

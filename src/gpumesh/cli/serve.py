@@ -111,7 +111,7 @@ class _MeshLogFormat(logging.Formatter):
               help="Token callers and workers must present [default: $GPUMESH_TOKEN, else a new one].")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where jobs, tasks and results are stored [default: ~/.gpumesh].")
-@click.option("--no-self-worker", is_flag=True, help="Do not join this machine as a worker.")
+@click.option("--no-self-worker", is_flag=True, help="Do not join this machine as a worker [default: it joins].")
 @click.option("--slots", type=click.IntRange(1, 1024), default=1, show_default=True,
               help="Tasks the self-worker runs at once.")
 @click.option("--worker-token", default=None, metavar="TOKEN",
@@ -119,13 +119,13 @@ class _MeshLogFormat(logging.Formatter):
                    "never submit or read results [default: $GPUMESH_WORKER_TOKEN, else none].")
 @click.option("--tls", is_flag=True,
               help="Serve HTTPS with a self-signed certificate kept in the data directory; "
-                   "prints its SHA-256 fingerprint for clients to pin.")
+                   "prints its SHA-256 fingerprint for clients to pin [default: plain HTTP].")
 @click.option("--tls-cert", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Serve HTTPS with this PEM certificate (chain) instead (implies --tls).")
+              help="Serve HTTPS with this PEM certificate (chain) instead (implies --tls) [default: none].")
 @click.option("--tls-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="The PEM private key for --tls-cert.")
+              help="The PEM private key for --tls-cert [default: none].")
 @click.option("--safe-mode", is_flag=True,
-              help="Refuse function (pickle) jobs; accept script jobs only.")
+              help="Refuse function (pickle) jobs; accept script jobs only [default: off].")
 def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls, tls_cert, tls_key,
           safe_mode):
     """Run a coordinator: the job store and HTTP API of the mesh."""
@@ -180,10 +180,11 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
         click.echo(f"[gpumesh] warning: could not save the config ({e}); callers need --url/--token", err=True)
 
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(_MeshLogFormat())
+    from .. import logs
+    handler.setFormatter(logs.formatter() or _MeshLogFormat())  # --log-json: JSON lines
     mesh_log = logging.getLogger("gpumesh.coordinator")
     mesh_log.addHandler(handler)
-    mesh_log.setLevel(logging.INFO)
+    mesh_log.setLevel(min(logging.INFO, logs.level()))  # -vv: debug
     mesh_log.propagate = False
 
     try:

@@ -77,7 +77,16 @@ class GPUMesh:
     ``strict``: accept only JSON results and never unpickle what workers send (see
     :mod:`gpumesh.strict`); default ``$GPUMESH_STRICT_RESULTS=1``.
     Raises ``ValueError`` for a URL that is not http(s). Creating one sends nothing.
+    ``dask://host:8786`` (or ``tcp://``) and ``ray://host:10001`` / ``ray://auto`` URLs give
+    the same API on a Dask or Ray cluster (:mod:`gpumesh.client.backends`).
     """
+
+    def __new__(cls, url: str | None = None, *args: Any, **kwargs: Any):
+        # dask://, tcp:// and ray:// URLs are served by an engine backend (client/backends/).
+        if cls is GPUMesh:
+            from .backends import backend_class
+            cls = backend_class(url) or cls
+        return super().__new__(cls)
 
     def __init__(self, url: str | None = None, token: str | None = None, *,
                  output: bool | None = None, fingerprint: str | None = None,

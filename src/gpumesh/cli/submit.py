@@ -1,0 +1,144 @@
+"""``gpumesh submit SCRIPT --payloads FILE.json [--wait]`` and ``gpumesh retry JOB``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import click
+
+from .common import endpoint_options, fail, one_line_errors, resolve_endpoint
+
+
+def _mesh(url, token):
+    from ..client.mesh import GPUMesh
+    ep = resolve_endpoint(url, token)
+    return GPUMesh(ep.url, token=ep.token, output=False)
+
+
+def color_enabled() -> bool:
+    """Colours only on a terminal and never with NO_COLOR / --no-color."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+MARKS = {"done": ("✓", "green"), "failed": ("✗", "red"), "cancelled": ("-", "yellow")}
+
+
+def task_lines(view: dict, results: dict[str, dict] | None = None, color: bool = False) -> list[str]:
+    """One job's tasks as the spec shows them: ``✓ task ID [done]  cost=1.0  worker=W``,
+    then ``result: {...}`` (or ``error: ...``)."""
+    lines = []
+    for t in view.get("tasks", []):
+        mark, fg = MARKS.get(t["state"], ("…", None))
+        if color and fg:
+            mark = click.style(mark, fg=fg)
+        lines.append(f"  {mark} task {t['id']} [{t['state']}]  cost={t['cost']}  "
+                     f"worker={t['worker_id'] or '-'}")
+        got = (results or {}).get(t["id"])
+        if got is not None and got["state"] == "done":
+            lines.append("    result: " + json.dumps(got["result"], ensure_ascii=False))
+        if t.get("error"):
+            lines.append(f"    error: {t['error'].get('message', '')}")
+    return lines
+
+
+@click.command()
+@click.argument("script", type=click.Path(exists=True, dir_okay=False))
+@click.option("--payloads", "payloads_file", required=True, type=click.Path(dir_okay=False),
+              help="JSON file: an array with one payload per task (or one JSON value per line). "
+                   )
+@click.option("--name", default=None, help="Job name [default: the SCRIPT path as given].")
+@click.option("--timeout", type=click.FloatRange(min=0.001), default=None,
+              help="Seconds each task may run before it is killed [default: no limit].")
+@click.option("--wait", is_flag=True,
+              help="Wait for the job with a progress bar, then print each task's result; exit "
+                   "code 1 if any task did not finish as done [default: return at once].")
+@endpoint_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
+@one_line_errors
+def submit(script, payloads_file, name, timeout, wait, url, token, as_json):
+    """Run SCRIPT once per payload on the mesh (a script job).
+
+    Each task runs `python SCRIPT` on a worker with its payload as JSON on stdin; the
+    task's result is the last line of its stdout that parses as JSON (print other
+    lines before it freely). A non-zero exit status, or no JSON line, fails the task
+    with the end of its stderr. Script jobs involve no pickle, so `serve --safe-mode`
+    accepts them.
+    """
+    from ..client import scripts
+    payloads = scripts.load_payloads(payloads_file)
+    mesh = _mesh(url, token)
+    job_id = mesh.submit(name=name or script, script=script, payloads=payloads, timeout=timeout)
+    if not wait:
+        if as_json:
+            click.echo(json.dumps({"job_id": job_id, "n_tasks": len(payloads)}))
+        else:
+            click.echo(f"[OK] Submitted job {job_id}")
+            click.echo(f"   follow it with: gpumesh status {job_id}")
+        return
+    if not as_json:
+        click.echo(f"[OK] Submitted job {job_id}")
+        click.echo(f"Job: {name or script} ({job_id})")
+        click.echo("")
+    results = _wait(mesh, job_id, len(payloads), quiet=as_json)
+    view = mesh.status(job_id)
+    ok = view["counts"].get("done", 0) == view["n_tasks"]
+    if as_json:
+        for t in view.get("tasks", []):
+            got = results.get(t["id"])
+            t["result"] = got["result"] if got else None
+        click.echo(json.dumps(view, indent=2, ensure_ascii=False))
+    else:
+        click.echo("")
+        click.echo(f"  Status: {view['state']}")
+        click.echo(f"  Counts: {view['counts']}")
+        click.echo("")
+        for line in task_lines(view, results, color_enabled()):
+            click.echo(line)
+    if not ok:
+        sys.exit(1)
+
+
+def _wait(mesh, job_id: str, total: int, quiet: bool) -> dict[str, dict]:
+    """Wait for every task; a live bar on a terminal, then the final bar line."""
+    from ..client import scripts
+    from ..client.progress import Progress, bar_text
+    started = time.monotonic()
+    done = [0]
+    with Progress(total, "tasks", enabled=None if not quiet else False, delay=0) as bar:
+        def on_progress(n_final: int, n_tasks: int) -> None:
+            done[0] = n_final
+            bar.update(n_final, n_tasks)
+        results = scripts.wait(mesh, job_id, on_progress)
+    if not quiet:
+        click.echo("  " + bar_text(done[0], total, time.monotonic() - started))
+    return results
+
+
+@click.command()
+@click.argument("job_id")
+@endpoint_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
+@one_line_errors
+def retry(job_id, url, token, as_json):
+    """Re-queue the failed tasks of a job (they run again from a fresh attempt).
+
+    Exit code 1 if the job is unknown or its arguments were already released.
+    """
+    n = _mesh(url, token).retry(job_id)
+    if as_json:
+        click.echo(json.dumps({"job_id": job_id, "retried": n}))
+    elif n:
+        click.echo(f"[OK] re-queued {n} failed task(s) of job {job_id}")
+    else:
+        click.echo(f"job {job_id} has no failed task; nothing to retry")
+
+
+__all__ = ["submit", "retry", "fail"]

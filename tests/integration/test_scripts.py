@@ -1,0 +1,241 @@
+"""Script jobs (``gpumesh submit``) on real meshes: protocol, errors, retry, safe mode."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpumesh.cli import main
+from gpumesh.errors import RequestRejected
+
+from ..conftest import Mesh
+
+REPO = Path(__file__).resolve().parents[2]
+
+SQUARE = """\
+import json, sys
+p = json.load(sys.stdin)
+print("working on", p["x"])
+print(json.dumps({"x": p["x"], "sq": p["x"] ** 2}))
+print("not json: the result is the last line that parses as JSON")
+"""
+
+
+def cli(m: Mesh, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpumesh", *args], env=m.env, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL, cwd=REPO)
+
+
+def invoke(m: Mesh, *args: str):
+    """The CLI in this process (click's runner), against mesh ``m``."""
+    env = {"GPUMESH_URL": m.url, "GPUMESH_TOKEN": m.token, "GPUMESH_CONFIG": m.env["GPUMESH_CONFIG"]}
+    return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+
+
+@pytest.fixture
+def script_mesh(make_mesh):
+    return make_mesh(workers=1, slots=2)
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_submit_wait_prints_progress_and_results(script_mesh, tmp_path):
+    script = write(tmp_path, "square.py", SQUARE)
+    payloads = write(tmp_path, "p.json", json.dumps([{"x": i} for i in range(4)]))
+    r = invoke(script_mesh, "submit", str(script), "--payloads", str(payloads), "--wait",
+               "--name", "squares")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    job_id = lines[0].split()[-1]
+    assert lines[0] == f"[OK] Submitted job {job_id}"
+    assert lines[1] == f"Job: squares ({job_id})"
+    assert any("#################### 100%  4/4 done" in ln for ln in lines)
+    assert "  Status: finished" in lines and "  Counts: {'done': 4}" in lines
+    results = [json.loads(ln.split("result: ", 1)[1]) for ln in lines if "result: " in ln]
+    assert sorted(r["sq"] for r in results) == [0, 1, 4, 9]
+    done = [ln for ln in lines if ln.startswith("  ✓ task ")]
+    assert len(done) == 4 and all("[done]  cost=1.0  worker=" in ln for ln in done)
+    # everything the script printed is kept per task
+    logs = invoke(script_mesh, "logs", job_id, "--json")
+    kept = json.loads(logs.output)
+    assert [t["stdout"].splitlines()[0] for t in kept] == [f"working on {i}" for i in range(4)]
+
+
+def test_submit_returns_at_once_and_python_api(script_mesh, tmp_path):
+    script = write(tmp_path, "square.py", SQUARE)
+    payloads = write(tmp_path, "p.json", "\n".join(json.dumps({"x": i}) for i in range(3)))  # JSON lines
+    r = invoke(script_mesh, "submit", str(script), "--payloads", str(payloads), "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["n_tasks"] == 3
+    mesh = script_mesh.client()
+    got = mesh.wait(out["job_id"], timeout=60)
+    assert [g["result"] for g in got] == [{"x": i, "sq": i * i} for i in range(3)]
+    # GPUMesh.submit(name=, script=, payloads=) and status(job_id)
+    job_id = mesh.submit(name="api", script=str(script), payloads=[{"x": 7}])
+    assert mesh.wait(job_id, timeout=60)[0]["result"] == {"x": 7, "sq": 49}
+    st = mesh.status(job_id)
+    assert st["kind"] == "script" and st["state"] == "finished" and st["counts"] == {"done": 1}
+    df = mesh.results_to_dataframe(got)
+    assert list(df["sq"]) == [0, 1, 4] and list(df["state"]) == ["done"] * 3
+
+
+def test_failures_are_clear_and_exit_code_1(script_mesh, tmp_path):
+    script = write(tmp_path, "bad.py", """\
+import json, sys
+p = json.load(sys.stdin)
+if p["mode"] == "exit":
+    print("about to fail", file=sys.stderr)
+    sys.exit(3)
+if p["mode"] == "nojson":
+    print("just text")
+if p["mode"] == "ok":
+    print(json.dumps([1, 2]))
+""")
+    payloads = write(tmp_path, "p.json", json.dumps([{"mode": m} for m in ("exit", "nojson", "ok")]))
+    r = invoke(script_mesh, "submit", str(script), "--payloads", str(payloads), "--wait")
+    assert r.exit_code == 1, r.output
+    assert "  Counts: {'done': 1, 'failed': 2}" in r.output
+    assert "error: the script exited with status 3; stderr ends with: about to fail" in r.output
+    assert "error: the script printed no JSON line on stdout" in r.output
+    assert "result: [1, 2]" in r.output
+    job_id = r.output.splitlines()[0].split()[-1]
+    st = invoke(script_mesh, "status", job_id, "--json")
+    assert st.exit_code == 1
+    view = json.loads(st.output)
+    errors = {t["index"]: t["error"] for t in view["tasks"]}
+    assert errors[0]["type"] == "ScriptFailed" and errors[0]["code"] == 3
+    assert "about to fail" in errors[0]["stderr_tail"]
+    assert errors[2] is None
+
+
+def test_timeout_and_cancel_kill_the_process_group(script_mesh, tmp_path):
+    marker = tmp_path / "child-alive"
+    script = write(tmp_path, "slow.py", f"""\
+import json, subprocess, sys, time
+p = json.load(sys.stdin)
+# a grandchild in the same process group: it must die with the task
+subprocess.Popen([sys.executable, "-c", "import time, pathlib; time.sleep(3); "
+                  "pathlib.Path({str(marker)!r}).write_text('x')"])
+time.sleep(p["sleep"])
+print(json.dumps("woke"))
+""")
+    payloads = write(tmp_path, "p.json", json.dumps([{"sleep": 30}]))
+    t0 = time.monotonic()
+    r = invoke(script_mesh, "submit", str(script), "--payloads", str(payloads), "--wait",
+               "--timeout", "1")
+    assert r.exit_code == 1, r.output
+    assert time.monotonic() - t0 < 20
+    assert "error: the task ran longer than its timeout of 1s" in r.output
+    # cancel a running script job
+    r = invoke(script_mesh, "submit", str(script), "--payloads", str(payloads), "--json")
+    job_id = json.loads(r.output)["job_id"]
+    mesh = script_mesh.client()
+    deadline = time.monotonic() + 20
+    while mesh.status(job_id)["counts"].get("leased") != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    time.sleep(0.5)
+    c = invoke(script_mesh, "cancel", job_id, "--json")
+    assert json.loads(c.output) == {"job_id": job_id, "cancelled": 1}
+    time.sleep(4)
+    assert not marker.exists(), "a process the script started outlived its task"
+
+
+def test_retry_requeues_failed_tasks(script_mesh, tmp_path):
+    script = write(tmp_path, "flaky.py", """\
+import json, pathlib, sys
+p = json.load(sys.stdin)
+flag = pathlib.Path(p["flag"])
+if p["flaky"] and not flag.exists():
+    flag.write_text("seen")
+    sys.exit("first attempt fails")
+print(json.dumps({"n": p["n"]}))
+""")
+    payloads = write(tmp_path, "p.json", json.dumps(
+        [{"n": i, "flaky": i == 1, "flag": str(tmp_path / "flag")} for i in range(3)]))
+    r = invoke(script_mesh, "submit", str(script), "--payloads", str(payloads), "--wait")
+    assert r.exit_code == 1 and "first attempt fails" in r.output
+    job_id = r.output.splitlines()[0].split()[-1]
+    r = invoke(script_mesh, "retry", job_id)
+    assert r.exit_code == 0 and r.output.strip() == f"[OK] re-queued 1 failed task(s) of job {job_id}"
+    mesh = script_mesh.client()
+    got = mesh.wait(job_id, timeout=60)
+    assert [g["result"] for g in got] == [{"n": 0}, {"n": 1}, {"n": 2}]
+    assert mesh.status(job_id)["counts"] == {"done": 3}
+    r = invoke(script_mesh, "retry", job_id, "--json")
+    assert json.loads(r.output) == {"job_id": job_id, "retried": 0}
+    # unknown job: one line, exit 1
+    r = cli(script_mesh, "retry", "0123456789ab")
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
+    assert "no such job" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_retry_after_release_is_410(script_mesh):
+    mesh = script_mesh.client(output=False)
+    from gpumesh import accelerate  # noqa: F401 - function jobs are released once collected
+
+    def double(x):
+        return 2 * x
+    assert mesh.run_calls(double, [((1,), {})]) == [2]
+    job = mesh.jobs(limit=1)[0]
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            mesh.retry(job["id"])
+        except RequestRejected as e:
+            assert e.status == 410 and "already released" in str(e)
+            break
+        assert time.monotonic() < deadline, "the job was never released"
+        time.sleep(0.1)
+
+
+def test_usage_errors_exit_2_and_bad_payloads_exit_1(script_mesh, tmp_path):
+    script = write(tmp_path, "square.py", SQUARE)
+    r = cli(script_mesh, "submit", str(script))
+    assert r.returncode == 2 and "--payloads" in r.stderr
+    bad = write(tmp_path, "bad.json", '{"x": 1}')
+    r = cli(script_mesh, "submit", str(script), "--payloads", str(bad))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == (f"error: the payloads file {bad} must hold a JSON array with one "
+                                "payload per task, not a JSON dict")
+    broken = write(tmp_path, "broken.json", "[1, 2")
+    r = cli(script_mesh, "submit", str(script), "--payloads", str(broken))
+    assert r.returncode == 1 and "is not JSON" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_safe_mode_accepts_script_jobs(make_mesh, tmp_path):
+    m = Mesh(tmp_path / "safe")
+    m.start(extra=["--safe-mode"])
+    try:
+        m.add_worker()
+        script = write(tmp_path, "square.py", SQUARE)
+        mesh = m.client()
+        job_id = mesh.submit(script=str(script), payloads=[{"x": 5}])
+        assert mesh.wait(job_id, timeout=60)[0]["result"] == {"x": 5, "sq": 25}
+    finally:
+        m.stop()
+
+
+def test_grid_search_example_end_to_end(script_mesh):
+    """The README's command, verbatim: the example's payloads, its stdin mode."""
+    payloads = json.loads((REPO / "examples" / "payloads.json").read_text())
+    assert all(set(p) == {"C", "gamma"} for p in payloads)
+    r = cli(script_mesh, "submit", "examples/grid_search.py", "--payloads", "examples/payloads.json",
+            "--wait", timeout=110)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"{len(payloads)}/{len(payloads)} done" in r.stdout
+    results = [json.loads(ln.split("result: ", 1)[1]) for ln in r.stdout.splitlines() if "result: " in ln]
+    assert sorted((x["C"], x["gamma"]) for x in results) == sorted((p["C"], p["gamma"]) for p in payloads)
+    assert all(0.5 < x["val_accuracy"] <= 1.0 for x in results)

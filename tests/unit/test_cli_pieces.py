@@ -1,0 +1,110 @@
+"""Pure pieces behind the CLI: script results, payload files, progress, logging, frames."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import sys
+
+import pytest
+
+from gpumesh import logs
+from gpumesh.client import progress, scripts
+from gpumesh.client.frames import results_to_dataframe
+from gpumesh.worker.scripts import result_line
+
+
+def test_result_is_the_last_line_that_parses_as_json():
+    assert result_line(b'{"a": 1}\n{"b": 2}\nplain text\n\n') == b'{"b": 2}'
+    assert result_line(b"starting\n  [1, 2]  \ndone\n") == b"[1, 2]"
+    assert result_line(b"42\n") == b"42"
+    assert result_line(b"no json here\n{broken\n") is None
+    assert result_line(b"") is None
+    assert result_line(b'\xff\xfe\n"ok"\n') == b'"ok"'
+
+
+def test_payload_files(tmp_path):
+    arr = tmp_path / "a.json"
+    arr.write_text('[{"x": 1}, 2, "three"]')
+    assert scripts.load_payloads(arr) == [{"x": 1}, 2, "three"]
+    lines = tmp_path / "l.jsonl"
+    lines.write_text('{"x": 1}\n\n{"x": 2}\n')
+    assert scripts.load_payloads(lines) == [{"x": 1}, {"x": 2}]
+    obj = tmp_path / "o.json"
+    obj.write_text('{"x": 1}')
+    with pytest.raises(ValueError, match="must hold a JSON array"):
+        scripts.load_payloads(obj)
+    with pytest.raises(ValueError, match="cannot read the payloads file"):
+        scripts.load_payloads(tmp_path / "missing.json")
+    with pytest.raises(ValueError, match="no payloads"):
+        scripts.encode_payloads([])
+    with pytest.raises(ValueError, match="payload #1 cannot be written as JSON"):
+        scripts.encode_payloads([1, {1, 2}])
+    assert scripts.encode_payloads([{"é": 1}]) == ['{"é": 1}'.encode()]
+
+
+def test_bar_text():
+    assert progress.bar_text(6, 6, 10.2) == "#################### 100%  6/6 done  (10s)"
+    assert progress.bar_text(3, 6, 4) == "##########.......... 50%  3/6 done  (4s)".replace(" 50%", "  50%")
+    assert progress.bar_text(0, 0, 0).endswith("0/0 done  (0s)")
+
+
+def test_progress_only_for_people(monkeypatch):
+    monkeypatch.delenv("GPUMESH_PROGRESS", raising=False)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # a pipe / file: never
+    assert progress.wanted() is False
+    monkeypatch.setenv("GPUMESH_PROGRESS", "1")
+    assert progress.wanted() is True
+    monkeypatch.setenv("GPUMESH_PROGRESS", "0")
+    assert progress.wanted() is False
+
+
+def test_progress_bar_draws_counts_rate_and_eta():
+    from rich.console import Console
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=120, color_system=None)
+    bar = progress.Progress(4, "square", enabled=True, delay=0, keep=True, console=console)
+    assert bar.shown
+    bar.update(3)
+    bar.close()
+    text = out.getvalue()
+    assert "square" in text and "3/4" in text and "done" in text and "/s" in text and "ETA" in text
+
+
+def test_progress_waits_for_its_delay():
+    bar = progress.Progress(10, enabled=True, delay=5)
+    bar.update(10)
+    bar.close()
+    assert not bar.shown  # a short batch never drew anything
+    assert not progress.Progress(10, enabled=False, delay=0).shown
+
+
+def test_log_json_formatter_and_levels():
+    out = io.StringIO()
+    logs.configure(verbose=1, as_json=True, stream=out)
+    try:
+        logging.getLogger("gpumesh.test").info("hello %s", "world")
+        logging.getLogger("gpumesh.test").debug("hidden at -v")
+        rec = json.loads(out.getvalue().strip())
+        assert rec["message"] == "hello world" and rec["level"] == "info" and rec["logger"] == "gpumesh.test"
+        assert logs.level() == logging.INFO and logs.json_enabled()
+        logs.configure(verbose=2, as_json=False, stream=out)
+        assert logging.getLogger("gpumesh").level == logging.DEBUG
+    finally:
+        logs.configure(0, False)
+    assert logging.getLogger("gpumesh").level == logging.WARNING
+    assert logs.formatter() is None
+
+
+def test_results_to_dataframe(monkeypatch):
+    df = results_to_dataframe([{"a": 1, "b": 2}, {"a": 3}])
+    assert list(df.columns) == ["a", "b"] and df["a"].tolist() == [1, 3]
+    assert results_to_dataframe([1, 2, 3])["result"].tolist() == [1, 2, 3]
+    recs = [{"task_id": "t1", "index": 0, "state": "done", "worker": "w", "error": None,
+             "result": {"acc": 0.9}}]
+    df = results_to_dataframe(recs)
+    assert df.loc[0, "acc"] == 0.9 and df.loc[0, "state"] == "done"
+    monkeypatch.setitem(sys.modules, "pandas", None)
+    with pytest.raises(ImportError, match="pip install pandas"):
+        results_to_dataframe([{"a": 1}])
