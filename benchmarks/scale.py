@@ -277,12 +277,16 @@ async def run_n(n: int, args, root: Path) -> dict:
         p = mp.get_context("fork").Process(target=callers_main,
                                            args=(coord.url, args.callers, batch, args.seconds, child))
         stats.recording = True
+        me = psutil.Process()
+        g0 = sum(me.cpu_times()[:2])
         c0, t0 = coord.cpu_seconds(), time.monotonic()
         p.start()
         loop = asyncio.get_running_loop()
         res = await loop.run_in_executor(None, parent.recv)
         elapsed = time.monotonic() - t0
         row["cpu_load_pct"] = round(100 * (coord.cpu_seconds() - c0) / elapsed, 1)
+        # the simulated workers' own CPU: near 100 % means the generator, not the coordinator, is the limit
+        row["generator_cpu_pct"] = round(100 * (sum(me.cpu_times()[:2]) - g0) / elapsed, 1)
         stats.recording = False
         await loop.run_in_executor(None, p.join)
         row["rss_mib"] = round(coord.rss_mib(), 1)
@@ -306,7 +310,7 @@ async def run_n(n: int, args, root: Path) -> dict:
 COLUMNS = [("workers", "N"), ("cpu_idle_pct", "CPU idle %"), ("cpu_load_pct", "CPU load %"),
            ("rss_mib", "RSS MiB"), ("lease_p50_ms", "lease p50 ms"), ("lease_p99_ms", "lease p99 ms"),
            ("result_rtt_p50_ms", "result RTT p50 ms"), ("result_rtt_p99_ms", "result RTT p99 ms"),
-           ("tasks_per_s", "tasks/s")]
+           ("tasks_per_s", "tasks/s"), ("generator_cpu_pct", "generator CPU %")]
 
 
 def table(rows: list[dict]) -> str:

@@ -21,6 +21,20 @@ TOKEN = "test-token-0123456789abcdefghijklmnopqrstuvwxyz"
 START_TIMEOUT_S = 30
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_lan_discovery():
+    """Nothing the suite starts in this (the root) network namespace may announce itself or
+    browse over mDNS: multicast would leave on the real network. Tests that need
+    discovery unset GPUMESH_DISCOVERY for processes inside namespaces they created."""
+    old = os.environ.get("GPUMESH_DISCOVERY")
+    os.environ["GPUMESH_DISCOVERY"] = "0"
+    yield
+    if old is None:
+        os.environ.pop("GPUMESH_DISCOVERY", None)
+    else:
+        os.environ["GPUMESH_DISCOVERY"] = old
+
+
 def free_port() -> int:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

@@ -164,14 +164,11 @@ def test_two_gpus_run_two_tasks_at_once(client):
         _t.sleep(1.5)
         return _os.environ["CUDA_VISIBLE_DEVICES"], _os.environ.get("CUDA_DEVICE_ORDER"), t0, _t.time()
 
-    t0 = time.monotonic()
     got = hold.map([0, 1])
-    elapsed = time.monotonic() - t0
     assert sorted(g[0] for g in got) == ["0", "1"]
     assert {g[1] for g in got} == {"PCI_BUS_ID"}
     (s0, e0), (s1, e1) = [(g[2], g[3]) for g in got]
-    assert max(s0, s1) < min(e0, e1), "the two tasks did not overlap"
-    assert elapsed < 2.9, elapsed
+    assert max(s0, s1) < min(e0, e1), "the two tasks did not run at the same time"
 
 
 def test_vram_hint_uses_the_free_memory_last_reported(hw, client):

@@ -275,3 +275,19 @@ def test_safe_mode_refuses_function_jobs_and_stores_nothing(app_factory):
     assert "safe mode" in r.json()["message"] and "function" in r.json()["message"]
     assert c.get("/v1/jobs", headers=bearer(MAIN)).json() == []
     assert c.head(f"/v1/blobs/{fn}", headers=bearer(MAIN)).status_code == 404
+
+
+def test_openapi_describes_every_route_and_nothing_else(app_factory):
+    c = app_factory()
+    spec = c.get("/v1/openapi.json").json()
+    described = {(m.upper(), p) for p, ops in spec["paths"].items() for m in ops}
+    served = set()
+    for r in c.app.routes:
+        for m in r.methods or ():
+            if m != "HEAD" or r.path.startswith("/v1/blobs"):
+                served.add((m, r.path))
+    assert described == served
+    assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    open_ops = {(m.upper(), p) for p, ops in spec["paths"].items() for m, op in ops.items()
+                if op.get("security") == []}
+    assert open_ops == {("GET", "/v1/health"), ("GET", "/v1/openapi.json")}

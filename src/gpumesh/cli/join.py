@@ -18,7 +18,7 @@ def _interrupt(signum, frame):
 
 
 @click.command()
-@click.argument("url")
+@click.argument("url", required=False)
 @click.option("--token", default=None, metavar="TOKEN",
               help="The coordinator's main or worker token [default: $GPUMESH_WORKER_TOKEN, "
                    "then $GPUMESH_TOKEN, else the saved config].")
@@ -30,10 +30,15 @@ def _interrupt(signum, frame):
               help="Pin the coordinator's TLS certificate (what `gpumesh serve --tls` printed) "
                    "[default: $GPUMESH_FINGERPRINT, else the saved config].")
 def join(url, token, slots, fingerprint):
-    """Join the mesh whose coordinator is at URL (e.g. http://192.0.2.10:8000)."""
+    """Join the mesh whose coordinator is at URL (e.g. http://192.0.2.10:8000).
+
+    Without URL, looks for coordinators on the LAN for a few seconds (mDNS, as
+    `gpumesh radar` does) and joins the one found; several or none is an error."""
     from ..worker.agent import WorkerAgent
     from ..worker.device import detect
 
+    if url is None:
+        url = _discover_url()
     try:
         url = config.normalise_url(url)
     except ValueError as e:
@@ -76,6 +81,13 @@ def join(url, token, slots, fingerprint):
         click.echo(f"[worker] {text}")
 
     agent = WorkerAgent(url, token, slots=slots, info=info, on_event=on_event, fingerprint=fingerprint)
+    advert = _advertise(url, info)
+    if advert is not None:
+        def and_advertise(kind: str, text: str) -> None:  # the radar shows the score too
+            on_event(kind, text)
+            if kind == "scored":
+                advert.update(score=f"{float(agent.info.get('score') or 0):.3f}")
+        agent.on_event = and_advertise
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         agent.run()
@@ -83,3 +95,47 @@ def join(url, token, slots, fingerprint):
         fail(str(e))
     except KeyboardInterrupt:
         click.echo("[worker] stopped")
+    finally:
+        if advert is not None:
+            advert.close()
+
+
+DISCOVER_S = 3.0
+
+
+def _discover_url() -> str:
+    """The one coordinator announced on the LAN, else a one-line error."""
+    from .. import discovery
+    if not discovery.enabled():
+        fail(f"no URL given and LAN discovery is off ({discovery.ENV}=0); "
+             "pass the coordinator's URL: gpumesh join URL")
+    click.echo(f"[worker] no URL given: looking for coordinators on the LAN ({DISCOVER_S:g} s)...")
+    try:
+        found = discovery.coordinators(discovery.browse(DISCOVER_S))
+    except discovery.DiscoveryUnavailable as e:
+        fail(f"{e}; or pass the coordinator's URL: gpumesh join URL")
+    except OSError as e:
+        fail(f"cannot look for coordinators on this network ({e}); pass the URL: gpumesh join URL")
+    if len(found) != 1:
+        listed = "; ".join(f"{c['url']} ({c['host'] or '?'})" for c in found)
+        what = f"{len(found)} coordinators found ({listed})" if found else "no coordinator found on the LAN"
+        fail(f"{what}; pass the coordinator's URL: gpumesh join URL")
+    c = found[0]
+    click.echo(f"[worker] found coordinator {c['url']} ({c['host'] or '?'})")
+    return c["url"]
+
+
+def _advertise(url: str, info: dict):
+    """Announce this worker on the LAN when its coordinator is not on loopback."""
+    from .. import discovery
+    if not discovery.enabled():
+        return None
+    address = discovery.worker_address(url)
+    if address is None:
+        return None
+    from urllib.parse import urlsplit
+    from .._version import __version__
+    port = urlsplit(url).port or (443 if url.startswith("https://") else 80)
+    return discovery.advertise("worker", [address], port, version=__version__,
+                               device=info.get("device"), device_name=info.get("device_name"),
+                               hostname=info.get("hostname"), score="pending", coordinator=url)

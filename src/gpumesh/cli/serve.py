@@ -126,8 +126,12 @@ class _MeshLogFormat(logging.Formatter):
               help="The PEM private key for --tls-cert [default: none].")
 @click.option("--safe-mode", is_flag=True,
               help="Refuse function (pickle) jobs; accept script jobs only [default: off].")
+@click.option("--no-advertise", is_flag=True,
+              help="Do not announce this coordinator on the LAN (mDNS, seen by `gpumesh radar`) "
+                   "[default: announced when bound to a non-loopback address, unless "
+                   "GPUMESH_DISCOVERY=0].")
 def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls, tls_cert, tls_key,
-          safe_mode):
+          safe_mode, no_advertise):
     """Run a coordinator: the job store and HTTP API of the mesh."""
     from ..coordinator.server import BindError, Server, bind
 
@@ -195,6 +199,7 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
     for line in banner(host, port, token, show_token=generated, fingerprint=fingerprint,
                        worker_token=worker_token is not None, safe_mode=safe_mode):
         click.echo(line)
+    advert = None if no_advertise else _advertise(host, port, fingerprint is not None)
     worker: list[subprocess.Popen] = []
     # The self-worker needs no more than a worker's rights: with a worker token it gets that.
     threading.Thread(target=_after_start,
@@ -208,7 +213,29 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
     finally:
         for proc in worker:
             _stop_child(proc)
+        if advert is not None:
+            advert.close()
     click.echo("[gpumesh] coordinator stopped")
+
+
+def _advertise(host: str, port: int, tls: bool):
+    """Announce this coordinator on the LAN (never for loopback, never a token)."""
+    from .. import discovery
+    if not discovery.enabled():
+        return None
+    addresses = discovery.advertise_addresses(host)
+    if not addresses:
+        return None
+    from .._version import __version__
+    from ..worker.device import detect
+    d = detect()
+    advert = discovery.advertise("coordinator", addresses, port, version=__version__,
+                                 device=d["device"], device_name=d["device_name"],
+                                 hostname=d["hostname"], scheme="https" if tls else "http")
+    if advert is not None:
+        click.echo(f"[OK] Announced on the LAN as a gpumesh coordinator ({', '.join(addresses)}; "
+                   "no token) - disable with --no-advertise")
+    return advert
 
 
 def _after_start(server, url: str, token: str, self_worker: bool, slots: int, out: list,

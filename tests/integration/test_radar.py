@@ -1,0 +1,210 @@
+"""LAN discovery across two network namespaces joined by a bridge.
+
+The test creates three namespaces of its own: gmA (the coordinator, 10.214.8.1), gmB
+(radar and a worker, 10.214.8.2) and gmBr, which holds only the bridge joining their veth
+peers. Nothing touches the root namespace's interfaces, so no multicast leaves this
+machine. Only the processes started inside gmA/gmB have GPUMESH_DISCOVERY unset (the
+session fixture sets it to 0 for everything else). Needs root and iproute2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from ..conftest import TOKEN
+
+A_IP, B_IP = "10.214.8.1", "10.214.8.2"
+
+
+def _run(*cmd: str, ns: str | None = None) -> None:
+    full = list(cmd) if ns is None else ["ip", "netns", "exec", ns, *cmd]
+    subprocess.run(full, check=True, capture_output=True, timeout=10)
+
+
+def _netns_possible() -> str | None:
+    if sys.platform != "linux":
+        return "network namespaces need Linux"
+    if os.geteuid() != 0:
+        return "creating network namespaces needs root"
+    if shutil.which("ip") is None:
+        return "iproute2 ('ip') is not installed"
+    probe = f"gmrp{os.getpid() % 100000}"
+    try:
+        _run("ip", "netns", "add", probe)
+        _run("ip", "netns", "del", probe)
+    except (subprocess.CalledProcessError, OSError) as e:
+        return f"this machine does not allow network namespaces: {e}"
+    return None
+
+
+@pytest.fixture
+def bridged():
+    """(nsA, nsB): two namespaces on one bridge, which lives in a third."""
+    reason = _netns_possible()
+    if reason:
+        pytest.skip(reason)
+    tag = os.getpid() % 100000
+    a, b, br = f"gmA{tag}", f"gmB{tag}", f"gmBr{tag}"
+    made: list[str] = []
+    try:
+        for ns in (a, b, br):
+            _run("ip", "netns", "add", ns)
+            made.append(ns)
+        _run("ip", "link", "add", "br0", "type", "bridge", ns=br)
+        _run("ip", "link", "set", "br0", "type", "bridge", "mcast_snooping", "0", ns=br)
+        _run("ip", "link", "set", "br0", "up", ns=br)
+        for ns, addr, port in ((a, A_IP, "pa"), (b, B_IP, "pb")):
+            # created inside ns, its peer moved straight into the bridge's namespace
+            _run("ip", "link", "add", "veth0", "type", "veth", "peer", "name", port, "netns", br, ns=ns)
+            _run("ip", "link", "set", port, "master", "br0", ns=br)
+            _run("ip", "link", "set", port, "up", ns=br)
+            _run("ip", "addr", "add", f"{addr}/24", "dev", "veth0", ns=ns)
+            _run("ip", "link", "set", "veth0", "up", ns=ns)
+            _run("ip", "link", "set", "lo", "up", ns=ns)
+            _run("ip", "route", "add", "224.0.0.0/4", "dev", "veth0", ns=ns)
+        yield a, b
+    finally:
+        for ns in reversed(made):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+class NsProc:
+    def __init__(self, ns: str, args: list[str], env: dict, log):
+        self.log = log
+        self.fh = open(log, "wb")
+        self.p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "gpumesh", *args],
+                                  env=env, stdout=self.fh, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.terminate()
+            try:
+                self.p.wait(10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        self.fh.close()
+
+
+def _env(tmp_path, name: str, discovery: bool) -> dict:
+    home = tmp_path / name
+    home.mkdir(exist_ok=True)
+    env = dict(os.environ, HOME=str(home), GPUMESH_TOKEN=TOKEN,
+               GPUMESH_CONFIG=str(home / "config.json"))
+    env.pop("GPUMESH_URL", None)
+    if discovery:
+        env.pop("GPUMESH_DISCOVERY", None)  # only ever inside the test's own namespaces
+    return env
+
+
+def _in_ns(ns: str, args: list[str], env: dict, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "gpumesh", *args],
+                          env=env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def _get(ns: str, url: str) -> dict | list:
+    """GET a coordinator endpoint from inside ``ns`` (the root namespace cannot reach it)."""
+    code = ("import httpx,json,sys; r=httpx.get(sys.argv[1], headers={'authorization': "
+            "'Bearer ' + sys.argv[2]}, timeout=3); print(r.text)")
+    out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code, url, TOKEN],
+                         capture_output=True, text=True, timeout=15)
+    return json.loads(out.stdout)
+
+
+def _wait_health(ns: str, url: str, proc: NsProc, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.p.poll() is None, proc.output()
+        try:
+            if _get(ns, f"{url}/v1/health").get("ok"):
+                return
+        except (ValueError, subprocess.SubprocessError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError("coordinator did not start:\n" + proc.output())
+
+
+def test_radar_and_join_find_a_lan_coordinator_across_namespaces(bridged, tmp_path):
+    ns_a, ns_b = bridged
+    port, local_port = 18000, 18001
+    url = f"http://{A_IP}:{port}"
+    procs: list[NsProc] = []
+    try:
+        lan = NsProc(ns_a, ["serve", "--host", A_IP, "--port", str(port), "--no-self-worker",
+                            "--data-dir", str(tmp_path / "data-lan")],
+                     _env(tmp_path, "a", discovery=True), tmp_path / "lan.log")
+        procs.append(lan)
+        loop = NsProc(ns_a, ["serve", "--host", "127.0.0.1", "--port", str(local_port),
+                             "--no-self-worker", "--data-dir", str(tmp_path / "data-loop")],
+                      _env(tmp_path, "a2", discovery=True), tmp_path / "loop.log")
+        procs.append(loop)
+        _wait_health(ns_a, url, lan)
+        _wait_health(ns_a, f"http://127.0.0.1:{local_port}", loop)
+        assert "Announced on the LAN" in lan.output()
+        assert "Announced on the LAN" not in loop.output()
+
+        r = _in_ns(ns_b, ["radar", "--once", "--json", "--timeout", "5"],
+                   _env(tmp_path, "b", discovery=True))
+        assert r.returncode == 0, r.stderr
+        assert TOKEN not in r.stdout + r.stderr
+        found = json.loads(r.stdout)
+        coords = [e for e in found if e["role"] == "coordinator"]
+        assert len(coords) == 1, found  # the loopback-bound one is not advertised
+        c = coords[0]
+        assert c["addresses"] == [A_IP] and c["port"] == port and c["url"] == url, c
+        assert set(c["properties"]) <= {"role", "version", "device", "device_name", "score",
+                                        "hostname", "coordinator", "scheme"}
+        assert c["version"] and c["device"] in ("CPU", "GPU") and c["host"]
+        assert str(local_port) not in r.stdout
+
+        # the table form works too
+        t = _in_ns(ns_b, ["radar", "--once", "--timeout", "3"], _env(tmp_path, "b", discovery=True))
+        assert t.returncode == 0 and "coordinator" in t.stdout and A_IP in t.stdout, t.stdout + t.stderr
+
+        # join with no URL finds the one coordinator and joins it
+        worker = NsProc(ns_b, ["join"], _env(tmp_path, "b", discovery=True), tmp_path / "worker.log")
+        procs.append(worker)
+        deadline = time.monotonic() + 25
+        alive = []
+        while time.monotonic() < deadline and not alive:
+            assert worker.p.poll() is None, worker.output()
+            alive = [w for w in _get(ns_a, f"{url}/v1/workers") if w["alive"]]
+            time.sleep(0.3)
+        assert alive, worker.output()
+        assert f"found coordinator {url}" in worker.output()
+
+        # the worker announces itself too (its coordinator is not on loopback)
+        deadline = time.monotonic() + 10
+        workers = []
+        while time.monotonic() < deadline and not workers:
+            r = _in_ns(ns_a, ["radar", "--json", "--timeout", "3"], _env(tmp_path, "a", discovery=True))
+            workers = [e for e in json.loads(r.stdout) if e["role"] == "worker"]
+        assert workers and workers[0]["coordinator"] == url and workers[0]["addresses"] == [B_IP], workers
+        assert TOKEN not in r.stdout
+    finally:
+        for p in reversed(procs):
+            p.stop()
+
+
+def test_discovery_off_opens_no_socket_and_says_so(tmp_path):
+    """GPUMESH_DISCOVERY=0 (as the whole suite runs): radar and join-without-URL refuse in one
+    line; nothing is browsed (this runs in the root namespace, so it must not)."""
+    env = dict(os.environ, GPUMESH_DISCOVERY="0", HOME=str(tmp_path))
+    for args in (["radar", "--once"], ["join"]):
+        r = subprocess.run([sys.executable, "-m", "gpumesh", *args], env=env, capture_output=True,
+                           text=True, timeout=30, stdin=subprocess.DEVNULL)
+        assert r.returncode == 1
+        assert r.stderr.strip().count("\n") == 0 and "GPUMESH_DISCOVERY=0" in r.stderr, r.stderr
