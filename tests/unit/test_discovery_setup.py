@@ -1,0 +1,141 @@
+"""Discovery's pure parts (no socket is opened) and the `gpumesh setup` wizard."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from gpumesh import discovery
+from gpumesh.cli import main
+from gpumesh.cli import setup as wizard
+
+
+def test_suite_runs_with_discovery_off():
+    assert os.environ.get("GPUMESH_DISCOVERY") == "0"
+    assert not discovery.enabled()
+    assert discovery.enabled({}) and not discovery.enabled({"GPUMESH_DISCOVERY": "off"})
+
+
+def test_nothing_is_advertised_or_browsed_when_off(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("a zeroconf socket was about to be opened")
+    import zeroconf
+    monkeypatch.setattr(zeroconf, "Zeroconf", boom)
+    assert discovery.advertise("coordinator", ["10.0.0.5"], 8000, version="1") is None
+    a = discovery.Advertiser("coordinator", ["10.0.0.5"], 8000, {"role": "coordinator"}).start()
+    assert a._thread is None
+    with pytest.raises(discovery.DiscoveryUnavailable, match="GPUMESH_DISCOVERY=0"):
+        discovery.browse(0.1)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.8.8.8", "::1", "[::1]", "localhost"])
+def test_loopback_is_never_advertised(host):
+    assert discovery.advertise_addresses(host) == []
+    assert discovery.worker_address(f"http://{host}:8000") is None
+
+
+def test_addresses_for_a_bound_host(monkeypatch):
+    assert discovery.advertise_addresses("10.214.8.1") == ["10.214.8.1"]
+    monkeypatch.setattr(discovery, "local_addresses", lambda: ["192.168.1.4", "10.0.0.2"])
+    assert discovery.advertise_addresses("0.0.0.0") == ["192.168.1.4", "10.0.0.2"]
+
+
+def test_local_addresses_exclude_loopback():
+    for a in discovery.local_addresses():
+        assert not a.startswith("127.") and not a.startswith("169.254.")
+
+
+def test_txt_record_holds_only_known_keys():
+    props = discovery.txt_properties("coordinator", version="0.1.0", device="GPU", device_name="H100",
+                                     hostname="box", token="secret-token-value", url="x", score=None)
+    assert props == {"role": "coordinator", "version": "0.1.0", "device": "GPU",
+                     "device_name": "H100", "hostname": "box"}
+    with pytest.raises(ValueError):
+        discovery.txt_properties("admin")
+
+
+def test_entry_and_coordinators():
+    e = discovery.entry("box coordinator 10.0.0.5 8000 1._gpumesh._tcp.local.", ["10.0.0.5"], 8000,
+                        {b"role": b"coordinator", b"hostname": b"box", b"token": b"nope",
+                         b"scheme": b"https"})
+    assert e["url"] == "https://10.0.0.5:8000" and e["host"] == "box" and "token" not in e["properties"]
+    w = discovery.entry("w", ["10.0.0.6"], 8000, {b"role": b"worker", b"coordinator": b"http://x:1"})
+    assert w["url"] is None and w["coordinator"] == "http://x:1"
+    assert discovery.coordinators([e, w, dict(e)]) == [e]
+
+
+def test_instance_name_is_short_and_unique_per_role():
+    a = discovery.instance_name("coordinator", "my.very.long.host-name.example.com", "10.0.0.1", 8000)
+    b = discovery.instance_name("worker", "my.very.long.host-name.example.com", "10.0.0.1", 8000)
+    assert a != b and len(a) <= 63 and "." not in a.replace("10.0.0.1", "")
+
+
+def test_radar_table_renders():
+    from rich.console import Console
+    from gpumesh.cli.radar import radar_table
+    e = discovery.entry("n", ["10.0.0.5"], 8000, {b"role": b"coordinator", b"hostname": b"box",
+                                                  b"device": b"GPU", b"device_name": b"H100"})
+    console = Console(width=150, record=True, file=open(os.devnull, "w"))
+    console.print(radar_table([e]))
+    text = console.export_text()
+    assert "box" in text and "coordinator" in text and "http://10.0.0.5:8000" in text and "H100" in text
+
+
+# --------------------------------------------------------------------------- setup ---
+def test_serve_plan_lan_keeps_the_token_off_the_command_line():
+    plan = wizard.serve_plan("lan", 8001, "t" * 40, generated=True)
+    assert plan.argv == ["serve", "--host", "0.0.0.0", "--port", "8001"]
+    assert plan.env == {"GPUMESH_TOKEN": "t" * 40}
+    assert "t" * 40 not in plan.command()
+    assert any("t" * 40 in line for line in plan.lines())  # shown once, like serve does
+
+
+def test_serve_plan_local_and_entered_token_is_not_echoed():
+    plan = wizard.serve_plan("local", 8000, "u" * 30, generated=False)
+    assert plan.argv == ["serve", "--port", "8000"]
+    assert not any("u" * 30 in line for line in plan.lines())
+
+
+def test_join_plans():
+    assert wizard.join_plan("local", port=9000).argv == ["join", "http://127.0.0.1:9000"]
+    assert wizard.join_plan("lan").argv == ["join"]  # found on the LAN
+    assert wizard.join_plan("lan", "http://10.0.0.5:8000/").argv == ["join", "http://10.0.0.5:8000"]
+    with pytest.raises(ValueError):
+        wizard.join_plan("lan", "ftp://x")
+
+
+def test_setup_coordinator_on_the_lan_through_the_cli_runner():
+    r = CliRunner().invoke(main, ["setup"], input="coordinator\nlan\n8002\ngenerate\n")
+    assert r.exit_code == 0, r.output
+    assert "gpumesh serve --host 0.0.0.0 --port 8002" in r.output
+    assert "export GPUMESH_TOKEN=" in r.output
+    assert "--token" not in r.output
+
+
+def test_setup_worker_with_an_entered_token():
+    secret = "entered-token-0123456789"
+    r = CliRunner().invoke(main, ["setup"], input=f"worker\nlan\n\nenter\nshort\n{secret}\n")
+    assert r.exit_code == 0, r.output
+    assert "at least 16 characters" in r.output
+    assert "  gpumesh join\n" in r.output
+    assert secret not in r.output
+
+
+def test_setup_run_execs_with_the_token_in_the_environment(monkeypatch):
+    seen = {}
+
+    def fake_exec(path, argv, env):
+        seen.update(argv=argv, env=env)
+    monkeypatch.setattr(os, "execvpe", fake_exec)
+    r = CliRunner().invoke(main, ["setup", "--run"], input="worker\nlocal\n8000\nenter\n" + "k" * 20 + "\n")
+    assert r.exit_code == 0, r.output
+    assert seen["argv"][-2:] == ["join", "http://127.0.0.1:8000"]
+    assert all("k" * 20 not in a for a in seen["argv"])
+    assert seen["env"]["GPUMESH_TOKEN"] == "k" * 20
+
+
+def test_setup_bad_choice_is_asked_again():
+    r = CliRunner().invoke(main, ["setup"], input="admin\ncoordinator\nlocal\n8000\ngenerate\n")
+    assert r.exit_code == 0 and "gpumesh serve --port 8000" in r.output
