@@ -147,6 +147,13 @@ def run_task(fn, data: socket.socket, result_format: str | None = None) -> None:
     as_json = result_format == "json"
 
     def reply(meta: dict, payload=None) -> None:
+        # Everything the task printed must be in its output files before the agent hears
+        # of the result: it forwards the output once more, then posts the result.
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:  # noqa: BLE001 - a broken stream must not lose the result
+                pass
         body = json.dumps(meta).encode()
         send_blob(data, body)
         if payload is None:
