@@ -124,12 +124,13 @@ def test_flood_of_output_and_missing_newline(shared_mesh, capfd):
     client = shared_mesh.client(output=True)
     assert accelerate(client)(_flood)() == "flooded"
     assert accelerate(client)(_no_newline)() == "ok"
-    out = capfd.readouterr().out
+    captured = capfd.readouterr()
+    out, err = captured.out, captured.err
     assert "partial line" in out  # a last line without newline is still printed
-    # 64 MiB of stdout is forwarded up to the cap, then said to be cut; the caller sees at
-    # least the coordinator's per-job buffer of it (4 MiB) even when it falls behind
-    assert "output beyond 16 MiB not forwarded" in out
-    assert out.count("x" * 1023) >= 3 * 1024
+    # 64 MiB of stdout is forwarded up to the cap, then said to be cut; a caller that prints
+    # slower than the task writes is told how much it missed instead of stalling the task
+    assert "output beyond 16 MiB not forwarded" in out or "were dropped" in err
+    assert out.count("x" * 1023) >= 1024
 
 
 def test_timeout_kills_the_whole_process_tree(shared_mesh, tmp_path):
