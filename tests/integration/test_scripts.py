@@ -182,7 +182,7 @@ print(json.dumps({"n": p["n"]}))
     assert "no such job" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_retry_after_release_is_410(script_mesh):
+def test_retry_of_a_function_job_is_410(script_mesh):
     mesh = script_mesh.client(output=False)
     from gpumesh import accelerate  # noqa: F401 - function jobs are released once collected
 
@@ -195,7 +195,7 @@ def test_retry_after_release_is_410(script_mesh):
         try:
             mesh.retry(job["id"])
         except RequestRejected as e:
-            assert e.status == 410 and "already released" in str(e)
+            assert e.status == 410 and "cannot be retried" in str(e)
             break
         assert time.monotonic() < deadline, "the job was never released"
         time.sleep(0.1)

@@ -17,6 +17,19 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def _exit_with_parent() -> None:
+    """Stop this process (as if by Ctrl+C) once the process that started it is gone."""
+    import _thread
+    import threading
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            threading.Event().wait(0.5)
+        _thread.interrupt_main()
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 @click.command()
 @click.argument("url", required=False)
 @click.option("--token", default=None, metavar="TOKEN",
@@ -89,6 +102,10 @@ def join(url, token, slots, fingerprint):
                 advert.update(score=f"{float(agent.info.get('score') or 0):.3f}")
         agent.on_event = and_advertise
     signal.signal(signal.SIGTERM, _interrupt)
+    # A SIGINT that a non-interactive shell told us to ignore (`cmd &`) still means stop.
+    signal.signal(signal.SIGINT, _interrupt)
+    if os.environ.pop("GPUMESH_EXIT_WITH_PARENT", None) == "1":
+        _exit_with_parent()  # serve's self-worker: never outlive its coordinator process
     try:
         agent.run()
     except AuthError as e:

@@ -152,6 +152,9 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
         fail("--tls-cert and --tls-key go together")
     data_dir = (data_dir or config.home_dir()).expanduser()
     try:
+        # Jobs' arguments, results and output are nobody else's business: what serve
+        # creates (data dir, database, payload files, logs) is readable by this user only.
+        os.umask(0o077)
         data_dir.mkdir(parents=True, exist_ok=True)
         probe = data_dir / f".write-test-{os.getpid()}"
         probe.write_bytes(b"")
@@ -206,6 +209,12 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
                      args=(server, local_url, worker_token or token, not no_self_worker, slots, worker,
                            fingerprint),
                      daemon=True).start()
+    # uvicorn handles SIGINT/SIGTERM itself, then re-raises the signal with the handler it
+    # found: make SIGTERM end like Ctrl+C, so the self-worker is stopped below either way.
+    signal.signal(signal.SIGTERM, _as_keyboard_interrupt)
+    # The self-worker leaves first, while the API can still take its goodbye: its tasks are
+    # re-queued in the store now, not after a restarted coordinator's lease timeout.
+    server.uvicorn.before_shutdown = lambda: [_stop_child(p) for p in worker]
     try:
         server.run()
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl+C it handled
@@ -254,7 +263,7 @@ def _after_start(server, url: str, token: str, self_worker: bool, slots: int, ou
     if not self_worker:
         return
     # Credentials travel in the environment, never on a command line (ps shows those).
-    env = dict(os.environ, GPUMESH_TOKEN=token)
+    env = dict(os.environ, GPUMESH_TOKEN=token, GPUMESH_EXIT_WITH_PARENT="1")
     env.pop("GPUMESH_WORKER_TOKEN", None)
     if fingerprint:
         env["GPUMESH_FINGERPRINT"] = fingerprint
@@ -263,6 +272,10 @@ def _after_start(server, url: str, token: str, self_worker: bool, slots: int, ou
     out.append(proc)
     click.echo("[OK] Self-worker started — this machine's CPU/GPU is part of the pool")
     click.echo("   (disable with --no-self-worker)")
+
+
+def _as_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _stop_child(proc: subprocess.Popen) -> None:

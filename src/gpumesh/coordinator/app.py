@@ -407,7 +407,7 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         async def pulse() -> AsyncIterator[bytes]:
             try:
                 yield b"open\n"
-                while True:
+                while not coord.closing:
                     try:
                         await asyncio.wait_for(wake.wait(), SESSION_PING_S)
                     except asyncio.TimeoutError:
@@ -704,8 +704,9 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         try:
             return JSONResponse({"retried": coord.retry(jid)})
         except JobReleased:
-            return _err(410, "released", f"job {jid}'s arguments were already released "
-                                         "(its results were collected); submit it again")
+            return _err(410, "released", f"job {jid} cannot be retried: its results belong to "
+                                         "the caller that submitted it (a function call or .map) "
+                                         "or were already collected; call or submit it again")
 
     async def sweeper() -> None:
         last_purge = 0.0

@@ -172,6 +172,7 @@ class Coordinator:
         self.task_cost: dict[str, float] = {}  # open task id -> cost, for jobs whose costs vary
         self.stats = placement.SlotStats()
         self._sessions = 0
+        self.closing = False  # set by begin_shutdown()
         self.output = OutputHub(store.dir / "logs")
         self._recover()
 
@@ -293,9 +294,26 @@ class Coordinator:
         """The pulse connection dropped. If it was the worker's current one and the worker
         did not leave cleanly, the process (or its network) is gone: requeue now rather
         than after the heartbeat TTL."""
+        if self.closing:  # our own shutdown ends every pulse: the workers are fine
+            return
         w = self.workers.get(wid)
         if w is not None and w.alive and w.session == session:
             self.deregister(wid, reason="its connection dropped")
+
+    def begin_shutdown(self) -> None:
+        """The coordinator is stopping: answer every long-poll now (empty), end the pulses
+        without declaring anyone dead, and make new long-polls return at once. Leases and
+        queues stay as they are in the store; a restarted coordinator picks them up."""
+        self.closing = True
+        for fut, *_ in list(self.idle.values()):
+            if not fut.done():
+                fut.set_result([])
+        self.idle.clear()
+        for job in self.jobs.values():
+            job.notify()
+        for w in self.workers.values():
+            if w.wake is not None:
+                w.wake.set()
 
     def alive_workers(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.alive]
@@ -320,7 +338,7 @@ class Coordinator:
         w = self._worker(wid)
         w.last_seen = self.clock()
         grants = self._grant(w, slots, free)
-        if grants or wait <= 0:
+        if grants or wait <= 0 or self.closing:
             return grants
         old = self.idle.pop(wid, None)
         if old and not old[0].done():
@@ -649,6 +667,10 @@ class Coordinator:
             if self.store.job_exists(job_id):
                 raise JobReleased(job_id)
             raise UnknownJob(job_id)
+        if job.kind == "function":
+            # Its caller collects (or, after a failure, has given up on) its results: a
+            # re-run would compute values nobody receives. Call the function again instead.
+            raise JobReleased(job_id)
         failed = self.store.failed_tasks(job_id)
         if not failed:
             return 0
@@ -669,7 +691,7 @@ class Coordinator:
         """Return once ``job_id`` has a result with ``seq > after`` (or, when ``out_after``
         is given, output with a higher seq than it), or ``wait`` s passed."""
         job = self.job(job_id)
-        if job.next_seq - 1 > after or wait <= 0:
+        if job.next_seq - 1 > after or wait <= 0 or self.closing:
             return job
         if out_after is not None and self.output.last_seq(job_id) > out_after:
             return job

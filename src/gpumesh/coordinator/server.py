@@ -7,6 +7,7 @@ is reachable the moment :func:`serve` starts accepting.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import socket
@@ -98,6 +99,35 @@ def _head_timeout_protocol():
     return HeadTimeoutProtocol
 
 
+class _Uvicorn(uvicorn.Server):
+    """uvicorn, told to answer our long-polls before it starts closing connections.
+
+    Long-polls and worker pulses never finish on their own; left alone, uvicorn's graceful
+    shutdown would cancel them mid-request (500s and tracebacks at every caller). Answered
+    first, each client gets a normal (empty) answer and then finds the coordinator gone,
+    which it already handles by waiting for it to come back.
+    """
+
+    def __init__(self, coord, config: uvicorn.Config):
+        super().__init__(config)
+        self._coord = coord
+
+    #: Called (in a thread) before anything else at shutdown, e.g. to stop the self-worker
+    #: while the API still answers its goodbye.
+    before_shutdown = None
+
+    async def shutdown(self, sockets=None) -> None:
+        if self.before_shutdown is not None:
+            await asyncio.to_thread(self.before_shutdown)
+        self._coord.begin_shutdown()
+        await asyncio.sleep(SHUTDOWN_ANSWER_S)  # let those answers leave
+        await super().shutdown(sockets=sockets)
+
+
+#: Seconds between answering every long-poll and closing connections at shutdown.
+SHUTDOWN_ANSWER_S = 0.2
+
+
 class Server:
     """The coordinator: store + state + HTTP, served on an already bound socket.
 
@@ -124,7 +154,7 @@ class Server:
         tls = {}
         if tls_cert is not None:
             tls = {"ssl_certfile": str(tls_cert), "ssl_keyfile": str(tls_key) if tls_key else None}
-        self.uvicorn = uvicorn.Server(uvicorn.Config(
+        self.uvicorn = _Uvicorn(self.coord, uvicorn.Config(
             app, loop=loop, http=http, log_level="warning", access_log=False,
             timeout_keep_alive=120, lifespan="on",
             # The client address is the socket's peer, never a header: X-Forwarded-For
