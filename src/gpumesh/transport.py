@@ -26,9 +26,10 @@ verified against the system's CAs as usual.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -118,9 +119,17 @@ class Transport:
         kwargs: dict[str, Any] = {}
         if timeout is not None:
             kwargs["timeout"] = httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_S)
-        try:
+        with self._network_errors():
             resp = self.client.request(method, path, json=json, content=content, params=params,
                                        headers=headers, **kwargs)
+        check(resp, self.url)
+        return resp
+
+    @contextlib.contextmanager
+    def _network_errors(self) -> Iterator[None]:
+        """httpx's network failures as :class:`Unreachable` (or the refused certificate)."""
+        try:
+            yield
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
             cert = self._cert_refused(e)
             if cert is not None:
@@ -129,8 +138,6 @@ class Transport:
         except httpx.TransportError as e:
             raise Unreachable(f"the coordinator at {self.url} did not answer: "
                               f"{type(e).__name__}: {e}", sent=True) from e
-        check(resp, self.url)
-        return resp
 
     def stream_into(self, method: str, path: str, *, params: dict | None = None,
                     json: Any = None, content: Any = None, headers: dict | None = None,
@@ -143,38 +150,30 @@ class Transport:
         kwargs: dict[str, Any] = {}
         if timeout is not None:
             kwargs["timeout"] = httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_S)
-        try:
-            with self.client.stream(method, path, params=params, json=json, content=content,
-                                    headers=headers, **kwargs) as resp:
-                if resp.status_code >= 400:
-                    resp.read()
-                    check(resp, self.url)
-                if resp.status_code == 204:
-                    return None
-                size = int(resp.headers.get("content-length", "0"))
-                buf = bytearray(size)
-                view = memoryview(buf)
-                pos = 0
-                for chunk in resp.iter_raw():
-                    n = len(chunk)
-                    if pos + n > size:
-                        buf.extend(b"\0" * (pos + n - size))
-                        view = memoryview(buf)
-                        size = pos + n
-                    view[pos:pos + n] = chunk
-                    pos += n
-                if pos != size:
-                    raise Unreachable(f"response from {self.url} ended after {pos} of {size} bytes",
-                                      sent=True)
-                return buf
-        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-            cert = self._cert_refused(e)
-            if cert is not None:
-                raise cert from e
-            raise Unreachable(f"cannot reach the coordinator at {self.url}: {e}", sent=False) from e
-        except httpx.TransportError as e:
-            raise Unreachable(f"the coordinator at {self.url} did not answer: "
-                              f"{type(e).__name__}: {e}", sent=True) from e
+        with self._network_errors(), \
+                self.client.stream(method, path, params=params, json=json, content=content,
+                                   headers=headers, **kwargs) as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                check(resp, self.url)
+            if resp.status_code == 204:
+                return None
+            size = int(resp.headers.get("content-length", "0"))
+            buf = bytearray(size)
+            view = memoryview(buf)
+            pos = 0
+            for chunk in resp.iter_raw():
+                n = len(chunk)
+                if pos + n > size:
+                    buf.extend(b"\0" * (pos + n - size))
+                    view = memoryview(buf)
+                    size = pos + n
+                view[pos:pos + n] = chunk
+                pos += n
+            if pos != size:
+                raise Unreachable(f"response from {self.url} ended after {pos} of {size} bytes",
+                                  sent=True)
+            return buf
 
 
 def keepalive_options() -> list[tuple[int, int, int]]:

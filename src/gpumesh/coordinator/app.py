@@ -55,7 +55,7 @@ from ..limits import (LONG_POLL_MAX_S, OUTPUT_BODY_BYTES, MAX_BODY_BYTES, MAX_TA
 from ..limits import (MAX_HEARTBEAT_TASKS, MAX_JSON_BODY_BYTES, MAX_META_JSON_BYTES,
                       MAX_STRING_CHARS)
 from ..errors import WireError
-from .auth import ROLE_MAIN, ROLE_WORKER, Authenticator, AuthRefused
+from .auth import ROLE_MAIN, Authenticator, AuthRefused
 from .core import (Coordinator, NoWorkers, StaleLease, UnknownJob, UnknownWorker)
 from .core import JobReleased
 from .core import Unsatisfiable

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 
@@ -196,14 +195,9 @@ def measure(gpus: list[int] = (), mps: bool = False, budget_s: float = TOTAL_BUD
 
 
 def _fake_scores() -> list[dict] | None:
-    from .device import FAKE_GPUS_ENV
-    raw = os.environ.get(FAKE_GPUS_ENV)
-    if not raw:
-        return None
-    if raw.startswith("@"):
-        with open(raw[1:], encoding="utf-8") as fh:
-            raw = fh.read()
-    return [g if isinstance(g, dict) else {} for g in json.loads(raw)]
+    from .device import fake_entries
+    entries = fake_entries()
+    return None if entries is None else [g if isinstance(g, dict) else {} for g in entries]
 
 
 def _gpu_backend():

@@ -106,16 +106,25 @@ def has_mps() -> bool:
         return False
 
 
-def fake_gpus() -> list[dict] | None:
-    """The GPUs of the ``GPUMESH_FAKE_GPUS`` testing hook, or None when it is unset."""
+def fake_entries() -> list | None:
+    """The raw JSON list of the ``GPUMESH_FAKE_GPUS`` testing hook (``@path`` reads a file,
+    again at every call), or None when it is unset."""
     raw = os.environ.get(FAKE_GPUS_ENV)
     if not raw:
         return None
     if raw.startswith("@"):
         with open(raw[1:], encoding="utf-8") as fh:
             raw = fh.read()
+    return json.loads(raw)
+
+
+def fake_gpus() -> list[dict] | None:
+    """The GPUs of the ``GPUMESH_FAKE_GPUS`` testing hook, or None when it is unset."""
+    entries = fake_entries()
+    if entries is None:
+        return None
     out = []
-    for i, g in enumerate(json.loads(raw)):
+    for i, g in enumerate(entries):
         out.append({"index": i, "name": str(g.get("name", f"Fake GPU {i}")),
                     "memory_total_mb": int(g.get("memory_total_mb", 0)),
                     "memory_free_mb": int(g.get("memory_free_mb", g.get("memory_total_mb", 0))),
