@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -228,6 +229,9 @@ class Executor:
             threading.Thread(target=self._send_args, args=(sock, args), daemon=True).start()
         try:
             sock.settimeout(timeout)
+            # The child's first 8 bytes are its pid (what a timeout or cancel must kill).
+            (pending.pid,) = struct.unpack("<Q", runner.recv_exact(sock, 8))
+            pending.started.set()
             meta = runner.recv_blob(sock)
             if deadline is not None:
                 sock.settimeout(max(0.001, deadline - time.monotonic()))

@@ -283,8 +283,7 @@ def host_main(ctrl: socket.socket, blob_path: str) -> None:
                 _child(fn, ctrl, wake, fds[0], msg.get("stdout"), msg.get("stderr"),
                        msg.get("result_format"), msg.get("env"))
             os.close(fds[0])
-            children[pid] = msg["task_id"]
-            send_msg(ctrl, {"op": "started", "task_id": msg["task_id"], "pid": pid})
+            children[pid] = msg["task_id"]  # the child tells the agent its pid itself
         else:
             for fd in fds:
                 os.close(fd)
@@ -318,6 +317,8 @@ def _child(fn, ctrl: socket.socket, wake: int, data_fd: int, out: str | None,
     code = 0
     try:
         os.setsid()  # own process group: a timeout kills everything the task started
+        data = socket.socket(fileno=data_fd)
+        data.sendall(struct.pack("<Q", os.getpid()))  # first: the agent may need to kill us
         if env:
             # The slot's device, e.g. CUDA_VISIBLE_DEVICES=<its GPU>: set before the
             # function runs; CUDA libraries read it when they first initialise CUDA.
@@ -332,7 +333,6 @@ def _child(fn, ctrl: socket.socket, wake: int, data_fd: int, out: str | None,
         os.close(wake)
         os.environ[IN_TASK_ENV] = "1"
         _reseed_after_fork()
-        data = socket.socket(fileno=data_fd)
         run_task(fn, data, result_format)
         data.close()
     except BaseException:  # noqa: BLE001 - report nothing more; the exit status speaks
@@ -358,6 +358,8 @@ def _reap(ctrl: socket.socket, children: dict[int, str]) -> None:
         if task_id is None:
             continue
         code = os.waitstatus_to_exitcode(status)
+        if code == 0:
+            continue  # a clean exit follows a delivered result: nobody is waiting for it
         try:
             send_msg(ctrl, {"op": "exited", "task_id": task_id, "pid": pid, "code": code})
         except OSError:
