@@ -19,10 +19,11 @@ the next task; the host only ever holds the freshly unpickled function. Speed: t
 heavy part (interpreter start, the function's imports) is paid once per function per
 worker, not once per task.
 
-A child's result travels straight to the agent over its own data socket (stream):
-``u64 len | JSON meta | u64 len | payload``. The host reports ``started`` (with the pid,
-so the agent can kill the process group on timeout or cancel) and ``exited`` (with the
-exit status, so a child that died without a result becomes a precise error).
+A child talks straight to the agent over its own data socket (stream):
+``u64 pid | u64 len | JSON meta | u64 len | payload`` - the pid first, so the agent can
+kill the process group on timeout or cancel. The host reports ``exited`` (with the exit
+status) only for a child that did not exit cleanly, so a child that died without a
+result becomes a precise error.
 
 Everything here is single-threaded on purpose: forking a multi-threaded process is unsafe.
 """
