@@ -21,6 +21,7 @@ sends it back with its formatted traceback, so exceptions arrive as themselves w
 
 from __future__ import annotations
 
+import abc
 import os
 import secrets
 import socket
@@ -130,7 +131,7 @@ def tcp_reachable(host: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> boo
         return False
 
 
-class EngineMesh(GPUMesh):
+class EngineMesh(GPUMesh, metaclass=abc.ABCMeta):
     """A :class:`GPUMesh` whose tasks run on an existing engine (see the module docstring)."""
 
     #: The engine's name in messages ("Dask", "Ray").
@@ -203,24 +204,28 @@ class EngineMesh(GPUMesh):
             self._disconnect(engine)
 
     # ------------------------------------------------------------ the interface -------
-    def _connect(self) -> Any:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _connect(self) -> Any:
+        """Connect to the engine; returns its client object. Raises on failure."""
 
     def _disconnect(self, engine: Any) -> None:
         pass
 
-    def _resources(self, require: hardware.Requirements | None) -> dict:  # pragma: no cover
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _resources(self, require: hardware.Requirements | None) -> dict:
+        """The engine's resource request for ``require``; raises EngineCannotExpress."""
 
-    def _unsatisfiable(self, resources: dict, workers: list[dict]) -> str | None:  # pragma: no cover
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _unsatisfiable(self, resources: dict, workers: list[dict]) -> str | None:
+        """Why no worker can ever run a call needing ``resources`` (None if one can)."""
 
-    def _engine_workers(self) -> list[dict]:  # pragma: no cover
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _engine_workers(self) -> list[dict]:
+        """The engine's own view of its workers, as ``GPUMesh.workers()`` dicts."""
 
     def _run(self, fn: Callable, calls: list[_calls.Call], resources: dict, timeout: float | None,
-             name: str) -> Iterator[tuple[int, tuple]]:  # pragma: no cover
-        raise NotImplementedError
+             name: str) -> Iterator[tuple[int, tuple]]:
+        """Run the calls; yields ``(index, outcome)`` as each finishes."""
 
     # ------------------------------------------------------------ connection ----------
     def _reachable(self) -> bool:
