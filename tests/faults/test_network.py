@@ -8,7 +8,6 @@ contacted). Needs root and iproute2; skipped with the reason otherwise.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import time
 import pytest
 
 from ..conftest import Mesh, free_port
+from ..netns import netns_unavailable
 from .conftest import TEST_TTL_S, wait_until
 
 HOST_IP, NS_IP = "10.213.7.1", "10.213.7.2"
@@ -27,25 +27,9 @@ def _ip(*args: str, ns: str | None = None) -> None:
     subprocess.run(cmd, check=True, capture_output=True, timeout=10)
 
 
-def _netns_possible() -> str | None:
-    if sys.platform != "linux":
-        return "network namespaces need Linux"
-    if os.geteuid() != 0:
-        return "creating network namespaces needs root"
-    if shutil.which("ip") is None:
-        return "iproute2 ('ip') is not installed"
-    probe = f"gmprobe{os.getpid()}"
-    try:
-        _ip("netns", "add", probe)
-        _ip("netns", "del", probe)
-    except (subprocess.CalledProcessError, OSError) as e:
-        return f"this machine does not allow network namespaces: {e}"
-    return None
-
-
 @pytest.fixture
 def netns():
-    reason = _netns_possible()
+    reason = netns_unavailable(f"gmprobe{os.getpid()}")
     if reason:
         pytest.skip(reason)
     ns = f"gmt{os.getpid() % 100000}"

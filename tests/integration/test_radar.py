@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 
-import httpx
 import pytest
 
 from ..conftest import TOKEN
+from ..netns import netns_unavailable
 
 A_IP, B_IP = "10.214.8.1", "10.214.8.2"
 
@@ -29,26 +28,10 @@ def _run(*cmd: str, ns: str | None = None) -> None:
     subprocess.run(full, check=True, capture_output=True, timeout=10)
 
 
-def _netns_possible() -> str | None:
-    if sys.platform != "linux":
-        return "network namespaces need Linux"
-    if os.geteuid() != 0:
-        return "creating network namespaces needs root"
-    if shutil.which("ip") is None:
-        return "iproute2 ('ip') is not installed"
-    probe = f"gmrp{os.getpid() % 100000}"
-    try:
-        _run("ip", "netns", "add", probe)
-        _run("ip", "netns", "del", probe)
-    except (subprocess.CalledProcessError, OSError) as e:
-        return f"this machine does not allow network namespaces: {e}"
-    return None
-
-
 @pytest.fixture
 def bridged():
     """(nsA, nsB): two namespaces on one bridge, which lives in a third."""
-    reason = _netns_possible()
+    reason = netns_unavailable(f"gmrp{os.getpid() % 100000}")
     if reason:
         pytest.skip(reason)
     tag = os.getpid() % 100000
