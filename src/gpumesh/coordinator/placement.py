@@ -47,6 +47,8 @@ STRAGGLER_MIN_COST = 3.0
 STRAGGLER_PENALTY = 0.25
 #: Entries whose decayed evidence falls below this are forgotten.
 _FORGET_COST = 0.05
+#: Smallest number of slot entries per function, and of functions, before a sweep.
+_SWEEP_KEYS, _SWEEP_FNS = 64, 256
 
 
 @dataclass
@@ -63,6 +65,11 @@ class SlotStats:
     def __init__(self, half_life_s: float = STATS_HALF_LIFE_S):
         self.half_life_s = half_life_s
         self._acc: dict[str, dict[tuple, _Acc]] = {}  # function -> slot key -> samples
+        # Sizes at which the next sweep for faded entries runs. Doubling them after each
+        # sweep keeps record() amortised O(1) on a pool of hundreds of slots, where a sweep
+        # on every call would cost O(slots) per finished task.
+        self._sweep_at: dict[str, int] = {}
+        self._sweep_fns_at = _SWEEP_FNS
 
     def _decayed(self, a: _Acc, now: float) -> tuple[float, float]:
         f = 0.5 ** (max(0.0, now - a.t) / self.half_life_s)
@@ -79,13 +86,16 @@ class SlotStats:
         else:
             s, c = self._decayed(a, now)
             a.seconds, a.cost, a.t = s + seconds, c + cost, now
-        if len(per_fn) > 64:  # keep memory bounded: drop what has faded away
+        if len(per_fn) > self._sweep_at.get(fn, _SWEEP_KEYS):  # keep memory bounded
             for k in [k for k, v in per_fn.items() if self._decayed(v, now)[1] < _FORGET_COST]:
                 del per_fn[k]
-        if len(self._acc) > 256:
+            self._sweep_at[fn] = max(_SWEEP_KEYS, 2 * len(per_fn))
+        if len(self._acc) > self._sweep_fns_at:
             for f in [f for f, d in self._acc.items()
                       if all(self._decayed(v, now)[1] < _FORGET_COST for v in d.values())]:
                 del self._acc[f]
+                self._sweep_at.pop(f, None)
+            self._sweep_fns_at = max(_SWEEP_FNS, 2 * len(self._acc))
 
     def rate(self, key: tuple, fn: str, now: float) -> float | None:
         """Seconds per unit of cost, or None without enough recent evidence."""
@@ -104,11 +114,21 @@ class SlotStats:
                 rates[key] = r
         if len(rates) < 2:
             return set()
+        # One sort for all slots: the median of "the others" is read off the full sorted
+        # list by skipping the slot's own position (O(n log n), not O(n^2 log n)).
+        ranked = sorted((r, i) for i, r in enumerate(rates.values()))
+        values = [r for r, _ in ranked]
+        position = {i: p for p, (_, i) in enumerate(ranked)}
+        n_others = len(values) - 1
+
+        def other(m: int, skip: int) -> float:  # m-th smallest rate among the others
+            return values[m if m < skip else m + 1]
+
         out = set()
-        for key, r in rates.items():
-            others = sorted(v for k, v in rates.items() if k != key)
-            mid = len(others) // 2
-            median = others[mid] if len(others) % 2 else (others[mid - 1] + others[mid]) / 2
+        for i, (key, r) in enumerate(rates.items()):
+            skip, mid = position[i], n_others // 2
+            median = (other(mid, skip) if n_others % 2
+                      else (other(mid - 1, skip) + other(mid, skip)) / 2)
             if r > STRAGGLER_FACTOR * median:
                 out.add(key)
         return out
