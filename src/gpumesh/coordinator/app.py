@@ -64,6 +64,9 @@ from .. import hardware
 log = logging.getLogger("gpumesh.coordinator")
 
 FRAMES = "application/x-gpumesh-frames"
+#: Frames bodies up to this size are built in memory and sent in one piece; larger
+#: ones (big arguments and results) are streamed from their files.
+SMALL_BODY_BYTES = 256 * 1024
 _HEX = re.compile(r"[0-9a-f]{4,64}\Z")
 _SHA = re.compile(r"[0-9a-f]{64}\Z")
 
@@ -204,7 +207,34 @@ class Part:
         self.size = memoryview(data).nbytes if data is not None else size
 
 
-def frames_response(meta: dict, parts: list[Part], on_sent=None) -> StreamingResponse:
+def _read_part(part: Part) -> bytes:
+    """A small file part's bytes, zero-padded to the announced size (see frames_response)."""
+    with open(part.path, "rb") as fh:
+        data = fh.read(part.size)
+    return data + b"\0" * (part.size - len(data))
+
+
+class _FramesResponse(Response):
+    """A frames body held in memory; ``on_sent(ok)`` as for :func:`frames_response`."""
+
+    media_type = FRAMES
+
+    def __init__(self, body: bytes, on_sent=None):
+        super().__init__(body)
+        self.on_sent = on_sent
+
+    async def __call__(self, scope, receive, send) -> None:
+        if self.on_sent is None:
+            return await super().__call__(scope, receive, send)
+        sent = False
+        try:
+            await super().__call__(scope, receive, send)
+            sent = True
+        finally:
+            self.on_sent(sent)
+
+
+def frames_response(meta: dict, parts: list[Part], on_sent=None) -> Response:
     """Stream ``meta`` and ``parts`` as one frames body. ``on_sent(ok)`` (optional) is called
     once the last byte was handed to the connection (``True``) or sending failed
     (``False``)."""
@@ -212,6 +242,15 @@ def frames_response(meta: dict, parts: list[Part], on_sent=None) -> StreamingRes
     lengths = [len(head)] + [p.size for p in parts]
     offsets = list(wire.frame_offsets(lengths))
     total = offsets[-1] + lengths[-1]
+    if total <= SMALL_BODY_BYTES:
+        # Most answers (a lease of small tasks, a page of small results) are a few hundred
+        # bytes: one plain response skips the streaming machinery (a task group and a
+        # disconnect listener per response), which costs more than the body itself.
+        body = bytearray(wire.frames_header(lengths))
+        for off, part in zip(offsets, [Part(head)] + parts):
+            body += b"\0" * (off - len(body))
+            body += part.data if part.data is not None else _read_part(part)
+        return _FramesResponse(bytes(body), on_sent)
 
     async def body() -> AsyncIterator[bytes]:
         if on_sent is None:

@@ -42,6 +42,7 @@ no guesser dodge the count by inventing a new ``X-Forwarded-For`` per request.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -191,6 +192,7 @@ class FailureLimiter:
         self._failures.pop(addr, None)
 
 
+@functools.lru_cache(maxsize=4096)  # asked on every request, for few distinct peers
 def is_loopback(host: str | None) -> bool:
     """Whether ``host`` (an address or ``localhost``) is a loopback address."""
     if not host:
