@@ -90,6 +90,81 @@ def test_queue_add_empty_list():
     assert q.take(1) == []
 
 
+def test_queue_job_with_no_tasks_does_not_stand_in_line():
+    q = RunQueue()
+    q.add("empty", [])
+    q.add("j", ["a"])
+    assert q.job_ids() == ["j"]
+    assert q.take_one(lambda j, tasks: 0) == ("j", "a")
+    assert q.job_ids() == [] and q.lanes() == []
+
+
+class Looks:
+    """A ``choose`` for take_one that records which jobs it was shown."""
+
+    def __init__(self, refuse=()):
+        self.shown: list[str] = []
+        self.refuse = set(refuse)
+
+    def __call__(self, job_id, tasks):
+        self.shown.append(job_id)
+        return None if job_id in self.refuse else 0
+
+
+def test_queue_lanes_offer_only_accepted_lanes_and_keep_turns():
+    q = RunQueue()
+    q.add("g1", ["g1a", "g1b"], lane="gpu")
+    q.add("c1", ["c1a", "c1b"], lane="cpu")
+    q.add("g2", ["g2a"], lane="gpu")
+    q.add("c2", ["c2a"], lane="cpu")
+    assert sorted(q.lanes()) == ["cpu", "gpu"]
+    assert q.job_ids() == ["g1", "c1", "g2", "c2"]
+    look = Looks()
+    assert q.take_one(look, lane_ok=lambda lane: lane == "cpu") == ("c1", "c1a")
+    assert look.shown == ["c1"]        # the gpu lane's jobs were never looked at
+    assert q.job_ids() == ["g1", "g2", "c2", "c1"]  # skipped jobs kept their place
+    assert q.take_one(Looks(), lane_ok=lambda lane: False) is None
+    # across lanes, jobs still take turns in one line
+    assert q.take(10) == [("g1", "g1a"), ("g2", "g2a"), ("c2", "c2a"), ("c1", "c1b"), ("g1", "g1b")]
+    assert len(q) == 0 and q.lanes() == []
+
+
+def test_queue_refused_job_keeps_its_place_within_its_lane():
+    q = RunQueue()
+    q.add("a", ["a1"], lane="x")
+    q.add("b", ["b1"], lane="x")
+    look = Looks(refuse={"a"})
+    assert q.take_one(look) == ("b", "b1")
+    assert look.shown == ["a", "b"]
+    assert q.job_ids() == ["a"]
+
+
+def test_queue_requeued_task_of_a_drained_job_rejoins_its_lane():
+    q = RunQueue()
+    q.add("j", ["t"], lane="gpu")
+    assert q.take_one(lambda j, tasks: 0) == ("j", "t")
+    assert q.lanes() == []
+    q.push_front("j", "t", lane="gpu")
+    assert q.lanes() == ["gpu"] and q.pending("j") == 1
+    assert q.take_one(lambda j, tasks: 0, lane_ok=lambda lane: lane == "cpu") is None
+    assert q.take_one(lambda j, tasks: 0, lane_ok=lambda lane: lane == "gpu") == ("j", "t")
+
+
+def test_queue_take_one_looks_at_one_job_however_deep_the_queue():
+    q = RunQueue()
+    for j in range(1000):
+        q.add(f"j{j}", [f"j{j}-{i}" for i in range(100)], lane="gpu" if j % 2 else "cpu")
+    assert len(q) == 100_000
+    for n in range(3):
+        look = Looks()
+        assert q.take_one(look) == (f"j{n}", f"j{n}-0")
+        assert look.shown == [f"j{n}"]
+    look = Looks()
+    assert q.take_one(look, lane_ok=lambda lane: lane == "gpu") == ("j3", "j3-0")
+    assert look.shown == ["j3"]
+    assert len(q) == 100_000 - 4
+
+
 # ---------------------------------------------------------------- Coordinator --------
 
 class Clock:
@@ -485,3 +560,91 @@ def test_big_payloads_go_to_files(coord, store):
     coord.release(job.id)
     assert not store.file_path(r.result_file).exists()
     assert not store.file_path(fname).exists()
+
+
+# ---------------------------------------------------------------- lanes in the core ---
+
+GPU0 = {"index": 0, "name": "NVIDIA A100", "memory_total_mb": 40000, "memory_free_mb": 40000}
+
+
+def register_gpu_box(coord):
+    """A worker with one GPU slot (id 0) and one CPU slot (id 1)."""
+    from gpumesh import hardware
+    slot_list = hardware.slot_list([dict(GPU0)], 1)
+    assert [s["kind"] for s in slot_list] == ["cuda", "cpu"]
+    info = {"hostname": "box", "cpu": "CPU", "cores": 8, "ram_mb": 32000, "gpus": [dict(GPU0)],
+            "slot_list": slot_list, "scores": {"cpu": 10.0}}
+    return coord.register(info, None, len(slot_list))
+
+
+def submit_req(coord, job_id, n, gpu=None):
+    meta = {"timeout": None}
+    if gpu:
+        meta["require"] = {"gpu": gpu}
+    args = [f"{job_id}-{i}".encode() for i in range(n)]
+    return coord.submit(job_id, "fn", "function", "f" * 64, meta, args, [1.0] * n, False)[0]
+
+
+def count_choose(coord, monkeypatch) -> list[str]:
+    shown: list[str] = []
+    real = coord._choose
+
+    def spy(job_id, q, slot, ctx):
+        shown.append(job_id)
+        return real(job_id, q, slot, ctx)
+    monkeypatch.setattr(coord, "_choose", spy)
+    return shown
+
+
+def test_zero_task_job_does_not_block_later_leases(coord):
+    w = coord.register({}, None, 1)
+    empty, _ = submit(coord, job_id="ee0000", n=0)
+    assert empty.state == "finished"
+    job, _ = submit(coord, job_id="ee0001", n=1)
+    (g,) = lease(coord, w.id)
+    assert g.job_id == job.id
+
+
+def test_cpu_slot_never_looks_at_jobs_that_need_a_gpu(coord, monkeypatch):
+    box = register_gpu_box(coord)
+    for j in range(200):
+        submit_req(coord, f"9a{j:04x}", 5, gpu="cuda")
+    cpu_job = submit_req(coord, "9b0000", 3)
+    shown = count_choose(coord, monkeypatch)
+    got = asyncio.run(coord.lease(box.id, 1, 0, [1]))
+    assert [(g.job_id, g.slot) for g in got] == [(cpu_job.id, 1)]
+    assert shown == [cpu_job.id]
+    # the GPU slot takes GPU jobs first, in their order, looking at one job per lease
+    shown.clear()
+    got = asyncio.run(coord.lease(box.id, 1, 0, [0]))
+    assert [(g.job_id, g.index, g.slot) for g in got] == [("9a0000", 0, 0)]
+    assert shown == ["9a0000"]
+
+
+def test_gpu_first_rule_does_not_scan_cpu_jobs(coord, monkeypatch):
+    box = register_gpu_box(coord)
+    for j in range(200):
+        submit_req(coord, f"9c{j:04x}", 5)
+    gpu_job = submit_req(coord, "9d0000", 2, gpu="cuda")
+    shown = count_choose(coord, monkeypatch)
+    got = asyncio.run(coord.lease(box.id, 1, 0, [0]))
+    assert [g.job_id for g in got] == [gpu_job.id]
+    assert shown == [gpu_job.id]
+
+
+def test_restart_rebuilds_lanes(tmp_path, clock):
+    data = tmp_path / "data"
+    s1 = Store(data)
+    c1 = Coordinator(s1, clock=clock)
+    submit_req(c1, "9e0000", 2, gpu="cuda")
+    submit_req(c1, "9e0001", 2)
+    s1.close()
+    s2 = Store(data)
+    try:
+        c2 = Coordinator(s2, clock=clock)
+        assert len(c2.queue) == 4
+        box = register_gpu_box(c2)
+        got = asyncio.run(c2.lease(box.id, 2, 0, [0, 1]))
+        assert sorted((g.slot, g.job_id) for g in got) == [(0, "9e0000"), (1, "9e0001")]
+    finally:
+        s2.close()

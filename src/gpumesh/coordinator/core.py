@@ -204,7 +204,7 @@ class Coordinator:
                 self.leases[t.id] = Lease(t.id, t.job_id, t.lease_id, t.worker_id, now,
                                           delivered=now)
             else:
-                self.queue.add(t.job_id, [t.id])
+                self.queue.add(t.job_id, [t.id], lane=self.jobs[t.job_id].require)
         if self.jobs:
             log.info("recovered %d jobs, %d pending and %d leased tasks",
                      len(self.jobs), len(self.queue), len(self.leases))
@@ -392,11 +392,16 @@ class Coordinator:
             if not len(self.queue):
                 break
             got = None
+            # The run queue's lanes are the jobs' requirements: the slot is offered only
+            # jobs whose requirements it meets, without looking at the others one by one.
             if slot.kind != "cpu" and ctx.gpu_jobs_pending():
                 # A GPU slot serves jobs that need a GPU before those that merely may use one.
-                got = self.queue.take_one(lambda j, q: self._choose(j, q, slot, ctx, gpu_only=True))
+                got = self.queue.take_one(
+                    lambda j, q: self._choose(j, q, slot, ctx),
+                    lane_ok=lambda req: req is not None and req.needs_gpu and ctx.runs(req, slot))
             if got is None:
-                got = self.queue.take_one(lambda j, q: self._choose(j, q, slot, ctx))
+                got = self.queue.take_one(lambda j, q: self._choose(j, q, slot, ctx),
+                                          lane_ok=lambda req: ctx.runs(req, slot))
             if got is not None:
                 taken.append((got[0], got[1], slot.id))
         if not taken:
@@ -414,18 +419,13 @@ class Coordinator:
         self.store.lease(rows)
         return grants
 
-    def _choose(self, job_id: str, q, slot: hardware.Slot, ctx: _Placing,
-                gpu_only: bool = False) -> int | None:
+    def _choose(self, job_id: str, q, slot: hardware.Slot, ctx: _Placing) -> int | None:
         """Position in job ``job_id``'s queue ``q`` of the task ``slot`` should run, or
-        None if it can run none of the first ``placement.HEAD_WINDOW``."""
+        None if it can run none of the first ``placement.HEAD_WINDOW``. The job's
+        requirements were checked already, for its whole lane (see :meth:`_grant`)."""
         job = self.jobs.get(job_id)
         if job is None:
             return 0
-        req = job.require
-        if gpu_only and not req.needs_gpu:
-            return None
-        if req and hardware.refusal(req, slot) is not None:
-            return None
         if not job.vram_mb and not job.costs_vary:
             return 0  # the common case: FIFO
         candidates = []
@@ -486,7 +486,8 @@ class Coordinator:
         if back:
             self.store.requeue([tid for _, tid in back])
             for job_id, tid in reversed(back):
-                self.queue.push_front(job_id, tid)
+                job = self.jobs.get(job_id)
+                self.queue.push_front(job_id, tid, lane=job.require if job else None)
         for job_id, tid, attempts in lost:
             self._finalize(job_id, tid, "failed", {
                 "kind": "lost", "type": "WorkerLost",
@@ -529,7 +530,7 @@ class Coordinator:
         if not args:
             job.state = "finished"
             self.store.set_job_state(job_id, "finished")
-        self.queue.add(job_id, task_ids)
+        self.queue.add(job_id, task_ids, lane=job.require)
         self._wake_idle()
         return job, True
 
@@ -683,7 +684,7 @@ class Coordinator:
             self.task_meta[tid] = (idx, 0)
             if costs.get(tid, 1.0) != 1.0:
                 self.task_cost[tid] = costs[tid]
-        self.queue.add(job_id, ids)
+        self.queue.add(job_id, ids, lane=job.require)
         self._wake_idle()
         return len(ids)
 
@@ -751,10 +752,15 @@ class _Placing:
         self._best: dict[str, float] = {}
 
     def gpu_jobs_pending(self) -> bool:
+        """Whether a job that needs a GPU has pending tasks (one look per lane)."""
         if self._gpu_jobs is None:
-            jobs = self.coord.jobs
-            self._gpu_jobs = any(j in jobs and jobs[j].require.needs_gpu for j in self.coord.queue.job_ids())
+            self._gpu_jobs = any(req is not None and req.needs_gpu for req in self.coord.queue.lanes())
         return self._gpu_jobs
+
+    @staticmethod
+    def runs(req: hardware.Requirements | None, slot: hardware.Slot) -> bool:
+        """Whether ``slot`` meets ``req`` (a run queue lane; None: a job not known here)."""
+        return not req or hardware.refusal(req, slot) is None
 
     def _all_slots(self) -> list[hardware.Slot]:
         if self._slots is None:

@@ -8,61 +8,128 @@ waited longest.
 
 Which of the tasks a job offers a given slot takes (hard filters, cost, stragglers) is
 decided by :mod:`gpumesh.coordinator.placement`, through :meth:`RunQueue.take_one`.
+
+Nothing here is proportional to the number of pending tasks: a job's tasks are a deque,
+and jobs wait in *lanes* - one per distinct requirement (the caller's key, e.g. the
+job's hardware requirements) - each an ordered dict of jobs in turn order. A free slot
+asks only the lanes it can serve and walks their jobs merged by turn, so a lease costs
+O(lanes) plus the jobs it looks at and passes over, however deep the queue is.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from operator import itemgetter
 
 
 class RunQueue:
-    """Pending tasks, grouped by job. All operations are O(1) per task moved."""
+    """Pending tasks, grouped by job and jobs by lane. All operations are O(1) per task
+    moved; :meth:`take_one` is O(lanes) plus the jobs it passes over."""
 
     def __init__(self) -> None:
-        self._jobs: OrderedDict[str, deque[str]] = OrderedDict()
+        self._jobs: dict[str, deque[str]] = {}  # only jobs with pending tasks
+        self._lane_of: dict[str, Hashable] = {}
+        # lane -> {job id: turn}, in turn order: the job that was served longest ago first
+        self._lanes: dict[Hashable, OrderedDict[str, int]] = {}
+        self._turns = 0
         self._n = 0
 
     def __len__(self) -> int:
         return self._n
 
-    def add(self, job_id: str, task_ids: Iterable[str]) -> None:
-        """Append tasks at the back of ``job_id``'s queue."""
-        q = self._jobs.setdefault(job_id, deque())
+    # -- jobs entering and leaving the line ---------------------------------------------
+    def _enter(self, job_id: str, q: deque[str], lane: Hashable) -> None:
+        """A job with no pending tasks gets some: it joins the back of the line."""
+        self._jobs[job_id] = q
+        self._lane_of[job_id] = lane
+        self._turns += 1
+        self._lanes.setdefault(lane, OrderedDict())[job_id] = self._turns
+
+    def _leave(self, job_id: str) -> None:
+        del self._jobs[job_id]
+        lane = self._lane_of.pop(job_id)
+        jobs = self._lanes[lane]
+        del jobs[job_id]
+        if not jobs:
+            del self._lanes[lane]
+
+    def _to_back(self, job_id: str) -> None:
+        jobs = self._lanes[self._lane_of[job_id]]
+        self._turns += 1
+        jobs[job_id] = self._turns
+        jobs.move_to_end(job_id)
+
+    # -- adding -------------------------------------------------------------------------
+    def add(self, job_id: str, task_ids: Iterable[str], lane: Hashable = None) -> None:
+        """Append tasks at the back of ``job_id``'s queue. ``lane``: the job's lane (what
+        :meth:`take_one`'s ``lane_ok`` is asked about); a job with pending tasks keeps
+        the lane it has."""
+        q = self._jobs.get(job_id)
+        if q is None:
+            q = deque(task_ids)
+            if q:  # a job with nothing pending never stands in line
+                self._enter(job_id, q, lane)
+                self._n += len(q)
+            return
         before = len(q)
         q.extend(task_ids)
         self._n += len(q) - before
 
-    def push_front(self, job_id: str, task_id: str) -> None:
+    def push_front(self, job_id: str, task_id: str, lane: Hashable = None) -> None:
         """Put a re-queued task first in line within its job."""
-        self._jobs.setdefault(job_id, deque()).appendleft(task_id)
+        q = self._jobs.get(job_id)
+        if q is None:
+            self._enter(job_id, deque([task_id]), lane)
+        else:
+            q.appendleft(task_id)
         self._n += 1
 
     def drop_job(self, job_id: str) -> list[str]:
         """Remove and return every pending task of ``job_id``."""
-        q = self._jobs.pop(job_id, None)
-        if not q:
+        q = self._jobs.get(job_id)
+        if q is None:
             return []
+        self._leave(job_id)
         self._n -= len(q)
         return list(q)
 
+    # -- looking ------------------------------------------------------------------------
     def pending(self, job_id: str) -> int:
         q = self._jobs.get(job_id)
         return len(q) if q else 0
 
+    def lanes(self) -> list[Hashable]:
+        """The lanes that have pending tasks."""
+        return list(self._lanes)
+
+    def _in_turn(self, lanes: list[OrderedDict[str, int]]) -> Iterator[str]:
+        """Job ids of ``lanes`` in turn order (each lane is already in turn order)."""
+        if len(lanes) == 1:
+            return iter(lanes[0])
+        return (j for j, _ in heapq.merge(*(jobs.items() for jobs in lanes), key=itemgetter(1)))
+
     def job_ids(self) -> list[str]:
         """Jobs with pending tasks, in the order they will next be served."""
-        return list(self._jobs)
+        return list(self._in_turn(list(self._lanes.values())))
 
-    def take_one(self, choose: Callable[[str, deque[str]], int | None]) -> tuple[str, str] | None:
+    # -- taking -------------------------------------------------------------------------
+    def take_one(self, choose: Callable[[str, deque[str]], int | None],
+                 lane_ok: Callable[[Hashable], bool] | None = None) -> tuple[str, str] | None:
         """Remove one task for one free slot and return ``(job_id, task_id)``, or None.
 
-        Jobs are offered in turn (round-robin, as :meth:`take`); ``choose(job_id, queue)``
+        Only jobs in lanes for which ``lane_ok(lane)`` is true (all when it is None) are
+        offered, in turn (round-robin, as :meth:`take`); ``choose(job_id, queue)``
         returns the position in that job's queue of the task to run (0 keeps FIFO), or
         None when the slot can run none of them: the job then keeps its place in line.
         The served job moves to the back of the line.
         """
-        for job_id, q in self._jobs.items():  # changed only right before returning
+        lanes = [jobs for lane, jobs in self._lanes.items() if lane_ok is None or lane_ok(lane)]
+        if not lanes:
+            return None
+        for job_id in self._in_turn(lanes):  # the line changes only right before returning
+            q = self._jobs[job_id]
             pos = choose(job_id, q)
             if pos is None:
                 continue
@@ -73,9 +140,9 @@ class RunQueue:
                 del q[pos]
             self._n -= 1
             if q:
-                self._jobs.move_to_end(job_id)
+                self._to_back(job_id)
             else:
-                del self._jobs[job_id]
+                self._leave(job_id)
             return job_id, task_id
         return None
 
@@ -86,21 +153,16 @@ class RunQueue:
         requirements); skipped jobs keep their place in line.
         """
         out: list[tuple[str, str]] = []
-        if n <= 0 or not self._n:
-            return out
-        skipped: set[str] = set()
-        while len(out) < n and self._jobs:
-            job_id = next((j for j in self._jobs if j not in skipped), None)
-            if job_id is None:
+        verdict: dict[str, bool] = {}
+
+        def first(job_id: str, q: deque[str]) -> int | None:
+            if job_id not in verdict:
+                verdict[job_id] = eligible(job_id)
+            return 0 if verdict[job_id] else None
+
+        while len(out) < n and self._n:
+            got = self.take_one(first)
+            if got is None:
                 break
-            if not eligible(job_id):
-                skipped.add(job_id)
-                continue
-            q = self._jobs[job_id]
-            out.append((job_id, q.popleft()))
-            self._n -= 1
-            if q:
-                self._jobs.move_to_end(job_id)  # next turn goes to another job
-            else:
-                del self._jobs[job_id]
+            out.append(got)
         return out
