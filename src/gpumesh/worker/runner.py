@@ -5,11 +5,13 @@
     worker agent (threads, HTTP)           never unpickles user code
         │ control socket (SEQPACKET, JSON + passed fds)
         ▼
-    zygote        python -m gpumesh.worker.runner FD      started once, imports only gpumesh.wire
+    zygote        python -m gpumesh.worker.runner FD      started with the first function task,
+        │                                                 imports only gpumesh.wire and cloudpickle
         │ fork (≈1 ms) on {"op": "host"}
         ▼
     function host   unpickles ONE function (and so pays its imports) once
-        │ fork on {"op": "run"}; the task's data socket is passed with it
+        │ keeps one spare child forked ahead; on {"op": "run"} hands it the task's
+        │ data socket and forks the next spare
         ▼
     task child      own session/process group; reads args, calls, writes the result, _exit
 
@@ -258,7 +260,8 @@ def host_main(ctrl: socket.socket, blob_path: str) -> None:
     gc.collect()
     gc.freeze()
     wake = _wakeup_pipe()
-    children: dict[int, str] = {}
+    children: dict[int, str | None] = {}  # pid -> task id (None: the spare, not yet given one)
+    spare: _Spare | None = _Spare.fork(fn, ctrl, wake, children)
     while True:
         ready, _, _ = select.select([ctrl, wake], [], [])
         if wake in ready:
@@ -267,6 +270,9 @@ def host_main(ctrl: socket.socket, blob_path: str) -> None:
             except BlockingIOError:
                 pass
         _reap(ctrl, children)
+        if spare is not None and spare.pid not in children:
+            spare.close()  # it died idle (killed from outside): the next task forks anew
+            spare = None
         if ctrl not in ready:
             continue
         msg, fds = recv_msg(ctrl)
@@ -277,17 +283,104 @@ def host_main(ctrl: socket.socket, blob_path: str) -> None:
         if msg.get("op") == "preload":
             _preload(msg.get("modules", []), msg.get("path", []))
             gc.freeze()
+            if spare is not None:  # forked before these imports: replace it
+                spare.discard(children)
+                spare = _Spare.fork(fn, ctrl, wake, children)
             continue
         if msg.get("op") == "run" and fds:
-            pid = os.fork()
-            if pid == 0:
-                _child(fn, ctrl, wake, fds[0], msg.get("stdout"), msg.get("stderr"),
-                       msg.get("result_format"), msg.get("env"))
+            for _attempt in range(2):  # a spare that died idle a moment ago: fork anew
+                if spare is None:
+                    spare = _Spare.fork(fn, ctrl, wake, children)
+                if spare is None or spare.start(msg, fds[0], children):
+                    break  # started; or no fork possible: closing the socket fails the task
+                spare = None
             os.close(fds[0])
-            children[pid] = msg["task_id"]  # the child tells the agent its pid itself
+            # The next task's process is forked now, while this one runs, so a task
+            # never waits for a fork: it finds a process ready for it.
+            spare = _Spare.fork(fn, ctrl, wake, children)
         else:
             for fd in fds:
                 os.close(fd)
+
+
+class _Spare:
+    """A task child forked ahead of its task, waiting for it on a socket of its own.
+
+    It has done everything that does not depend on the task (own session, GC off,
+    signal handlers reset, RNGs reseeded) before the task exists; given one, it only
+    points its output at the task's files and runs it."""
+
+    def __init__(self, pid: int, sock: socket.socket):
+        self.pid, self.sock = pid, sock
+
+    @classmethod
+    def fork(cls, fn, ctrl: socket.socket, wake: int, children: dict) -> _Spare | None:
+        """Fork a spare (None if the fork fails: the host then forks per task)."""
+        mine, theirs = control_pair()
+        try:
+            pid = os.fork()
+        except OSError:
+            mine.close()
+            theirs.close()
+            return None
+        if pid == 0:
+            mine.close()
+            _spare_main(fn, ctrl, wake, theirs)  # never returns
+        theirs.close()
+        children[pid] = None
+        return cls(pid, mine)
+
+    def start(self, msg: dict, data_fd: int, children: dict) -> bool:
+        """Hand the spare its task (the run message and the task's data socket).
+        False if the spare is gone; its pid is then reaped as an idle child."""
+        try:
+            send_msg(self.sock, msg, [data_fd])
+        except OSError:
+            return False
+        finally:
+            self.close()
+        if self.pid in children:
+            children[self.pid] = msg["task_id"]  # the child tells the agent its pid itself
+        return True
+
+    def discard(self, children: dict) -> None:
+        _kill_group(self.pid)
+        children.pop(self.pid, None)
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        self.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _spare_main(fn, ctrl: socket.socket, wake: int, sock: socket.socket) -> None:
+    code = 0
+    try:
+        os.setsid()  # own process group: a timeout kills everything the task started
+        gc.disable()  # a short-lived process: collection would only copy shared pages
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        ctrl.close()
+        os.close(wake)
+        os.environ[IN_TASK_ENV] = "1"
+        _reseed_after_fork()
+        msg, fds = recv_msg(sock)  # blocks until a task comes (or the host goes: EOF)
+        sock.close()
+        if msg is not None and fds:
+            _run_child(fn, fds[0], msg)
+    except BaseException:  # noqa: BLE001 - report nothing more; the exit status speaks
+        code = 70
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BaseException:  # noqa: BLE001
+            pass
+        os._exit(code)
 
 
 def _redirect(fd: int, path: str | None) -> None:
@@ -313,41 +406,22 @@ def _preload(modules: list[str], path: list[str]) -> None:
             pass
 
 
-def _child(fn, ctrl: socket.socket, wake: int, data_fd: int, out: str | None,
-           err: str | None, result_format: str | None = None, env: dict | None = None) -> None:
-    code = 0
-    try:
-        os.setsid()  # own process group: a timeout kills everything the task started
-        data = socket.socket(fileno=data_fd)
-        data.sendall(struct.pack("<Q", os.getpid()))  # first: the agent may need to kill us
-        if env:
-            # The slot's device, e.g. CUDA_VISIBLE_DEVICES=<its GPU>: set before the
-            # function runs; CUDA libraries read it when they first initialise CUDA.
-            os.environ.update({str(k): str(v) for k, v in env.items()})
-        gc.disable()  # a short-lived process: collection would only copy shared pages
-        _redirect(1, out)
-        _redirect(2, err)
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        ctrl.close()
-        os.close(wake)
-        os.environ[IN_TASK_ENV] = "1"
-        _reseed_after_fork()
-        run_task(fn, data, result_format)
-        data.close()
-    except BaseException:  # noqa: BLE001 - report nothing more; the exit status speaks
-        code = 70
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except BaseException:  # noqa: BLE001
-            pass
-        os._exit(code)
+def _run_child(fn, data_fd: int, msg: dict) -> None:
+    """In a spare that was given its task: run it over its data socket."""
+    data = socket.socket(fileno=data_fd)
+    data.sendall(struct.pack("<Q", os.getpid()))  # first: the agent may need to kill us
+    env = msg.get("env")
+    if env:
+        # The slot's device, e.g. CUDA_VISIBLE_DEVICES=<its GPU>: set before the
+        # function runs; CUDA libraries read it when they first initialise CUDA.
+        os.environ.update({str(k): str(v) for k, v in env.items()})
+    _redirect(1, msg.get("stdout"))
+    _redirect(2, msg.get("stderr"))
+    run_task(fn, data, msg.get("result_format"))
+    data.close()
 
 
-def _reap(ctrl: socket.socket, children: dict[int, str]) -> None:
+def _reap(ctrl: socket.socket, children: dict[int, str | None]) -> None:
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -370,14 +444,19 @@ def _reap(ctrl: socket.socket, children: dict[int, str]) -> None:
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
+    except OSError:  # not (yet) the leader of its own group: kill the process alone
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 # ---------------------------------------------------------------- zygote -------------
 def zygote_main(ctrl: socket.socket) -> None:
     """Fork a function host per request; reap them; exit when the agent hangs up."""
-    import gpumesh.wire  # noqa: F401 - warm: every host gets it for free
+    # Warm: every host gets these for free (a function blob is a cloudpickle stream).
+    import cloudpickle  # noqa: F401
+    import gpumesh.wire  # noqa: F401
 
     signal.signal(signal.SIGCHLD, lambda *_: _reap_all())
     while True:
