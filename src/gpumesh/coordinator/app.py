@@ -157,18 +157,35 @@ async def _read_body(request: Request, limit: int = MAX_BODY_BYTES,
                         f"request body is over the coordinator's limit of {size} "
                         f"(set {setting} on the coordinator to raise it)")
     declared = request.headers.get("content-length")
+    n = None
     if declared is not None:
         try:
             n = int(declared)
         except ValueError:
             raise HTTPError(400, "bad_request", "invalid Content-Length") from None
+        if n < 0:
+            raise HTTPError(400, "bad_request", "invalid Content-Length")
         if n > limit:
             raise too_big
-    buf = bytearray()
+    if n is None:  # chunked: grow as it comes
+        buf = bytearray()
+        async for chunk in request.stream():
+            buf += chunk
+            if len(buf) > limit:
+                raise too_big
+        return buf
+    # Known size: one allocation, each piece copied once into place. Growing a bytearray
+    # piece by piece would copy a large body several times over as it is reallocated.
+    buf = bytearray(n)
+    view, pos = memoryview(buf), 0
     async for chunk in request.stream():
-        buf += chunk
-        if len(buf) > limit:
-            raise too_big
+        end = pos + len(chunk)
+        if end > n:  # the server enforces Content-Length; never write past the buffer
+            raise HTTPError(400, "bad_request", "body is longer than its Content-Length")
+        view[pos:end] = chunk
+        pos = end
+    if pos != n:
+        raise HTTPError(400, "bad_request", f"body ended after {pos} of {n} bytes")
     return buf
 
 
