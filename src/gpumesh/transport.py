@@ -29,11 +29,20 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
+import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
+# httpx's package __init__ imports its command-line client (httpx._main) whenever rich,
+# pygments and click are installed, as they are with gpumesh: ~6 MiB and 100+ modules
+# in every worker agent that never uses them. A None entry makes that optional import
+# fail, so httpx binds its stub ``httpx.main`` instead; nothing else in httpx uses it.
+# (No effect if httpx was imported already, e.g. by the caller's own code.)
+if "httpx" not in sys.modules:
+    sys.modules.setdefault("httpx._main", None)
+
+import httpx  # noqa: E402 - after the line above
 
 from .errors import AuthError, MeshUnavailable, PayloadTooLarge, RequestRejected
 from .limits import (CONNECT_TIMEOUT_S, READ_TIMEOUT_S, TCP_KEEPCNT, TCP_KEEPIDLE_S,

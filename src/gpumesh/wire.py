@@ -24,15 +24,18 @@ versions, instead of a pickle traceback.
 
 from __future__ import annotations
 
-import hashlib
 import pickle
 import struct
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-import cloudpickle
-
 from .errors import WireError
+
+# cloudpickle is imported where it is needed (function blobs, objects the C pickler
+# cannot ship): the worker agent and the coordinator only move frames and bytes, and
+# it would stay loaded in each of them for nothing. Unpickling a function made by
+# cloudpickle imports it by itself; the worker's zygote imports it up front.
 
 PAYLOAD_MAGIC = b"GMP1"
 FRAMES_MAGIC = b"GMF1"
@@ -73,6 +76,9 @@ class Payload:
         self.size = sum(memoryview(c).nbytes for c in chunks)
 
     def sha256(self) -> str:
+        # Imported here: hashlib maps OpenSSL's libcrypto (~3.5 MiB resident), and the
+        # worker's zygote, hosts and task processes import this module but never hash.
+        import hashlib
         h = hashlib.sha256()
         for c in self.chunks:
             h.update(c)
@@ -85,7 +91,10 @@ class Payload:
 def _by_value_modules() -> bool:
     """Whether the caller registered modules with ``cloudpickle.register_pickle_by_value``:
     then only cloudpickle knows what must travel by value."""
-    registry = getattr(getattr(cloudpickle, "cloudpickle", None), "_PICKLE_BY_VALUE_MODULES", None)
+    cp = sys.modules.get("cloudpickle")
+    if cp is None:  # not imported yet: nothing can have been registered with it
+        return False
+    registry = getattr(getattr(cp, "cloudpickle", None), "_PICKLE_BY_VALUE_MODULES", None)
     return bool(registry)
 
 
@@ -120,6 +129,7 @@ def dumps(obj: Any, *, code: bool = False) -> Payload:
         if stream is None:
             buffers.clear()
     if stream is None:
+        import cloudpickle
         stream = cloudpickle.dumps(obj, protocol=PROTOCOL, buffer_callback=keep)
     head = bytearray(PAYLOAD_MAGIC)
     head += struct.pack("<IQ", len(buffers), len(stream))

@@ -71,6 +71,30 @@ def test_sixteen_characters_are_enough(env, tmp_path):
         p.stop()
 
 
+def _run_tasks_on_both_workers(url: str, serve_pid: int, join_pid: int) -> None:
+    from gpumesh import GPUMesh, accelerate
+
+    def nap(s):
+        import time
+        time.sleep(s)
+        return s
+
+    def has_zygote(agent_pid: int) -> bool:
+        return any(b"gpumesh.worker.runner" in proc_memory_texts(p) for p in descendants(agent_pid))
+
+    self_worker = [p for p in descendants(serve_pid) if b"join" in proc_memory_texts(p)]
+    assert self_worker, "no self-worker process"
+    mesh = GPUMesh(url, token=TOKEN)
+    try:
+        f = accelerate(mesh)(nap)
+        deadline = time.monotonic() + 60
+        while not (has_zygote(self_worker[0]) and has_zygote(join_pid)):
+            assert time.monotonic() < deadline, "a worker never started its zygote"
+            assert f.map([0.2] * 6) == [0.2] * 6
+    finally:
+        mesh.close()
+
+
 def test_tokens_are_hidden_from_ps_in_serve_join_and_the_self_worker(env, tmp_path):
     """``--token=...`` on the command line and ``$GPUMESH_WORKER_TOKEN`` in the environment
     are overwritten in /proc/PID/cmdline and /proc/PID/environ of every gpumesh process."""
@@ -91,10 +115,15 @@ def test_tokens_are_hidden_from_ps_in_serve_join_and_the_self_worker(env, tmp_pa
         while "joined mesh" not in worker.output() and time.monotonic() < deadline:
             assert worker.p.poll() is None, worker.output()
             time.sleep(0.1)
+        # Each worker starts its zygote (and function hosts) with its first function task:
+        # run tasks until both have one, so those processes are checked too.
+        _run_tasks_on_both_workers(url, coord.p.pid, worker.p.pid)
         pids = [coord.p.pid, worker.p.pid] + descendants(coord.p.pid) + descendants(worker.p.pid)
-        assert len(pids) >= 5  # serve, self-worker, its zygote, join, its zygote
+        assert len(pids) >= 5  # serve, self-worker, its zygote, join, its zygote (+ hosts)
         for pid in pids:
             seen = proc_memory_texts(pid)
+            if not seen and not os.path.exists(f"/proc/{pid}"):
+                continue  # a task process that has just exited
             assert seen, pid
             assert TOKEN.encode() not in seen, pid
             assert WORKER_TOKEN.encode() not in seen, pid

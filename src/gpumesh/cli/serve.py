@@ -250,16 +250,11 @@ def _advertise(host: str, port: int, tls: bool):
 def _after_start(server, url: str, token: str, self_worker: bool, slots: int, out: list,
                  fingerprint: str | None = None) -> None:
     server.ready.wait()
-    from ..errors import MeshError
-    from ..transport import Transport
-    http = Transport(url, None, fingerprint=fingerprint)
-    try:
-        http.request("GET", "/v1/health", timeout=5)
+    problem = _self_check(url, fingerprint)
+    if problem is None:
         click.echo("[OK] Self-check: server is up (tested on 127.0.0.1 only)")
-    except MeshError as e:
-        click.echo(f"[!!] Self-check failed: {e}", err=True)
-    finally:
-        http.close()
+    else:
+        click.echo(f"[!!] Self-check failed: {problem}", err=True)
     if not self_worker:
         return
     # Credentials travel in the environment, never on a command line (ps shows those).
@@ -272,6 +267,50 @@ def _after_start(server, url: str, token: str, self_worker: bool, slots: int, ou
     out.append(proc)
     click.echo("[OK] Self-worker started — this machine's CPU/GPU is part of the pool")
     click.echo("   (disable with --no-self-worker)")
+
+
+def _self_check(url: str, fingerprint: str | None, timeout: float = 5.0) -> str | None:
+    """GET ``url``/v1/health once; None if it answers 200, else what went wrong.
+
+    Standard library only: the coordinator process never needs an HTTP client otherwise,
+    and httpx would stay loaded (~15 MiB) for this one request. With TLS, the
+    certificate presented must be the one ``fingerprint`` names."""
+    import http.client
+    import json
+    import ssl
+    from urllib.parse import urlsplit
+    parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    try:
+        if parts.scheme == "https":
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE  # checked below against the pin instead
+            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                host, parts.port or 443, timeout=timeout, context=ctx)
+        else:
+            conn = http.client.HTTPConnection(host, parts.port or 80, timeout=timeout)
+        try:
+            conn.request("GET", "/v1/health")
+            if fingerprint and parts.scheme == "https":
+                from ..tls import fingerprint_der, normalise_fingerprint
+                der = conn.sock.getpeercert(binary_form=True)  # type: ignore[union-attr]
+                got = fingerprint_der(der) if der else "none"
+                if got != normalise_fingerprint(fingerprint):
+                    return f"the server at {url} presents certificate {got}, not {fingerprint}"
+            resp = conn.getresponse()
+            body = resp.read()
+        finally:
+            conn.close()
+    except (OSError, http.client.HTTPException, ssl.SSLError) as e:
+        return f"the coordinator at {url} did not answer ({e})"
+    if resp.status != 200:
+        return f"GET {url}/v1/health answered HTTP {resp.status}"
+    try:
+        json.loads(body)
+    except ValueError:
+        return f"GET {url}/v1/health did not answer JSON"
+    return None
 
 
 def _as_keyboard_interrupt(signum, frame):

@@ -231,19 +231,21 @@ def cpu_model() -> str:
 def ram_mb() -> int:
     """Total physical RAM in MiB (1024*1024 bytes); 0 if it cannot be found.
 
-    Uses psutil when importable, else ``os.sysconf`` page size times
-    physical pages.
+    Uses ``os.sysconf`` page size times physical pages (Linux, macOS), else psutil
+    when importable (not first: it would stay loaded, ~2 MiB, in every worker agent).
     """
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if total > 0:
+            return int(total // _MIB)
+    except (AttributeError, ValueError, OSError):
+        log.debug("os.sysconf unavailable for RAM size", exc_info=True)
     try:
         import psutil
 
         return int(psutil.virtual_memory().total // _MIB)
     except Exception:
         log.debug("psutil unavailable for RAM size", exc_info=True)
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // _MIB)
-    except (AttributeError, ValueError, OSError):
-        log.debug("os.sysconf unavailable for RAM size", exc_info=True)
     return 0
 
 

@@ -1,8 +1,9 @@
 """The agent's side of the runner processes (see :mod:`gpumesh.worker.runner`).
 
-:class:`Executor` starts the zygote, keeps up to ``MAX_WARM_FUNCTIONS`` warm function
-hosts (least recently used beyond that are closed, idle ones after ``WARM_IDLE_S``), and
-runs one task at a time per calling thread through :meth:`Executor.run`.
+:class:`Executor` starts the zygote with the first function task (an idle worker keeps
+no interpreter but its own), keeps up to ``MAX_WARM_FUNCTIONS`` warm function hosts
+(least recently used beyond that are closed, idle ones after ``WARM_IDLE_S``), and runs
+one task at a time per calling thread through :meth:`Executor.run`.
 
 Failures it names (each becomes an :class:`Outcome` with ``status="error"``):
 
@@ -138,15 +139,41 @@ class Executor:
         self._spool_str = str(self.spool)
         self._lock = threading.Lock()
         self._hosts: OrderedDict[str, Host] = OrderedDict()
-        self._zygote_ctrl, child = runner.control_pair()
-        env = {k: v for k, v in os.environ.items() if k not in runner.SCRUBBED_ENV}
-        self._zygote = subprocess.Popen(
-            [sys.executable, "-m", "gpumesh.worker.runner", str(child.fileno())],
-            pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
-        child.close()
+        # The zygote starts with the first function task (see _zygote_socket), not here:
+        # an idle worker, or one that only runs scripts, keeps no interpreter around.
+        self._zygote: subprocess.Popen | None = None
+        self._zygote_ctrl: socket.socket | None = None
+        self._closed = False
         self._running: dict[str, tuple[Host, _Pending]] = {}
 
     # ------------------------------------------------------------------ hosts -------
+    def _zygote_socket(self) -> socket.socket:
+        """The zygote's control socket, starting the zygote on first use (~0.1 s: an
+        interpreter plus gpumesh.wire; the function host it then forks pays the
+        function's own imports either way). Called with ``self._lock`` held."""
+        if self._closed:
+            raise OSError("the executor is closed")
+        if self._zygote is not None and self._zygote.poll() is not None:
+            log.warning("the zygote exited with %s; starting a new one", self._zygote.returncode)
+            if self._zygote_ctrl is not None:
+                self._zygote_ctrl.close()
+            self._zygote = self._zygote_ctrl = None
+        if self._zygote is None:
+            ctrl, child = runner.control_pair()
+            env = {k: v for k, v in os.environ.items() if k not in runner.SCRUBBED_ENV}
+            try:
+                self._zygote = subprocess.Popen(
+                    [sys.executable, "-m", "gpumesh.worker.runner", str(child.fileno())],
+                    pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
+            except BaseException:
+                ctrl.close()
+                raise
+            finally:
+                child.close()
+            self._zygote_ctrl = ctrl
+        assert self._zygote_ctrl is not None
+        return self._zygote_ctrl
+
     def _host(self, fn_hash: str, blob_path: str) -> Host:
         with self._lock:
             host = self._hosts.get(fn_hash)
@@ -154,8 +181,9 @@ class Executor:
                 self._hosts.move_to_end(fn_hash)
                 host.last_used = time.monotonic()
                 return host
+            zygote = self._zygote_socket()
             mine, theirs = runner.control_pair()
-            runner.send_msg(self._zygote_ctrl, {"op": "host", "path": blob_path}, [theirs.fileno()])
+            runner.send_msg(zygote, {"op": "host", "path": blob_path}, [theirs.fileno()])
             theirs.close()
             host = Host(fn_hash, mine)
             self._hosts[fn_hash] = host
@@ -184,7 +212,11 @@ class Executor:
         """Run one task to completion; never raises for anything the task does.
         ``result_format="json"``: the task sends its value as JSON (strict results).
         ``env``: variables set in the task's process (its slot's GPU, for one)."""
-        host = self._host(fn_hash, blob_path)
+        try:
+            host = self._host(fn_hash, blob_path)
+        except OSError as e:  # the zygote could not be started, or we are closing
+            return Outcome("retry", {"kind": "host_died",
+                                     "message": f"could not start the function's host: {e}"})
         host.ready.wait()
         if host.load_error is not None:
             self.forget(fn_hash)
@@ -336,15 +368,19 @@ class Executor:
         for task_id in list(self._running):
             self.cancel(task_id)
         with self._lock:
+            self._closed = True  # no zygote starts after this
             for host in self._hosts.values():
                 host.close()
             self._hosts.clear()
-        try:
-            self._zygote_ctrl.close()
-        except OSError:
-            pass
-        try:
-            self._zygote.wait(5)
-        except subprocess.TimeoutExpired:
-            self._zygote.kill()
-            self._zygote.wait()
+            zygote, ctrl = self._zygote, self._zygote_ctrl
+        if ctrl is not None:
+            try:
+                ctrl.close()
+            except OSError:
+                pass
+        if zygote is not None:
+            try:
+                zygote.wait(5)
+            except subprocess.TimeoutExpired:
+                zygote.kill()
+                zygote.wait()
