@@ -16,7 +16,9 @@ For each N a fresh ``gpumesh serve --no-self-worker`` is started, then:
   pulse). A general-purpose HTTP client costs far more CPU per request than the
   coordinator spends answering it, and would measure itself instead.
 * **callers** (``--callers`` threads in a child process, the real ``GPUMesh`` client)
-  submit ``.map`` jobs of ``--batch`` tasks back to back for ``--seconds``. Each task's
+  submit ``.map`` jobs of ``--batch`` tasks for ``--seconds``: back to back (saturation:
+  what one coordinator core can do), or paced to ``--rate`` tasks/s in all (latency
+  at a given load). Each task's
   argument is the monotonic time at submit (CLOCK_MONOTONIC is one clock for every
   process on the machine), so a simulated worker knows how long the task took to reach it.
 * **a probe** asks ``GET /v1/workers`` every 0.25 s, as ``gpumesh workers`` would.
@@ -319,9 +321,10 @@ async def _generator(first: int, count: int, port: int, args, conn) -> None:
 
 
 # ------------------------------------------------------------------ callers + probe -----
-def callers_main(url: str, n_callers: int, batch: int, seconds: float, out) -> None:
-    """In a child process: ``n_callers`` threads submitting ``.map`` jobs for ``seconds``,
-    and one probe thread timing ``GET /v1/workers``."""
+def callers_main(url: str, n_callers: int, batch: int, seconds: float, rate: float, out) -> None:
+    """In a child process: ``n_callers`` threads submitting ``.map`` jobs for ``seconds``
+    (back to back, or paced to ``rate`` tasks/s in all when ``rate`` > 0), and one probe
+    thread timing ``GET /v1/workers``."""
     import httpx
 
     from gpumesh import GPUMesh, accelerate
@@ -342,8 +345,13 @@ def callers_main(url: str, n_callers: int, batch: int, seconds: float, out) -> N
     lock = threading.Lock()
     end = time.monotonic() + seconds
 
-    def loop() -> None:
+    def loop(k: int) -> None:
+        interval = batch * n_callers / rate if rate > 0 else 0.0
+        due = time.monotonic() + k * interval / n_callers  # callers take turns, evenly spread
         while time.monotonic() < end:
+            if interval:
+                time.sleep(max(0.0, due - time.monotonic()))
+                due += interval
             try:
                 values = echo.map([time.monotonic()] * batch)
                 assert len(values) == batch
@@ -363,7 +371,7 @@ def callers_main(url: str, n_callers: int, batch: int, seconds: float, out) -> N
 
     me = psutil.Process()
     cpu0 = sum(me.cpu_times()[:2])
-    threads = [threading.Thread(target=loop) for _ in range(n_callers)]
+    threads = [threading.Thread(target=loop, args=(k,)) for k in range(n_callers)]
     threads.append(threading.Thread(target=probe_loop))
     t0 = time.monotonic()
     for t in threads:
@@ -468,7 +476,8 @@ def run_n(n: int, args, root: Path, coord_cpus: set[int] | None) -> dict:
         batch = args.batch or max(25, n // 2)
         row["batch"], row["callers"] = batch, args.callers
         parent, child = ctx.Pipe()
-        callers = ctx.Process(target=callers_main, args=(coord.url, args.callers, batch, args.seconds, child))
+        callers = ctx.Process(target=callers_main,
+                              args=(coord.url, args.callers, batch, args.seconds, args.rate, child))
         for _, conn in gens:
             conn.send("record")
         c0, t0 = coord.cpu_seconds(), time.monotonic()
@@ -530,6 +539,8 @@ def main() -> int:
     ap.add_argument("--idle", type=float, default=4.0, help="idle measurement per N (s)")
     ap.add_argument("--callers", type=int, default=4, help="caller threads submitting .map jobs")
     ap.add_argument("--batch", type=int, default=0, help="tasks per job (default max(25, N/2))")
+    ap.add_argument("--rate", type=float, default=0.0,
+                    help="offered load in tasks/s (default 0: as fast as the coordinator goes)")
     ap.add_argument("--procs", type=int, default=max(1, (os.cpu_count() or 2) - 1),
                     help="processes the simulated workers are spread over")
     ap.add_argument("--lease-wait", type=float, default=20.0, help="lease long-poll wait (s)")
@@ -557,8 +568,10 @@ def main() -> int:
             print(f"N={n}: " + json.dumps(row), file=sys.stderr, flush=True)
     pinning = (f"coordinator pinned to CPU {cpus[0]}, generator on CPU(s) {cpus[1:]}"
                if coord_cpus else "no pinning")
+    load = f"{args.rate:g} tasks/s offered" if args.rate > 0 else "submitting as fast as it goes"
     print(f"machine: {len(cpus)} CPUs, Python {sys.version.split()[0]}; {pinning}; "
-          f"{args.procs} generator process(es), {args.callers} callers, {args.seconds:g} s of load per N")
+          f"{args.procs} generator process(es), {args.callers} callers {load}, "
+          f"{args.seconds:g} s of load per N")
     print(table(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
