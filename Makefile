@@ -39,7 +39,8 @@ test-engines: $(PY)
 	$(PIP) install -q -e '.[dev,$(subst $(space),$(comma),$(strip $(ENGINES)))]'
 	$(PY) -m pytest tests/conformance
 
-bench: install
+bench: $(PY)
+	$(PIP) install -q -e '.[notebook,bench]'
 	$(PY) benchmarks/run.py
 
 clean:

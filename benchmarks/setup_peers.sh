@@ -19,8 +19,8 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PIP="$VENV/bin/python -m pip"
 
-$PIP install -q -e '.[examples,sysinfo]' 'dask[distributed]'
-echo "[setup_peers] installed gpumesh, numpy, psutil, dask[distributed]"
+$PIP install -q -e '.[bench]' 'dask[distributed]'
+echo "[setup_peers] installed gpumesh, numpy, psutil, httpx, dask[distributed]"
 
 if [ "${NO_RAY:-0}" = "1" ]; then
     echo "[setup_peers] NO_RAY=1: skipping ray"

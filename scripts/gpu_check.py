@@ -99,8 +99,15 @@ def main() -> int:
         start(["serve", "--port", str(port), "--no-self-worker", "--data-dir", str(tmp / "data")],
               "coordinator.log")
         from gpumesh import GPUMesh, Unsatisfiable, accelerate
-        import httpx
-        wait_for(lambda: httpx.get(f"{url}/v1/health", timeout=1).status_code == 200, 30, "the coordinator")
+        import urllib.request
+
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(f"{url}/v1/health", timeout=1) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+        wait_for(healthy, 30, "the coordinator")
         t_join = time.monotonic()
         start(["join", url, "--cpu-slots", "1"], "worker.log")
         m = GPUMesh(url, token=token, output=False)

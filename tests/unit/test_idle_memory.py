@@ -33,10 +33,11 @@ def test_worker_agent_imports_nothing_it_does_not_use():
     # What `gpumesh join` imports: the CLI, the agent and its HTTP client.
     top = _top(_modules_after("import gpumesh.cli, gpumesh.cli.join, gpumesh.worker.agent, "
                               "gpumesh.worker.device; gpumesh.worker.device.detect()"))
-    assert "httpx" in top  # sanity: the probe did import the agent's client
-    # rich/pygments: httpx's command-line client; cloudpickle: only for pickling code;
-    # psutil: RAM size comes from os.sysconf; zeroconf: only with discovery on.
-    assert not top & {"rich", "pygments", "cloudpickle", "psutil", "zeroconf", "numpy"}
+    assert "urllib3" in top  # sanity: the probe did import the agent's client
+    # cloudpickle: only for pickling code; psutil: RAM size comes from os.sysconf;
+    # zeroconf: only with discovery on; httpx (and its anyio, h11): not the agent's client.
+    assert not top & {"rich", "pygments", "cloudpickle", "psutil", "zeroconf", "numpy",
+                      "httpx", "httpcore", "h11", "anyio"}
 
 
 def test_coordinator_imports_no_http_client():

@@ -14,9 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 from .. import config
+from ..errors import MeshError
+from ..transport import Transport
 
 START_TIMEOUT_S = 30.0
 
@@ -86,14 +86,15 @@ def start_coordinator(port: int = 8000, token: str | None = None, host: str = "1
     proc, log_path = _spawn(args, env, "coordinator")
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     handle = CoordinatorHandle(proc, log_path, url, token)
+    probe = Transport(url, None)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the coordinator exited with code {proc.returncode}: {handle.log_tail()}")
         try:
-            if httpx.get(f"{url}/v1/health", timeout=1).status_code == 200:
-                return handle
-        except httpx.HTTPError:
+            probe.request("GET", "/v1/health", timeout=1)
+            return handle
+        except MeshError:
             pass
         time.sleep(0.05)
     handle.stop()
@@ -105,15 +106,15 @@ def add_worker(url: str, token: str | None = None, slots: int = 1) -> WorkerHand
     env = dict(os.environ)
     if ep.token:
         env["GPUMESH_TOKEN"] = ep.token
-    headers = {"authorization": f"Bearer {ep.token}"} if ep.token else {}
-    before = {w["id"] for w in httpx.get(f"{ep.url}/v1/workers", headers=headers, timeout=10).json()}
+    http = Transport(ep.url, ep.token, fingerprint=ep.fingerprint)
+    before = {w["id"] for w in http.request("GET", "/v1/workers", timeout=10).json()}
     proc, log_path = _spawn(["join", ep.url, "--slots", str(slots)], env, "worker")
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the worker exited with code {proc.returncode}: "
                                f"{Path(log_path).read_text(errors='replace')[-4000:]}")
-        for w in httpx.get(f"{ep.url}/v1/workers", headers=headers, timeout=10).json():
+        for w in http.request("GET", "/v1/workers", timeout=10).json():
             if w["id"] not in before and w.get("alive"):
                 return WorkerHandle(w, proc, log_path)
         time.sleep(0.05)

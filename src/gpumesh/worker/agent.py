@@ -268,26 +268,24 @@ class WorkerAgent:
     # ------------------------------------------------------------------ pulse -------
     def _session_loop(self) -> None:
         """Hold the pulse connection open; reopen it whenever it ends."""
-        import httpx
         delays = backoff_delays()
         while not self.stopping.is_set():
             if not self._registered.wait(0.5):
                 continue
             try:
-                with self.http.client.stream(
-                        "GET", f"/v1/workers/{self.id}/session",
-                        timeout=httpx.Timeout(3 * SESSION_PING_S, connect=5)) as resp:
-                    if resp.status_code == 404:
-                        resp.read()
+                # The coordinator pings every SESSION_PING_S: three missed pings = gone.
+                with self.http.stream_lines(f"/v1/workers/{self.id}/session",
+                                            timeout=3 * SESSION_PING_S) as (status, lines):
+                    if status == 404:
                         self._lost_registration()
                         continue
-                    for line in resp.iter_lines():
+                    for line in lines:
                         delays = backoff_delays()
                         if self.stopping.is_set():
                             return
                         if line.startswith("cancel "):
                             self.executor.cancel(line[7:].strip())
-            except httpx.HTTPError as e:
+            except Unreachable as e:
                 log.debug("pulse connection ended: %s", e)
             except Exception as e:  # noqa: BLE001 - never let the pulse thread die
                 log.warning("pulse connection failed: %s", e)
