@@ -393,7 +393,7 @@ class WorkerAgent:
                                                 "message": f"could not fetch the function: {e}"})
                 else:
                     cursor = self._output[task["task_id"]] = _OutputCursor(
-                        task, *self.executor.output_paths())
+                        task, *self.executor.new_output())
                     try:
                         if task.get("kind") == "script":  # python SCRIPT, payload on stdin
                             outcome = self.executor.run_script(task["task_id"], str(path), args,

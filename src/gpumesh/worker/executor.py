@@ -348,9 +348,19 @@ class Executor:
 
     def output_paths(self) -> tuple[str, str]:
         """Files that receive stdout and stderr of the task this thread runs. One pair per
-        slot thread, truncated by each new task: no file is created or removed per task."""
+        slot thread, emptied by :meth:`new_output` before each task: no file is created or
+        removed per task."""
         base = f"{self._spool_str}/{threading.get_ident()}"
         return base + ".out", base + ".err"
+
+    def new_output(self) -> tuple[str, str]:
+        """Empty this thread's output files for its next task and return their paths.
+        Called before anything reads them for that task (the task only appends), so no
+        reader ever sees the previous task's output as this one's."""
+        paths = self.output_paths()
+        for path in paths:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+        return paths
 
     def cancel(self, task_id: str) -> bool:
         """Kill a running task's process group. Returns whether it was running here."""

@@ -384,10 +384,11 @@ def _spare_main(fn, ctrl: socket.socket, wake: int, sock: socket.socket) -> None
 
 
 def _redirect(fd: int, path: str | None) -> None:
-    """Point ``fd`` at a fresh file: a task's output never blocks on a pipe nobody reads."""
+    """Point ``fd`` at the task's output file (emptied by the agent before the task, see
+    Executor.new_output): a task's output never blocks on a pipe nobody reads."""
     if not path:
         return
-    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(out, fd)
     os.close(out)
 

@@ -90,7 +90,7 @@ def run(script_path: str, payload: bytes, timeout: float | None, out: str, err: 
         child_env.update({str(k): str(v) for k, v in env.items()})
     workdir = tempfile.mkdtemp(prefix="gpumesh-script-")
     try:
-        with open(out, "wb") as fo, open(err, "wb") as fe:
+        with open(out, "ab") as fo, open(err, "ab") as fe:  # emptied by Executor.new_output
             try:
                 proc = subprocess.Popen([sys.executable, script_path], stdin=subprocess.PIPE,
                                         stdout=fo, stderr=fe, cwd=workdir, env=child_env,
