@@ -37,19 +37,20 @@ import hashlib
 import json
 import logging
 import re
+import struct
 import time
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .. import wire
 from .._version import __version__
-from ..limits import (LONG_POLL_MAX_S, OUTPUT_BODY_BYTES, MAX_BODY_BYTES, MAX_TASKS_PER_JOB, MiB,
+from ..limits import (INLINE_BLOB_BYTES, LONG_POLL_MAX_S, OUTPUT_BODY_BYTES, MAX_BODY_BYTES, MAX_TASKS_PER_JOB, MiB,
                       PURGE_INTERVAL_S, RESULT_PAGE_BYTES, RESULT_PAGE_COUNT, RETENTION_S,
                       SESSION_PING_S, SWEEP_INTERVAL_S)
 from ..limits import (MAX_HEARTBEAT_TASKS, MAX_JSON_BODY_BYTES, MAX_META_JSON_BYTES,
@@ -59,6 +60,7 @@ from .auth import ROLE_MAIN, Authenticator, AuthRefused
 from .core import (Coordinator, NoWorkers, StaleLease, UnknownJob, UnknownWorker)
 from .core import JobReleased
 from .core import Unsatisfiable
+from .store import Incoming
 from .. import hardware
 
 log = logging.getLogger("gpumesh.coordinator")
@@ -148,42 +150,58 @@ def _query_float(request: Request, name: str, default: float, lo: float, hi: flo
     return v
 
 
+def _too_big(limit: int, setting: str) -> HTTPError:
+    size = f"{limit // MiB} MiB" if limit >= MiB else f"{limit // 1024} KiB"
+    return HTTPError(413, "too_large", f"request body is over the coordinator's limit of {size} "
+                                       f"(set {setting} on the coordinator to raise it)")
+
+
+def _content_length(request: Request, limit: int, setting: str) -> int | None:
+    """The declared body size (None when chunked); 413 before reading when it is over
+    ``limit``."""
+    declared = request.headers.get("content-length")
+    if declared is None:
+        return None
+    try:
+        n = int(declared)
+    except ValueError:
+        raise HTTPError(400, "bad_request", "invalid Content-Length") from None
+    if n < 0:
+        raise HTTPError(400, "bad_request", "invalid Content-Length")
+    if n > limit:
+        raise _too_big(limit, setting)
+    return n
+
+
 async def _read_body(request: Request, limit: int = MAX_BODY_BYTES,
                      setting: str = "GPUMESH_MAX_BODY_MB") -> bytearray:
     """Read the whole body into one writable buffer, refusing anything over ``limit``
     (before reading it when Content-Length already says so)."""
-    size = f"{limit // MiB} MiB" if limit >= MiB else f"{limit // 1024} KiB"
-    too_big = HTTPError(413, "too_large",
-                        f"request body is over the coordinator's limit of {size} "
-                        f"(set {setting} on the coordinator to raise it)")
-    declared = request.headers.get("content-length")
-    n = None
-    if declared is not None:
-        try:
-            n = int(declared)
-        except ValueError:
-            raise HTTPError(400, "bad_request", "invalid Content-Length") from None
-        if n < 0:
-            raise HTTPError(400, "bad_request", "invalid Content-Length")
-        if n > limit:
-            raise too_big
-    if n is None:  # chunked: grow as it comes
-        buf = bytearray()
+    return await _read_all(request, _content_length(request, limit, setting), limit, setting)
+
+
+async def _read_all(request: Request, n: int | None, limit: int, setting: str) -> bytearray:
+    """The body whose Content-Length ``n`` (None: chunked) was checked against ``limit``."""
+    try:
+        if n is None:  # chunked: grow as it comes
+            buf = bytearray()
+            async for chunk in request.stream():
+                buf += chunk
+                if len(buf) > limit:
+                    raise _too_big(limit, setting)
+            return buf
+        # Known size: one allocation, each piece copied once into place. Growing a bytearray
+        # piece by piece would copy a large body several times over as it is reallocated.
+        buf = bytearray(n)
+        view, pos = memoryview(buf), 0
         async for chunk in request.stream():
-            buf += chunk
-            if len(buf) > limit:
-                raise too_big
-        return buf
-    # Known size: one allocation, each piece copied once into place. Growing a bytearray
-    # piece by piece would copy a large body several times over as it is reallocated.
-    buf = bytearray(n)
-    view, pos = memoryview(buf), 0
-    async for chunk in request.stream():
-        end = pos + len(chunk)
-        if end > n:  # the server enforces Content-Length; never write past the buffer
-            raise HTTPError(400, "bad_request", "body is longer than its Content-Length")
-        view[pos:end] = chunk
-        pos = end
+            end = pos + len(chunk)
+            if end > n:  # the server enforces Content-Length; never write past the buffer
+                raise HTTPError(400, "bad_request", "body is longer than its Content-Length")
+            view[pos:end] = chunk
+            pos = end
+    except ClientDisconnect:  # the caller went away mid-body: nothing to answer, nothing kept
+        raise HTTPError(400, "bad_request", "the body ended early (the client went away)") from None
     if pos != n:
         raise HTTPError(400, "bad_request", f"body ended after {pos} of {n} bytes")
     return buf
@@ -211,6 +229,169 @@ def _frames(body: bytearray) -> tuple[dict, list[memoryview]]:
     if not isinstance(meta, dict):
         raise HTTPError(400, "bad_request", "frame 0 must be a JSON object")
     return meta, frames[1:]
+
+
+def _not_frames(why: str) -> HTTPError:
+    return HTTPError(400, "bad_request", f"body is not a gpumesh frames message: {why}")
+
+
+class _Pieces:
+    """A request body as it arrives, handed out ``k`` bytes at a time (views, no copies).
+    Enforces the body limit and the Content-Length ``n`` (None: chunked)."""
+
+    __slots__ = ("_stream", "_left", "got", "n", "_limit", "_setting")
+
+    def __init__(self, request: Request, n: int | None, limit: int, setting: str):
+        self._stream = request.stream().__aiter__()
+        self._left = memoryview(b"")
+        self.got, self.n, self._limit, self._setting = 0, n, limit, setting
+
+    async def take(self, k: int) -> memoryview | None:
+        """Up to ``k`` bytes (at least one), or None at the end of the body."""
+        while not self._left:
+            try:
+                chunk = await self._stream.__anext__()
+            except StopAsyncIteration:
+                return None
+            except ClientDisconnect:  # the caller went away mid-body
+                raise self.short() from None
+            self.got += len(chunk)
+            if self.n is not None and self.got > self.n:
+                raise HTTPError(400, "bad_request", "body is longer than its Content-Length")
+            if self.got > self._limit:
+                raise _too_big(self._limit, self._setting)
+            self._left = memoryview(chunk)
+        out, self._left = self._left[:k], self._left[k:]
+        return out
+
+    async def exactly(self, k: int) -> bytearray:
+        """``k`` bytes in one small buffer (headers); 400 if the body ends first."""
+        buf = bytearray()
+        while len(buf) < k:
+            piece = await self.take(k - len(buf))
+            if piece is None:
+                raise self.short()
+            buf += piece
+        return buf
+
+    async def into(self, k: int, write) -> None:
+        """Pass the next ``k`` bytes to ``write`` piece by piece; 400 if the body ends first."""
+        while k > 0:
+            piece = await self.take(k)
+            if piece is None:
+                raise self.short()
+            write(piece)
+            k -= len(piece)
+
+    async def drain(self) -> None:
+        """Read (and drop) what is left; 400 if it ends before its Content-Length."""
+        while await self.take(1 << 30) is not None:
+            pass
+        if self.n is not None and self.got != self.n:
+            raise self.short()
+
+    def short(self) -> HTTPError:
+        if self.n is not None:
+            return HTTPError(400, "bad_request", f"body ended after {self.got} of {self.n} bytes")
+        return _not_frames("frames body truncated")
+
+
+class _Filling:
+    """A frame kept in memory, filled piece by piece."""
+
+    __slots__ = ("view", "at")
+
+    def __init__(self, size: int):
+        self.view, self.at = memoryview(bytearray(size)), 0
+
+    def write(self, piece: memoryview) -> None:
+        end = self.at + len(piece)
+        self.view[self.at:end] = piece
+        self.at = end
+
+
+async def _frames_streamed(request: Request, store) -> tuple[dict, list]:
+    """A frames body (job submission, task result) read as it arrives: the header is parsed
+    from its first bytes, frame 0 (JSON meta) and small frames are kept in memory, and every
+    payload frame over the store's inline limit is written straight into a temporary file
+    (:meth:`Store.incoming`) that the store later adopts (renames into place) instead of
+    receiving bytes. Returns ``(meta, frames)``: each frame a ``memoryview`` or a finished
+    :class:`~.store.Incoming`.
+
+    Every temporary file is registered with the request and deleted when its handler ends
+    unless the store adopted it (see ``route`` in :func:`create_app`), whatever went wrong.
+    Errors are those of :func:`_read_body` + :func:`_frames`: 413 over the limit (before
+    reading when Content-Length says so), 400 for a malformed or truncated body.
+    """
+    setting = "GPUMESH_MAX_BODY_MB"
+    n = _content_length(request, MAX_BODY_BYTES, setting)
+    if n is not None and n <= INLINE_BLOB_BYTES:
+        # Too small to hold a frame the store would put in a file: one buffer, as always.
+        return _frames(await _read_all(request, n, MAX_BODY_BYTES, setting))
+    body = _Pieces(request, n, MAX_BODY_BYTES, setting)
+    head = bytearray()
+    while len(head) < 8 and (piece := await body.take(8 - len(head))) is not None:
+        head += piece
+    if len(head) < 8:
+        raise body.short() if n is not None else _not_frames(f"frames body too short ({len(head)} bytes)")
+    try:
+        wire._check_magic(memoryview(head), wire.FRAMES_MAGIC, "message")
+    except WireError as e:
+        raise _not_frames(str(e)) from None
+    (count,) = struct.unpack_from("<I", head, 4)
+    available = MAX_BODY_BYTES if n is None else n
+    if 8 + 8 * count > available:
+        raise _not_frames("frames header truncated")
+    lengths = struct.unpack(f"<{count}Q", await body.exactly(8 * count))
+    offsets = list(wire.frame_offsets(lengths))
+    end = offsets[-1] + lengths[-1] if count else 8 + 8 * count
+    if n is not None and end > n:  # refused before anything is written
+        raise _not_frames("frames body truncated")
+    if end > MAX_BODY_BYTES:
+        raise _too_big(MAX_BODY_BYTES, setting)
+    if not count:
+        raise HTTPError(400, "bad_request", "frame 0 must be a JSON object")
+    spool = request.scope.setdefault("gpumesh.incoming", [])
+    pos = 8 + 8 * count
+    frames: list = []
+    meta = None
+    for i, (off, size) in enumerate(zip(offsets, lengths)):
+        await body.into(off - pos, lambda piece: None)  # alignment padding
+        if i and size > INLINE_BLOB_BYTES:
+            inc = store.incoming()
+            spool.append(inc)
+            await body.into(size, inc.write)
+            inc.finish()
+            frames.append(inc)
+        else:
+            buf = _Filling(size)
+            await body.into(size, buf.write)
+            frames.append(buf.view)
+        pos = off + size
+        if i == 0:  # refuse bad meta before taking in the payloads
+            try:
+                meta = json.loads(bytes(frames[0]))
+            except (ValueError, RecursionError) as e:
+                raise _not_frames(str(e)) from None
+            if not isinstance(meta, dict):
+                raise HTTPError(400, "bad_request", "frame 0 must be a JSON object")
+    await body.drain()
+    return meta, frames[1:]
+
+
+def _discard_incoming(request: Request) -> None:
+    """Delete the temporary files of this request's body that the store did not adopt."""
+    for inc in request.scope.pop("gpumesh.incoming", ()):
+        try:
+            inc.discard()
+        except OSError:
+            log.exception("could not delete %s", inc.path)
+
+
+def _sha256(frame) -> str:
+    if isinstance(frame, Incoming):
+        return frame.sha256()
+    return hashlib.sha256(frame).hexdigest()
 
 
 # ---------------------------------------------------------------- responses --------
@@ -348,6 +529,9 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
                 except Exception:  # a bug must not take the coordinator down
                     log.exception("error handling %s %s", request.method, request.url.path)
                     return _err(500, "internal", "internal error; see the coordinator log")
+                finally:  # payload files of the body that were not stored: gone
+                    if "gpumesh.incoming" in request.scope:
+                        _discard_incoming(request)
             routes.append(Route(path, endpoint, methods=methods))
             return fn
         return deco
@@ -524,7 +708,7 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         tid = _id(request.path_params["tid"], "task id")
         lease_id = request.query_params.get("lease", "")
         _id(lease_id or "-", "lease id")
-        meta, frames = _frames(await _read_body(request))
+        meta, frames = await _frames_streamed(request, coord.store)
         status = _field(meta, "status", str)
         if status not in ("ok", "error", "retry"):
             raise HTTPError(400, "bad_request", "field 'status' must be ok, error or retry")
@@ -594,7 +778,7 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
     # -- jobs ------------------------------------------------------------------------
     @route("/v1/jobs", ["POST"], action="submit jobs")
     async def submit(request: Request) -> Response:
-        meta, frames = _frames(await _read_body(request))
+        meta, frames = await _frames_streamed(request, coord.store)
         job_id = _id(_field(meta, "job_id", str), "job id")
         kind = _field(meta, "kind", str, "function")
         if kind not in ("function", "script"):
@@ -635,9 +819,9 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         args = frames
         if inline_fn:
             blob, args = frames[0], frames[1:]
-            if hashlib.sha256(blob).hexdigest() != fn:
+            if _sha256(blob) != fn:
                 raise HTTPError(400, "bad_request", "inline function blob does not match 'fn'")
-            coord.store.put_blob(fn, [blob])
+            coord.store.put_blob(fn, blob if isinstance(blob, Incoming) else [blob])
         elif not coord.store.has_blob(fn):
             raise HTTPError(409, "missing_blob", f"upload blob {fn} first (PUT /v1/blobs/{fn})")
         job_meta = {"timeout": timeout, "name": name, "caller": caller}

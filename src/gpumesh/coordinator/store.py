@@ -9,7 +9,10 @@ Payloads (function blobs, task arguments, results) up to ``INLINE_BLOB_BYTES`` l
 rows; larger ones are files under ``<data_dir>/blobs`` written to a temporary name and
 renamed before the row that points at them is committed, so a row never points at a
 half-written file (with ``GPUMESH_SYNC=FULL`` they are fsynced before the rename too).
-Function blobs are content-addressed (sha256).
+A big payload arriving in a request body is written to such a file as it streams in
+(:meth:`Store.incoming`, under ``<data_dir>/blobs/incoming``) and *adopted* - renamed into
+place - when its row is stored; one never adopted is deleted with its request, and any
+left by a crash are deleted on start. Function blobs are content-addressed (sha256).
 
 All methods are synchronous and fast (no method scans all tasks); the coordinator calls
 them from its event loop.
@@ -79,6 +82,61 @@ CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished) WHERE finished IS NO
 """
 
 
+class Incoming:
+    """A payload being written to a temporary file as its bytes arrive (see
+    :meth:`Store.incoming`). ``write`` the bytes, ``finish`` it, then hand it to the store in
+    place of the bytes (``create_job``, ``finish``, ``put_blob``), which renames it into
+    place. ``discard`` deletes it unless the store adopted it; it is safe to call twice."""
+
+    __slots__ = ("path", "size", "_fh", "_full_sync")
+
+    def __init__(self, path: Path, full_sync: bool):
+        self.path: Path | None = path
+        self.size = 0
+        self._full_sync = full_sync
+        self._fh = open(path, "xb")
+
+    def write(self, data: Chunk) -> None:
+        self.size += self._fh.write(data)
+
+    def finish(self) -> None:
+        """All bytes are written: flush them (and fsync under ``GPUMESH_SYNC=FULL``)."""
+        fh, self._fh = self._fh, None
+        if fh is None:
+            return
+        try:
+            fh.flush()
+            if self._full_sync:  # same promise as Store._write_file
+                os.fsync(fh.fileno())
+        finally:
+            fh.close()
+
+    def sha256(self) -> str:
+        import hashlib
+        h = hashlib.sha256()
+        with open(self.path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+        return h.hexdigest()
+
+    def _adopted(self) -> Path:
+        if self._fh is not None or self.path is None:
+            raise ValueError("an incoming payload must be finished (and not adopted yet)")
+        path, self.path = self.path, None
+        return path
+
+    def discard(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+        if self.path is not None:
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+            self.path = None
+
+
 @dataclass
 class OpenTask:
     """A task that is pending or leased, as loaded at start-up."""
@@ -115,6 +173,11 @@ class Store:
         self.dir = Path(data_dir)
         self.blob_dir = self.dir / "blobs"
         self.blob_dir.mkdir(parents=True, exist_ok=True)
+        self.incoming_dir = self.blob_dir / "incoming"
+        # What a crash left mid-upload: no row can point there (adopted files are renamed
+        # out of this directory before their row commits).
+        shutil.rmtree(self.incoming_dir, ignore_errors=True)
+        self.incoming_dir.mkdir(exist_ok=True)
         self.db = sqlite3.connect(self.dir / "gpumesh.db", isolation_level=None,
                                   check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -163,8 +226,23 @@ class Store:
     def file_path(self, rel: str) -> Path:
         return self.blob_dir / rel
 
-    def _store_payload(self, rel: str, data: Chunk) -> tuple[bytes | None, str | None]:
-        """Inline small payloads, write big ones to a file. Returns (inline, file)."""
+    def incoming(self) -> Incoming:
+        """A new temporary file for a payload that is still arriving (see :class:`Incoming`)."""
+        return Incoming(self.incoming_dir / f"{os.urandom(12).hex()}.tmp", self.full_sync)
+
+    def _adopt(self, rel: str, data: Incoming) -> int:
+        """Rename a finished incoming file to ``rel``. Returns its size."""
+        path = self.blob_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(data._adopted(), path)
+        return data.size
+
+    def _store_payload(self, rel: str, data: Chunk | Incoming) -> tuple[bytes | None, str | None]:
+        """Inline small payloads, write big ones to a file (or adopt the file they were
+        streamed into). Returns (inline, file)."""
+        if isinstance(data, Incoming):
+            self._adopt(rel, data)
+            return None, rel
         if memoryview(data).nbytes <= INLINE_BLOB_BYTES:
             return bytes(data), None
         self._write_file(rel, [data])
@@ -181,11 +259,15 @@ class Store:
     def has_blob(self, h: str) -> bool:
         return self.db.execute("SELECT 1 FROM blobs WHERE hash=?", (h,)).fetchone() is not None
 
-    def put_blob(self, h: str, chunks: Iterable[Chunk]) -> None:
-        """Store a content-addressed blob. The caller has verified that sha256 == ``h``."""
+    def put_blob(self, h: str, chunks: Iterable[Chunk] | Incoming) -> None:
+        """Store a content-addressed blob (its bytes, or the finished incoming file holding
+        them). The caller has verified that sha256 == ``h``."""
         if self.has_blob(h):
             return
-        size = self._write_file(f"fn/{h[:2]}/{h}", chunks)
+        if isinstance(chunks, Incoming):
+            size = self._adopt(f"fn/{h[:2]}/{h}", chunks)
+        else:
+            size = self._write_file(f"fn/{h[:2]}/{h}", chunks)
         self.db.execute("INSERT OR IGNORE INTO blobs VALUES (?, ?, ?)", (h, size, time.time()))
 
     def blob_file(self, h: str) -> Path | None:
@@ -195,8 +277,9 @@ class Store:
 
     # ---------------------------------------------------------- jobs -------------
     def create_job(self, job_id: str, name: str, kind: str, fn_hash: str | None, meta: dict,
-                   tasks: list[tuple[str, int, float, Chunk]]) -> None:
-        """Insert a job and its tasks ``(task_id, index, cost, args_payload)`` atomically."""
+                   tasks: list[tuple[str, int, float, Chunk | Incoming]]) -> None:
+        """Insert a job and its tasks ``(task_id, index, cost, args_payload)`` atomically;
+        a payload may be a finished :class:`Incoming` file (adopted)."""
         rows = []
         written = []
         try:
@@ -312,8 +395,9 @@ class Store:
                 [(t,) for t in task_ids])
 
     def finish(self, task_id: str, state: str, seq: int, error: dict | None,
-               result: Chunk | None, job_id: str) -> None:
-        """Record a final result (value or failure). ``state`` is 'done', 'failed' or 'cancelled'."""
+               result: Chunk | Incoming | None, job_id: str) -> None:
+        """Record a final result (value or failure). ``state`` is 'done', 'failed' or
+        'cancelled'. ``result`` may be a finished :class:`Incoming` file (adopted)."""
         inline, fname = (None, None)
         if result is not None:
             inline, fname = self._store_payload(f"results/{job_id}/{task_id}", result)
