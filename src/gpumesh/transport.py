@@ -213,19 +213,22 @@ class Transport:
     @contextlib.contextmanager
     def _network_errors(self) -> Iterator[None]:
         """urllib3's network failures as :class:`Unreachable` (or the refused certificate)."""
+        # The messages name the root cause ("[Errno 111] Connection refused"), and the
+        # client library's own exception chain is dropped: it would only add its frames.
         try:
             yield
         except (NewConnectionError, ConnectTimeoutError) as e:
-            raise Unreachable(f"cannot reach the coordinator at {self.url}: {e}", sent=False) from e
+            raise Unreachable(f"cannot reach the coordinator at {self.url}: {_reason(e)}",
+                              sent=False) from None
         except urllib3.exceptions.SSLError as e:
             cert = self._cert_refused(e)
             if cert is not None:
-                raise cert from e
-            raise Unreachable(f"no TLS connection to the coordinator at {self.url}: {e}",
-                              sent=False) from e
+                raise cert from None
+            raise Unreachable(f"no TLS connection to the coordinator at {self.url}: {_reason(e)}",
+                              sent=False) from None
         except (ReadTimeoutError, ProtocolError, HTTPError, OSError) as e:
-            raise Unreachable(f"the coordinator at {self.url} did not answer: "
-                              f"{type(e).__name__}: {e}", sent=True) from e
+            raise Unreachable(f"the coordinator at {self.url} did not answer: {_reason(e)}",
+                              sent=True) from None
 
     def stream_into(self, method: str, path: str, *, params: dict | None = None,
                     json: Any = None, content: Any = None, headers: dict | None = None,
@@ -271,6 +274,23 @@ class Transport:
             if not done:
                 resp.close()  # a half-read connection is never reused
             resp.release_conn()
+
+
+def _reason(e: BaseException) -> str:
+    """The innermost cause of a network error, as one short phrase."""
+    if isinstance(e, (ReadTimeoutError, ConnectTimeoutError)) and not isinstance(e, NewConnectionError):
+        return "timed out"
+    while True:
+        inner = e.__cause__ or e.__context__
+        if inner is None and e.args and isinstance(e.args[-1], BaseException):
+            inner = e.args[-1]  # urllib3 keeps the socket error as an argument
+        if inner is None or inner is e:
+            break
+        e = inner
+    text = str(e) or type(e).__name__
+    if isinstance(e, ssl.SSLError) and getattr(e, "reason", None):
+        text = e.reason
+    return text.split(": ", 1)[1] if text.startswith("HTTPConnection") and ": " in text else text
 
 
 def keepalive_options() -> list[tuple[int, int, int]]:

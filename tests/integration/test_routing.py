@@ -220,6 +220,23 @@ def test_connected_notice_once(shared_mesh, capsys):
     m.close()
 
 
+def test_a_refused_token_is_never_announced_as_connected(shared_mesh, capsys):
+    m = GPUMesh(shared_mesh.url, token="not-the-token-" + "x" * 32)
+    with pytest.raises(AuthError):
+        accelerate(m)(abs)(-1)
+    assert "connected" not in capsys.readouterr().err
+    m.close()
+
+
+def test_a_mesh_without_workers_says_one_line(make_mesh, capsys):
+    mesh = make_mesh(workers=0)
+    m = mesh.client()
+    assert accelerate(m)(abs)(-3) == 3   # runs here
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[gpumesh]")]
+    assert err == [f"[gpumesh] no live worker in the mesh at {mesh.url}; running locally"]
+    m.close()
+
+
 def test_gpumesh_local_with_mesh_down_needs_no_probe(capsys, monkeypatch):
     monkeypatch.setenv("GPUMESH_LOCAL", "1")
     m = GPUMesh(f"http://127.0.0.1:{free_port()}", token=TOKEN)

@@ -231,9 +231,6 @@ class GPUMesh:
             self._probe_down_until = time.monotonic() + PROBE_DOWN_CACHE_S
             return False
         self._probe_ok_until = now + PROBE_CACHE_S
-        if not self._announced:
-            self._announced = True
-            notice(f"connected to coordinator at {self.url}")
         return True
 
     # ------------------------------------------------------------------ calls ------
@@ -264,6 +261,9 @@ class GPUMesh:
                 notice(f"no live worker in the mesh at {self.url}; running locally")
                 collected = True  # nothing was stored
                 return run_locally(fn, calls)
+            if not self._announced:  # said once the mesh took a job: token and workers are fine
+                self._announced = True
+                notice(f"connected to coordinator at {self.url}")
             if len(calls) > 1:  # a batch: a bar once it takes over a second (terminal/notebook)
                 bar = Progress(len(calls), name or getattr(fn, "__qualname__", "tasks"))
             values = self._collect(job_id, len(calls), first, printer, bar)
