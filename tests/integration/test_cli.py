@@ -452,3 +452,16 @@ def test_start_coordinator_and_add_worker_from_python(tmp_path, monkeypatch):
         if worker is not None:
             worker.stop()
         handle.stop()
+
+
+# ---------------------------------------------------------------- pipes --------------
+
+def test_a_reader_that_leaves_early_is_not_an_error(cli_env, shared_mesh):
+    # `gpumesh workers | head -1`: the pipe closes before the command writes.
+    env = dict(cli_env, GPUMESH_URL=shared_mesh.url, GPUMESH_TOKEN=shared_mesh.token)
+    p = subprocess.Popen([sys.executable, "-m", "gpumesh", "workers"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert b"error" not in err and b"Traceback" not in err, err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 
 import click
@@ -23,6 +24,12 @@ def one_line_errors(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except BrokenPipeError:
+            # The reader left (`gpumesh jobs | head -3`): not an error of ours. Point stdout
+            # at /dev/null so the interpreter's final flush does not complain either.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            sys.exit(0)
         except (MeshError, ValueError, OSError) as e:
             fail(str(e))
     return wrapper
