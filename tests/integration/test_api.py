@@ -433,6 +433,19 @@ def test_unpicklable_result_is_remote_error(client):
     assert "cannot be pickled" in str(ei.value)
 
 
+def test_an_unpicklable_argument_is_named_before_anything_is_sent(client):
+    @accelerate(client)
+    def use(a, b=None):
+        return a
+
+    with pytest.raises(TypeError, match=r"argument 1 of .*use cannot be sent to a worker: "
+                                        r"cannot pickle '_thread.lock'"):
+        use(1, threading.Lock())
+    with pytest.raises(TypeError, match=r"keyword argument 'b' of .*use \(item 2 of the map\)"):
+        use.map([{"a": 1}, {"a": 2}, {"a": 3, "b": threading.Lock()}])
+    assert use(5) == 5  # nothing was left half-sent
+
+
 def test_timeout(client):
     @accelerate(client, timeout=0.5)
     def sleepy():

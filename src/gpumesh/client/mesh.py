@@ -284,7 +284,7 @@ class GPUMesh:
         Returns that first results page, or None if the mesh has no live worker."""
         fn_payload = wire.dumps(fn, code=True)
         fn_hash = fn_payload.sha256()
-        args = [wire.dumps(c) for c in calls]
+        args = [_dump_call(fn, c, i, len(calls)) for i, c in enumerate(calls)]
         inline = fn_hash not in self._known_blobs and fn_payload.size <= INLINE_FUNCTION_BYTES
         if fn_hash not in self._known_blobs and not inline:
             self._upload_blob(fn_hash, fn_payload)
@@ -501,6 +501,33 @@ def check_local(fn: Callable, require: hardware.Requirements | None, hints: list
     wants = (require.describe() if require else "") + (f", gpu_memory_mb={hint:g}" if hint else "")
     raise Unsatisfiable(f"{why}, and this machine cannot run {getattr(fn, '__qualname__', 'the function')} "
                         f"({wants.strip(', ')}): " + "; ".join(reasons))
+
+
+def _dump_call(fn: Callable, call: _calls.Call, i: int, n: int) -> wire.Payload:
+    """One call's ``(args, kwargs)`` as a payload. If it cannot be pickled, the error
+    (the pickler's own type: usually TypeError or PicklingError) names the argument."""
+    try:
+        return wire.dumps(call)
+    except Exception as e:  # noqa: BLE001 - re-raised with the argument named
+        args, kwargs = call
+        where = "" if n == 1 else f" (item {i} of the map)"
+        culprit = next((f"argument {k}" for k, a in enumerate(args) if not _picklable(a)),
+                       None) or next((f"keyword argument {k!r}" for k, a in kwargs.items()
+                                      if not _picklable(a)), "an argument")
+        name = getattr(fn, "__qualname__", "the function")
+        try:
+            err = type(e)(f"{culprit} of {name}{where} cannot be sent to a worker: {e}")
+        except Exception:  # noqa: BLE001 - an exception type with another signature
+            raise e from None
+        raise err from e
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        wire.dumps(value)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def run_locally(fn: Callable, calls: list[_calls.Call]) -> list[Any]:
