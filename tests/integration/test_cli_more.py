@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpumesh.cli import main
-from gpumesh.cli.submit import color_enabled
+from gpumesh.cli.views import color_enabled
 
 from ..conftest import TOKEN, Proc, free_port
 

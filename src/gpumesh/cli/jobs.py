@@ -8,16 +8,13 @@ import time
 import click
 
 from .common import endpoint_options, one_line_errors, resolve_endpoint
+from .views import color_enabled, counts_line, task_lines
 
 
 def _mesh(url, token):
     from ..client.mesh import GPUMesh
     ep = resolve_endpoint(url, token)
     return GPUMesh(ep.url, token=ep.token)
-
-
-def _counts(counts: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "-"
 
 
 @click.command()
@@ -37,7 +34,7 @@ def jobs(url, token, limit, as_json):
     for j in found:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j["created"]))
         click.echo(f"{j['id']}  {when}  {j['state']:<9}  {j['n_tasks']:>6} tasks  "
-                   f"{_counts(j['counts'])}  {j['name']}")
+                   f"{counts_line(j['counts'])}  {j['name']}")
 
 
 @click.command()
@@ -53,12 +50,8 @@ def status(job_id, url, token, as_json):
     else:
         click.echo(f"Job: {view['name']} ({view['id']})")
         click.echo(f"  Status: {view['state']}")
-        click.echo(f"  Counts: {view['counts']}")
-        for t in view.get("tasks", []):
-            mark = {"done": "✓", "failed": "✗", "cancelled": "-"}.get(t["state"], "…")
-            line = f"  {mark} task {t['id']} [{t['state']}]  cost={t['cost']}  worker={t['worker_id'] or '-'}"
-            if t.get("error"):
-                line += f"\n    error: {t['error'].get('message', '')}"
+        click.echo(f"  Counts: {counts_line(view['counts'])}")
+        for line in task_lines(view, None, color_enabled()):
             click.echo(line)
     if view["counts"].get("failed"):
         raise SystemExit(1)

@@ -77,7 +77,7 @@ def join(url, token, slots, fingerprint):
 
     info = detect()
     if slots == 0 and not (info["gpus"] or info["mps"]):
-        fail("--cpu-slots 0 leaves this worker no slot: it has no GPU")
+        fail("--cpu-slots 0 leaves this worker no slot: it has no GPU", code=2)
     offered = []
     if info["gpus"]:
         offered.append(f"{len(info['gpus'])} GPU (" + ", ".join(
@@ -109,7 +109,9 @@ def join(url, token, slots, fingerprint):
     try:
         agent.run()
     except AuthError as e:
-        fail(str(e))
+        # join reads $GPUMESH_WORKER_TOKEN before $GPUMESH_TOKEN: say which one to check.
+        fail(str(e).replace("check --token / $GPUMESH_TOKEN",
+                            "check --token / $GPUMESH_WORKER_TOKEN / $GPUMESH_TOKEN"))
     except KeyboardInterrupt:
         click.echo("[worker] stopped")
     finally:

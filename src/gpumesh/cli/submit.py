@@ -3,50 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
 import click
 
 from .common import endpoint_options, fail, one_line_errors, resolve_endpoint
+from .views import color_enabled, counts_line, task_lines
 
 
 def _mesh(url, token):
     from ..client.mesh import GPUMesh
     ep = resolve_endpoint(url, token)
     return GPUMesh(ep.url, token=ep.token, output=False)
-
-
-def color_enabled() -> bool:
-    """Colours only on a terminal and never with NO_COLOR / --no-color."""
-    if os.environ.get("NO_COLOR"):
-        return False
-    try:
-        return sys.stdout.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
-MARKS = {"done": ("✓", "green"), "failed": ("✗", "red"), "cancelled": ("-", "yellow")}
-
-
-def task_lines(view: dict, results: dict[str, dict] | None = None, color: bool = False) -> list[str]:
-    """One job's tasks as the spec shows them: ``✓ task ID [done]  cost=1.0  worker=W``,
-    then ``result: {...}`` (or ``error: ...``)."""
-    lines = []
-    for t in view.get("tasks", []):
-        mark, fg = MARKS.get(t["state"], ("…", None))
-        if color and fg:
-            mark = click.style(mark, fg=fg)
-        lines.append(f"  {mark} task {t['id']} [{t['state']}]  cost={t['cost']}  "
-                     f"worker={t['worker_id'] or '-'}")
-        got = (results or {}).get(t["id"])
-        if got is not None and got["state"] == "done":
-            lines.append("    result: " + json.dumps(got["result"], ensure_ascii=False))
-        if t.get("error"):
-            lines.append(f"    error: {t['error'].get('message', '')}")
-    return lines
 
 
 @click.command()
@@ -98,7 +67,7 @@ def submit(script, payloads_file, name, timeout, wait, url, token, as_json):
     else:
         click.echo("")
         click.echo(f"  Status: {view['state']}")
-        click.echo(f"  Counts: {view['counts']}")
+        click.echo(f"  Counts: {counts_line(view['counts'])}")
         click.echo("")
         for line in task_lines(view, results, color_enabled()):
             click.echo(line)

@@ -1,0 +1,45 @@
+"""How jobs and tasks look in the terminal: shared by ``status`` and ``submit --wait``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+
+def color_enabled() -> bool:
+    """Colours only on a terminal and never with NO_COLOR / --no-color."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+MARKS = {"done": ("✓", "green"), "failed": ("✗", "red"), "cancelled": ("-", "yellow")}
+
+
+def task_lines(view: dict, results: dict[str, dict] | None = None, color: bool = False) -> list[str]:
+    """One job's tasks as the spec shows them: ``✓ task ID [done]  cost=1.0  worker=W``,
+    then ``result: {...}`` (or ``error: ...``)."""
+    lines = []
+    for t in view.get("tasks", []):
+        mark, fg = MARKS.get(t["state"], ("…", None))
+        if color and fg:
+            mark = click.style(mark, fg=fg)
+        lines.append(f"  {mark} task {t['id']} [{t['state']}]  cost={t['cost']}  "
+                     f"worker={t['worker_id'] or '-'}")
+        got = (results or {}).get(t["id"])
+        if got is not None and got["state"] == "done":
+            lines.append("    result: " + json.dumps(got["result"], ensure_ascii=False))
+        if t.get("error"):
+            lines.append(f"    error: {t['error'].get('message', '')}")
+    return lines
+
+
+def counts_line(counts: dict) -> str:
+    """``done=4, failed=1`` (``-`` for none)."""
+    return ", ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "-"
