@@ -458,8 +458,10 @@ class RaySystem:
     @staticmethod
     def _init(num_cpus: int) -> None:
         import ray
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                 logging_level="ERROR", configure_logging=True)
+        # address="local": always a fresh instance of our own, even when a `ray start`
+        # cluster of this machine (or a stale /tmp/ray/ray_current_cluster) exists.
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                 log_to_driver=False, logging_level="ERROR", configure_logging=True)
 
     def _wrap(self, fn):
         import ray
