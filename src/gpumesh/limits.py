@@ -71,6 +71,10 @@ MAX_BODY_BYTES = int(os.environ.get("GPUMESH_MAX_BODY_MB", "2048")) * MiB
 INLINE_BLOB_BYTES = 256 * 1024
 #: A function blob up to this size travels inside the submit request itself.
 INLINE_FUNCTION_BYTES = 256 * 1024
+#: A caller releases the jobs it collected within this many seconds of each other in one
+#: request, at most RELEASE_BATCH_MAX at a time (see client/mesh.py's _Janitor).
+RELEASE_BATCH_S = 0.2
+RELEASE_BATCH_MAX = 500
 #: Most tasks one ``.map`` submit may carry.
 MAX_TASKS_PER_JOB = 1_000_000
 #: Result-page budget: a results long-poll answers with at most this many bytes

@@ -22,6 +22,7 @@ from gpumesh import (GPUMesh, MeshError, RemoteError, RemoteTraceback, TaskCrash
                      TaskTimeout, accelerate)
 from gpumesh.client import mesh as mesh_mod
 from gpumesh.client import remote as remote_mod
+from gpumesh.errors import RequestRejected
 
 # Module-level functions and classes of this file travel by value, as they would from a
 # user's script (__main__): the workers need not import the test suite.
@@ -444,6 +445,37 @@ def test_an_unpicklable_argument_is_named_before_anything_is_sent(client):
     with pytest.raises(TypeError, match=r"keyword argument 'b' of .*use \(item 2 of the map\)"):
         use.map([{"a": 1}, {"a": 2}, {"a": 3, "b": threading.Lock()}])
     assert use(5) == 5  # nothing was left half-sent
+
+
+def test_jobs_are_released_in_batches_and_bad_batches_are_refused(client):
+    def one(x):
+        return x
+    ids = []
+    for x in range(3):
+        assert client.run_calls(one, [((x,), {})]) == [x]
+        ids.append(client.jobs(limit=1)[0]["id"])
+    # The caller's janitor batches its releases; wait for them, then ask again by hand:
+    # every job is known, so each counts once, duplicates and unknown ids do not.
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.http.request("GET", f"/v1/jobs/{ids[-1]}/results", params={"after": -1, "wait": 0})
+        except RequestRejected as e:
+            assert e.status == 410
+            break
+        assert time.monotonic() < deadline, "the janitor never released the job"
+        time.sleep(0.05)
+    r = client.http.request("POST", "/v1/jobs/release", json={"jobs": ids + ids[:1] + ["00ff00ff00ff"]})
+    assert r.json() == {"released": 3}
+    for jid in ids:
+        with pytest.raises(RequestRejected) as ei:
+            client.http.request("GET", f"/v1/jobs/{jid}/results", params={"after": -1, "wait": 0})
+        assert ei.value.status == 410
+    for body in ({}, {"jobs": []}, {"jobs": "abcd"}, {"jobs": ["not hex!"]}, {"jobs": [1]},
+                 {"jobs": ["abcd1234"] * 1001}):
+        with pytest.raises(RequestRejected) as ei:
+            client.http.request("POST", "/v1/jobs/release", json=body)
+        assert ei.value.status == 400, body
 
 
 def test_timeout(client):

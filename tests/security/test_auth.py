@@ -239,6 +239,7 @@ MAIN_ONLY = [("GET", "/v1/workers", "list the workers"),
              ("GET", "/v1/jobs/abcd1234/results", "read results"),
              ("GET", "/v1/jobs/abcd1234/logs", "read logs"),
              ("POST", "/v1/jobs/abcd1234/release", "release jobs"),
+             ("POST", "/v1/jobs/release", "release jobs"),
              ("POST", "/v1/jobs/abcd1234/cancel", "cancel jobs")]
 
 

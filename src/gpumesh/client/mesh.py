@@ -36,7 +36,7 @@ from typing import Any
 from .. import config, hardware, wire
 from ..errors import MeshUnavailable, RequestRejected, Unsatisfiable
 from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, PROBE_CACHE_S,
-                      PROBE_DOWN_CACHE_S, PROBE_TIMEOUT_S)
+                      PROBE_DOWN_CACHE_S, PROBE_TIMEOUT_S, RELEASE_BATCH_MAX, RELEASE_BATCH_S)
 from ..transport import Transport, Unreachable
 from . import calls as _calls
 from .console import OutputPrinter
@@ -452,7 +452,9 @@ class GPUMesh:
 
 
 class _Janitor:
-    """Releases collected jobs off the call's critical path, on a background thread.
+    """Releases collected jobs off the call's critical path, on a background thread, in
+    batches: the jobs collected within ``RELEASE_BATCH_S`` of each other go in one request
+    (a loop of single calls would otherwise add a request per call).
 
     A release only frees the coordinator's copy of arguments and results; if the process
     exits first, retention deletes them later.
@@ -468,12 +470,19 @@ class _Janitor:
         self._queue.put(job_id)
 
     def _run(self) -> None:
+        import queue
         while True:
-            job_id = self._queue.get()
+            batch = [self._queue.get()]
+            deadline = time.monotonic() + RELEASE_BATCH_S
+            while len(batch) < RELEASE_BATCH_MAX:
+                try:
+                    batch.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
+                except queue.Empty:
+                    break
             try:
-                self._mesh.http.request("POST", f"/v1/jobs/{job_id}/release", timeout=10)
+                self._mesh.http.request("POST", "/v1/jobs/release", json={"jobs": batch}, timeout=10)
             except Exception as e:  # noqa: BLE001 - best effort (see the class docstring)
-                log.debug("release of %s failed: %s", job_id, e)
+                log.debug("release of %d job(s) failed: %s", len(batch), e)
 
 
 _this_machine: dict | None = None

@@ -27,6 +27,7 @@ request never changes state. The API is described in :mod:`.openapi`. Payload bo
                                                task output with seq > O)
     GET    /v1/jobs/{id}/logs[?task=T]         what each task printed (kept per task)
     POST   /v1/jobs/{id}/release               the caller holds every result
+    POST   /v1/jobs/release                    the same for several jobs {"jobs": [...]}
     POST   /v1/jobs/{id}/cancel                cancel what has not finished
 """
 
@@ -66,6 +67,8 @@ from .. import hardware
 log = logging.getLogger("gpumesh.coordinator")
 
 FRAMES = "application/x-gpumesh-frames"
+#: Most job ids one ``POST /v1/jobs/release`` takes.
+MAX_RELEASE_JOBS = 1000
 #: Frames bodies up to this size are built in memory and sent in one piece; larger
 #: ones (big arguments and results) are streamed from their files.
 SMALL_BODY_BYTES = 256 * 1024
@@ -924,6 +927,22 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         if task is not None and not out:
             raise HTTPError(404, "unknown_task", f"job {jid} has no task {task}")
         return JSONResponse({"job_id": jid, "tasks": out})
+
+    @route("/v1/jobs/release", ["POST"], action="release jobs")
+    async def release_many(request: Request) -> Response:
+        """Release several collected jobs in one request (the caller batches them)."""
+        data = await _json_body(request)
+        jobs = _field(data, "jobs", list)
+        if not 1 <= len(jobs) <= MAX_RELEASE_JOBS or not all(
+                isinstance(j, str) and _HEX.match(j) for j in jobs):
+            raise HTTPError(400, "bad_request", "field 'jobs' must be a list of 1 to "
+                                                f"{MAX_RELEASE_JOBS} job ids")
+        released = 0
+        for jid in dict.fromkeys(jobs):  # unknown ids are skipped: retention got there first
+            if jid in coord.jobs or coord.store.job_exists(jid):
+                coord.release(jid)
+                released += 1
+        return JSONResponse({"released": released})
 
     @route("/v1/jobs/{jid}/release", ["POST"], action="release jobs")
     async def release(request: Request) -> Response:

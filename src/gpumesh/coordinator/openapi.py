@@ -249,6 +249,14 @@ _DOC: dict[str, Any] = {
             "parameters": [_JID, _query("task", {"type": "string", "pattern": HEX_ID}, "one task only")],
             "responses": {"200": {"description": "stdout and stderr per task", **_json({"type": "object"})},
                           **_errors(404)}}},
+        "/v1/jobs/release": {"post": {
+            "operationId": "releaseMany",
+            "requestBody": {"required": True, **_json({
+                "type": "object", "required": ["jobs"],
+                "properties": {"jobs": {"type": "array", "minItems": 1, "maxItems": 1000,
+                                        "items": {"type": "string", "pattern": HEX_ID}}}})},
+            "responses": {"200": {"description": "how many known jobs were released",
+                                  **_json({"type": "object"})}, **_errors(400)}}},
         "/v1/jobs/{jid}/release": {"post": {
             "operationId": "release", "parameters": [_JID],
             "responses": {"200": {"description": "released", **_json({"type": "object"})}, **_errors(404)}}},
