@@ -82,6 +82,7 @@ def _head_timeout_protocol():
 
         def connection_made(self, transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            self.transport = _HeadWithBody(self.transport)
             self._arm_head_timer()
 
         def on_message_begin(self) -> None:
@@ -92,11 +93,60 @@ def _head_timeout_protocol():
             self._cancel_head_timer()
             super().on_headers_complete()
 
+        def on_response_complete(self) -> None:
+            self.transport.flush()  # a response without body writes (HEAD) sends its head now
+            super().on_response_complete()
+
         def connection_lost(self, exc) -> None:
             self._cancel_head_timer()
             super().connection_lost(exc)
 
     return HeadTimeoutProtocol
+
+
+class _HeadWithBody:
+    """A transport that sends a response's head together with the start of its body.
+
+    uvicorn writes the status line and headers, then the body, as two writes: two
+    segments on the wire and two wake-ups of the client for every answer, most of which
+    are a few hundred bytes. Held back until the body's first write (and sent with it
+    when that piece is small), the head costs nothing extra; on loopback the separate
+    write was the largest single item of the coordinator's CPU per task. Everything else
+    is the real transport's."""
+
+    __slots__ = ("_transport", "_head")
+    #: A first body piece up to this size is joined to the head (one copy of it);
+    #: bigger ones follow the head as a second write instead.
+    JOIN_BYTES = 64 * 1024
+
+    def __init__(self, transport):
+        self._transport = transport
+        self._head: bytes | None = None
+
+    def write(self, data) -> None:
+        head, self._head = self._head, None
+        if head is not None:
+            if len(data) <= self.JOIN_BYTES:
+                self._transport.write(head + bytes(data))
+                return
+            self._transport.write(head)
+        elif data[:9] == b"HTTP/1.1 " and data[9:12] != b"100" and data[-4:] == b"\r\n\r\n":
+            self._head = bytes(data)  # a response head (not "100 Continue"): wait for its body
+            return
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        """Send a held head now (its response ended without a body write, e.g. HEAD)."""
+        if self._head is not None:
+            head, self._head = self._head, None
+            self._transport.write(head)
+
+    def close(self) -> None:
+        self.flush()  # a head whose body never came is sent all the same
+        self._transport.close()
+
+    def __getattr__(self, name):
+        return getattr(self._transport, name)
 
 
 class _Uvicorn(uvicorn.Server):
