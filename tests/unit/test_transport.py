@@ -1,0 +1,76 @@
+"""The HTTP client (gpumesh.transport) against tiny raw servers on 127.0.0.1: bodies read
+whole into one writable buffer, a body cut short or a dead port as Unreachable with the
+right ``sent`` flag, and the keep-alive connection reused after a complete answer."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from gpumesh.transport import Transport, Unreachable
+
+
+def _serve(answers: list[bytes], pieces: int = 1):
+    """A server answering each request on one connection with the next of ``answers``,
+    each sent in ``pieces`` writes. Returns (port, list of connections accepted)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    accepted = []
+
+    def run():
+        conn, _ = srv.accept()
+        accepted.append(conn)
+        for answer in answers:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                got = conn.recv(65536)
+                if not got:
+                    return
+                data += got
+            step = max(1, len(answer) // pieces)
+            for i in range(0, len(answer), step):
+                conn.sendall(answer[i:i + step])
+        conn.close()
+        srv.close()
+
+    threading.Thread(target=run, daemon=True).start()
+    return srv.getsockname()[1], accepted
+
+
+def _answer(body: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+
+
+def test_bodies_arrive_whole_and_writable_over_one_connection():
+    big = bytes(range(256)) * 40_000   # ~10 MiB, sent in 7 pieces
+    port, accepted = _serve([_answer(big), _answer(b'{"ok": true}')], pieces=7)
+    t = Transport(f"http://127.0.0.1:{port}", "token")
+    buf = t.stream_into("GET", "/big", timeout=10)
+    assert isinstance(buf, bytearray) and buf == big
+    assert t.request("GET", "/small", timeout=10).json() == {"ok": True}
+    assert len(accepted) == 1          # the second request reused the connection
+    t.close()
+
+
+def test_a_body_cut_short_is_unreachable_after_sending():
+    port, _ = _serve([b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n" + b"x" * 10])
+    t = Transport(f"http://127.0.0.1:{port}", "token")
+    with pytest.raises(Unreachable) as ei:
+        t.stream_into("GET", "/cut", timeout=10)
+    assert ei.value.sent is True
+    assert "ended after 10 of 1000 bytes" in str(ei.value)
+
+
+def test_a_closed_port_is_unreachable_before_sending():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    t = Transport(f"http://127.0.0.1:{port}", "token")
+    with pytest.raises(Unreachable) as ei:
+        t.request("GET", "/v1/health", timeout=2)
+    assert ei.value.sent is False
+    assert "Connection refused" in str(ei.value) and "HTTPConnection(" not in str(ei.value)
