@@ -50,6 +50,9 @@ from .limits import (CONNECT_TIMEOUT_S, READ_TIMEOUT_S, TCP_KEEPCNT, TCP_KEEPIDL
 #: Connections kept open to the coordinator per Transport (a worker with many slots posts
 #: many results at once; beyond this, extra connections are opened and closed after use).
 POOL_SIZE = 64
+#: Largest piece of a request body handed to the socket at once: at most 3 s
+#: (CONNECT_TIMEOUT_S) per piece means links down to ~85 KB/s upload without a timeout.
+SEND_PIECE_BYTES = 256 * 1024
 
 
 class Unreachable(MeshUnavailable):
@@ -160,9 +163,14 @@ class Transport:
             hdrs["content-type"] = "application/json"
         if headers:
             hdrs.update(headers)
-        if body is not None and not isinstance(body, (bytes, bytearray, memoryview)) \
-                and "content-length" not in {k.lower() for k in hdrs}:
-            body = b"".join(body)  # an iterable of unknown total size: send it whole
+        if body is not None:
+            if isinstance(body, (bytes, bytearray, memoryview)):
+                body = [body]
+                hdrs["content-length"] = str(memoryview(body[0]).nbytes)
+            elif "content-length" not in {k.lower() for k in hdrs}:
+                body = [b"".join(body)]  # an iterable of unknown total size: send it whole
+                hdrs["content-length"] = str(len(body[0]))
+            body = _pieces(body)
         read = READ_TIMEOUT_S if timeout is None else timeout
         with self._network_errors():
             return self.pool.urlopen(method, url, body=body, headers=hdrs, redirect=False,
@@ -279,6 +287,19 @@ class Transport:
             if not done:
                 resp.close()  # a half-read connection is never reused
             resp.release_conn()
+
+
+def _pieces(chunks: Iterable) -> Iterator[bytes | memoryview]:
+    """A body as views of at most SEND_PIECE_BYTES, never copies. urllib3 sends a body
+    under the *connect* timeout, one ``sendall`` per piece, so a piece must be small
+    enough to leave within CONNECT_TIMEOUT_S even on a slow link."""
+    for c in chunks:
+        if isinstance(c, bytes) and len(c) <= SEND_PIECE_BYTES:
+            yield c
+            continue
+        view = memoryview(c).cast("B")
+        for i in range(0, view.nbytes, SEND_PIECE_BYTES):
+            yield view[i:i + SEND_PIECE_BYTES]
 
 
 def _reason(e: BaseException) -> str:

@@ -74,3 +74,15 @@ def test_a_closed_port_is_unreachable_before_sending():
         t.request("GET", "/v1/health", timeout=2)
     assert ei.value.sent is False
     assert "Connection refused" in str(ei.value) and "HTTPConnection(" not in str(ei.value)
+
+
+def test_a_big_body_leaves_in_small_views_never_copied():
+    # urllib3 sends under the connect timeout, one sendall per piece: pieces stay small.
+    from gpumesh.transport import SEND_PIECE_BYTES, _pieces
+    big = bytearray(b"y" * (2 * SEND_PIECE_BYTES + 5))
+    out = list(_pieces([b"head", big]))
+    assert out[0] == b"head"
+    assert [len(p) for p in out[1:]] == [SEND_PIECE_BYTES, SEND_PIECE_BYTES, 5]
+    assert all(isinstance(p, memoryview) for p in out[1:])
+    big[0] = ord("z")                  # views of the caller's buffer
+    assert bytes(out[1][:1]) == b"z"
