@@ -43,6 +43,28 @@ def free_port() -> int:
     return port
 
 
+
+def wait_until(pred, timeout: float = 10.0, interval: float = 0.02) -> bool:
+    """Poll ``pred`` until it is true or ``timeout`` seconds pass; its last verdict."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(interval)
+    return bool(pred())
+
+
+def wait_for(cond, timeout: float, what: str):
+    """Poll ``cond`` until it returns something truthy, and return that; AssertionError
+    naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
 class Proc:
     """A gpumesh CLI process with its output in a log file."""
 

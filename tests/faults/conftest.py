@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 
-from ..conftest import Mesh
+from ..conftest import Mesh, wait_until  # noqa: F401 - the fault tests import it from here
 
 #: Short TTL so silent-worker tests finish quickly (the default is 10 s).
 TEST_TTL_S = 3
@@ -61,12 +60,3 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
-
-
-def wait_until(pred, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(interval)
-    return pred()

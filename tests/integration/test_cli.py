@@ -21,7 +21,7 @@ import pytest
 
 from gpumesh import accelerate
 
-from ..conftest import TOKEN, Proc, free_port
+from ..conftest import TOKEN, Proc, free_port, wait_for
 
 VERSION_RE = r"^gpumesh \d+\.\d+\.\d+ \(3\.\d+\.\d+, Linux\)$"
 
@@ -58,16 +58,6 @@ def assert_one_line_error(r, *words):
     for w in words:
         assert w in lines[0], (w, lines[0])
     return lines[0]
-
-
-def wait_for(cond, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def healthy(url):

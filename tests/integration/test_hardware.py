@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from gpumesh import Unsatisfiable, accelerate, wire
-from tests.conftest import Mesh, Proc
+from tests.conftest import Mesh, Proc, wait_for
 
 A100 = {"name": "NVIDIA A100-SXM4-80GB", "memory_total_mb": 81920, "memory_free_mb": 80000, "score": 5000}
 RTX = {"name": "NVIDIA GeForce RTX 4090", "memory_total_mb": 24564, "memory_free_mb": 20000, "score": 3000}
@@ -51,16 +51,6 @@ def start_worker(m: Mesh, name: str, fake: str, *args: str) -> Proc:
     proc = Proc(["join", m.url, *args], env, m.root / f"{name}.log")
     m.procs.append(proc)
     return proc
-
-
-def wait_for(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ import json
 import os
 import socket
 import sys
-import time
 
 import cloudpickle
 import httpx
@@ -24,18 +23,11 @@ import pytest
 from gpumesh import accelerate, wire
 from gpumesh.limits import INLINE_BLOB_BYTES, MiB
 
+from ..conftest import wait_until
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 LIMIT_MB = 16
-
-
-def wait_until(pred, timeout: float = 10, interval: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(interval)
-    return pred()
 
 
 def body_of(frames) -> bytes:

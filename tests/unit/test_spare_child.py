@@ -7,12 +7,13 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 
 import pytest
 
 from gpumesh import wire
 from gpumesh.worker.executor import Executor
+
+from ..conftest import wait_for
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 
@@ -26,16 +27,6 @@ def _whoami():
 def _children(pid: int) -> set[int]:
     with open(f"/proc/{pid}/task/{pid}/children") as fh:
         return {int(p) for p in fh.read().split()}
-
-
-def _wait_for(cond, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError("condition not met in time")
 
 
 @pytest.fixture
@@ -64,17 +55,17 @@ def test_each_task_gets_its_own_ready_process_and_a_dead_spare_is_replaced(run):
     assert host2 == host and pid1 != pid2 != host          # one host, a process per task
     assert (group1, group2) == (pid1, pid2)                # each task leads its own group
     # Between tasks the host holds exactly one idle child: the next task's process.
-    spare = _wait_for(lambda: _children(host) - {pid1, pid2})
+    spare = wait_for(lambda: _children(host) - {pid1, pid2}, 10, 'the spare')
     assert len(spare) == 1
     (spare,) = spare
-    _wait_for(lambda: os.getpgid(spare) == spare)         # it sets itself up before any task
+    wait_for(lambda: os.getpgid(spare) == spare, 10, 'the spare to lead its group')         # it sets itself up before any task
     pid3, _, _, _ = run(_whoami)
     assert pid3 == spare                                   # ...and it ran the next task
     # A spare killed while idle is reaped and replaced; tasks go on.
-    idle = _wait_for(lambda: _children(host) - {pid1, pid2, pid3})
+    idle = wait_for(lambda: _children(host) - {pid1, pid2, pid3}, 10, 'a new spare')
     (idle,) = idle
     os.kill(idle, signal.SIGKILL)
-    _wait_for(lambda: idle not in _children(host))       # reaped by the host
+    wait_for(lambda: idle not in _children(host), 10, 'the killed spare to be reaped')       # reaped by the host
     pid4, host4, _, _ = run(_whoami)
     assert host4 == host and pid4 not in {idle, pid1, pid2, pid3}
 
@@ -90,4 +81,4 @@ def test_modules_a_task_imported_are_loaded_before_the_next_task_of_that_functio
         pytest.skip("wave is already imported by the test process")
     assert run(task) is False                 # the first task pays the import itself
     # The host preloads it and replaces its spare; the next process starts with it loaded.
-    assert _wait_for(lambda: run(task), timeout=10) is True
+    assert wait_for(lambda: run(task), 10, 'the preloaded module') is True
