@@ -130,3 +130,10 @@ MAX_STRING_CHARS = 4096
 MAX_META_JSON_BYTES = 256 * 1024
 #: Most task ids one heartbeat may list.
 MAX_HEARTBEAT_TASKS = 65_536
+
+#: Payloads at least this big change hands as files when caller or worker shares the
+#: coordinator's machine and user (see gpumesh.handoff); smaller ones ride in the body.
+HANDOFF_MIN_BYTES = 1 * MiB
+#: Files in the handoff directory older than this were never claimed (their sender
+#: died between writing and sending): the coordinator deletes them.
+HANDOFF_TTL_S = 600.0

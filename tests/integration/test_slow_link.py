@@ -86,6 +86,9 @@ def slow_mesh(tmp_path):
     def make(up=None, down=None):
         m = Mesh(tmp_path / f"slow{len(made)}")
         m.env["GPUMESH_MAX_ATTEMPTS"] = "1"
+        # The worker shares the coordinator's machine: without this it would hand big
+        # payloads off as files and never use the slow link.
+        m.env["GPUMESH_HANDOFF"] = "0"
         m.start()
         proxy = ThrottleProxy(m.port, up=up, down=down)
         made.append((m, proxy))

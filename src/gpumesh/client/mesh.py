@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .. import config, hardware, wire
+from ..handoff import Handoff, worth_it
 from ..errors import MeshUnavailable, RequestRejected, Unsatisfiable
 from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, PROBE_CACHE_S,
                       PROBE_DOWN_CACHE_S, PROBE_TIMEOUT_S, RELEASE_BATCH_MAX, RELEASE_BATCH_S)
@@ -45,6 +46,7 @@ from .progress import Progress
 log = logging.getLogger("gpumesh.client")
 
 _MISSING = object()
+_UNPROBED = object()
 _HOSTNAME = socket.gethostname()
 _notices: set[str] = set()
 _notice_lock = threading.Lock()
@@ -107,6 +109,7 @@ class GPUMesh:
         self._probe_ok_until = 0.0
         self._probe_down_until = 0.0
         self._known_blobs: set[str] = set()
+        self._handoff: Handoff | None | object = _UNPROBED  # see the handoff property
         self._announced = False
         self.__janitor: _Janitor | None = None
 
@@ -124,6 +127,18 @@ class GPUMesh:
             if self._http is None:
                 self._http = Transport(self.url, self.token, fingerprint=self.fingerprint)
             return self._http
+
+    @property
+    def handoff(self) -> Handoff | None:
+        """The coordinator's payload directories if this process shares its machine and
+        user (big arguments and results then change hands as files; see
+        :mod:`gpumesh.handoff`), else None. Asked once per mesh, on its first call."""
+        if self._handoff is _UNPROBED:
+            try:
+                self._handoff = Handoff.probe(self.http)
+            except Unreachable:  # the call itself will say so; asked again next time
+                return None
+        return self._handoff
 
     def close(self) -> None:
         if self._http is not None:
@@ -299,10 +314,36 @@ class GPUMesh:
             meta["require"] = require.to_meta()
         if any(h.get("gpu_memory_mb") for h in hints):
             meta["gpu_memory_mb"] = [h.get("gpu_memory_mb") for h in hints]
+        handoff = self.handoff
+        if handoff is not None:
+            meta["handoff"] = True  # big results come back as paths to map
+        written: list[str] = []  # handoff files: claimed by the coordinator, or deleted below
+        try:
+            return self._send_job(meta, fn_hash, fn_payload, inline, args, handoff, written)
+        finally:
+            for name in written:
+                handoff.discard(name)
+
+    def _send_job(self, meta: dict, fn_hash: str, fn_payload: wire.Payload, inline: bool,
+                  args: list[wire.Payload], handoff: Handoff | None,
+                  written: list[str]) -> bytearray | None:
+        """POST the job (see _submit); resent until it is stored or refused."""
         frames: list = [json.dumps(meta).encode()]
         if inline:
             frames.append(fn_payload)
-        frames.extend(args)
+        if handoff is not None and any(worth_it(a.size) for a in args):
+            # Same machine: big arguments go as files the coordinator renames into its
+            # store (gpumesh.handoff) and their frames stay empty.
+            files = {}
+            for i, a in enumerate(args):
+                if worth_it(a.size):
+                    written.append(handoff.write(a.chunks))
+                    files[str(len(frames) - 1)] = written[-1]
+                    a = b""
+                frames.append(a)
+            frames[0] = json.dumps(dict(meta, handoff_files=files)).encode()
+        else:
+            frames.extend(args)
         chunks, size = wire.pack_frames(frames)
         deadline = time.monotonic() + CALLER_RECONNECT_S
         attempt = 0
@@ -324,6 +365,12 @@ class GPUMesh:
                     self._known_blobs.discard(fn_hash)
                     self._upload_blob(fn_hash, fn_payload)
                     continue
+                if code == "handoff_missing" and handoff is not None:
+                    # Its handoff directory is not the one we wrote to (restarted, or a
+                    # look-alike path): send the bytes, and stop handing off to it.
+                    self._handoff = None
+                    return self._send_job(dict(meta, handoff=False), fn_hash, fn_payload,
+                                          inline, args, None, written)
                 raise
             except Unreachable as e:
                 # Idempotent on job_id: resending is safe whether or not it arrived.
@@ -355,6 +402,7 @@ class GPUMesh:
         results: list[Any] = [_MISSING] * n
         got, after, out_after, attempt = 0, -1, -1, 0
         last_contact = time.monotonic()
+        handoff = self.handoff
         while True:
             if body:
                 page, frames = self._read_page(body)
@@ -373,18 +421,25 @@ class GPUMesh:
                     payload = None
                     if item["has_payload"]:
                         payload, k = frames[k], k + 1
-                    after = max(after, item["seq"])
+                    elif "file" in item:  # same machine: map the store's file (gpumesh.handoff)
+                        try:
+                            payload = handoff.open(item["file"])
+                        except (OSError, AttributeError):  # gone (or not ours): ask over HTTP
+                            handoff = None
+                            break  # re-read from this result on
                     idx = item["index"]
-                    if results[idx] is not _MISSING:
-                        continue  # never deliver a result twice
-                    results[idx] = _calls.decode_result(item, payload, self.strict)  # raises a failure
-                    got += 1
+                    if results[idx] is _MISSING:  # never deliver a result twice
+                        results[idx] = _calls.decode_result(item, payload, self.strict)  # raises a failure
+                        got += 1
+                    after = max(after, item["seq"])
                 if bar is not None:
                     bar.update(got)
                 del frames, page
             if got >= n:
                 break
             params = {"after": after, "wait": LONG_POLL_S}
+            if handoff is not None:
+                params["handoff"] = 1
             if printer is not None:
                 params["out_after"] = out_after
             try:

@@ -16,6 +16,7 @@ request never changes state. The API is described in :mod:`.openapi`. Payload bo
     POST   /v1/workers/{id}/lease              long-poll for up to {slots} tasks
     POST   /v1/tasks/{id}/result?lease=L       a result, fenced by lease id
     POST   /v1/tasks/{id}/output?lease=L       what a running task printed
+    GET    /v1/handoff                         same-machine payload files (gpumesh.handoff)
     HEAD   /v1/blobs/{sha256}                  is this function blob here?
     PUT    /v1/blobs/{sha256}                  upload a function blob (hash verified)
     GET    /v1/blobs/{sha256}                  download it
@@ -51,7 +52,7 @@ from starlette.routing import Route
 
 from .. import wire
 from .._version import __version__
-from ..limits import (INLINE_BLOB_BYTES, LONG_POLL_MAX_S, OUTPUT_BODY_BYTES, MAX_BODY_BYTES, MAX_TASKS_PER_JOB, MiB,
+from ..limits import (HANDOFF_TTL_S, INLINE_BLOB_BYTES, LONG_POLL_MAX_S, OUTPUT_BODY_BYTES, MAX_BODY_BYTES, MAX_TASKS_PER_JOB, MiB,
                       PURGE_INTERVAL_S, RESULT_PAGE_BYTES, RESULT_PAGE_COUNT, RETENTION_S,
                       SESSION_PING_S, SWEEP_INTERVAL_S)
 from ..limits import (MAX_HEARTBEAT_TASKS, MAX_JSON_BODY_BYTES, MAX_META_JSON_BYTES,
@@ -391,6 +392,37 @@ def _discard_incoming(request: Request) -> None:
             log.exception("could not delete %s", inc.path)
 
 
+def _take_handoffs(request: Request, meta: dict, frames: list, store) -> list:
+    """Replace the frames a same-machine sender left empty by the files it wrote for them
+    (``meta["handoff_files"]``: ``{"<frame number>": "<file name>"}``, frame 0 being the
+    first after the meta; see :mod:`gpumesh.handoff`). Each claimed file is registered
+    with the request like a streamed upload: deleted at the end unless the store adopted
+    it. 400 for a malformed map, 409 ``handoff_missing`` for a file that is not there
+    (the sender then sends the bytes)."""
+    names = _field(meta, "handoff_files", dict, None)
+    if not names:
+        return frames
+    frames = list(frames)
+    spool = request.scope.setdefault("gpumesh.incoming", [])
+    for key, name in names.items():
+        if not (isinstance(key, str) and key.isdigit() and int(key) < len(frames)):
+            raise HTTPError(400, "bad_request", f"handoff_files: {key!r} is not a frame number")
+        i = int(key)
+        if isinstance(frames[i], Incoming) or len(frames[i]):
+            raise HTTPError(400, "bad_request", f"handoff_files: frame {i} must be empty")
+        try:
+            inc = store.take_handoff(name)
+        except ValueError as e:
+            raise HTTPError(400, "bad_request", f"handoff_files: {e}") from None
+        except FileNotFoundError:
+            raise HTTPError(409, "handoff_missing",
+                            f"handoff file {name} is not in this coordinator's handoff "
+                            "directory; send the payload in the body") from None
+        spool.append(inc)
+        frames[i] = inc
+    return frames
+
+
 def _sha256(frame) -> str:
     if isinstance(frame, Incoming):
         return frame.sha256()
@@ -679,17 +711,23 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             free = hardware.check_free_slots(data.get("free"))
         except ValueError as e:
             raise HTTPError(400, "bad_request", str(e)) from None
+        by_path = _field(data, "handoff", bool, False)
         grants = await until_disconnect(request, coord.lease(wid, slots, wait, free))
-        return lease_response(grants or [])
+        return lease_response(grants or [], by_path)
 
-    def lease_response(grants) -> Response:
-        """Frames: JSON ``{"tasks": [...]}`` then each task's argument payload."""
-        tasks, parts = [], []
+    def lease_response(grants, by_path: bool = False) -> Response:
+        """Frames: JSON ``{"tasks": [...]}`` then each task's argument payload.
+        ``by_path`` (the worker shares this machine): arguments the store keeps as files
+        travel as ``args_file`` (relative to the blob directory) and an empty frame."""
+        tasks, parts, files = [], [], {}
         for g in grants:
             job = coord.jobs[g.job_id]
             inline, fname = coord.store.task_args(g.task_id)
             if fname is None:
                 parts.append(Part(inline))
+            elif by_path:  # same machine: the worker maps the file itself
+                files[g.task_id] = fname
+                parts.append(Part(b""))
             else:
                 path = coord.store.file_path(fname)
                 parts.append(Part(path=path, size=path.stat().st_size))
@@ -698,6 +736,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
                           "fn": job.fn_hash, "timeout": job.meta.get("timeout"),
                           "name": job.meta.get("name", ""), "slot": g.slot,
                           "result_format": job.meta.get("result_format", "pickle")})
+            if g.task_id in files:
+                tasks[-1]["args_file"] = files[g.task_id]
         if not grants:
             return frames_response({"tasks": tasks}, parts)
         leases = [(g.task_id, g.lease_id) for g in grants]
@@ -718,6 +758,7 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         error = _field(meta, "error", dict, None)
         if status == "ok" and not frames:
             raise HTTPError(400, "bad_request", "an ok result needs a payload frame")
+        frames = _take_handoffs(request, meta, frames, coord.store)
         payload = frames[0] if frames else None
         try:
             wid = coord.post_result(tid, lease_id, status, error, payload)
@@ -730,7 +771,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             slot = request.query_params.get("slot")
             if slot is not None and not (re.fullmatch(r"[0-9]{1,4}", slot) and int(slot) < 1024):
                 raise HTTPError(400, "bad_request", "query parameter 'slot' must be a slot id")
-            return lease_response(coord.grant_now(wid, 1, None if slot is None else int(slot)))
+            return lease_response(coord.grant_now(wid, 1, None if slot is None else int(slot)),
+                                  request.query_params.get("handoff") == "1")
         return lease_response([])
 
     @route("/v1/tasks/{tid}/output", ["POST"], worker=True)
@@ -746,6 +788,15 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         except StaleLease:
             return _err(409, "stale_lease", "this lease is no longer current")
         return JSONResponse({"accepted": True})
+
+    @route("/v1/handoff", ["GET"], worker=True)
+    async def handoff_dirs(request: Request) -> Response:
+        """Where a sender on this machine may leave payload files, and where the store's
+        payload files are (see :mod:`gpumesh.handoff`)."""
+        store = coord.store
+        return JSONResponse({"blob_dir": str(store.blob_dir.resolve()),
+                             "handoff_dir": str(store.handoff_dir.resolve()),
+                             "nonce": store.handoff_nonce})
 
     # -- blobs -----------------------------------------------------------------------
     @route("/v1/blobs/{h}", ["HEAD", "GET"], worker=True)
@@ -819,6 +870,10 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         caller = _field(meta, "caller", dict, {})
         wait = _field(meta, "wait", (int, float), 0, lo=0, hi=LONG_POLL_MAX_S)
         want_output = _field(meta, "output", bool, False)
+        by_path = _field(meta, "handoff", bool, False)
+        if not (job_id in coord.jobs or coord.store.job_exists(job_id)):
+            # (a resent submit of a stored job: its files were claimed the first time)
+            frames = _take_handoffs(request, meta, frames, coord.store)
         args = frames
         if inline_fn:
             blob, args = frames[0], frames[1:]
@@ -850,7 +905,7 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         waited = await until_disconnect(request, coord.wait_results(job.id, -1, wait, out_after))
         if waited is None:
             return Response(status_code=204)
-        return results_page(waited, -1, out_after, info)
+        return results_page(waited, -1, out_after, info, by_path)
 
     @route("/v1/jobs", ["GET"], action="list jobs")
     async def list_jobs(request: Request) -> Response:
@@ -881,20 +936,27 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         job = await until_disconnect(request, coord.wait_results(jid, after, wait, out_after))
         if job is None:
             return Response(status_code=204)
-        return results_page(job, after, out_after, {})
+        return results_page(job, after, out_after, {}, request.query_params.get("handoff") == "1")
 
-    def results_page(job, after: int, out_after: int | None, extra: dict) -> Response:
-        """Frames: JSON (results, counts, output chunks) + result payloads + output bytes."""
+    def results_page(job, after: int, out_after: int | None, extra: dict,
+                     by_path: bool = False) -> Response:
+        """Frames: JSON (results, counts, output chunks) + result payloads + output bytes.
+        ``by_path`` (the caller shares this machine): a result the store keeps as a file is
+        named by ``file`` (relative to the blob directory) instead of sent."""
         items, parts, budget = [], [], RESULT_PAGE_BYTES
         for t in coord.store.results_after(job.id, after, RESULT_PAGE_COUNT):
-            if parts and t.result_size > budget:
+            size = 0 if by_path and t.result_file is not None else t.result_size
+            if parts and size > budget:
                 break
-            budget -= t.result_size
+            budget -= size
             items.append({"index": t.idx, "task_id": t.id, "state": t.state, "seq": t.seq,
                           "worker": t.worker_id, "error": t.error,
                           "has_payload": t.result is not None or t.result_file is not None})
             if t.result is not None:
                 parts.append(Part(t.result))
+            elif t.result_file is not None and by_path:
+                items[-1]["has_payload"] = False
+                items[-1]["file"] = t.result_file
             elif t.result_file is not None:
                 parts.append(Part(path=coord.store.file_path(t.result_file), size=t.result_size))
         meta = dict(extra, results=items, n_tasks=job.n_tasks, n_final=job.n_final,
@@ -977,6 +1039,7 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
                 if now - last_purge > PURGE_INTERVAL_S:
                     last_purge = now
                     coord.purge(now - RETENTION_S)
+                    coord.store.sweep_handoff(now - HANDOFF_TTL_S)
             except Exception:
                 log.exception("sweep failed")
 

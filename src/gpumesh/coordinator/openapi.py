@@ -63,6 +63,11 @@ _LEASE = _query("lease", {"type": "string", "pattern": HEX_ID}, "the lease id th
 _FRAMES_ANSWER = {"description": "frames: JSON metadata, then payloads",
                   "content": {FRAMES: {"schema": {"type": "string", "format": "binary"}}}}
 
+_HANDOFF_FILES = {"type": "object", "description": "frame number (0 = the first frame after "
+                  "this one) -> name of a file the sender wrote into handoff_dir; that frame is "
+                  "empty (see GET /v1/handoff)",
+                  "additionalProperties": {"type": "string", "pattern": "^[0-9a-f]{24}\\.part$"}}
+
 _SCHEMAS: dict[str, Any] = {
     "Error": {"type": "object", "required": ["error", "message"],
               "properties": {"error": {"type": "string"}, "message": {"type": "string"}}},
@@ -95,10 +100,13 @@ _SCHEMAS: dict[str, Any] = {
         "slots": {"type": "integer", "minimum": 1, "maximum": 1024},
         "free": {"type": "array", "maxItems": 1024, "description": "the free slots' ids",
                  "items": {"type": "integer", "minimum": 0, "maximum": 1023}},
-        "wait": {"type": "number", "minimum": 0, "maximum": LONG_POLL_MAX_S}}},
+        "wait": {"type": "number", "minimum": 0, "maximum": LONG_POLL_MAX_S},
+        "handoff": {"type": "boolean", "description": "the worker shares this machine (see "
+                    "GET /v1/handoff): arguments kept as files come as args_file, not bytes"}}},
     "ResultMeta": {"type": "object", "required": ["status"], "properties": {
         "status": {"enum": ["ok", "error", "retry"]},
-        "error": {"type": "object", "description": "kind, type, message, traceback, ..."}},
+        "error": {"type": "object", "description": "kind, type, message, traceback, ..."},
+        "handoff_files": _HANDOFF_FILES},
         "description": "frame 0 of a result; frame 1 (required for ok) is the payload"},
     "OutputMeta": {"type": "object",
                    "description": "frame 0 of an output post; frames 1 and 2 are stdout and stderr bytes"},
@@ -126,8 +134,17 @@ _SCHEMAS: dict[str, Any] = {
             "caller": {"type": "object"},
             "result_format": {"enum": ["pickle", "json"],
                               "description": "json: the task returns its value as JSON (strict results)"},
+            "handoff_files": _HANDOFF_FILES,
+            "handoff": {"type": "boolean", "description": "with wait: name result files by path "
+                        "(as results?handoff=1)"},
         },
     },
+    "Handoff": {"type": "object", "required": ["blob_dir", "handoff_dir", "nonce"], "properties": {
+        "blob_dir": {"type": "string", "description": "absolute path of the store's payload files"},
+        "handoff_dir": {"type": "string", "description": "absolute path where a sender on this "
+                        "machine may write payload files (mode 0600) to name in handoff_files"},
+        "nonce": {"type": "string", "description": "the content of handoff_dir/.probe: a sender "
+                  "that reads the same there shares this file system"}}},
     "Submitted": {"type": "object", "properties": {"job_id": {"type": "string"},
                                                     "n_tasks": {"type": "integer"},
                                                     "created": {"type": "boolean"}}},
@@ -190,6 +207,8 @@ _DOC: dict[str, Any] = {
             "operationId": "postResult", "tags": ["worker"],
             "parameters": [_TID, _LEASE, _query("next", {"enum": ["0", "1"]},
                                                 "1: answer with this slot's next task"),
+                           _query("handoff", {"enum": ["0", "1"]},
+                                  "1: that next task's arguments may come as args_file"),
                            _query("slot", {"type": "string", "pattern": "^[0-9]{1,4}$"},
                                   "the slot the task ran in")],
             "requestBody": {"required": True, "content": {FRAMES: {"schema": _ref("ResultMeta")}}},
@@ -199,6 +218,11 @@ _DOC: dict[str, Any] = {
             "requestBody": {"required": True, "content": {FRAMES: {"schema": _ref("OutputMeta")}}},
             "responses": {"200": {"description": "accepted", **_json({"type": "object"})},
                           **_errors(409, 413)}}},
+        "/v1/handoff": {"get": {
+            "operationId": "handoff", "tags": ["worker"],
+            "summary": "where a caller or worker on this machine may hand payloads off as files",
+            "responses": {"200": {"description": "the directories", **_json(_ref("Handoff"))},
+                          **_errors()}}},
         "/v1/blobs/{h}": {
             "get": {"operationId": "getBlob", "tags": ["worker"], "parameters": [_SHA],
                     "responses": {"200": {"description": "the blob", "content": {
@@ -241,7 +265,9 @@ _DOC: dict[str, Any] = {
                            _query("wait", {"type": "number", "minimum": 0, "maximum": LONG_POLL_MAX_S},
                                   "seconds to long-poll"),
                            _query("out_after", {"type": "integer", "minimum": -1, "maximum": 10**15},
-                                  "also task output with seq > out_after")],
+                                  "also task output with seq > out_after"),
+                           _query("handoff", {"enum": ["0", "1"]},
+                                  "1: results kept as files are named by path (file), not sent")],
             "responses": {"200": _FRAMES_ANSWER, "204": {"description": "the caller went away"},
                           **_errors(404, 410)}}},
         "/v1/jobs/{jid}/logs": {"get": {

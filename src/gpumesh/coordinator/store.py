@@ -12,7 +12,10 @@ half-written file (with ``GPUMESH_SYNC=FULL`` they are fsynced before the rename
 A big payload arriving in a request body is written to such a file as it streams in
 (:meth:`Store.incoming`, under ``<data_dir>/blobs/incoming``) and *adopted* - renamed into
 place - when its row is stored; one never adopted is deleted with its request, and any
-left by a crash are deleted on start. Function blobs are content-addressed (sha256).
+left by a crash are deleted on start. A sender on this machine may instead write a big
+payload into ``<data_dir>/blobs/handoff`` itself and name the file (:meth:`Store.take_handoff`,
+see :mod:`gpumesh.handoff`); it is adopted the same way. Function blobs are
+content-addressed (sha256).
 
 All methods are synchronous and fast (no method scans all tasks); the coordinator calls
 them from its event loop.
@@ -25,11 +28,13 @@ import json
 import os
 import shutil
 import sqlite3
+import stat
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import handoff
 from ..limits import INLINE_BLOB_BYTES
 from ..wire import Chunk
 
@@ -95,6 +100,14 @@ class Incoming:
         self.size = 0
         self._full_sync = full_sync
         self._fh = open(path, "xb")
+
+    @classmethod
+    def claimed(cls, path: Path, size: int, full_sync: bool) -> Incoming:
+        """A file a sender wrote whole into the handoff directory (see
+        :meth:`Store.take_handoff`): already finished, adopted like any other."""
+        inc = cls.__new__(cls)
+        inc.path, inc.size, inc._fh, inc._full_sync = path, size, None, full_sync
+        return inc
 
     def write(self, data: Chunk) -> None:
         self.size += self._fh.write(data)
@@ -178,6 +191,14 @@ class Store:
         # out of this directory before their row commits).
         shutil.rmtree(self.incoming_dir, ignore_errors=True)
         self.incoming_dir.mkdir(exist_ok=True)
+        # Same-machine senders write payloads here (gpumesh.handoff); what is left from
+        # before a restart was never claimed. The probe file proves to a would-be sender
+        # that it sees this very directory.
+        self.handoff_dir = self.blob_dir / "handoff"
+        shutil.rmtree(self.handoff_dir, ignore_errors=True)
+        self.handoff_dir.mkdir(mode=0o700)
+        self.handoff_nonce = os.urandom(16).hex()
+        (self.handoff_dir / handoff.PROBE).write_text(self.handoff_nonce, encoding="ascii")
         self.db = sqlite3.connect(self.dir / "gpumesh.db", isolation_level=None,
                                   check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -247,6 +268,40 @@ class Store:
             return bytes(data), None
         self._write_file(rel, [data])
         return None, rel
+
+    def take_handoff(self, name: str) -> Incoming:
+        """Claim the payload a same-machine sender wrote to ``handoff/<name>`` (see
+        :mod:`gpumesh.handoff`); the store adopts it like a streamed upload. Raises
+        ``ValueError`` for a name that is not a handoff file name, ``FileNotFoundError``
+        if no such regular file of ours is there (already claimed, swept, or never
+        written)."""
+        if not isinstance(name, str) or not handoff.NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is not a handoff file name")
+        path = self.handoff_dir / name
+        st = os.lstat(path)  # FileNotFoundError: not there
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            raise FileNotFoundError(f"handoff file {name} is not a regular file of ours")
+        if self.full_sync:  # the sender wrote without fsync: same promise as Incoming
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return Incoming.claimed(path, st.st_size, self.full_sync)
+
+    def sweep_handoff(self, older_than: float) -> int:
+        """Delete handoff files last written before ``older_than`` (epoch seconds): their
+        senders died before sending. Returns how many."""
+        n = 0
+        with os.scandir(self.handoff_dir) as it:
+            for e in it:
+                try:
+                    if handoff.NAME.fullmatch(e.name) and e.stat(follow_symlinks=False).st_mtime < older_than:
+                        os.unlink(e.path)
+                        n += 1
+                except FileNotFoundError:
+                    pass
+        return n
 
     def _remove_file(self, rel: str | None) -> None:
         if rel:

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from .. import hardware, wire
+from ..handoff import Handoff, map_fd
 from .._version import __version__
 from ..errors import AuthError, RequestRejected
 from ..limits import (BACKOFF_BASE_S, BACKOFF_MAX_S, HEARTBEAT_INTERVAL_S, LONG_POLL_S,
@@ -137,6 +138,9 @@ class WorkerAgent:
         #: result is delivered (argument download, run and result upload included).
         self._held: set[str] = set()
         self._output: dict[str, _OutputCursor] = {}
+        #: The coordinator's payload directories when it shares this machine and user
+        #: (big arguments and results then change hands as files; gpumesh.handoff).
+        self.handoff: Handoff | None = None
 
     # ------------------------------------------------------------------ lifecycle ---
     def run(self) -> None:
@@ -186,6 +190,7 @@ class WorkerAgent:
                         body["id"] = self.id
                     resp = self.http.request("POST", "/v1/workers", json=body, timeout=10)
                     self.id = resp.json()["id"]
+                    self.handoff = Handoff.probe(self.http)  # the coordinator may have moved
                     self._registered.set()
                     self.on_event("joined" if first else "rejoined",
                                   f"joined mesh as {self.id}" if first else f"re-joined mesh as {self.id}")
@@ -334,7 +339,8 @@ class WorkerAgent:
             try:
                 body = self.http.stream_into(
                     "POST", f"/v1/workers/{self.id}/lease",
-                    json={"slots": len(free), "free": free, "wait": LONG_POLL_S},
+                    json={"slots": len(free), "free": free, "wait": LONG_POLL_S,
+                          "handoff": self.handoff is not None},
                     timeout=LONG_POLL_S + 10)
                 delays = backoff_delays()
             except RequestRejected as e:
@@ -392,21 +398,8 @@ class WorkerAgent:
                     outcome = Outcome("retry", {"kind": "fetch",
                                                 "message": f"could not fetch the function: {e}"})
                 else:
-                    cursor = self._output[task["task_id"]] = _OutputCursor(
-                        task, *self.executor.new_output())
-                    try:
-                        if task.get("kind") == "script":  # python SCRIPT, payload on stdin
-                            outcome = self.executor.run_script(task["task_id"], str(path), args,
-                                                               task.get("timeout"),
-                                                               env=self._slot_env.get(slot))
-                        else:
-                            outcome = self.executor.run(task["task_id"], task["fn"], str(path), args,
-                                                        task.get("timeout"),
-                                                        result_format=task.get("result_format", "pickle"),
-                                                        env=self._slot_env.get(slot))
-                    finally:
-                        del self._output[task["task_id"]]
-                    self._forward_output(cursor, final=True)  # before the result: order kept
+                    outcome = self._run_one(task, path, args, slot)
+
                 try:
                     task, args = self._post_result(task, outcome, slot)
                 finally:
@@ -415,6 +408,32 @@ class WorkerAgent:
             if self.scorer is not None:
                 self.scorer.task_finished()
             self._release([slot])
+
+    def _run_one(self, task: dict, path: Path, args: memoryview | None, slot: int | None) -> Outcome:
+        """Run one task in the executor, forwarding what it prints."""
+        args_fd = None
+        if task.get("args_file"):  # same machine: the arguments are the store's file
+            try:
+                args_fd = os.open(self.handoff.blob_dir / task["args_file"], os.O_RDONLY | os.O_CLOEXEC)
+            except (OSError, AttributeError, TypeError) as e:
+                return Outcome("retry", {"kind": "fetch",
+                                         "message": f"could not open the task's arguments: {e}"})
+        cursor = self._output[task["task_id"]] = _OutputCursor(task, *self.executor.new_output())
+        try:
+            if task.get("kind") == "script":  # python SCRIPT, payload on stdin
+                if args_fd is not None:
+                    args = map_fd(args_fd)
+                return self.executor.run_script(task["task_id"], str(path), args, task.get("timeout"),
+                                                env=self._slot_env.get(slot))
+            return self.executor.run(task["task_id"], task["fn"], str(path), args, task.get("timeout"),
+                                     result_format=task.get("result_format", "pickle"),
+                                     env=self._slot_env.get(slot), args_fd=args_fd,
+                                     handoff_dir=str(self.handoff.drop_dir) if self.handoff else None)
+        finally:
+            if args_fd is not None:
+                os.close(args_fd)
+            del self._output[task["task_id"]]
+            self._forward_output(cursor, final=True)  # before the result: order kept
 
     def _function_blob(self, h: str) -> Path:
         """Path of the function blob ``h`` in the local cache, downloading it once."""
@@ -442,12 +461,22 @@ class WorkerAgent:
                      slot: int | None = None) -> tuple[dict | None, memoryview | None]:
         """Deliver a result (retrying while the coordinator is away). The answer may carry
         the next task for this slot: returns ``(task, args)`` or ``(None, None)``."""
+        drop = self.handoff
         meta = {"status": outcome.status}
         if outcome.error is not None:
             meta["error"] = outcome.error
         frames = [json.dumps(meta).encode()]
-        if outcome.payload is not None:
+        if outcome.handoff_file is not None:  # the task left its result as a file
+            frames = [json.dumps(dict(meta, handoff_files={"0": outcome.handoff_file})).encode(), b""]
+        elif outcome.payload is not None:
             frames.append(outcome.payload)
+        try:
+            return self._send_result(task, frames, slot)
+        finally:
+            if outcome.handoff_file is not None and drop is not None:
+                drop.discard(outcome.handoff_file)  # unless the coordinator took it
+
+    def _send_result(self, task: dict, frames: list, slot: int | None) -> tuple[dict | None, memoryview | None]:
         chunks, size = wire.pack_frames(frames)
         delays = backoff_delays()
         deadline = time.monotonic() + 3600
@@ -457,6 +486,8 @@ class WorkerAgent:
                 params["next"] = "1"
                 if slot is not None:
                     params["slot"] = str(slot)
+                if self.handoff is not None:
+                    params["handoff"] = "1"
             try:
                 # a small result goes as one bytes object: cheaper than a chunk iterator
                 content = b"".join(chunks) if size <= 1 << 20 else wire.iter_chunks(chunks)
@@ -464,6 +495,15 @@ class WorkerAgent:
                     "POST", f"/v1/tasks/{task['task_id']}/result", params=params,
                     content=content, headers={"content-length": str(size)}, timeout=600)
             except RequestRejected as e:
+                if getattr(e, "code", "") == "handoff_missing" and len(frames) == 2 and not frames[1]:
+                    # The coordinator does not see the file (it moved to another data
+                    # directory, say): the payload is lost with it, so the task runs again.
+                    log.warning("task %s: %s; handing the task back", task["task_id"], e)
+                    self.handoff = None
+                    frames = [json.dumps({"status": "retry", "error": {
+                        "kind": "handoff", "message": str(e)}}).encode()]
+                    chunks, size = wire.pack_frames(frames)
+                    continue
                 log.info("result for task %s refused: %s", task["task_id"], e)
                 return None, None
             except Unreachable:

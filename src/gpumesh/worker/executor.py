@@ -44,6 +44,8 @@ class Outcome:
     status: str
     error: dict | None = None
     payload: bytearray | None = None
+    #: The payload is this file in the coordinator's handoff directory (gpumesh.handoff).
+    handoff_file: str | None = None
 
 
 #: Arguments up to this size are written to the task's socket without a helper thread
@@ -207,11 +209,15 @@ class Executor:
             host.close()
 
     # ------------------------------------------------------------------ tasks -------
-    def run(self, task_id: str, fn_hash: str, blob_path: str, args: bytes | bytearray,
-            timeout: float | None, result_format: str = "pickle", env: dict | None = None) -> Outcome:
+    def run(self, task_id: str, fn_hash: str, blob_path: str, args: bytes | bytearray | None,
+            timeout: float | None, result_format: str = "pickle", env: dict | None = None,
+            args_fd: int | None = None, handoff_dir: str | None = None) -> Outcome:
         """Run one task to completion; never raises for anything the task does.
         ``result_format="json"``: the task sends its value as JSON (strict results).
-        ``env``: variables set in the task's process (its slot's GPU, for one)."""
+        ``env``: variables set in the task's process (its slot's GPU, for one).
+        ``args_fd`` (instead of ``args``): an open file holding the arguments, which the
+        task maps (the caller keeps ownership of the descriptor). ``handoff_dir``: let
+        the task leave a big result there (see gpumesh.handoff; ``Outcome.handoff_file``)."""
         try:
             host = self._host(fn_hash, blob_path)
         except OSError as e:  # the zygote could not be started, or we are closing
@@ -234,10 +240,17 @@ class Executor:
                        "result_format": result_format}
                 if env:
                     msg["env"] = env
-                runner.send_msg(host.ctrl, msg, [theirs.fileno()])
+                if handoff_dir:
+                    msg["handoff_dir"] = handoff_dir
+                fds = [theirs.fileno()]
+                if args_fd is not None:
+                    msg["args_file"] = True
+                    fds.append(args_fd)
+                runner.send_msg(host.ctrl, msg, fds)
             theirs.close()
             self._running[task_id] = (host, pending)
-            outcome = self._exchange(host, pending, mine, args, timeout)
+            outcome = self._exchange(host, pending, mine, None if args_fd is not None else args,
+                                     timeout)
             if outcome.status == "error" and outcome.error is not None:
                 tail = _tail(err, STDERR_TAIL_BYTES)
                 if tail:
@@ -253,9 +266,11 @@ class Executor:
             theirs.close()  # idempotent
 
     def _exchange(self, host: Host, pending: _Pending, sock: socket.socket,
-                  args: bytes | bytearray, timeout: float | None) -> Outcome:
+                  args: bytes | bytearray | None, timeout: float | None) -> Outcome:
         deadline = None if timeout is None else time.monotonic() + timeout
-        if len(args) <= INLINE_ARGS_BYTES:  # fits the socket buffer: no thread needed
+        if args is None:  # the task maps its arguments' file
+            pass
+        elif len(args) <= INLINE_ARGS_BYTES:  # fits the socket buffer: no thread needed
             self._send_args(sock, args)
         else:  # the child reads while we write; we must be free to read its result
             threading.Thread(target=self._send_args, args=(sock, args), daemon=True).start()
@@ -278,7 +293,9 @@ class Executor:
         if pending.killed_for:
             return self._killed_outcome(pending)
         self._preload(host, info.get("imports"), info.get("path"))
-        return Outcome(info["status"], info.get("error"), payload if payload else None)
+        handoff_file = info.get("handoff_file")
+        return Outcome(info["status"], info.get("error"), payload if payload else None,
+                       handoff_file if isinstance(handoff_file, str) else None)
 
     @staticmethod
     def _preload(host: Host, modules: list | None, path: list | None) -> None:

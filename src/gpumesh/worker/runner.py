@@ -143,10 +143,14 @@ def _reseed_after_fork() -> None:
             pass
 
 
-def run_task(fn, data: socket.socket, result_format: str | None = None) -> None:
+def run_task(fn, data: socket.socket, result_format: str | None = None,
+             args_fd: int | None = None, handoff_dir: str | None = None) -> None:
     """Inside the task child: read arguments, call, send back value or failure.
-    ``result_format="json"`` (strict results): the value travels as JSON, never pickled."""
-    from gpumesh import wire
+    ``result_format="json"`` (strict results): the value travels as JSON, never pickled.
+    ``args_fd``: the arguments are this file (mapped, not read), not the socket's first
+    blob. ``handoff_dir``: the coordinator's handoff directory when it shares this machine;
+    a big result is written there and only its file name is sent (gpumesh.handoff)."""
+    from gpumesh import handoff, wire
     as_json = result_format == "json"
 
     def reply(meta: dict, payload=None) -> None:
@@ -156,6 +160,12 @@ def run_task(fn, data: socket.socket, result_format: str | None = None) -> None:
             try:
                 stream.flush()
             except BaseException:  # noqa: BLE001 - a broken stream must not lose the result
+                pass
+        if payload is not None and handoff_dir and handoff.worth_it(payload.size):
+            try:
+                meta = dict(meta, handoff_file=handoff.write_file(handoff_dir, payload.chunks))
+                payload = None
+            except OSError:  # (disk full...) the socket still works
                 pass
         body = json.dumps(meta).encode()
         send_blob(data, body)
@@ -167,7 +177,7 @@ def run_task(fn, data: socket.socket, result_format: str | None = None) -> None:
     n_modules, path_before = len(sys.modules), list(sys.path)
     before = set(sys.modules)
     try:
-        args, kwargs = wire.loads(recv_blob(data))
+        args, kwargs = wire.loads(recv_blob(data) if args_fd is None else handoff.map_fd(args_fd))
     except BaseException as e:  # noqa: BLE001 - any unpickling failure is the task's error
         reply({"status": "error", "error": describe_exception(e, "unpickle")})
         return
@@ -236,7 +246,7 @@ def _wakeup_pipe() -> int:
 
 def host_main(ctrl: socket.socket, blob_path: str) -> None:
     """Load one function, then fork a child per task until the agent hangs up."""
-    from gpumesh import wire
+    from gpumesh import handoff, wire  # noqa: F401 - loaded once here, not in every child
 
     try:
         with open(blob_path, "rb") as fh:
@@ -291,10 +301,11 @@ def host_main(ctrl: socket.socket, blob_path: str) -> None:
             for _attempt in range(2):  # a spare that died idle a moment ago: fork anew
                 if spare is None:
                     spare = _Spare.fork(fn, ctrl, wake, children)
-                if spare is None or spare.start(msg, fds[0], children):
+                if spare is None or spare.start(msg, fds, children):
                     break  # started; or no fork possible: closing the socket fails the task
                 spare = None
-            os.close(fds[0])
+            for fd in fds:
+                os.close(fd)
             # The next task's process is forked now, while this one runs, so a task
             # never waits for a fork: it finds a process ready for it.
             spare = _Spare.fork(fn, ctrl, wake, children)
@@ -330,11 +341,12 @@ class _Spare:
         children[pid] = None
         return cls(pid, mine)
 
-    def start(self, msg: dict, data_fd: int, children: dict) -> bool:
-        """Hand the spare its task (the run message and the task's data socket).
-        False if the spare is gone; its pid is then reaped as an idle child."""
+    def start(self, msg: dict, fds: list[int], children: dict) -> bool:
+        """Hand the spare its task (the run message, the task's data socket and, when the
+        arguments are a file, that file). False if the spare is gone; its pid is then
+        reaped as an idle child."""
         try:
-            send_msg(self.sock, msg, [data_fd])
+            send_msg(self.sock, msg, fds)
         except OSError:
             return False
         finally:
@@ -371,7 +383,7 @@ def _spare_main(fn, ctrl: socket.socket, wake: int, sock: socket.socket) -> None
         msg, fds = recv_msg(sock)  # blocks until a task comes (or the host goes: EOF)
         sock.close()
         if msg is not None and fds:
-            _run_child(fn, fds[0], msg)
+            _run_child(fn, fds, msg)
     except BaseException:  # noqa: BLE001 - report nothing more; the exit status speaks
         code = 70
     finally:
@@ -407,9 +419,10 @@ def _preload(modules: list[str], path: list[str]) -> None:
             pass
 
 
-def _run_child(fn, data_fd: int, msg: dict) -> None:
-    """In a spare that was given its task: run it over its data socket."""
-    data = socket.socket(fileno=data_fd)
+def _run_child(fn, fds: list[int], msg: dict) -> None:
+    """In a spare that was given its task: run it over its data socket (``fds[0]``); its
+    arguments are the file ``fds[1]`` when the agent got them as one (gpumesh.handoff)."""
+    data = socket.socket(fileno=fds[0])
     data.sendall(struct.pack("<Q", os.getpid()))  # first: the agent may need to kill us
     env = msg.get("env")
     if env:
@@ -418,7 +431,8 @@ def _run_child(fn, data_fd: int, msg: dict) -> None:
         os.environ.update({str(k): str(v) for k, v in env.items()})
     _redirect(1, msg.get("stdout"))
     _redirect(2, msg.get("stderr"))
-    run_task(fn, data, msg.get("result_format"))
+    args_fd = fds[1] if msg.get("args_file") and len(fds) > 1 else None
+    run_task(fn, data, msg.get("result_format"), args_fd, msg.get("handoff_dir"))
     data.close()
 
 

@@ -1,0 +1,232 @@
+"""Same-machine handoff through real processes: big arguments and results change hands as
+files in the coordinator's data directory (gpumesh.handoff), and every way that cannot
+happen falls back to HTTP with the same values.
+
+Whether a payload came as a file shows in what its arrays are views of: a mapped file
+(``mmap``) or a receive buffer (``bytearray``). A task reports that for its argument, the
+test checks it for the result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+
+import cloudpickle
+import httpx
+import numpy as np
+import pytest
+
+from gpumesh import accelerate, handoff, wire
+from gpumesh.handoff import Handoff
+from gpumesh.limits import HANDOFF_MIN_BYTES
+
+from ..conftest import Mesh, wait_until
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+N = HANDOFF_MIN_BYTES // 4 + 1000  # float32: just over the handoff threshold
+
+
+def origin(a) -> str:
+    """What the memory of array ``a`` belongs to ("mmap", "bytearray", "ndarray"...)."""
+    b = a
+    while True:
+        nxt = b.base if isinstance(b, np.ndarray) else getattr(b, "obj", None)
+        if nxt is None:
+            return type(b).__name__
+        b = nxt
+
+
+def inc_and_say(a):
+    return a + 1, origin(a)
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory):
+    m = Mesh(tmp_path_factory.mktemp("handoff"))
+    m.start()
+    m.add_worker()
+    yield m
+    m.stop()
+
+
+def drop_dir(m: Mesh):
+    return m.root / "data" / "blobs" / "handoff"
+
+
+def leftovers(m: Mesh) -> list[str]:
+    return sorted(p.name for p in drop_dir(m).iterdir() if p.name != handoff.PROBE)
+
+
+def test_big_arguments_and_results_travel_as_files(mesh):
+    client = mesh.client(output=False)
+    f = accelerate(client)(inc_and_say)
+    a = np.arange(N, dtype=np.float32)
+    try:
+        out, arg_origin = f(a)
+        many = f.map([np.full(N, i, np.float32) for i in range(3)])
+        small, small_origin = f(np.zeros(10, np.float32))
+        assert client.handoff is not None
+    finally:
+        client.close()
+    assert np.array_equal(out, a + 1) and out.dtype == np.float32
+    assert arg_origin == "mmap" and origin(out) == "mmap"
+    out[:5] = -1  # the caller's array is writable: copy-on-write over the store's file
+    assert out[0] == -1
+    assert [float(v[0]) for v, _ in many] == [1.0, 2.0, 3.0]
+    assert {o for _, o in many} == {"mmap"}
+    assert small_origin == "bytearray" and origin(small) != "mmap"  # small ones ride in the body
+    assert wait_until(lambda: leftovers(mesh) == [], 5), leftovers(mesh)
+
+
+def test_a_caller_with_handoff_off_sends_and_receives_bytes(mesh, monkeypatch):
+    monkeypatch.setenv("GPUMESH_HANDOFF", "0")
+    client = mesh.client(output=False)
+    try:
+        out, arg_origin = accelerate(client)(inc_and_say)(np.ones(N, np.float32))
+        assert client.handoff is None
+    finally:
+        client.close()
+    assert float(out.sum()) == 2.0 * N
+    # the worker still maps the stored file; the caller's result came over HTTP
+    assert arg_origin == "mmap" and origin(out) == "bytearray"
+
+
+def test_a_worker_with_handoff_off_gets_bytes_over_http(tmp_path):
+    m = Mesh(tmp_path / "m")
+    m.env["GPUMESH_HANDOFF"] = "0"  # the worker's environment (the caller hands off)
+    m.start()
+    try:
+        m.add_worker()
+        client = m.client(output=False)
+        try:
+            out, arg_origin = accelerate(client)(inc_and_say)(np.ones(N, np.float32))
+        finally:
+            client.close()
+    finally:
+        m.stop()
+    assert float(out[-1]) == 2.0
+    assert arg_origin == "bytearray"  # downloaded, though the caller handed it off
+    # uploaded over HTTP, yet a file in the store like any big payload: the caller maps it
+    assert origin(out) == "mmap"
+
+
+def test_a_wrong_handoff_directory_falls_back_to_http(mesh, tmp_path):
+    """A caller whose idea of the coordinator's directories is wrong (it moved, or another
+    machine mounts a look-alike path) still gets its values, and stops handing off."""
+    client = mesh.client(output=False)
+    real = Handoff.probe(client.http)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    try:
+        client._handoff = Handoff(real.blob_dir, elsewhere)  # uploads: a directory it never reads
+        out, arg_origin = accelerate(client)(inc_and_say)(np.ones(N, np.float32))
+        assert client.handoff is None and list(elsewhere.iterdir()) == []
+        assert float(out[0]) == 2.0 and arg_origin == "mmap"
+        client._handoff = Handoff(elsewhere, real.drop_dir)  # downloads: files not found there
+        out, arg_origin = accelerate(client)(inc_and_say)(np.full(N, 2, np.float32))
+        assert float(out[0]) == 3.0 and origin(out) == "bytearray"
+    finally:
+        client.close()
+
+
+# ---------------------------------------------------------------- the HTTP side -------
+
+def post(m: Mesh, path: str, **kw) -> httpx.Response:
+    return httpx.post(m.url + path, headers={"authorization": f"Bearer {m.token}"}, timeout=10, **kw)
+
+
+def body_of(frames) -> bytes:
+    chunks, _ = wire.pack_frames(frames)
+    return b"".join(bytes(c) for c in chunks)
+
+
+def submit(m: Mesh, meta: dict, frames: list) -> httpx.Response:
+    fn = wire.dumps(len, code=True).to_bytes()
+    meta = {"job_id": meta.pop("job_id"), "fn": hashlib.sha256(fn).hexdigest(), "fn_inline": True,
+            "require_worker": False, **meta}
+    return post(m, "/v1/jobs", content=body_of([json.dumps(meta).encode(), fn, *frames]))
+
+
+@pytest.fixture
+def bare(tmp_path):
+    """A coordinator without workers: the test plays caller and worker over HTTP."""
+    m = Mesh(tmp_path / "bare")
+    m.start()
+    yield m
+    m.stop()
+
+
+def test_handed_off_files_through_the_api(bare):
+    h = Handoff.from_answer(httpx.get(bare.url + "/v1/handoff", timeout=5,
+                                      headers={"authorization": f"Bearer {bare.token}"}).json())
+    assert h is not None
+    big = wire.dumps(((b"a" * (2 * 2**20),), {}))
+    name = h.write(big.chunks)
+    # frame numbers count from the first frame after the meta: 0 is the inline function
+    r = submit(bare, {"job_id": "00aa", "n_tasks": 2, "handoff_files": {"1": name}},
+               [b"", wire.dumps(((1,), {})).to_bytes()])
+    assert r.status_code == 200, r.text
+    assert leftovers(bare) == []  # claimed: renamed into the store
+    wid = post(bare, "/v1/workers", json={"hostname": "fake", "slots": 2}).json()["id"]
+    r = post(bare, f"/v1/workers/{wid}/lease", json={"slots": 2, "wait": 2, "handoff": True})
+    frames = wire.unpack_frames(r.content)
+    tasks = json.loads(bytes(frames[0]))["tasks"]
+    assert [t["index"] for t in tasks] == [0, 1]
+    assert frames[1].nbytes == 0 and tasks[0]["args_file"].startswith("args/00aa/")
+    assert bytes(h.open(tasks[0]["args_file"])) == big.to_bytes()
+    assert "args_file" not in tasks[1] and frames[2].nbytes > 0  # small: in the body
+    # the worker hands its result off too; the caller asks for paths
+    result = wire.dumps(np.arange(N, dtype=np.float32))
+    rname = h.write(result.chunks)
+    meta = {"status": "ok", "handoff_files": {"0": rname}}
+    r = post(bare, f"/v1/tasks/{tasks[0]['task_id']}/result", params={"lease": tasks[0]["lease_id"]},
+             content=body_of([json.dumps(meta).encode(), b""]))
+    assert r.status_code == 200, r.text
+    page = httpx.get(bare.url + "/v1/jobs/00aa/results", params={"handoff": 1, "wait": 2},
+                     headers={"authorization": f"Bearer {bare.token}"}, timeout=10)
+    items = json.loads(bytes(wire.unpack_frames(page.content)[0]))["results"]
+    assert items[0]["file"].startswith("results/00aa/") and items[0]["has_payload"] is False
+    assert np.array_equal(wire.loads(h.open(items[0]["file"])), np.arange(N, dtype=np.float32))
+    plain = httpx.get(bare.url + "/v1/jobs/00aa/results", params={"wait": 2},
+                      headers={"authorization": f"Bearer {bare.token}"}, timeout=10)
+    frames = wire.unpack_frames(plain.content)
+    assert "file" not in json.loads(bytes(frames[0]))["results"][0]
+    assert bytes(frames[1]) == result.to_bytes()  # without ?handoff=1: the bytes
+    assert leftovers(bare) == []
+
+
+MISSING = "a" * 24 + ".part"
+
+
+@pytest.mark.parametrize("files, frame, status, words, kept", [
+    ({"1": "../../gpumesh.db"}, b"", 400, "not a handoff file name", True),
+    ({"1": MISSING}, b"", 409, "handoff_missing", True),
+    ({"5": MISSING}, b"", 400, "not a frame number", True),
+    ({"x": MISSING}, b"", 400, "not a frame number", True),
+    ({"1": "WRITTEN"}, b"not empty", 400, "must be empty", True),
+    ("not a map", b"", 400, "handoff_files", True),
+    # the first file is claimed, the second is missing: the claimed one goes with the request
+    ({"1": "WRITTEN", "2": MISSING}, b"", 409, "handoff_missing", False),
+])
+def test_bad_handoff_references_are_refused_and_store_nothing(bare, files, frame, status, words, kept):
+    h = Handoff.from_answer(httpx.get(bare.url + "/v1/handoff", timeout=5,
+                                      headers={"authorization": f"Bearer {bare.token}"}).json())
+    written = h.write([b"payload"])
+    if isinstance(files, dict):
+        files = {k: written if v == "WRITTEN" else v for k, v in files.items()}
+    r = submit(bare, {"job_id": "00bb", "n_tasks": 2, "handoff_files": files}, [frame, b""])
+    assert r.status_code == status, r.text
+    assert words in r.text
+    assert httpx.get(bare.url + "/v1/jobs/00bb", timeout=5,
+                     headers={"authorization": f"Bearer {bare.token}"}).status_code == 404
+    # what a refused request claimed is deleted with it; what it did not claim stays the
+    # sender's (who still has the bytes and sends them in the body)
+    assert leftovers(bare) == ([written] if kept else [])
+    h.discard(written)
+
+
+def test_the_handoff_directories_need_a_token(bare):
+    assert httpx.get(bare.url + "/v1/handoff", timeout=5).status_code == 401
