@@ -404,6 +404,9 @@ def _take_handoffs(request: Request, meta: dict, frames: list, store) -> list:
         return frames
     frames = list(frames)
     spool = request.scope.setdefault("gpumesh.incoming", [])
+    # The body limit holds for a payload however it travels: a call refused from another
+    # machine is refused from this one too.
+    total = sum(f.size if isinstance(f, Incoming) else f.nbytes for f in frames)
     for key, name in names.items():
         if not (isinstance(key, str) and key.isdigit() and int(key) < len(frames)):
             raise HTTPError(400, "bad_request", f"handoff_files: {key!r} is not a frame number")
@@ -420,6 +423,9 @@ def _take_handoffs(request: Request, meta: dict, frames: list, store) -> list:
                             "directory; send the payload in the body") from None
         spool.append(inc)
         frames[i] = inc
+        total += inc.size
+        if total > MAX_BODY_BYTES:
+            raise _too_big(MAX_BODY_BYTES, "GPUMESH_MAX_BODY_MB")
     return frames
 
 
