@@ -33,3 +33,31 @@ def test_a_heavy_import_is_paid_once_per_host_not_once_per_task(make_mesh, tmp_p
     # the first task imports it; its host then preloads it (one more), and a task or two
     # forked before the preload finished may import it too - never once per task
     assert imports <= 4, f"imported {imports} times for 12 tasks"
+
+
+def test_a_heavy_submodule_of_a_light_package_is_paid_once_too(make_mesh, tmp_path):
+    """``from pkg.heavy import x`` (``from sklearn.ensemble import ...``): the host must
+    preload ``pkg.heavy`` itself, not only the light ``pkg`` above it."""
+    m = make_mesh(workers=1)
+    pkg = tmp_path / "mods" / "gm_light_pkg"
+    pkg.mkdir(parents=True)
+    counter = tmp_path / "imports"
+    (pkg / "__init__.py").write_text("")
+    (pkg / "heavy.py").write_text(
+        "import time\n"
+        f"with open({str(counter)!r}, 'a') as fh:\n"
+        "    fh.write('x')\n"
+        "time.sleep(0.3)\n"
+        "VALUE = 5\n")
+
+    @accelerate(m.client(output=False))
+    def uses_submodule(i):
+        import sys
+        sys.path.insert(0, MODDIR)
+        from gm_light_pkg.heavy import VALUE
+        return VALUE + i
+
+    MODDIR = str(tmp_path / "mods")  # noqa: N806 - captured by the closure above
+    assert uses_submodule.map(range(12)) == [5 + i for i in range(12)]
+    imports = len(counter.read_text())
+    assert imports <= 4, f"imported {imports} times for 12 tasks"

@@ -303,9 +303,18 @@ class Executor:
         if not new:
             return
         host.preloaded.update(new)
+        # One control message each up to ~32 KiB of names (messages are single datagrams).
+        batches, size = [[]], 0
+        for name in new:
+            if size > 32 * 1024:
+                batches.append([])
+                size = 0
+            batches[-1].append(name)
+            size += len(name) + 4
         try:
             with host.lock:
-                runner.send_msg(host.ctrl, {"op": "preload", "modules": new, "path": path or []})
+                for batch in batches:
+                    runner.send_msg(host.ctrl, {"op": "preload", "modules": batch, "path": path or []})
         except (OSError, ValueError):
             pass
 

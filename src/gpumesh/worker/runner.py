@@ -44,8 +44,9 @@ import traceback
 
 #: Control messages are single SEQPACKET datagrams; keep them well under the socket buffer.
 MAX_CONTROL_BYTES = 60 * 1024
-#: Most module names one task reports for its host to preload.
-MAX_PRELOAD = 64
+#: Most module names one task reports for its host to preload (``import sklearn.ensemble``
+#: alone loads a few hundred; the next task reports what did not fit).
+MAX_PRELOAD = 4096
 #: Environment variable set inside every task process (nested mesh calls run inline).
 IN_TASK_ENV = "GPUMESH_IN_TASK"
 #: Variables a task must never see (credentials of the worker).
@@ -185,8 +186,11 @@ def run_task(fn, data: socket.socket, result_format: str | None = None,
         value = fn(*args, **kwargs)
         # Modules the call imported: the host imports them too, so the next task forks
         # with them loaded (a heavy import is paid once per host, not once per task).
+        # Full dotted names: ``from pkg.heavy import x`` must preload ``pkg.heavy``, not just
+        # the light ``pkg``. Private modules come with their public parents.
         imported = [] if len(sys.modules) == n_modules else sorted(
-            {m.partition(".")[0] for m in set(sys.modules) - before if not m.startswith("_")}
+            m for m in set(sys.modules) - before
+            if not any(part.startswith("_") for part in m.split("."))
         )[:MAX_PRELOAD]
         added_path = [p for p in sys.path if p not in path_before and isinstance(p, str)][:16]
     except BaseException as e:  # noqa: BLE001
@@ -411,7 +415,8 @@ def _preload(modules: list[str], path: list[str]) -> None:
         if isinstance(entry, str) and entry not in sys.path:
             sys.path.append(entry)
     for name in modules:
-        if name in sys.modules or not isinstance(name, str) or not name.isidentifier():
+        if (not isinstance(name, str) or name in sys.modules
+                or not all(part.isidentifier() for part in name.split("."))):
             continue
         try:
             importlib.import_module(name)
