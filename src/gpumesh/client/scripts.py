@@ -45,8 +45,10 @@ def load_payloads(path: str | os.PathLike) -> list:
         if len(lines) < 2:
             raise ValueError(f"the payloads file {path} is not JSON: {first}") from None
     if not isinstance(data, list):
+        kind = {"dict": "object", "str": "string", "NoneType": "null"}.get(
+            type(data).__name__, type(data).__name__)
         raise ValueError(f"the payloads file {path} must hold a JSON array with one payload per "
-                         f"task, not a JSON {type(data).__name__}")
+                         f"task, not a JSON {kind} (for a single task, put it in brackets: [ ... ])")
     return data
 
 

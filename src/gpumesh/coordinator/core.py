@@ -206,8 +206,8 @@ class Coordinator:
             else:
                 self.queue.add(t.job_id, [t.id], lane=self.jobs[t.job_id].require)
         if self.jobs:
-            log.info("recovered %d jobs, %d pending and %d leased tasks",
-                     len(self.jobs), len(self.queue), len(self.leases))
+            log.info("recovered %d unreleased jobs from the store: %d tasks pending, %d leased "
+                     "(kept for workers that come back)", len(self.jobs), len(self.queue), len(self.leases))
 
     # ------------------------------------------------------------ workers --------
     def register(self, info: dict, worker_id: str | None, slots: int) -> Worker:
