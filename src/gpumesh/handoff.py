@@ -62,6 +62,8 @@ class Handoff:
         """Check a ``GET /v1/handoff`` answer against this process's view of the disk.
         Returns None if the handoff cannot be used here (another machine, another user,
         a malformed answer)."""
+        if not hasattr(os, "getuid"):  # no POSIX owners to compare (Windows): HTTP only
+            return None
         try:
             blob_dir, drop_dir = Path(answer["blob_dir"]), Path(answer["handoff_dir"])
             nonce = answer["nonce"]

@@ -230,3 +230,21 @@ def test_bad_handoff_references_are_refused_and_store_nothing(bare, files, frame
 
 def test_the_handoff_directories_need_a_token(bare):
     assert httpx.get(bare.url + "/v1/handoff", timeout=5).status_code == 401
+
+
+def test_a_script_task_reads_a_big_payload_from_the_stores_file(mesh, tmp_path):
+    """Script jobs: a payload the store keeps as a file reaches the script's stdin whole
+    when the worker takes it by path."""
+    script = tmp_path / "count.py"
+    script.write_text("import json, sys\n"
+                      "data = json.load(sys.stdin)\n"
+                      "print(json.dumps({'n': len(data['s']), 'last': data['s'][-3:]}))\n")
+    text = "ab" * 300_000 + "xyz"  # a 600 KB JSON payload: over the inline limit
+    client = mesh.client(output=False)
+    try:
+        job = client.submit(script=str(script), payloads=[{"s": text}, {"s": "tiny"}])
+        results = client.wait(job, timeout=60)
+    finally:
+        client.close()
+    assert [r["result"] for r in sorted(results, key=lambda r: r["index"])] == [
+        {"n": len(text), "last": "xyz"}, {"n": 4, "last": "iny"}]

@@ -277,6 +277,8 @@ class Store:
         written)."""
         if not isinstance(name, str) or not handoff.NAME.fullmatch(name):
             raise ValueError(f"{name!r} is not a handoff file name")
+        if not hasattr(os, "getuid"):  # senders never hand off to such a coordinator
+            raise FileNotFoundError(f"handoff file {name}: not supported on this system")
         path = self.handoff_dir / name
         st = os.lstat(path)  # FileNotFoundError: not there
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
