@@ -248,3 +248,24 @@ def test_a_script_task_reads_a_big_payload_from_the_stores_file(mesh, tmp_path):
         client.close()
     assert [r["result"] for r in sorted(results, key=lambda r: r["index"])] == [
         {"n": len(text), "last": "xyz"}, {"n": 4, "last": "iny"}]
+
+
+def test_a_worker_that_cannot_open_the_arguments_file_hands_the_task_back(bare):
+    """The stored file is gone (deleted behind the coordinator's back): the worker neither
+    hangs nor crashes; the task is re-queued and, attempts spent, fails saying why."""
+    big = wire.dumps(((b"a" * (2 * 2**20),), {})).to_bytes()  # stored as a file
+    r = submit(bare, {"job_id": "00cc", "n_tasks": 1}, [big])
+    assert r.status_code == 200, r.text
+    (stored,) = (bare.root / "data" / "blobs" / "args" / "00cc").iterdir()
+    stored.unlink()
+    bare.add_worker()
+    page = None
+    for _ in range(30):
+        page = httpx.get(bare.url + "/v1/jobs/00cc/results", params={"wait": 2},
+                         headers={"authorization": f"Bearer {bare.token}"}, timeout=10)
+        if page.status_code == 200 and json.loads(bytes(wire.unpack_frames(page.content)[0]))["results"]:
+            break
+    (item,) = json.loads(bytes(wire.unpack_frames(page.content)[0]))["results"]
+    assert item["state"] == "failed" and item["error"]["kind"] == "lost"
+    assert "could not open the task's arguments" in item["error"]["message"]
+    assert bare.alive() == 1  # the worker is fine
