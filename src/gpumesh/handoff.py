@@ -119,10 +119,19 @@ def worth_it(size: int) -> bool:
     return size >= HANDOFF_MIN_BYTES
 
 
-def write_file(drop_dir: str | Path, chunks: Iterable) -> str:
-    """Write ``chunks`` to ``drop_dir/<random>.part`` (mode 0600, created exclusively).
-    Returns the file's name. On failure the partial file is removed and ``OSError`` raised."""
-    name = os.urandom(12).hex() + ".part"
+def new_name() -> str:
+    """A fresh handoff file name (96 random bits)."""
+    return os.urandom(12).hex() + ".part"
+
+
+def write_file(drop_dir: str | Path, chunks: Iterable, name: str | None = None) -> str:
+    """Write ``chunks`` to ``drop_dir/<name>`` (default: :func:`new_name`; mode 0600,
+    created exclusively). Returns the name. On failure the partial file is removed and
+    ``OSError`` raised (``ValueError`` for a name that is not a handoff name)."""
+    if name is None:
+        name = new_name()
+    elif not NAME.fullmatch(name):
+        raise ValueError(f"{name!r} is not a handoff file name")
     path = os.path.join(drop_dir, name)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
 import sys
 
 import cloudpickle
@@ -244,6 +246,7 @@ def test_a_script_task_reads_a_big_payload_from_the_stores_file(mesh, tmp_path):
     try:
         job = client.submit(script=str(script), payloads=[{"s": text}, {"s": "tiny"}])
         results = client.wait(job, timeout=60)
+        post(mesh, f"/v1/jobs/{job}/release")  # a submitted job stays for `gpumesh retry` else
     finally:
         client.close()
     assert [r["result"] for r in sorted(results, key=lambda r: r["index"])] == [
@@ -269,3 +272,51 @@ def test_a_worker_that_cannot_open_the_arguments_file_hands_the_task_back(bare):
     assert item["state"] == "failed" and item["error"]["kind"] == "lost"
     assert "could not open the task's arguments" in item["error"]["message"]
     assert bare.alive() == 1  # the worker is fine
+
+
+# ---------------------------------------------------------------- nothing left behind --
+
+def stored(m: Mesh) -> list[str]:
+    """Every file and folder under the store's payload directories (args/, results/)."""
+    blobs = m.root / "data" / "blobs"
+    return sorted(str(p.relative_to(blobs)) for sub in ("args", "results") if (blobs / sub).exists()
+                  for p in (blobs / sub).rglob("*"))
+
+
+def big_or_raise(i):
+    import numpy as np
+    if i == 3:
+        raise KeyError(i)
+    return np.full(600_000, i, np.float32)  # 2.4 MB: stored as a file, handed off
+
+
+def test_a_failed_call_or_map_leaves_no_payloads_behind(mesh):
+    client = mesh.client(output=False)
+    f = accelerate(client)(big_or_raise)
+    try:
+        for _ in range(3):  # a cancelled task may be killed while writing its result
+            with pytest.raises(KeyError):
+                f.map(range(8))
+        with pytest.raises(TypeError):
+            accelerate(client)(inc_and_say)("not an array" * 200_000)  # big argument, raises
+    finally:
+        client.close()
+    assert wait_until(lambda: stored(mesh) == [] and leftovers(mesh) == [], 10), (
+        stored(mesh), leftovers(mesh))
+
+
+def test_a_script_that_exits_right_after_its_call_leaves_no_payloads_behind(mesh, tmp_path):
+    script = tmp_path / "one_call.py"
+    script.write_text(
+        "import numpy as np\n"
+        "from gpumesh import GPUMesh, accelerate\n"
+        f"m = GPUMesh({mesh.url!r}, token={mesh.token!r}, output=False)\n"
+        "@accelerate(m)\n"
+        "def twice(a):\n"
+        "    return a * 2\n"
+        "print(float(twice(np.ones(600_000, np.float32))[-1]))\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, GPUMESH_HANDOFF="0"))  # over HTTP: same promise
+    assert out.returncode == 0 and out.stdout.strip() == "2.0", out.stderr
+    # released before the interpreter exited: nothing waits for the 24 h retention
+    assert wait_until(lambda: stored(mesh) == [], 5), stored(mesh)

@@ -267,7 +267,7 @@ class GPUMesh:
         job_id = secrets.token_hex(6)
         printer = OutputPrinter(single=len(calls) == 1) if self.output else None
         bar = None
-        collected = False
+        collected = accepted = False
         try:
             first = self._submit(job_id, fn, calls, hints or [{}] * len(calls), timeout, name,
                                  printer is not None, require=require)
@@ -276,6 +276,7 @@ class GPUMesh:
                 notice(f"no live worker in the mesh at {self.url}; running locally")
                 collected = True  # nothing was stored
                 return run_locally(fn, calls)
+            accepted = True
             if not self._announced:  # said once the mesh took a job: token and workers are fine
                 self._announced = True
                 notice(f"connected to coordinator at {self.url}")
@@ -291,6 +292,8 @@ class GPUMesh:
                 printer.flush()
             if not collected:  # Ctrl+C, a task failure, a lost coordinator: stop the rest
                 self._cancel_quietly(job_id)
+                if accepted:  # and free its stored arguments and results: nobody will read them
+                    self._janitor.release(job_id)
 
     def _submit(self, job_id: str, fn: Callable, calls: list[_calls.Call], hints: list[dict],
                 timeout: float | None, name: str | None, output: bool,
@@ -511,33 +514,61 @@ class _Janitor:
     batches: the jobs collected within ``RELEASE_BATCH_S`` of each other go in one request
     (a loop of single calls would otherwise add a request per call).
 
-    A release only frees the coordinator's copy of arguments and results; if the process
-    exits first, retention deletes them later.
+    A release frees the coordinator's copy of a job's arguments and results. What is still
+    pending when the interpreter exits is sent then (a script that ends right after its
+    last call must not leave that call's payloads on the coordinator's disk until
+    retention); only a process that dies without exiting leaves them to retention.
     """
 
     def __init__(self, mesh: GPUMesh):
-        import queue
+        import atexit
         self._mesh = mesh
-        self._queue: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._pending: list[str] = []
+        self._sending = 0  # batches taken but not yet answered
+        self._cv = threading.Condition()
         threading.Thread(target=self._run, name="gpumesh-release", daemon=True).start()
+        atexit.register(self.flush)
 
     def release(self, job_id: str) -> None:
-        self._queue.put(job_id)
+        with self._cv:
+            self._pending.append(job_id)
+            self._cv.notify_all()
+
+    def _take(self) -> list[str]:
+        with self._cv:
+            batch = self._pending[:RELEASE_BATCH_MAX]
+            del self._pending[:len(batch)]
+            self._sending += bool(batch)
+            return batch
+
+    def _send(self, batch: list[str], timeout: float) -> None:
+        try:
+            if batch:
+                self._mesh.http.request("POST", "/v1/jobs/release", json={"jobs": batch}, timeout=timeout)
+        except Exception as e:  # noqa: BLE001 - best effort (see the class docstring)
+            log.debug("release of %d job(s) failed: %s", len(batch), e)
+        finally:
+            with self._cv:
+                self._sending -= bool(batch)
+                self._cv.notify_all()
 
     def _run(self) -> None:
-        import queue
         while True:
-            batch = [self._queue.get()]
-            deadline = time.monotonic() + RELEASE_BATCH_S
-            while len(batch) < RELEASE_BATCH_MAX:
-                try:
-                    batch.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
-                except queue.Empty:
-                    break
-            try:
-                self._mesh.http.request("POST", "/v1/jobs/release", json={"jobs": batch}, timeout=10)
-            except Exception as e:  # noqa: BLE001 - best effort (see the class docstring)
-                log.debug("release of %d job(s) failed: %s", len(batch), e)
+            with self._cv:
+                while not self._pending:
+                    self._cv.wait()
+            time.sleep(RELEASE_BATCH_S)  # let the calls that follow join this batch
+            self._send(self._take(), timeout=10)
+
+    def flush(self, timeout: float = 3.0) -> None:
+        """Send every pending release now and wait (up to ``timeout`` seconds) for those the
+        thread is sending. Called at interpreter exit."""
+        deadline = time.monotonic() + timeout
+        while batch := self._take():
+            self._send(batch, timeout=max(0.1, deadline - time.monotonic()))
+        with self._cv:
+            while self._sending and time.monotonic() < deadline:
+                self._cv.wait(deadline - time.monotonic())
 
 
 _this_machine: dict | None = None

@@ -428,10 +428,11 @@ class Store:
         for a, r in files:
             self._remove_file(a)
             self._remove_file(r)
-        try:
-            (self.blob_dir / "args" / job_id).rmdir()
-        except OSError:
-            pass
+        for sub in ("args", "results"):
+            try:
+                (self.blob_dir / sub / job_id).rmdir()
+            except OSError:  # absent, or a file in it we did not know of (purge removes it)
+                pass
 
     # ---------------------------------------------------------- tasks ------------
     def task_args(self, task_id: str) -> tuple[bytes | None, str | None]:

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 from .. import hardware, wire
-from ..handoff import Handoff, map_fd
+from ..handoff import Handoff, map_fd, new_name
 from .._version import __version__
 from ..errors import AuthError, RequestRejected
 from ..limits import (BACKOFF_BASE_S, BACKOFF_MAX_S, HEARTBEAT_INTERVAL_S, LONG_POLL_S,
@@ -419,17 +419,27 @@ class WorkerAgent:
                 return Outcome("retry", {"kind": "fetch",
                                          "message": f"could not open the task's arguments: {e}"})
         cursor = self._output[task["task_id"]] = _OutputCursor(task, *self.executor.new_output())
+        drop = self.handoff
+        # The name the task may leave its result under: ours, so that whatever becomes of the
+        # task (killed mid-write, cancelled, crashed) no file is left behind unclaimed.
+        name = new_name() if drop is not None else None
+        outcome = None
         try:
             if task.get("kind") == "script":  # python SCRIPT, payload on stdin
                 if args_fd is not None:
                     args = map_fd(args_fd)
-                return self.executor.run_script(task["task_id"], str(path), args, task.get("timeout"),
-                                                env=self._slot_env.get(slot))
-            return self.executor.run(task["task_id"], task["fn"], str(path), args, task.get("timeout"),
-                                     result_format=task.get("result_format", "pickle"),
-                                     env=self._slot_env.get(slot), args_fd=args_fd,
-                                     handoff_dir=str(self.handoff.drop_dir) if self.handoff else None)
+                outcome = self.executor.run_script(task["task_id"], str(path), args,
+                                                   task.get("timeout"), env=self._slot_env.get(slot))
+            else:
+                outcome = self.executor.run(
+                    task["task_id"], task["fn"], str(path), args, task.get("timeout"),
+                    result_format=task.get("result_format", "pickle"), env=self._slot_env.get(slot),
+                    args_fd=args_fd, handoff_dir=str(drop.drop_dir) if drop else None,
+                    handoff_name=name)
+            return outcome
         finally:
+            if name is not None and (outcome is None or outcome.handoff_file != name):
+                drop.discard(name)
             if args_fd is not None:
                 os.close(args_fd)
             del self._output[task["task_id"]]

@@ -211,13 +211,15 @@ class Executor:
     # ------------------------------------------------------------------ tasks -------
     def run(self, task_id: str, fn_hash: str, blob_path: str, args: bytes | bytearray | None,
             timeout: float | None, result_format: str = "pickle", env: dict | None = None,
-            args_fd: int | None = None, handoff_dir: str | None = None) -> Outcome:
+            args_fd: int | None = None, handoff_dir: str | None = None,
+            handoff_name: str | None = None) -> Outcome:
         """Run one task to completion; never raises for anything the task does.
         ``result_format="json"``: the task sends its value as JSON (strict results).
         ``env``: variables set in the task's process (its slot's GPU, for one).
         ``args_fd`` (instead of ``args``): an open file holding the arguments, which the
         task maps (the caller keeps ownership of the descriptor). ``handoff_dir``: let
-        the task leave a big result there (see gpumesh.handoff; ``Outcome.handoff_file``)."""
+        the task leave a big result there, named ``handoff_name`` (see gpumesh.handoff;
+        ``Outcome.handoff_file``)."""
         try:
             host = self._host(fn_hash, blob_path)
         except OSError as e:  # the zygote could not be started, or we are closing
@@ -241,7 +243,7 @@ class Executor:
                 if env:
                     msg["env"] = env
                 if handoff_dir:
-                    msg["handoff_dir"] = handoff_dir
+                    msg["handoff_dir"], msg["handoff_name"] = handoff_dir, handoff_name
                 fds = [theirs.fileno()]
                 if args_fd is not None:
                     msg["args_file"] = True

@@ -145,12 +145,14 @@ def _reseed_after_fork() -> None:
 
 
 def run_task(fn, data: socket.socket, result_format: str | None = None,
-             args_fd: int | None = None, handoff_dir: str | None = None) -> None:
+             args_fd: int | None = None, handoff_dir: str | None = None,
+             handoff_name: str | None = None) -> None:
     """Inside the task child: read arguments, call, send back value or failure.
     ``result_format="json"`` (strict results): the value travels as JSON, never pickled.
     ``args_fd``: the arguments are this file (mapped, not read), not the socket's first
     blob. ``handoff_dir``: the coordinator's handoff directory when it shares this machine;
-    a big result is written there and only its file name is sent (gpumesh.handoff)."""
+    a big result is written there, as ``handoff_name`` (chosen by the agent, which deletes
+    it if the task dies while writing), and only that name is sent (gpumesh.handoff)."""
     from gpumesh import handoff, wire
     as_json = result_format == "json"
 
@@ -164,9 +166,10 @@ def run_task(fn, data: socket.socket, result_format: str | None = None,
                 pass
         if payload is not None and handoff_dir and handoff.worth_it(payload.size):
             try:
-                meta = dict(meta, handoff_file=handoff.write_file(handoff_dir, payload.chunks))
+                meta = dict(meta, handoff_file=handoff.write_file(handoff_dir, payload.chunks,
+                                                                  handoff_name))
                 payload = None
-            except OSError:  # (disk full...) the socket still works
+            except (OSError, ValueError):  # (disk full...) the socket still works
                 pass
         body = json.dumps(meta).encode()
         send_blob(data, body)
@@ -437,7 +440,8 @@ def _run_child(fn, fds: list[int], msg: dict) -> None:
     _redirect(1, msg.get("stdout"))
     _redirect(2, msg.get("stderr"))
     args_fd = fds[1] if msg.get("args_file") and len(fds) > 1 else None
-    run_task(fn, data, msg.get("result_format"), args_fd, msg.get("handoff_dir"))
+    run_task(fn, data, msg.get("result_format"), args_fd, msg.get("handoff_dir"),
+             msg.get("handoff_name"))
     data.close()
 
 
