@@ -338,7 +338,7 @@ class GPUMesh:
             # Same machine: big arguments go as files the coordinator renames into its
             # store (gpumesh.handoff) and their frames stay empty.
             files = {}
-            for i, a in enumerate(args):
+            for a in args:
                 if worth_it(a.size):
                     written.append(handoff.write(a.chunks))
                     files[str(len(frames) - 1)] = written[-1]
