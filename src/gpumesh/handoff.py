@@ -15,6 +15,11 @@ and by Python at every hop). Instead:
 Ray does the same on one machine with its shared-memory object store; here the store's
 own files are the shared memory.
 
+Mapping is safe because a named file never changes. The store writes every payload file
+under another name and renames it into place, and deletes it only when the job is
+released or purged; a map outlives the deletion. Never reuse or rewrite such a file in
+place: a private map still sees the file's pages it has not copied.
+
 **Who may use it.** :meth:`Handoff.probe` asks the coordinator (``GET /v1/handoff``) where
 its directories are and for a nonce it wrote to a probe file there, then checks that this
 process reads the same nonce from that file (same machine, or the same shared file
