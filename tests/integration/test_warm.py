@@ -5,17 +5,21 @@ from __future__ import annotations
 from gpumesh import accelerate
 
 
+def write_heavy_module(path, counter, value: int) -> None:
+    """A module that takes 0.3 s to import and appends an 'x' to ``counter`` each time."""
+    path.write_text("import time\n"
+                    f"with open({str(counter)!r}, 'a') as fh:\n"
+                    "    fh.write('x')\n"
+                    "time.sleep(0.3)\n"
+                    f"VALUE = {value}\n")
+
+
 def test_a_heavy_import_is_paid_once_per_host_not_once_per_task(make_mesh, tmp_path):
     m = make_mesh(workers=1)
     moddir = tmp_path / "mods"
     moddir.mkdir()
     counter = tmp_path / "imports"
-    (moddir / "gm_heavy_module.py").write_text(
-        "import time\n"
-        f"with open({str(counter)!r}, 'a') as fh:\n"
-        "    fh.write('x')\n"
-        "time.sleep(0.3)\n"
-        "VALUE = 7\n")
+    write_heavy_module(moddir / "gm_heavy_module.py", counter, 7)
 
     @accelerate(m.client(output=False))
     def uses_heavy(i):
@@ -43,12 +47,7 @@ def test_a_heavy_submodule_of_a_light_package_is_paid_once_too(make_mesh, tmp_pa
     pkg.mkdir(parents=True)
     counter = tmp_path / "imports"
     (pkg / "__init__.py").write_text("")
-    (pkg / "heavy.py").write_text(
-        "import time\n"
-        f"with open({str(counter)!r}, 'a') as fh:\n"
-        "    fh.write('x')\n"
-        "time.sleep(0.3)\n"
-        "VALUE = 5\n")
+    write_heavy_module(pkg / "heavy.py", counter, 5)
 
     @accelerate(m.client(output=False))
     def uses_submodule(i):
