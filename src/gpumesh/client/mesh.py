@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .. import config, hardware, wire
+from .. import config, hardware, tracing, wire
 from ..handoff import Handoff, worth_it
 from ..errors import MeshUnavailable, RequestRejected, Unsatisfiable
 from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, PROBE_CACHE_S,
@@ -352,10 +352,12 @@ class GPUMesh:
         attempt = 0
         while True:
             try:
+                tracing.mark("caller.submit")
                 page = self.http.stream_into(
                     "POST", "/v1/jobs", content=wire.iter_chunks(chunks),
                     headers={"content-type": "application/x-gpumesh-frames",
                              "content-length": str(size)}, timeout=LONG_POLL_S + 600)
+                tracing.mark("caller.answered")
                 self._known_blobs.add(fn_hash)
                 return page if page is not None else bytearray()
             except RequestRejected as e:

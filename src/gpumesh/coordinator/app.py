@@ -50,7 +50,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .. import wire
+from .. import tracing, wire
 from .._version import __version__
 from ..limits import (HANDOFF_TTL_S, INLINE_BLOB_BYTES, LONG_POLL_MAX_S, OUTPUT_BODY_BYTES, MAX_BODY_BYTES, MAX_TASKS_PER_JOB, MiB,
                       PURGE_INTERVAL_S, RESULT_PAGE_BYTES, RESULT_PAGE_COUNT, RETENTION_S,
@@ -725,6 +725,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         """Frames: JSON ``{"tasks": [...]}`` then each task's argument payload.
         ``by_path`` (the worker shares this machine): arguments the store keeps as files
         travel as ``args_file`` (relative to the blob directory) and an empty frame."""
+        if grants:
+            tracing.mark("coordinator.grant")
         tasks, parts, files = [], [], {}
         for g in grants:
             job = coord.jobs[g.job_id]
@@ -754,6 +756,7 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
 
     @route("/v1/tasks/{tid}/result", ["POST"], worker=True)
     async def result(request: Request) -> Response:
+        tracing.mark("coordinator.result")
         tid = _id(request.path_params["tid"], "task id")
         lease_id = request.query_params.get("lease", "")
         _id(lease_id or "-", "lease id")
@@ -768,6 +771,7 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         payload = frames[0] if frames else None
         try:
             wid = coord.post_result(tid, lease_id, status, error, payload)
+            tracing.mark("coordinator.result_stored")
         except StaleLease:
             return _err(409, "stale_lease",
                         "this lease is no longer current (the task was re-queued or already has a result)")
@@ -838,6 +842,7 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
     # -- jobs ------------------------------------------------------------------------
     @route("/v1/jobs", ["POST"], action="submit jobs")
     async def submit(request: Request) -> Response:
+        tracing.mark("coordinator.submit")
         meta, frames = await _frames_streamed(request, coord.store)
         job_id = _id(_field(meta, "job_id", str), "job id")
         kind = _field(meta, "kind", str, "function")
@@ -902,6 +907,7 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             return _err(409, "no_workers", "no worker is alive in the mesh")
         except Unsatisfiable as e:
             return _err(409, "unsatisfiable", str(e))
+        tracing.mark("coordinator.stored")
         info = {"job_id": job.id, "n_tasks": job.n_tasks, "created": created}
         if not wait or job.id not in coord.jobs:
             return JSONResponse(info)
@@ -911,6 +917,7 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         waited = await until_disconnect(request, coord.wait_results(job.id, -1, wait, out_after))
         if waited is None:
             return Response(status_code=204)
+        tracing.mark("coordinator.answer")
         return results_page(waited, -1, out_after, info, by_path)
 
     @route("/v1/jobs", ["GET"], action="list jobs")

@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from .. import hardware, wire
+from .. import hardware, tracing, wire
 from ..handoff import Handoff, map_fd, new_name
 from .._version import __version__
 from ..errors import AuthError, RequestRejected
@@ -358,6 +358,8 @@ class WorkerAgent:
                 continue
             frames = wire.unpack_frames(body)
             tasks = json.loads(bytes(frames[0]))["tasks"]
+            if tasks:
+                tracing.mark("agent.leased")
             left = list(free)
             for task, args in zip(tasks, frames[1:]):
                 slot = task.get("slot")
@@ -431,6 +433,7 @@ class WorkerAgent:
                 outcome = self.executor.run_script(task["task_id"], str(path), args,
                                                    task.get("timeout"), env=self._slot_env.get(slot))
             else:
+                tracing.mark("agent.run")
                 outcome = self.executor.run(
                     task["task_id"], task["fn"], str(path), args, task.get("timeout"),
                     result_format=task.get("result_format", "pickle"), env=self._slot_env.get(slot),
@@ -471,6 +474,7 @@ class WorkerAgent:
                      slot: int | None = None) -> tuple[dict | None, memoryview | None]:
         """Deliver a result (retrying while the coordinator is away). The answer may carry
         the next task for this slot: returns ``(task, args)`` or ``(None, None)``."""
+        tracing.mark("agent.post")
         drop = self.handoff
         meta = {"status": outcome.status}
         if outcome.error is not None:

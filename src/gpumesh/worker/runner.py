@@ -42,6 +42,11 @@ import struct
 import sys
 import traceback
 
+from gpumesh import tracing
+
+#: Whether marks are written (gpumesh.tracing): one global read in a task process, where
+#: every object touched costs a copy-on-write fault.
+_TRACE = tracing.PATH is not None
 #: Control messages are single SEQPACKET datagrams; keep them well under the socket buffer.
 MAX_CONTROL_BYTES = 60 * 1024
 #: Most module names one task reports for its host to preload (``import sklearn.ensemble``
@@ -159,6 +164,8 @@ def run_task(fn, data: socket.socket, result_format: str | None = None,
     def reply(meta: dict, payload=None) -> None:
         # Everything the task printed must be in its output files before the agent hears
         # of the result: it forwards the output once more, then posts the result.
+        if _TRACE:
+            tracing.mark("task.reply")
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -458,6 +465,8 @@ def _preload(modules: list[str], path: list[str]) -> None:
 def _run_child(fn, fds: list[int], msg: dict) -> None:
     """In a spare that was given its task: run it over its data socket (``fds[0]``); its
     arguments are the file ``fds[1]`` when the agent got them as one (gpumesh.handoff)."""
+    if _TRACE:
+        tracing.mark("task.start")
     data = socket.socket(fileno=fds[0])
     data.sendall(struct.pack("<Q", os.getpid()))  # first: the agent may need to kill us
     env = msg.get("env")

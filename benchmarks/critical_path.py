@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Where one no-op call's time goes: the median time between consecutive hops.
+
+Starts the benchmark cluster of ``run.py`` (``gpumesh serve --no-self-worker`` and two
+``gpumesh join --slots 1`` on 127.0.0.1) with tracing on (``GPUMESH_TRACE``, see
+``gpumesh/tracing.py``), makes sequential calls of a no-op function, and prints, for
+each step of a call (``gpumesh.tracing.CALL_HOPS``), the median and 90th percentile
+of its duration.
+
+    .venv/bin/python benchmarks/critical_path.py [--calls 300]
+
+All processes run on this machine, so their CLOCK_MONOTONIC timestamps line up.
+Tracing adds one small write per hop (a few microseconds each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def noop(x=None):
+    return x
+
+
+def parse(path: Path, hops) -> list[dict[str, int]]:
+    """The marks of each complete call: {label: ns}, first occurrence after its
+    caller.submit."""
+    calls: list[dict[str, int]] = []
+    for line in path.read_text().splitlines():
+        ns, _pid, label = line.split(" ", 2)
+        if label == "caller.submit":
+            calls.append({})
+        if calls and label not in calls[-1]:
+            calls[-1][label] = int(ns)
+    return [c for c in calls if all(h in c for h in hops)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calls", type=int, default=300, help="timed calls (default 300)")
+    ap.add_argument("--warmup", type=int, default=30, help="untimed calls first (default 30)")
+    opts = ap.parse_args()
+    if opts.calls < 1 or opts.warmup < 1:
+        ap.error("--calls and --warmup must be at least 1")
+
+    work = Path(tempfile.mkdtemp(prefix="gpumesh-critical-path-"))
+    trace = work / "trace.log"
+    # Read at import by every gpumesh process: set before this one imports gpumesh.
+    os.environ["GPUMESH_TRACE"] = str(trace)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from systems import GPUMeshSystem
+
+    from gpumesh.tracing import CALL_HOPS as HOPS
+
+    system = GPUMeshSystem(work)
+    system.start()
+    walls = []
+    try:
+        for i in range(opts.warmup):
+            system.call(noop, i)
+        trace.write_text("")
+        for i in range(opts.calls):
+            t0 = time.perf_counter()
+            if system.call(noop, i) != i:
+                raise SystemExit(f"call {i} returned a wrong value")
+            walls.append(time.perf_counter() - t0)
+    finally:
+        system.stop()
+
+    calls = parse(trace, HOPS)
+    if not calls:
+        raise SystemExit(f"no complete call in the trace {trace}")
+    print(f"{len(calls)} of {opts.calls} calls traced completely; wall p50 "
+          f"{statistics.median(walls) * 1e3:.2f} ms")
+    print(f"{'step':52s} {'p50 ms':>7s} {'p90 ms':>7s}")
+    for a, b in zip(HOPS, HOPS[1:]):
+        d = sorted((c[b] - c[a]) / 1e6 for c in calls)
+        print(f"{a + ' -> ' + b:52s} {statistics.median(d):7.3f} {d[int(len(d) * 0.9)]:7.3f}")
+    total = sorted((c[HOPS[-1]] - c[HOPS[0]]) / 1e6 for c in calls)
+    print(f"{'total (caller.submit -> caller.answered)':52s} {statistics.median(total):7.3f} "
+          f"{total[int(len(total) * 0.9)]:7.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
