@@ -169,12 +169,20 @@ def map_file(path: str | Path) -> memoryview:
         os.close(fd)
 
 
-def map_fd(fd: int) -> memoryview:
-    """As :func:`map_file`, for an open file descriptor (left open)."""
+def map_fd(fd: int, offset: int = 0, length: int | None = None) -> memoryview:
+    """As :func:`map_file`, for an open file descriptor (left open); with ``offset`` and
+    ``length`` (bytes), a view of just that part of the file, of which only the pages
+    holding it are mapped. Raises ``ValueError`` for a range outside the file."""
     size = os.fstat(fd).st_size
-    if size == 0:
+    if length is None:
+        length = size - offset
+    if offset < 0 or length < 0 or offset + length > size:
+        raise ValueError(f"bytes {offset}..{offset + length} are not in a file of {size}")
+    if length == 0:
         return memoryview(bytearray())
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY  # maps begin on a page boundary
     # ACCESS_COPY: pages are shared with the page cache until written, so the arrays a
     # payload holds are writable without touching the file.
-    return memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_COPY))
+    mapped = mmap.mmap(fd, offset - start + length, offset=start, access=mmap.ACCESS_COPY)
+    return memoryview(mapped)[offset - start:]
 

@@ -240,9 +240,11 @@ class Transport:
 
     def stream_into(self, method: str, path: str, *, params: dict | None = None,
                     json: Any = None, content: Any = None, headers: dict | None = None,
-                    timeout: float | None = None) -> bytearray | None:
+                    timeout: float | None = None, buffer_for=bytearray):
         """Send a request and read the (successful) body straight into one writable
-        ``bytearray`` (``None`` for 204).
+        buffer: ``buffer_for(size)`` for a body of a declared ``size`` in bytes (default a
+        ``bytearray``; any writable object with the buffer protocol), a ``bytearray``
+        otherwise. Returns that buffer, or ``None`` for 204.
 
         The socket reads straight into the preallocated buffer (no growing, no joining,
         no temporary copies), and NumPy arrays unpickled from it are writable views of it.
@@ -265,7 +267,7 @@ class Transport:
                     done = True
                     return buf
                 size = int(declared)
-                buf = bytearray(size)
+                buf = buffer_for(size)
                 view = memoryview(buf)
                 # urllib3's own readinto reads into a temporary bytes object and copies it;
                 # the http.client response under it reads from the socket straight into our

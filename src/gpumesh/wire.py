@@ -215,8 +215,9 @@ def frame_offsets(lengths: Sequence[int]) -> Iterator[int]:
         off += n
 
 
-def unpack_frames(data: Chunk) -> list[memoryview]:
-    """Split a frames body into views (no copies). Raises :class:`WireError` if malformed."""
+def frame_spans(data: Chunk) -> list[tuple[int, int]]:
+    """``(offset, length)`` in bytes of each frame of a frames body. Raises
+    :class:`WireError` if the body is malformed."""
     view = memoryview(data).cast("B")
     if view.nbytes < 8:
         raise WireError(f"frames body too short ({view.nbytes} bytes)")
@@ -225,12 +226,17 @@ def unpack_frames(data: Chunk) -> list[memoryview]:
     if 8 + 8 * count > view.nbytes:
         raise WireError("frames header truncated")
     lengths = struct.unpack_from(f"<{count}Q", view, 8)
-    out = []
-    for off, n in zip(frame_offsets(lengths), lengths):
+    spans = list(zip(frame_offsets(lengths), lengths))
+    for off, n in spans:
         if off + n > view.nbytes:
             raise WireError("frames body truncated")
-        out.append(view[off:off + n])
-    return out
+    return spans
+
+
+def unpack_frames(data: Chunk) -> list[memoryview]:
+    """Split a frames body into views (no copies). Raises :class:`WireError` if malformed."""
+    view = memoryview(data).cast("B")
+    return [view[off:off + n] for off, n in frame_spans(view)]
 
 
 def iter_chunks(chunks: Iterable[Chunk], size: int = 1 << 20) -> Iterator[bytes | memoryview]:

@@ -45,6 +45,24 @@ def inc_and_say(a):
     return a + 1, origin(a)
 
 
+def backing(a) -> str:
+    """What the memory of array ``a`` is mapped from, as /proc/self/maps names it
+    ("" for anonymous memory)."""
+    addr = a.__array_interface__["data"][0]
+    with open("/proc/self/maps") as fh:
+        for line in fh:
+            fields = line.split(None, 5)
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if lo <= addr < hi:
+                return fields[5].strip() if len(fields) > 5 else ""
+    return "?"
+
+
+def inc_and_tell(a):
+    a += 1  # the task's arguments are writable, whatever they were mapped from
+    return a, origin(a), backing(a)
+
+
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory):
     m = Mesh(tmp_path_factory.mktemp("handoff"))
@@ -96,6 +114,8 @@ def test_a_caller_with_handoff_off_sends_and_receives_bytes(mesh, monkeypatch):
     assert arg_origin == "mmap" and origin(out) == "bytearray"
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps") or not hasattr(os, "memfd_create"),
+                    reason="shows the shared memory through Linux's /proc")
 def test_a_worker_with_handoff_off_gets_bytes_over_http(tmp_path):
     m = Mesh(tmp_path / "m")
     m.env["GPUMESH_HANDOFF"] = "0"  # the worker's environment (the caller hands off)
@@ -104,13 +124,31 @@ def test_a_worker_with_handoff_off_gets_bytes_over_http(tmp_path):
         m.add_worker()
         client = m.client(output=False)
         try:
-            out, arg_origin = accelerate(client)(inc_and_say)(np.ones(N, np.float32))
+            f = accelerate(client)(inc_and_tell)
+            out, arg_origin, arg_backing = f(np.ones(N, np.float32))
+            # two big arguments in one answer (a map on one slot): each task sees its own
+            many = f.map([np.full(N, i, np.float32) for i in range(4)])
+            small = f(np.zeros(8, np.float32))
+            # a script job's big payload reaches its stdin from that shared memory
+            script = tmp_path / "count.py"
+            script.write_text("import json, sys\n"
+                              "data = json.load(sys.stdin)\n"
+                              "print(json.dumps({'n': len(data['s']), 'last': data['s'][-3:]}))\n")
+            text = "ab" * 600_000 + "xyz"
+            job = client.submit(script=str(script), payloads=[{"s": text}])
+            scripted = client.wait(job, timeout=60)
         finally:
             client.close()
     finally:
         m.stop()
-    assert float(out[-1]) == 2.0
-    assert arg_origin == "bytearray"  # downloaded, though the caller handed it off
+    assert [r["result"] for r in scripted] == [{"n": len(text), "last": "xyz"}]
+    assert float(out[-1]) == 2.0 and float(out.sum()) == 2.0 * N
+    # downloaded over HTTP, though the caller handed it off; the agent read it into shared
+    # memory, which the task process mapped instead of reading it from a socket
+    assert arg_origin == "mmap" and arg_backing.startswith("/memfd:gpumesh-args"), arg_backing
+    assert [(float(v.min()), float(v.max())) for v, _, _ in many] == [(i + 1.0, i + 1.0) for i in range(4)]
+    assert {b.split(" ")[0] for _, _, b in many} == {"/memfd:gpumesh-args"}
+    assert small[1] == "bytearray" and small[2] in ("", "[heap]")  # small: still the socket
     # uploaded over HTTP, yet a file in the store like any big payload: the caller maps it
     assert origin(out) == "mmap"
 

@@ -41,6 +41,7 @@ from ..errors import AuthError, RequestRejected
 from ..limits import (BACKOFF_BASE_S, BACKOFF_MAX_S, HEARTBEAT_INTERVAL_S, LONG_POLL_S,
                       OUTPUT_BODY_BYTES, OUTPUT_FLUSH_S, SESSION_PING_S)
 from ..transport import Transport, Unreachable
+from . import membody
 from .device import GpuMonitor
 from .executor import Executor, Outcome
 from .scoring import Scorer, describe
@@ -341,7 +342,7 @@ class WorkerAgent:
                     "POST", f"/v1/workers/{self.id}/lease",
                     json={"slots": len(free), "free": free, "wait": LONG_POLL_S,
                           "handoff": self.handoff is not None},
-                    timeout=LONG_POLL_S + 10)
+                    timeout=LONG_POLL_S + 10, buffer_for=membody.buffer_for)
                 delays = backoff_delays()
             except RequestRejected as e:
                 self._release(free)
@@ -356,7 +357,7 @@ class WorkerAgent:
                 log.info("coordinator unreachable (%s); retrying", e)
                 self.stopping.wait(next(delays))
                 continue
-            frames = wire.unpack_frames(body)
+            frames = membody.slices(body)
             tasks = json.loads(bytes(frames[0]))["tasks"]
             if tasks:
                 tracing.mark("agent.leased")
@@ -386,8 +387,10 @@ class WorkerAgent:
                     self._busy[k] -= 1
             self._free_cv.notify_all()
 
-    def _run_task(self, task: dict | None, args: memoryview | None, slot: int | None = None) -> None:
-        """Run granted tasks in ``slot`` until the coordinator has no next one for it."""
+    def _run_task(self, task: dict | None, args, slot: int | None = None) -> None:
+        """Run granted tasks in ``slot`` until the coordinator has no next one for it.
+        ``args``: the task's argument frame, a ``memoryview`` or (a big one read into
+        shared memory) a :class:`membody.ArgsRange`."""
         if self.scorer is not None:
             self.scorer.task_started()  # a running benchmark is killed before the task starts
         try:
@@ -411,10 +414,15 @@ class WorkerAgent:
                 self.scorer.task_finished()
             self._release([slot])
 
-    def _run_one(self, task: dict, path: Path, args: memoryview | None, slot: int | None) -> Outcome:
+    def _run_one(self, task: dict, path: Path, args, slot: int | None) -> Outcome:
         """Run one task in the executor, forwarding what it prints."""
-        args_fd = None
-        if task.get("args_file"):  # same machine: the arguments are the store's file
+        args_fd = args_range = None
+        if isinstance(args, membody.ArgsRange):  # big, from another machine: in shared memory
+            if task.get("kind") == "script":
+                args = args.view()
+            else:
+                args_fd, args_range, args = args.fd, (args.offset, args.length), None
+        elif task.get("args_file"):  # same machine: the arguments are the store's file
             try:
                 args_fd = os.open(self.handoff.blob_dir / task["args_file"], os.O_RDONLY | os.O_CLOEXEC)
             except (OSError, AttributeError, TypeError) as e:
@@ -437,13 +445,13 @@ class WorkerAgent:
                 outcome = self.executor.run(
                     task["task_id"], task["fn"], str(path), args, task.get("timeout"),
                     result_format=task.get("result_format", "pickle"), env=self._slot_env.get(slot),
-                    args_fd=args_fd, handoff_dir=str(drop.drop_dir) if drop else None,
-                    handoff_name=name)
+                    args_fd=args_fd, args_range=args_range,
+                    handoff_dir=str(drop.drop_dir) if drop else None, handoff_name=name)
             return outcome
         finally:
             if name is not None and (outcome is None or outcome.handoff_file != name):
                 drop.discard(name)
-            if args_fd is not None:
+            if args_fd is not None and args_range is None:  # (a memory file closes itself)
                 os.close(args_fd)
             del self._output[task["task_id"]]
             self._forward_output(cursor, final=True)  # before the result: order kept
@@ -507,7 +515,8 @@ class WorkerAgent:
                 content = b"".join(chunks) if size <= 1 << 20 else wire.iter_chunks(chunks)
                 body = self.http.stream_into(
                     "POST", f"/v1/tasks/{task['task_id']}/result", params=params,
-                    content=content, headers={"content-length": str(size)}, timeout=600)
+                    content=content, headers={"content-length": str(size)}, timeout=600,
+                    buffer_for=membody.buffer_for)
             except RequestRejected as e:
                 if getattr(e, "code", "") == "handoff_missing" and len(frames) == 2 and not frames[1]:
                     # The coordinator does not see the file (it moved to another data
@@ -525,7 +534,7 @@ class WorkerAgent:
                     return None, None
                 self.stopping.wait(next(delays))
                 continue
-            got = wire.unpack_frames(body)
+            got = membody.slices(body)
             granted = json.loads(bytes(got[0]))["tasks"]
             if granted:
                 return granted[0], got[1]

@@ -211,13 +211,14 @@ class Executor:
     # ------------------------------------------------------------------ tasks -------
     def run(self, task_id: str, fn_hash: str, blob_path: str, args: bytes | bytearray | None,
             timeout: float | None, result_format: str = "pickle", env: dict | None = None,
-            args_fd: int | None = None, handoff_dir: str | None = None,
-            handoff_name: str | None = None) -> Outcome:
+            args_fd: int | None = None, args_range: tuple[int, int] | None = None,
+            handoff_dir: str | None = None, handoff_name: str | None = None) -> Outcome:
         """Run one task to completion; never raises for anything the task does.
         ``result_format="json"``: the task sends its value as JSON (strict results).
         ``env``: variables set in the task's process (its slot's GPU, for one).
         ``args_fd`` (instead of ``args``): an open file holding the arguments, which the
-        task maps (the caller keeps ownership of the descriptor). ``handoff_dir``: let
+        task maps (the caller keeps ownership of the descriptor); ``args_range``: only
+        ``(offset, length)`` bytes of that file are the arguments. ``handoff_dir``: let
         the task leave a big result there, named ``handoff_name`` (see gpumesh.handoff;
         ``Outcome.handoff_file``)."""
         try:
@@ -248,6 +249,8 @@ class Executor:
                 if args_fd is not None:
                     msg["args_file"] = True
                     fds.append(args_fd)
+                    if args_range is not None:
+                        msg["args_range"] = list(args_range)
                 runner.send_msg(host.ctrl, msg, fds)
             theirs.close()
             self._running[task_id] = (host, pending)

@@ -151,11 +151,12 @@ def _reseed_after_fork() -> None:
 
 def run_task(fn, data: socket.socket, result_format: str | None = None,
              args_fd: int | None = None, handoff_dir: str | None = None,
-             handoff_name: str | None = None) -> None:
+             handoff_name: str | None = None, args_range: list | None = None) -> None:
     """Inside the task child: read arguments, call, send back value or failure.
     ``result_format="json"`` (strict results): the value travels as JSON, never pickled.
     ``args_fd``: the arguments are this file (mapped, not read), not the socket's first
-    blob. ``handoff_dir``: the coordinator's handoff directory when it shares this machine;
+    blob; ``args_range``: ``[offset, length]``, the part of that file that holds them.
+    ``handoff_dir``: the coordinator's handoff directory when it shares this machine;
     a big result is written there, as ``handoff_name`` (chosen by the agent, which deletes
     it if the task dies while writing), and only that name is sent (gpumesh.handoff)."""
     from gpumesh import handoff, wire
@@ -187,7 +188,8 @@ def run_task(fn, data: socket.socket, result_format: str | None = None,
 
     loaded_modules, loaded_path = _LOADED or (frozenset(sys.modules), tuple(sys.path))
     try:
-        args, kwargs = wire.loads(recv_blob(data) if args_fd is None else handoff.map_fd(args_fd))
+        args, kwargs = wire.loads(recv_blob(data) if args_fd is None
+                                  else handoff.map_fd(args_fd, *(args_range or ())))
     except BaseException as e:  # noqa: BLE001 - any unpickling failure is the task's error
         reply({"status": "error", "error": describe_exception(e, "unpickle")})
         return
@@ -478,7 +480,7 @@ def _run_child(fn, fds: list[int], msg: dict) -> None:
     _redirect(2, msg.get("stderr"))
     args_fd = fds[1] if msg.get("args_file") and len(fds) > 1 else None
     run_task(fn, data, msg.get("result_format"), args_fd, msg.get("handoff_dir"),
-             msg.get("handoff_name"))
+             msg.get("handoff_name"), msg.get("args_range"))
     data.close()
 
 

@@ -1,0 +1,83 @@
+"""Answers read into shared memory, and the ranges a task process maps out of them."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import pytest
+
+from gpumesh import wire
+from gpumesh.handoff import map_fd
+from gpumesh.limits import HANDOFF_MIN_BYTES
+from gpumesh.worker import membody
+
+pytestmark = pytest.mark.skipif(not membody.available(), reason="needs memfd_create (Linux)")
+
+
+def read_into(body_bytes: bytes):
+    buf = membody.buffer_for(len(body_bytes))
+    memoryview(buf)[:] = body_bytes  # as Transport.stream_into fills it
+    return buf
+
+
+def test_small_answers_are_bytearrays_and_big_ones_memory_files():
+    assert type(membody.buffer_for(HANDOFF_MIN_BYTES - 1)) is bytearray
+    big = membody.buffer_for(HANDOFF_MIN_BYTES)
+    assert isinstance(big, membody.MemBody) and len(big) == HANDOFF_MIN_BYTES
+    assert os.fstat(big.fd).st_size == HANDOFF_MIN_BYTES
+    assert os.readlink(f"/proc/self/fd/{big.fd}").startswith("/memfd:gpumesh-args")
+
+
+def test_big_frames_become_ranges_that_map_to_exactly_their_bytes():
+    first = bytes(range(256)) * (HANDOFF_MIN_BYTES // 256 + 3)   # big, odd length
+    second = b"\x07" * (HANDOFF_MIN_BYTES + 4097)                 # big, starts mid-page
+    chunks, size = wire.pack_frames([b'{"tasks": []}', first, b"tiny", second])
+    body = read_into(b"".join(bytes(c) for c in chunks))
+    meta, a, tiny, b = membody.slices(body)
+    assert bytes(meta) == b'{"tasks": []}' and bytes(tiny) == b"tiny"
+    assert isinstance(a, membody.ArgsRange) and isinstance(b, membody.ArgsRange)
+    assert (len(a), len(b)) == (len(first), len(second))
+    assert bytes(a.view()) == first and bytes(b.view()) == second
+    # what the task process does with the descriptor and the range
+    for rng, want in ((a, first), (b, second)):
+        view = map_fd(rng.fd, rng.offset, rng.length)
+        assert view.nbytes == len(want) and bytes(view) == want
+        view[0] = 0  # copy-on-write: writable, and the agent's memory is untouched
+        assert bytes(rng.view()) == want
+
+
+def test_a_plain_buffer_gives_plain_views():
+    chunks, _ = wire.pack_frames([b"{}", b"x" * (HANDOFF_MIN_BYTES + 1)])
+    body = bytearray(b"".join(bytes(c) for c in chunks))
+    meta, payload = membody.slices(body)
+    assert isinstance(payload, memoryview) and payload.nbytes == HANDOFF_MIN_BYTES + 1
+
+
+def test_the_memory_file_is_closed_with_its_last_view():
+    chunks, _ = wire.pack_frames([b"{}", b"y" * HANDOFF_MIN_BYTES])
+    body = read_into(b"".join(bytes(c) for c in chunks))
+    fd = body.fd
+    rng = membody.slices(body)[1]
+    del body
+    gc.collect()
+    assert os.fstat(fd).st_size > 0  # still held by the range a task is about to get
+    del rng
+    gc.collect()
+    with pytest.raises(OSError):
+        os.fstat(fd)
+
+
+def test_map_fd_refuses_a_range_outside_the_file(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"0123456789")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert bytes(map_fd(fd, 3, 4)) == b"3456"
+        assert bytes(map_fd(fd)) == b"0123456789"
+        assert map_fd(fd, 10, 0).nbytes == 0
+        for off, n in ((8, 3), (-1, 2), (0, 11)):
+            with pytest.raises(ValueError):
+                map_fd(fd, off, n)
+    finally:
+        os.close(fd)
