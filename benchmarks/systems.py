@@ -248,6 +248,13 @@ class GPUMeshSystem:
             time.sleep(0.02)
         raise RuntimeError("coordinator did not answer /v1/health:\n" + proc.output())
 
+    def _scored(self) -> bool:
+        import httpx
+        r = httpx.get(f"{self.url}/v1/workers", headers={"authorization": f"Bearer {TOKEN}"},
+                      timeout=5)
+        r.raise_for_status()
+        return all(w.get("scores") for w in r.json() if w["alive"])
+
     def _alive(self) -> int:
         import httpx
         r = httpx.get(f"{self.url}/v1/workers", headers={"authorization": f"Bearer {TOKEN}"},
@@ -308,6 +315,15 @@ class GPUMeshSystem:
                     raise RuntimeError("worker exited:\n" + p.output())
             if time.monotonic() > deadline:
                 raise RuntimeError("workers did not register")
+            time.sleep(0.05)
+        # Each worker measures its devices once, in a process of its own, while it has
+        # been idle for 0.3 s (worker/scoring.py); a task kills a measurement under way,
+        # which starts again at the next quiet moment. Measuring before both are done
+        # would time the mesh with a benchmark burning the same two cores (about 1 s
+        # after joining on a quiet machine).
+        while not self._scored():
+            if time.monotonic() > deadline:
+                raise RuntimeError("workers did not finish measuring their devices")
             time.sleep(0.05)
         self.mesh = GPUMesh(self.url, token=TOKEN)
         self.refuse_local_fallback()

@@ -140,16 +140,38 @@ def write_file(drop_dir: str | Path, chunks: Iterable, name: str | None = None) 
     path = os.path.join(drop_dir, name)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
-        for chunk in chunks:
-            view = memoryview(chunk).cast("B")
-            while view.nbytes:  # os.write may write less than asked (signals, big pieces)
-                view = view[os.write(fd, view[:1 << 30]):]
+        _write_all(fd, chunks)
     except BaseException:
         os.close(fd)
         discard(drop_dir, name)
         raise
     os.close(fd)
     return name
+
+
+def memory_file(chunks: Iterable) -> int | None:
+    """A new anonymous memory file (Linux ``memfd_create``) holding ``chunks``: its open
+    descriptor, which the caller closes. None where there is no ``memfd_create`` or it
+    fails (out of memory...): the caller then sends the bytes instead."""
+    if not hasattr(os, "memfd_create"):
+        return None
+    try:
+        fd = os.memfd_create("gpumesh-result", os.MFD_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        _write_all(fd, chunks)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _write_all(fd: int, chunks: Iterable) -> None:
+    for chunk in chunks:
+        view = memoryview(chunk).cast("B")
+        while view.nbytes:  # os.write may write less than asked (signals, big pieces)
+            view = view[os.write(fd, view[:1 << 30]):]
 
 
 def discard(drop_dir: str | Path, name: str) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap
 import os
 import signal
 import socket
@@ -43,7 +44,9 @@ class Outcome:
 
     status: str
     error: dict | None = None
-    payload: bytearray | None = None
+    #: The value or the pickled exception: bytes read from the task, or a read-only view
+    #: of the memory file a big one came in.
+    payload: bytearray | memoryview | None = None
     #: The payload is this file in the coordinator's handoff directory (gpumesh.handoff).
     handoff_file: str | None = None
 
@@ -53,6 +56,14 @@ class Outcome:
 INLINE_ARGS_BYTES = 64 * 1024
 #: How much of a failed task's stderr travels with its error (bytes, from the end).
 STDERR_TAIL_BYTES = 4096
+
+
+def _map_read_only(fd: int) -> memoryview:
+    """A read-only view of a whole memory file (it stays mapped after ``fd`` closes)."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return memoryview(b"")
+    return memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_READ))
 
 
 def _tail(path: str, n: int) -> str:
@@ -279,21 +290,27 @@ class Executor:
             self._send_args(sock, args)
         else:  # the child reads while we write; we must be free to read its result
             threading.Thread(target=self._send_args, args=(sock, args), daemon=True).start()
+        fds: list[int] = []  # a big result's memory file (runner.run_task)
         try:
             sock.settimeout(timeout)
             # The child's first 8 bytes are its pid (what a timeout or cancel must kill).
             (pending.pid,) = struct.unpack("<Q", runner.recv_exact(sock, 8))
             pending.started.set()
-            meta = runner.recv_blob(sock)
+            meta, fds = runner.recv_blob_fds(sock)
             if deadline is not None:
                 sock.settimeout(max(0.001, deadline - time.monotonic()))
             payload = runner.recv_blob(sock)
+            if fds:
+                payload = _map_read_only(fds[0])
         except (socket.timeout, TimeoutError):
             self._kill(pending, "timeout")
             return Outcome("error", {"kind": "timeout", "type": "TaskTimeout",
                                      "message": f"the task ran longer than its timeout of {timeout:g}s"})
         except (EOFError, OSError):
             return self._died(pending)
+        finally:
+            for fd in fds:
+                os.close(fd)
         info = json.loads(meta)
         if pending.killed_for:
             return self._killed_outcome(pending)

@@ -116,6 +116,32 @@ def recv_blob(sock: socket.socket) -> bytearray:
     return recv_exact(sock, n)
 
 
+def send_blob_fd(sock: socket.socket, data: bytes, fd: int) -> None:
+    """As :func:`send_blob`, passing ``fd`` along (SCM_RIGHTS, with the blob's first bytes)."""
+    head = struct.pack("<Q", len(data)) + data
+    sent = socket.send_fds(sock, [head], [fd])
+    if sent < len(head):  # a stream socket may take a message in parts
+        sock.sendall(head[sent:])
+
+
+def recv_blob_fds(sock: socket.socket) -> tuple[bytearray, list[int]]:
+    """As :func:`recv_blob`, also returning the descriptors passed with it (the caller
+    closes them; on error they are closed here)."""
+    flags = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
+    head, fds, _flags, _addr = socket.recv_fds(sock, 8, 2, flags)
+    try:
+        if not head:
+            raise EOFError("connection closed before a message")
+        if len(head) < 8:
+            head += recv_exact(sock, 8 - len(head))
+        (n,) = struct.unpack("<Q", head)
+        return recv_exact(sock, n), list(fds)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
 # ---------------------------------------------------------------- errors --------------
 def describe_exception(exc: BaseException, kind: str) -> dict:
     """JSON-safe description of an exception: kind, type, message, traceback text."""
@@ -158,7 +184,9 @@ def run_task(fn, data: socket.socket, result_format: str | None = None,
     blob; ``args_range``: ``[offset, length]``, the part of that file that holds them.
     ``handoff_dir``: the coordinator's handoff directory when it shares this machine;
     a big result is written there, as ``handoff_name`` (chosen by the agent, which deletes
-    it if the task dies while writing), and only that name is sent (gpumesh.handoff)."""
+    it if the task dies while writing), and only that name is sent (gpumesh.handoff).
+    Otherwise a big result is written into a memory file whose descriptor travels with
+    the meta, so it crosses no socket (the agent maps it and posts it from there)."""
     from gpumesh import handoff, wire
     as_json = result_format == "json"
 
@@ -172,15 +200,25 @@ def run_task(fn, data: socket.socket, result_format: str | None = None,
                 stream.flush()
             except BaseException:  # noqa: BLE001 - a broken stream must not lose the result
                 pass
-        if payload is not None and handoff_dir and handoff.worth_it(payload.size):
-            try:
-                meta = dict(meta, handoff_file=handoff.write_file(handoff_dir, payload.chunks,
-                                                                  handoff_name))
-                payload = None
-            except (OSError, ValueError):  # (disk full...) the socket still works
-                pass
+        fd = None
+        if payload is not None and handoff.worth_it(payload.size):
+            if handoff_dir:
+                try:
+                    meta = dict(meta, handoff_file=handoff.write_file(
+                        handoff_dir, payload.chunks, handoff_name))
+                    payload = None
+                except (OSError, ValueError):  # (disk full...) the socket still works
+                    pass
+            if payload is not None:
+                fd = handoff.memory_file(payload.chunks)
+                if fd is not None:
+                    payload = None
         body = _OK_META_BYTES if meta is _OK_META else json.dumps(meta).encode()
-        send_blob(data, body)
+        if fd is None:
+            send_blob(data, body)
+        else:
+            send_blob_fd(data, body, fd)
+            os.close(fd)
         if payload is None:
             send_blob(data, b"")
         else:
