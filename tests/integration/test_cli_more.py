@@ -177,3 +177,25 @@ def test_map_draws_no_bar_in_a_pipe_and_one_when_asked(shared_mesh, monkeypatch)
         return x
     assert mesh.run_calls(slow, [((i,), {}) for i in range(6)]) == list(range(6))
     assert "6/6" in out.getvalue() and "ETA" in out.getvalue()
+
+
+def test_cancel_of_a_job_that_already_ended_says_so(make_mesh, tmp_path):
+    m = make_mesh(workers=1)
+    script = tmp_path / "one.py"
+    script.write_text("import json, sys\nprint(json.dumps(json.load(sys.stdin)['x'] + 1))\n")
+    client = m.client(output=False)
+    try:
+        job = client.submit(script=str(script), payloads=[{"x": 1}])
+        assert [r["result"] for r in client.wait(job, timeout=60)] == [2]
+    finally:
+        client.close()
+    env = env_for(m)
+    for when in ("still in the coordinator's memory", "after a restart: only in its store"):
+        r = run(["cancel", job], env)
+        assert r.exit_code == 0, (when, r.output)
+        assert r.output.strip() == f"[OK] job {job} had already finished: nothing to cancel", when
+        assert json.loads(run(["cancel", job, "--json"], env).output) == {
+            "job_id": job, "cancelled": 0, "state": "finished"}, when
+        m.restart()
+    r = run(["cancel", "0123456789ab"], env)
+    assert r.exit_code == 1 and "no such job 0123456789ab" in r.output

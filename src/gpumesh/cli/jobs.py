@@ -65,9 +65,13 @@ def status(job_id, url, token, as_json):
 def cancel(job_id, url, token, as_json):
     """Cancel a job: queued tasks are dropped, running ones killed. Exit code 1 if the
     job is unknown."""
-    n = _mesh(url, token).cancel(job_id)
+    answer = _mesh(url, token).cancel_job(job_id)
+    n, state = answer["cancelled"], answer.get("state")
     if as_json:
-        click.echo(json.dumps({"job_id": job_id, "cancelled": n}))
+        click.echo(json.dumps({"job_id": job_id, "cancelled": n, "state": state}))
+        return
+    if n == 0 and state in ("finished", "cancelled"):
+        click.echo(f"[OK] job {job_id} had already {'finished' if state == 'finished' else 'been cancelled'}: nothing to cancel")
         return
     click.echo(f"[OK] cancelled {n} task(s) of job {job_id}")
 

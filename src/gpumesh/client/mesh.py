@@ -171,8 +171,14 @@ class GPUMesh:
 
     def cancel(self, job_id: str) -> int:
         """Cancel every unfinished task of a job; running ones are killed on their workers.
-        Returns how many tasks were cancelled."""
-        return self.http.request("POST", f"/v1/jobs/{job_id}/cancel", timeout=10).json()["cancelled"]
+        Returns how many tasks were cancelled (0 for a job that had already ended).
+        Raises RequestRejected (404) for an unknown job."""
+        return self.cancel_job(job_id)["cancelled"]
+
+    def cancel_job(self, job_id: str) -> dict:
+        """As :meth:`cancel`, returning the coordinator's answer: ``{"cancelled": n,
+        "state": the job's state afterwards}``."""
+        return self.http.request("POST", f"/v1/jobs/{job_id}/cancel", timeout=10).json()
 
     def retry(self, job_id: str) -> int:
         """Re-queue the failed tasks of a job (fresh attempts). Returns how many.

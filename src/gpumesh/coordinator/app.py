@@ -1030,7 +1030,13 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
     @route("/v1/jobs/{jid}/cancel", ["POST"], action="cancel jobs")
     async def cancel(request: Request) -> Response:
         jid = _id(request.path_params["jid"], "job id")
-        return JSONResponse({"cancelled": coord.cancel(jid)})
+        if jid not in coord.jobs:  # finished a while ago: only the store still has it
+            row = coord.store.job_row(jid)
+            if row is None:
+                raise UnknownJob(jid)
+            return JSONResponse({"cancelled": 0, "state": row["state"]})
+        n = coord.cancel(jid)
+        return JSONResponse({"cancelled": n, "state": coord.jobs[jid].state})
 
     @route("/v1/jobs/{jid}/retry", ["POST"], action="retry jobs")
     async def retry(request: Request) -> Response:

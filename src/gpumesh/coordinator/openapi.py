@@ -288,7 +288,7 @@ _DOC: dict[str, Any] = {
             "responses": {"200": {"description": "released", **_json({"type": "object"})}, **_errors(404)}}},
         "/v1/jobs/{jid}/cancel": {"post": {
             "operationId": "cancel", "parameters": [_JID],
-            "responses": {"200": {"description": "how many were cancelled", **_json({"type": "object"})},
+            "responses": {"200": {"description": "how many tasks were cancelled (0 for a job that had ended) and the job's state afterwards", **_json({"type": "object"})},
                           **_errors(404)}}},
         "/v1/jobs/{jid}/retry": {"post": {
             "operationId": "retry", "parameters": [_JID],
