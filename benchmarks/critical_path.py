@@ -10,13 +10,18 @@ of its duration.
     .venv/bin/python benchmarks/critical_path.py [--calls 300]
 
 All processes run on this machine, so their CLOCK_MONOTONIC timestamps line up.
-Tracing adds one small write per hop (a few microseconds each).
+Tracing adds one small write per hop (a few microseconds each). The script sets
+``GPUMESH_TRACE`` for the cluster it starts, in a temporary directory it removes at the
+end; it needs the ``bench`` extra (``.venv/bin/pip install -e '.[bench]'``). Only
+sequential single calls line up hop by hop: in a ``.map``, one lease answer or one
+result answer carries tasks for several hops at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -49,19 +54,19 @@ def main() -> int:
     if opts.calls < 1 or opts.warmup < 1:
         ap.error("--calls and --warmup must be at least 1")
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from systems import GPUMeshSystem  # (imports no gpumesh module)
+
     work = Path(tempfile.mkdtemp(prefix="gpumesh-critical-path-"))
     trace = work / "trace.log"
     # Read at import by every gpumesh process: set before this one imports gpumesh.
     os.environ["GPUMESH_TRACE"] = str(trace)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from systems import GPUMeshSystem
-
     from gpumesh.tracing import CALL_HOPS as HOPS
 
     system = GPUMeshSystem(work)
-    system.start()
     walls = []
     try:
+        system.start()
         for i in range(opts.warmup):
             system.call(noop, i)
         trace.write_text("")
@@ -70,12 +75,12 @@ def main() -> int:
             if system.call(noop, i) != i:
                 raise SystemExit(f"call {i} returned a wrong value")
             walls.append(time.perf_counter() - t0)
+        calls = parse(trace, HOPS)
     finally:
         system.stop()
-
-    calls = parse(trace, HOPS)
+        shutil.rmtree(work, ignore_errors=True)
     if not calls:
-        raise SystemExit(f"no complete call in the trace {trace}")
+        raise SystemExit("no call was traced completely")
     print(f"{len(calls)} of {opts.calls} calls traced completely; wall p50 "
           f"{statistics.median(walls) * 1e3:.2f} ms")
     print(f"{'step':52s} {'p50 ms':>7s} {'p90 ms':>7s}")

@@ -28,7 +28,12 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
+try:
+    import httpx
+    import psutil
+except ImportError as e:  # the package alone does not bring these
+    raise SystemExit(f"{e.name} is missing: the benchmarks need gpumesh's bench extra "
+                     "(.venv/bin/pip install -e '.[bench]'; `make bench` installs it)") from None
 
 MiB = 2**20
 TOKEN = "bench-token-0123456789abcdefghijklmnopqrstuvwxyz"
@@ -236,7 +241,6 @@ class GPUMeshSystem:
 
     @staticmethod
     def _wait_health(proc: CliProc, url: str, deadline: float) -> None:
-        import httpx
         while time.monotonic() < deadline:
             if proc.p.poll() is not None:
                 raise RuntimeError("coordinator exited:\n" + proc.output())
@@ -249,14 +253,12 @@ class GPUMeshSystem:
         raise RuntimeError("coordinator did not answer /v1/health:\n" + proc.output())
 
     def _scored(self) -> bool:
-        import httpx
         r = httpx.get(f"{self.url}/v1/workers", headers={"authorization": f"Bearer {TOKEN}"},
                       timeout=5)
         r.raise_for_status()
         return all(w.get("scores") for w in r.json() if w["alive"])
 
     def _alive(self) -> int:
-        import httpx
         r = httpx.get(f"{self.url}/v1/workers", headers={"authorization": f"Bearer {TOKEN}"},
                       timeout=5)
         r.raise_for_status()
