@@ -149,6 +149,7 @@ def test_serve_port_in_use(cli_env, tmp_path):
         s.close()
     line = assert_one_line_error(r, "already in use", str(port))
     assert "--port" in line
+    assert not (tmp_path / "d").exists()  # refused before anything was created
 
 
 def test_serve_host_not_on_this_machine(cli_env, tmp_path):
@@ -156,6 +157,7 @@ def test_serve_host_not_on_this_machine(cli_env, tmp_path):
                  "--data-dir", str(tmp_path / "d"), "--no-self-worker", "--token", TOKEN],
                 cli_env, timeout=30)
     assert_one_line_error(r, "192.0.2.1", "--host")
+    assert not (tmp_path / "d").exists()
 
 
 def test_serve_unwritable_data_dir(cli_env, tmp_path):

@@ -150,6 +150,11 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
             fail("the worker token must differ from the main token")
     if (tls_cert is None) != (tls_key is None):
         fail("--tls-cert and --tls-key go together")
+    # The port first: a port in use must not leave an empty data directory behind.
+    try:
+        sock = bind(host, port)
+    except BindError as e:
+        fail(str(e))
     data_dir = (data_dir or config.home_dir()).expanduser()
     try:
         # Jobs' arguments, results and output are nobody else's business: what serve
@@ -173,10 +178,6 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
             fingerprint = check_pair(tls_cert, tls_key)
         except TLSSetupError as e:
             fail(str(e))
-    try:
-        sock = bind(host, port)
-    except BindError as e:
-        fail(str(e))
     scheme = "https" if fingerprint else "http"
     local_url = (f"{scheme}://127.0.0.1:{port}" if host in ("0.0.0.0", "::", "127.0.0.1")
                  else f"{scheme}://{host}:{port}")
