@@ -23,7 +23,9 @@ worker, not once per task.
 
 A child talks straight to the agent over its own data socket (stream):
 ``u64 pid | u64 len | JSON meta | u64 len | payload`` - the pid first, so the agent can
-kill the process group on timeout or cancel. The host reports ``exited`` (with the exit
+kill the process group on timeout or cancel. A result of 1 MiB or more is a memory file
+instead, passed with the meta (SCM_RIGHTS), and its payload frame is empty; big
+arguments come the same way, as a descriptor and a range (gpumesh.worker.membody). The host reports ``exited`` (with the exit
 status) only for a child that did not exit cleanly, so a child that died without a
 result becomes a precise error.
 
