@@ -148,7 +148,7 @@ print(json.dumps("woke"))
         time.sleep(0.1)
     time.sleep(0.5)
     c = invoke(script_mesh, "cancel", job_id, "--json")
-    assert json.loads(c.output) == {"job_id": job_id, "cancelled": 1}
+    assert json.loads(c.output) == {"job_id": job_id, "cancelled": 1, "state": "cancelled"}
     time.sleep(4)
     assert not marker.exists(), "a process the script started outlived its task"
 
