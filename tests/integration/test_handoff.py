@@ -121,12 +121,12 @@ def test_a_worker_with_handoff_off_gets_bytes_over_http(tmp_path):
     m.env["GPUMESH_HANDOFF"] = "0"  # the worker's environment (the caller hands off)
     m.start()
     try:
-        m.add_worker()
+        m.add_worker(slots=2)  # (a lease answer may then carry two tasks' arguments)
         client = m.client(output=False)
         try:
             f = accelerate(client)(inc_and_tell)
             out, arg_origin, arg_backing = f(np.ones(N, np.float32))
-            # two big arguments in one answer (a map on one slot): each task sees its own
+            # big arguments of several tasks, some in one answer: each task sees its own
             many = f.map([np.full(N, i, np.float32) for i in range(4)])
             small = f(np.zeros(8, np.float32))
             # a script job's big payload reaches its stdin from that shared memory

@@ -38,6 +38,10 @@ def test_big_frames_become_ranges_that_map_to_exactly_their_bytes():
     assert bytes(meta) == b'{"tasks": []}' and bytes(tiny) == b"tiny"
     assert isinstance(a, membody.ArgsRange) and isinstance(b, membody.ArgsRange)
     assert (len(a), len(b)) == (len(first), len(second))
+    # Several tasks in one answer: each big argument gets a memory file of its own, so
+    # the descriptor a task is given leads to nothing of another task's.
+    assert len({a.fd, b.fd, body.fd}) == 3 and (a.offset, b.offset) == (0, 0)
+    assert os.fstat(a.fd).st_size == len(first) and os.fstat(b.fd).st_size == len(second)
     assert bytes(a.view()) == first and bytes(b.view()) == second
     # what the task process does with the descriptor and the range
     for rng, want in ((a, first), (b, second)):
@@ -45,6 +49,15 @@ def test_big_frames_become_ranges_that_map_to_exactly_their_bytes():
         assert view.nbytes == len(want) and bytes(view) == want
         view[0] = 0  # copy-on-write: writable, and the agent's memory is untouched
         assert bytes(rng.view()) == want
+
+
+def test_one_task_maps_its_range_of_the_answer_itself():
+    arg = b"\x05" * (HANDOFF_MIN_BYTES + 11)
+    chunks, _ = wire.pack_frames([b'{"tasks": [1]}', arg])
+    body = read_into(b"".join(bytes(c) for c in chunks))
+    meta, rng = membody.slices(body)
+    assert rng.body is body and rng.offset > 0  # no copy: the answer's own memory file
+    assert bytes(map_fd(rng.fd, rng.offset, rng.length)) == arg
 
 
 def test_a_plain_buffer_gives_plain_views():

@@ -9,9 +9,9 @@ with the byte range of its arguments; the task maps the range copy-on-write
 (:func:`gpumesh.handoff.map_fd`). What is left is the one copy from the socket.
 
 The memory is freed when the last of the agent's views of it and the task's map are
-gone. The task's view holds exactly the bytes of its own range, so it never sees the
-arguments of another task that arrived in the same answer. (Its map covers whole pages,
-so up to one page on either side of the range is mapped too, out of reach of the view.)
+gone. A task's view holds exactly the bytes of its own arguments, and its descriptor
+leads to nothing else: an answer that carries several tasks gives each big argument a
+memory file of its own (one more copy, for those answers only).
 
 Where ``memfd_create`` is missing (macOS), answers are read into a ``bytearray`` and
 arguments cross the task's socket as before.
@@ -84,8 +84,24 @@ def buffer_for(size: int):
 def slices(body) -> list:
     """The frames of an answer read by :func:`buffer_for`: a ``memoryview`` each, except
     that a big frame of a :class:`MemBody` is an :class:`ArgsRange` (for the task process
-    to map). Raises :class:`gpumesh.errors.WireError` if the body is malformed."""
+    to map). Raises :class:`gpumesh.errors.WireError` if the body is malformed.
+
+    A task is handed the descriptor of its range's memory file, through which it could
+    map the whole file. So when the answer carries more than one task, each big frame is
+    copied into a memory file of its own, and no task can reach another's arguments."""
     view = memoryview(body)
-    mapped = isinstance(body, MemBody)
-    return [ArgsRange(body, offset, length) if mapped and length >= HANDOFF_MIN_BYTES
-            else view[offset:offset + length] for offset, length in wire.frame_spans(view)]
+    spans = wire.frame_spans(view)
+    if not isinstance(body, MemBody):
+        return [view[offset:offset + length] for offset, length in spans]
+    shared = len(spans) > 2  # the meta, then one frame per task
+    out: list = []
+    for offset, length in spans:
+        if length < HANDOFF_MIN_BYTES:
+            out.append(view[offset:offset + length])
+        elif not shared:
+            out.append(ArgsRange(body, offset, length))
+        else:
+            own = MemBody(length)
+            own[:] = view[offset:offset + length]
+            out.append(ArgsRange(own, 0, length))
+    return out
