@@ -262,7 +262,7 @@ class Executor:
                     fds.append(args_fd)
                     if args_range is not None:
                         msg["args_range"] = list(args_range)
-                runner.send_msg(host.ctrl, msg, fds)
+                runner.send_run(host.ctrl, msg, fds)
             theirs.close()
             self._running[task_id] = (host, pending)
             outcome = self._exchange(host, pending, mine, None if args_fd is not None else args,

@@ -64,8 +64,14 @@ CONTROL_TYPE = getattr(socket, "SOCK_SEQPACKET", socket.SOCK_DGRAM)
 
 
 # ---------------------------------------------------------------- control messages ---
-def send_msg(sock: socket.socket, msg: dict, fds: list[int] | tuple = ()) -> None:
-    data = json.dumps(msg).encode()
+#: The first byte of a task's run message. A host hands such a message on to its spare
+#: as it came, without decoding it: between two forks every object a host touches costs
+#: it a copy-on-write fault (its spare shares its pages), a JSON round trip about 80.
+RUN = b"R"
+
+
+def send_msg(sock: socket.socket, msg: dict, fds: list[int] | tuple = (), prefix: bytes = b"") -> None:
+    data = prefix + json.dumps(msg).encode()
     if len(data) > MAX_CONTROL_BYTES:
         raise ValueError("control message too large")
     if fds:
@@ -74,14 +80,29 @@ def send_msg(sock: socket.socket, msg: dict, fds: list[int] | tuple = ()) -> Non
         sock.send(data)
 
 
-def recv_msg(sock: socket.socket) -> tuple[dict | None, list[int]]:
-    """One message and the fds passed with it; ``(None, [])`` at EOF."""
+def send_run(sock: socket.socket, msg: dict, fds: list[int]) -> None:
+    """A task's run message (``{"op": "run", "task_id": ...}``) to a function host."""
+    send_msg(sock, msg, fds, RUN)
+
+
+def recv_raw(sock: socket.socket) -> tuple[bytes | None, list[int]]:
+    """One message, undecoded, and the fds passed with it; ``(None, [])`` at EOF."""
     data, fds, _flags, _addr = socket.recv_fds(sock, MAX_CONTROL_BYTES + 1024, 4)
     if not data:
         for fd in fds:
             os.close(fd)
         return None, []
-    return json.loads(data), list(fds)
+    return data, list(fds)
+
+
+def decode(data: bytes) -> dict:
+    return json.loads(data[1:] if data[:1] == RUN else data)
+
+
+def recv_msg(sock: socket.socket) -> tuple[dict | None, list[int]]:
+    """One message and the fds passed with it; ``(None, [])`` at EOF."""
+    data, fds = recv_raw(sock)
+    return (None, []) if data is None else (decode(data), fds)
 
 
 def control_pair() -> tuple[socket.socket, socket.socket]:
@@ -354,7 +375,7 @@ def host_main(ctrl: socket.socket, blob_path: str) -> None:
     _snapshot_loaded()
     gc.freeze()
     wake = _wakeup_pipe()
-    children: dict[int, str | None] = {}  # pid -> task id (None: the spare, not yet given one)
+    children: dict[int, bytes | None] = {}  # pid -> run message (None: the spare, not yet given one)
     spare: _Spare | None = _Spare.fork(fn, ctrl, wake, children)
     while True:
         ready, _, _ = select.select([ctrl, wake], [], [])
@@ -369,11 +390,25 @@ def host_main(ctrl: socket.socket, blob_path: str) -> None:
             spare = None
         if ctrl not in ready:
             continue
-        msg, fds = recv_msg(ctrl)
-        if msg is None:  # the agent is gone: take our tasks with us
+        data, fds = recv_raw(ctrl)
+        if data is None:  # the agent is gone: take our tasks with us
             for pid in children:
                 _kill_group(pid)
             return
+        if data[:1] == RUN and fds:
+            for _attempt in range(2):  # a spare that died idle a moment ago: fork anew
+                if spare is None:
+                    spare = _Spare.fork(fn, ctrl, wake, children)
+                if spare is None or spare.start(data, fds, children):
+                    break  # started; or no fork possible: closing the socket fails the task
+                spare = None
+            for fd in fds:
+                os.close(fd)
+            # The next task's process is forked now, while this one runs, so a task
+            # never waits for a fork: it finds a process ready for it.
+            spare = _Spare.fork(fn, ctrl, wake, children)
+            continue
+        msg = decode(data)
         if msg.get("op") == "preload":
             _preload(msg.get("modules", []), msg.get("path", []))
             _snapshot_loaded()
@@ -382,21 +417,8 @@ def host_main(ctrl: socket.socket, blob_path: str) -> None:
                 spare.discard(children)
                 spare = _Spare.fork(fn, ctrl, wake, children)
             continue
-        if msg.get("op") == "run" and fds:
-            for _attempt in range(2):  # a spare that died idle a moment ago: fork anew
-                if spare is None:
-                    spare = _Spare.fork(fn, ctrl, wake, children)
-                if spare is None or spare.start(msg, fds, children):
-                    break  # started; or no fork possible: closing the socket fails the task
-                spare = None
-            for fd in fds:
-                os.close(fd)
-            # The next task's process is forked now, while this one runs, so a task
-            # never waits for a fork: it finds a process ready for it.
-            spare = _Spare.fork(fn, ctrl, wake, children)
-        else:
-            for fd in fds:
-                os.close(fd)
+        for fd in fds:
+            os.close(fd)
 
 
 class _Spare:
@@ -426,18 +448,18 @@ class _Spare:
         children[pid] = None
         return cls(pid, mine)
 
-    def start(self, msg: dict, fds: list[int], children: dict) -> bool:
-        """Hand the spare its task (the run message, the task's data socket and, when the
-        arguments are a file, that file). False if the spare is gone; its pid is then
-        reaped as an idle child."""
+    def start(self, run: bytes, fds: list[int], children: dict) -> bool:
+        """Hand the spare its task: the run message as it came (see :data:`RUN`), the
+        task's data socket and, when the arguments are a file, that file. False if the
+        spare is gone; its pid is then reaped as an idle child."""
         try:
-            send_msg(self.sock, msg, fds)
+            socket.send_fds(self.sock, [run], fds)
         except OSError:
             return False
         finally:
             self.close()
         if self.pid in children:
-            children[self.pid] = msg["task_id"]  # the child tells the agent its pid itself
+            children[self.pid] = run  # the child tells the agent its pid itself
         return True
 
     def discard(self, children: dict) -> None:
@@ -524,7 +546,9 @@ def _run_child(fn, fds: list[int], msg: dict) -> None:
     data.close()
 
 
-def _reap(ctrl: socket.socket, children: dict[int, str | None]) -> None:
+def _reap(ctrl: socket.socket, children: dict[int, bytes | None]) -> None:
+    """Reap exited children; tell the agent of a task's process that did not exit cleanly
+    (``children``: pid -> its run message, None for the idle spare)."""
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -532,15 +556,16 @@ def _reap(ctrl: socket.socket, children: dict[int, str | None]) -> None:
             return
         if pid == 0:
             return
-        task_id = children.pop(pid, None)
-        if task_id is None:
+        run = children.pop(pid, None)
+        if run is None:
             continue
         code = os.waitstatus_to_exitcode(status)
         if code == 0:
             continue  # a clean exit follows a delivered result: nobody is waiting for it
         try:
+            task_id = decode(run)["task_id"]  # decoded only now: this is the rare case
             send_msg(ctrl, {"op": "exited", "task_id": task_id, "pid": pid, "code": code})
-        except OSError:
+        except (OSError, ValueError, KeyError):
             pass
 
 
