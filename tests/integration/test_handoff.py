@@ -58,6 +58,21 @@ def backing(a) -> str:
     return "?"
 
 
+def held_memory_files(pid: int) -> list[str]:
+    """The gpumesh memory files process ``pid`` has open or mapped."""
+    held = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if "memfd:gpumesh" in target:
+            held.append(f"fd {fd}: {target}")
+    with open(f"/proc/{pid}/maps") as fh:
+        held += [line.strip() for line in fh if "memfd:gpumesh" in line]
+    return held
+
+
 def inc_and_tell(a):
     a += 1  # the task's arguments are writable, whatever they were mapped from
     return a, origin(a), backing(a)
@@ -121,7 +136,7 @@ def test_a_worker_with_handoff_off_gets_bytes_over_http(tmp_path):
     m.env["GPUMESH_HANDOFF"] = "0"  # the worker's environment (the caller hands off)
     m.start()
     try:
-        m.add_worker(slots=2)  # (a lease answer may then carry two tasks' arguments)
+        worker = m.add_worker(slots=2)  # (a lease answer may then carry two tasks' arguments)
         client = m.client(output=False)
         try:
             f = accelerate(client)(inc_and_tell)
@@ -139,6 +154,10 @@ def test_a_worker_with_handoff_off_gets_bytes_over_http(tmp_path):
             scripted = client.wait(job, timeout=60)
         finally:
             client.close()
+        # An idle worker keeps none of that shared memory (its lease loop once held the
+        # last big answer until the next task came).
+        assert wait_until(lambda: held_memory_files(worker.p.pid) == [], 10), \
+            held_memory_files(worker.p.pid)
     finally:
         m.stop()
     assert [r["result"] for r in scripted] == [{"n": len(text), "last": "xyz"}]

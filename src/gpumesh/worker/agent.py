@@ -357,28 +357,36 @@ class WorkerAgent:
                 log.info("coordinator unreachable (%s); retrying", e)
                 self.stopping.wait(next(delays))
                 continue
-            frames = membody.slices(body)
-            tasks = json.loads(bytes(frames[0]))["tasks"]
-            if tasks:
-                tracing.mark("agent.leased")
-            left = list(free)
-            for task, args in zip(tasks, frames[1:]):
-                slot = task.get("slot")
-                if slot in left:
-                    left.remove(slot)  # the request's reservation becomes the task's
-                elif slot in self._busy:
-                    # A slot that became idle while this poll was open (its result told the
-                    # coordinator so); its last task's thread is on its way out.
-                    with self._free_cv:
-                        self._busy[slot] += 1
-                elif left:  # a coordinator that does not name slots: any free one
-                    slot = left.pop(0)
-                else:
-                    slot = None
-                t = threading.Thread(target=self._run_task, args=(task, args, slot),
-                                     name=f"task-{task['task_id']}", daemon=True)
-                t.start()
-            self._release(left)
+            self._start(body, free)
+            # A big answer is shared memory that only its tasks may keep alive: this loop
+            # must not hold it until the next answer, which may be long in coming.
+            body = None
+
+    def _start(self, body, free: list[int]) -> None:
+        """Start a thread for each task of a lease answer; release the reserved slots
+        (``free``) that got none."""
+        frames = membody.slices(body)
+        tasks = json.loads(bytes(frames[0]))["tasks"]
+        if tasks:
+            tracing.mark("agent.leased")
+        left = list(free)
+        for task, args in zip(tasks, frames[1:]):
+            slot = task.get("slot")
+            if slot in left:
+                left.remove(slot)  # the request's reservation becomes the task's
+            elif slot in self._busy:
+                # A slot that became idle while this poll was open (its result told the
+                # coordinator so); its last task's thread is on its way out.
+                with self._free_cv:
+                    self._busy[slot] += 1
+            elif left:  # a coordinator that does not name slots: any free one
+                slot = left.pop(0)
+            else:
+                slot = None
+            t = threading.Thread(target=self._run_task, args=(task, args, slot),
+                                 name=f"task-{task['task_id']}", daemon=True)
+            t.start()
+        self._release(left)
 
     def _release(self, slots) -> None:
         with self._free_cv:
@@ -404,11 +412,12 @@ class WorkerAgent:
                                                 "message": f"could not fetch the function: {e}"})
                 else:
                     outcome = self._run_one(task, path, args, slot)
-
+                args = None  # a big one is shared memory: free it now, not after the post
                 try:
                     task, args = self._post_result(task, outcome, slot)
                 finally:
                     self._held.discard(held)
+                    outcome = None  # (its result may be a memory file too)
         finally:
             if self.scorer is not None:
                 self.scorer.task_finished()
