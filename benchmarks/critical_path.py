@@ -94,4 +94,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # what it started is stopped by main's finally
+        sys.exit("interrupted")

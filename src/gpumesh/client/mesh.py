@@ -41,6 +41,7 @@ from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, PR
 from ..transport import Transport, Unreachable
 from . import calls as _calls
 from .console import OutputPrinter
+from .paths import job_path
 from .progress import Progress
 
 log = logging.getLogger("gpumesh.client")
@@ -162,12 +163,12 @@ class GPUMesh:
     def status(self, job_id: str) -> dict:
         """One job: its state, per-state task ``counts`` and ``tasks`` (index, state,
         attempts, worker, error). Raises RequestRejected (404) for an unknown job."""
-        return self.http.request("GET", f"/v1/jobs/{job_id}", timeout=10).json()
+        return self.http.request("GET", job_path(job_id), timeout=10).json()
 
     def logs(self, job_id: str, task_id: str | None = None) -> list[dict]:
         """What each task of a job printed: ``[{"id", "index", "state", "stdout", "stderr"}]``."""
         params = {"task": task_id} if task_id else None
-        return self.http.request("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=30).json()["tasks"]
+        return self.http.request("GET", job_path(job_id, "logs"), params=params, timeout=30).json()["tasks"]
 
     def cancel(self, job_id: str) -> int:
         """Cancel every unfinished task of a job; running ones are killed on their workers.
@@ -178,12 +179,12 @@ class GPUMesh:
     def cancel_job(self, job_id: str) -> dict:
         """As :meth:`cancel`, returning the coordinator's answer: ``{"cancelled": n,
         "state": the job's state afterwards}``."""
-        return self.http.request("POST", f"/v1/jobs/{job_id}/cancel", timeout=10).json()
+        return self.http.request("POST", job_path(job_id, "cancel"), timeout=10).json()
 
     def retry(self, job_id: str) -> int:
         """Re-queue the failed tasks of a job (fresh attempts). Returns how many.
         Raises RequestRejected (404 unknown job, 410 arguments already released)."""
-        return self.http.request("POST", f"/v1/jobs/{job_id}/retry", timeout=10).json()["retried"]
+        return self.http.request("POST", job_path(job_id, "retry"), timeout=10).json()["retried"]
 
     def submit(self, name: str | None = None, script=None, payloads=(), *,
                timeout: float | None = None) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 from .. import wire
 from ..limits import INLINE_FUNCTION_BYTES, MAX_TASKS_PER_JOB
+from .paths import job_path
 
 #: Seconds one results long-poll may wait.
 POLL_S = 5.0
@@ -124,7 +125,7 @@ def wait(mesh, job_id: str, on_progress: Callable[[int, int], None] | None = Non
     after = -1
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        body = mesh.http.stream_into("GET", f"/v1/jobs/{job_id}/results",
+        body = mesh.http.stream_into("GET", job_path(job_id, "results"),
                                      params={"after": after, "wait": POLL_S}, timeout=POLL_S + 30)
         if body:
             frames = wire.unpack_frames(body)
