@@ -25,9 +25,9 @@ A child talks straight to the agent over its own data socket (stream):
 ``u64 pid | u64 len | JSON meta | u64 len | payload`` - the pid first, so the agent can
 kill the process group on timeout or cancel. A result of 1 MiB or more is a memory file
 instead, passed with the meta (SCM_RIGHTS), and its payload frame is empty; big
-arguments come the same way, as a descriptor and a range (gpumesh.worker.membody). The host reports ``exited`` (with the exit
-status) only for a child that did not exit cleanly, so a child that died without a
-result becomes a precise error.
+arguments come the same way, as a descriptor and a range (gpumesh.worker.membody).
+The host reports ``exited`` (with the exit status) only for a child that did not exit
+cleanly, so a child that died without a result becomes a precise error.
 
 Everything here is single-threaded on purpose: forking a multi-threaded process is unsafe.
 """
@@ -49,6 +49,7 @@ from gpumesh import tracing
 #: Whether marks are written (gpumesh.tracing): one global read in a task process, where
 #: every object touched costs a copy-on-write fault.
 _TRACE = tracing.PATH is not None
+
 #: Control messages are single SEQPACKET datagrams; keep them well under the socket buffer.
 MAX_CONTROL_BYTES = 60 * 1024
 #: Most module names one task reports for its host to preload (``import sklearn.ensemble``
@@ -96,6 +97,7 @@ def recv_raw(sock: socket.socket) -> tuple[bytes | None, list[int]]:
 
 
 def decode(data: bytes) -> dict:
+    """A control message as :func:`recv_raw` returned it, decoded."""
     return json.loads(data[1:] if data[:1] == RUN else data)
 
 
@@ -326,7 +328,7 @@ class _Bytes:
 #: What the function host had loaded when it forked its current spare: module names and
 #: ``sys.path``. A task compares against this to find what it added (for the host to
 #: preload) instead of copying ``sys.modules`` itself: touching every module's name in
-#: a freshly forked child costs it ~80 copy-on-write page faults, a quarter of its CPU.
+#: a freshly forked child costs it ~80 copy-on-write page faults, a tenth of its CPU.
 _LOADED: tuple[frozenset, tuple] | None = None
 
 
