@@ -71,7 +71,8 @@ def cancel(job_id, url, token, as_json):
         click.echo(json.dumps({"job_id": job_id, "cancelled": n, "state": state}))
         return
     if n == 0 and state in ("finished", "cancelled"):
-        click.echo(f"[OK] job {job_id} had already {'finished' if state == 'finished' else 'been cancelled'}: nothing to cancel")
+        what = "finished" if state == "finished" else "been cancelled"
+        click.echo(f"[OK] job {job_id} had already {what}: nothing to cancel")
         return
     click.echo(f"[OK] cancelled {n} task(s) of job {job_id}")
 
