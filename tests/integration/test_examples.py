@@ -11,6 +11,7 @@ import re
 import shlex
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -49,9 +50,10 @@ def ran_on_the_mesh(r: subprocess.CompletedProcess) -> None:
 
 # --- torch_sweep.py ------------------------------------------------------------------
 
-def test_torch_sweep_trains_on_the_mesh_and_matches_a_local_run(shared_mesh, tmp_path):
+def test_torch_sweep_trains_on_the_mesh_and_matches_a_local_run(make_mesh, tmp_path):
     pytest.importorskip("torch", reason="examples/torch_sweep.py needs PyTorch: pip install torch")
-    remote = run_example("torch_sweep.py", on_mesh(shared_mesh), tmp_path)
+    # a mesh of its own: its warm processes (torch loaded) end with this test
+    remote = run_example("torch_sweep.py", on_mesh(make_mesh(workers=2)), tmp_path)
     ran_on_the_mesh(remote)
     local = run_example("torch_sweep.py", {"GPUMESH_LOCAL": "1"}, tmp_path)
     assert local.returncode == 0, local.stderr
@@ -152,6 +154,19 @@ def test_primes_script_job_through_gpumesh_submit(shared_mesh, tmp_path):
     assert results[0]["largest"] == 24989
 
 
+def test_primes_job_docstrings_python_snippet_prints_pi_of_100000(shared_mesh, tmp_path):
+    doc = (EXAMPLES / "primes_job.py").read_text().split('"""')[1]
+    snippet = textwrap.dedent(doc.split("The same from Python::", 1)[1].split("\n\n")[1])
+    assert "m.submit(" in snippet and "m.wait(" in snippet
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMESH_")}
+    env.update(HOME=str(tmp_path), GPUMESH_CONFIG=str(tmp_path / "config.json"),
+               GPUMESH_DISCOVERY="0", **on_mesh(shared_mesh))
+    r = subprocess.run([sys.executable, "-c", "import json\n" + snippet], env=env,
+                       cwd=EXAMPLES.parent, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "9592"
+
+
 def test_primes_job_rejects_a_bad_payload_and_runs_one_by_hand(tmp_path):
     ok = run_example("primes_job.py", {}, tmp_path, stdin='{"start": 0, "stop": 100, "cost": 3}')
     assert ok.returncode == 0, ok.stderr
@@ -215,7 +230,8 @@ def two_machines():
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-def test_second_machine_prints_a_join_line_that_joins(two_machines, tmp_path):
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "tls"])
+def test_second_machine_prints_a_join_line_that_joins(two_machines, tmp_path, tls):
     ns_a, ns_b = two_machines
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMESH_")}
@@ -224,7 +240,8 @@ def test_second_machine_prints_a_join_line_that_joins(two_machines, tmp_path):
     ns_exec = ["ip", "netns", "exec"]
     coordinator = subprocess.Popen(
         [*ns_exec, ns_a, sys.executable, "-m", "gpumesh", "serve", "--host", "0.0.0.0",
-         "--port", str(port), "--data-dir", str(tmp_path / "data"), "--no-advertise"],
+         "--port", str(port), "--data-dir", str(tmp_path / "data"), "--no-advertise",
+         *(["--tls"] if tls else [])],
         env=env, stdout=open(tmp_path / "serve.log", "wb"), stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL, start_new_session=True)
     worker = None
@@ -235,9 +252,15 @@ def test_second_machine_prints_a_join_line_that_joins(two_machines, tmp_path):
         r = subprocess.run([*ns_exec, ns_a, sys.executable, str(EXAMPLES / "second_machine.py")],
                            env=env_a, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
         assert r.returncode == 0, r.stdout + r.stderr
-        assert f"Coordinator: http://127.0.0.1:{port} (1 worker(s) known)" in r.stdout
+        scheme = "https" if tls else "http"
+        assert f"Coordinator: {scheme}://127.0.0.1:{port} (1 worker(s) known)" in r.stdout
         joins = [line.strip() for line in r.stdout.splitlines() if line.strip().startswith("gpumesh join")]
-        assert joins == [f"gpumesh join http://{A_IP}:{port} --token={TOKEN}"], r.stdout
+        pin = ""
+        if tls:
+            pin = re.search(r"TLS certificate fingerprint: (SHA256:\S+)",
+                            (tmp_path / "serve.log").read_text()).group(1)
+            pin = f" --fingerprint={pin}"
+        assert joins == [f"gpumesh join {scheme}://{A_IP}:{port}{pin} --token={TOKEN}"], r.stdout
         assert f"allow TCP port {port}" in r.stdout
 
         # Machine B: a fresh home, nothing but the printed line.
