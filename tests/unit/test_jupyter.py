@@ -1,0 +1,75 @@
+"""``%load_ext gpumesh`` and ``%%mesh`` in an in-process IPython shell (no kernel, no mesh:
+``GPUMESH_LOCAL=1`` runs every call here). The real-kernel tests are in
+tests/integration/test_notebook.py."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("IPython")
+
+
+@pytest.fixture
+def shell(monkeypatch):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    monkeypatch.setenv("GPUMESH_LOCAL", "1")
+    sh = InteractiveShell.instance()
+    sh.run_cell("%load_ext gpumesh")
+    yield sh
+    sh.run_cell("%unload_ext gpumesh")
+    for name in ("mesh", "double", "triple", "square", "value"):
+        sh.user_ns.pop(name, None)
+
+
+def _ours(sh) -> tuple[int, int]:
+    from gpumesh import jupyter
+    return (sum(t is jupyter.mark_cell for t in sh.input_transformers_cleanup),
+            sum(isinstance(t, jupyter.WrapFunctions) for t in sh.ast_transformers))
+
+
+def test_a_mesh_cell_wraps_its_functions_as_they_are_defined(shell):
+    res = shell.run_cell("%%mesh\ndef double(x):\n    return 2 * x\n"
+                         "kind = type(double).__name__\ndouble.map([1, 2])\n")
+    assert res.success, res.error_in_exec
+    assert res.result == [2, 4]  # the cell's last expression is its result
+    assert shell.user_ns["kind"] == "RemoteFunction"
+
+
+def test_only_a_mesh_cell_is_rewritten(shell):
+    res = shell.run_cell("def triple(x):\n    return 3 * x\n'__gpumesh_mesh_cell__'\n")
+    assert res.success and type(shell.user_ns["triple"]).__name__ == "function"
+    res = shell.run_cell("async def square(x):\n    return x * x\n")
+    assert res.success and type(shell.user_ns["square"]).__name__ == "function"
+    res = shell.run_cell("%%mesh\nasync def square(x):\n    return x * x\n")
+    assert res.success and type(shell.user_ns["square"]).__name__ == "function"
+
+
+def test_the_magic_called_directly_runs_the_body_like_a_cell(shell):
+    value = shell.run_cell_magic("mesh", "", "def double(x):\n    return 2 * x\ndouble(21)\n")
+    assert value == 42
+    assert type(shell.user_ns["double"]).__name__ == "RemoteFunction"
+    with pytest.raises(ZeroDivisionError):
+        shell.run_cell_magic("mesh", "", "1 / 0\n")
+    # options are refused, whichever way the magic is reached
+    from IPython.core.error import UsageError
+    with pytest.raises(UsageError, match="takes no options"):
+        shell.run_cell_magic("mesh", "--gpu", "x = 1\n")
+    res = shell.run_cell("%%mesh --gpu\ndef double(x):\n    return 2 * x\n")
+    assert not res.success and isinstance(res.error_in_exec, UsageError)
+
+
+def test_an_own_mesh_variable_is_kept_and_does_not_matter(shell):
+    shell.user_ns["mesh"] = "my own"
+    shell.run_cell("%reload_ext gpumesh")
+    assert shell.user_ns["mesh"] == "my own"
+    assert _ours(shell) == (1, 1)  # reloading never stacks a second copy
+    res = shell.run_cell("%%mesh\ndef double(x):\n    return 2 * x\ndouble(4)\n")
+    assert res.success and res.result == 8
+
+
+def test_unload_stops_the_rewriting(shell):
+    shell.run_cell("%unload_ext gpumesh")
+    assert _ours(shell) == (0, 0)
+    shell.run_cell("%load_ext gpumesh")
+    assert _ours(shell) == (1, 1)
