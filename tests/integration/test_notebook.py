@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import httpx
 import pytest
@@ -91,6 +92,7 @@ SPEC_CELL = (
     'results = preprocess.map([{"chunk_id": i, "rows": 100 + i} for i in range(6)])\n'
 )
 SPEC_VALUES = [{"chunk": i, "rows": (100 + i) * (100 + i)} for i in range(6)]
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -116,6 +118,7 @@ def _jobs(m) -> dict[str, dict]:
 
 
 def test_the_spec_cell_runs_verbatim_on_the_mesh(shared_mesh):
+    assert SPEC_CELL in README.read_text()  # the cell tested is the one users read
     before = _jobs(shared_mesh)
     nb = _notebook([
         "%load_ext gpumesh",
