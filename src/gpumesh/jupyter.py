@@ -4,8 +4,8 @@ A cell that starts with ``%%mesh`` runs as an ordinary cell in which every funct
 defined at its top level is wrapped for the mesh (as if decorated with ``@mesh``) the
 moment its ``def`` runs, so the rest of the same cell can already call it or its
 ``.map``. Loading the extension also puts the bare ``mesh`` decorator in the notebook's
-namespace, unless the notebook already has a ``mesh`` of its own (which is left alone,
-and does not change what ``%%mesh`` does).
+namespace, unless the notebook already has a ``mesh`` of its own, which is left alone (a
+``GPUMesh`` named ``mesh`` is the one ``%%mesh`` uses; see :func:`wrap`).
 
 The cell is not run by the magic but by IPython itself, so it stays an ordinary cell:
 what it prints and the value of its last line show as usual, a traceback names the
@@ -29,6 +29,7 @@ goes through the same two transformers and runs in the manner of ``%%time``.
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from typing import Any
 
 #: What the "%%mesh" line becomes: a string statement no one writes on a cell's line 1.
@@ -36,20 +37,27 @@ MARKER = "__gpumesh_mesh_cell__"
 _MARKER_LINE = repr(MARKER) + "\n"
 
 
-def wrap(obj: Any) -> Any:
-    """The decorator ``%%mesh`` adds to each top-level ``def``.
+def wrap(own_mesh: Any = None) -> Callable[[Any], Any]:
+    """The decorator ``%%mesh`` adds to each top-level ``def``: ``wrap(<the notebook's
+    "mesh">)``, applied to what the ``def`` and its own decorators made.
 
-    A plain callable becomes a :class:`~gpumesh.client.remote.RemoteFunction` on the mesh
-    set with ``accelerate.install()``, else the default mesh (``$GPUMESH_URL``/
-    ``$GPUMESH_TOKEN`` or ``~/.gpumesh/config.json``). One already decorated with
-    ``@mesh``/``@accelerate(...)`` keeps its own mesh and options; anything that is not
-    callable is returned unchanged.
+    A plain callable becomes a :class:`~gpumesh.client.remote.RemoteFunction` on the
+    notebook's ``mesh`` if that is a :class:`~gpumesh.GPUMesh` (what ``@accelerate(mesh)``
+    would use), else on the mesh set with ``accelerate.install()``, else the default mesh
+    (``$GPUMESH_URL``/``$GPUMESH_TOKEN`` or ``~/.gpumesh/config.json``). One already
+    decorated with ``@mesh``/``@accelerate(...)`` keeps its own mesh and options; anything
+    that is not callable is returned unchanged.
     """
+    from .client.mesh import GPUMesh
     from .client.remote import RemoteFunction
 
-    if isinstance(obj, RemoteFunction) or not callable(obj):
-        return obj
-    return RemoteFunction(obj, None, {})
+    target = own_mesh if isinstance(own_mesh, GPUMesh) else None
+
+    def decorate(obj: Any) -> Any:
+        if isinstance(obj, RemoteFunction) or not callable(obj):
+            return obj
+        return RemoteFunction(obj, target, {})
+    return decorate
 
 
 def mark_cell(lines: list[str]) -> list[str]:
@@ -82,8 +90,10 @@ def _is_marker(stmt: ast.stmt) -> bool:
 
 def _wrap_expr(at: ast.stmt) -> ast.expr:
     # Found through __import__ rather than a name in the notebook's namespace, so a user
-    # variable (``mesh``, ``wrap``, ``gpumesh``) can never change what it refers to.
-    expr = ast.parse(f"__import__({__name__!r}, fromlist=['wrap']).wrap", mode="eval").body
+    # variable (``wrap``, ``gpumesh``) can never change what it refers to; the notebook's
+    # ``mesh`` is read when the def runs, as a decorator naming it would be.
+    expr = ast.parse(f"__import__({__name__!r}, fromlist=['wrap']).wrap(globals().get('mesh'))",
+                     mode="eval").body
     for sub in ast.walk(expr):  # on the def's own line: a traceback through it names it
         sub.lineno, sub.end_lineno = at.lineno, at.lineno
         sub.col_offset, sub.end_col_offset = at.col_offset, at.col_offset
@@ -116,8 +126,8 @@ def load_ipython_extension(ipython) -> None:
         """%%mesh: run this cell as usual, with every function it defines at its top
         level wrapped for the mesh as its def runs (like @mesh), so calling it or its
         .map, in this cell or later ones, runs on the mesh. Takes no options. The mesh is
-        the one set with accelerate.install(), else $GPUMESH_URL/$GPUMESH_TOKEN or
-        ~/.gpumesh/config.json."""
+        the notebook's `mesh` if that is a GPUMesh, else the one set with
+        accelerate.install(), else $GPUMESH_URL/$GPUMESH_TOKEN or ~/.gpumesh/config.json."""
         if line.strip():
             raise UsageError(f"%%mesh takes no options (got {line.strip()!r})")
         return _run_body(ipython, cell)

@@ -237,3 +237,26 @@ def test_map_progress_in_a_notebook_is_a_bar_not_a_widget_warning(shared_mesh):
     bars = [o["data"]["text/plain"] for o in cell if o["output_type"] == "display_data"]
     # the bar stays in the output at its final state, like a notebook progress bar does
     assert len(bars) == 1 and re.search(r"^slow .*100%\s+4/4 done", bars[0]), bars
+
+
+def test_a_gpumesh_named_mesh_is_the_one_mesh_cells_use(shared_mesh, tmp_path):
+    # as in the spec's quick demo: the notebook's own `mesh = GPUMesh(url, token=...)`; the
+    # default mesh points nowhere, so a call that used it would run in the kernel
+    env = {"GPUMESH_URL": f"http://127.0.0.1:{free_port()}", "GPUMESH_TOKEN": "t" * 32,
+           "GPUMESH_CONFIG": str(tmp_path / "config.json"), "GPUMESH_CASE_CALLER": "kernel"}
+    nb = _notebook([
+        "from gpumesh import GPUMesh\n"
+        f"mesh = GPUMesh({shared_mesh.url!r}, token={shared_mesh.token!r})",
+        "%load_ext gpumesh",
+        "%%mesh\n"
+        "import os\n"
+        "def where(i):\n"
+        "    return i, 'local' if os.environ.get('GPUMESH_CASE_CALLER') else 'remote'\n"
+        "where.map([1, 2])\n",
+        "print(mesh)",
+    ])
+    outputs = _run(nb, env)
+    assert not any(_errors(o) for o in outputs), outputs
+    assert _text(outputs[2]) == "[(1, 'remote'), (2, 'remote')]"
+    assert _text(outputs[3]).strip() == f"GPUMesh({shared_mesh.url!r})"
+    assert "running locally" not in _stderr(outputs[2])
