@@ -73,3 +73,43 @@ def test_unload_stops_the_rewriting(shell):
     assert _ours(shell) == (0, 0)
     shell.run_cell("%load_ext gpumesh")
     assert _ours(shell) == (1, 1)
+
+
+class _Handle:
+    """Stands in for the front end: what IPython's display handle was asked to show."""
+
+    def __init__(self, first: dict):
+        self.shown = [first]
+
+    def update(self, bundle: dict, raw: bool = False) -> None:
+        assert raw
+        self.shown.append(bundle)
+
+
+def test_the_notebook_bar_counts_from_the_batch_start_and_redraws_sparingly(monkeypatch):
+    import time
+
+    import IPython.display
+
+    from gpumesh.client import progress
+
+    handles: list[_Handle] = []
+    monkeypatch.setattr(IPython.display, "display",
+                        lambda bundle, raw, display_id: handles.append(_Handle(bundle)) or handles[-1])
+    started = time.monotonic() - 10  # the batch began 10 s before its bar showed
+    bar = progress.NotebookBar(started=started)
+    bar.add_task("train", total=10_000)
+    t0 = time.monotonic()
+    bar.start()
+    for done in range(1, 10_001):
+        bar.update(0, completed=done, rate="ignored")
+    bar.stop()
+    took = time.monotonic() - t0
+    (handle,) = handles
+    first, last = handle.shown[0]["text/plain"], handle.shown[-1]["text/plain"]
+    assert first.startswith("train ....................   0%  0/10000 done  (10s)"), first
+    assert last.startswith("train #################### 100%  10000/10000 done  (1"), last
+    assert "ETA" not in last
+    assert 'value="10000" max="10000"' in handle.shown[-1]["text/html"]
+    # one redraw per refresh period at most, plus the first and the last: not one per result
+    assert len(handle.shown) <= took / progress.NOTEBOOK_REFRESH_S + 2, len(handle.shown)

@@ -9,6 +9,7 @@ taken longer than :data:`DELAY_S`, so short calls stay quiet.
 
 from __future__ import annotations
 
+import functools
 import html
 import os
 import sys
@@ -93,7 +94,8 @@ class Progress:
             console = self._console or Console(stderr=True)
             # rich's live display in a notebook needs ipywidgets (without it: a warning
             # and no bar); the notebook bar needs only IPython's display
-            make = NotebookBar if self._console is None and in_notebook() else Bar
+            make = (functools.partial(NotebookBar, started=self.started)
+                    if self._console is None and in_notebook() else Bar)
             self._bar = make(TextColumn("[progress.description]{task.description}"), BarColumn(),
                             MofNCompleteColumn(), TextColumn("done"),
                             TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
@@ -145,36 +147,36 @@ class NotebookBar:
     with the counts beside it (and the same line as text for plain front ends), e.g.
     ``slow ##########..........  50%  2/4 done  (1s)  1.9/s  ETA 1s``.
 
-    Driven like rich's ``Progress`` (``add_task``, ``update``, ``start``, ``stop``; column
-    arguments are accepted and ignored). Redrawn at most every
-    :data:`NOTEBOOK_REFRESH_S` by a daemon thread, so elapsed time moves between results.
-    Unlike the terminal bar it stays in the cell's output at its last state.
+    Driven like rich's ``Progress`` (``add_task``, ``update``, ``start``, ``stop``); rich's
+    column arguments and task fields are accepted and not used. ``started``: when the
+    batch began (``time.monotonic()``), from which elapsed time, rate and ETA count.
+    Redrawn at most every :data:`NOTEBOOK_REFRESH_S` by a daemon thread, so the elapsed
+    time moves between results. Unlike the terminal bar it stays in the cell's output,
+    at its last state.
     """
 
-    def __init__(self, *columns, console=None, transient: bool = False, **_ignored) -> None:
-        self.description, self.total, self.completed, self.fields = "", 0, 0, {}
-        self.started = time.monotonic()
+    def __init__(self, *columns, started: float | None = None, **_rich_options) -> None:
+        self.description, self.total, self.completed = "", 0, 0
+        self.started = time.monotonic() if started is None else started
         self._handle = None
-        self._drawn: tuple | None = None
+        self._drawn: str | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def add_task(self, description: str, total: int | None = None, completed: int = 0,
-                 **fields) -> int:
+                 **_fields) -> int:
         with self._lock:
             self.description, self.total, self.completed = description, total or 0, completed
-            self.fields.update(fields)
         return 0
 
     def update(self, task_id: int, *, completed: int | None = None, total: int | None = None,
-               **fields) -> None:
+               **_fields) -> None:
         with self._lock:
             if completed is not None:
                 self.completed = completed
             if total is not None:
                 self.total = total
-            self.fields.update(fields)
 
     def start(self) -> None:
         from IPython.display import display
@@ -185,7 +187,7 @@ class NotebookBar:
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
+        if self._thread is not None:
             self._thread.join(timeout=2 * NOTEBOOK_REFRESH_S)
         self._draw()
 
@@ -214,7 +216,7 @@ class NotebookBar:
                 line += f"  ETA {(total - done) / rate:.0f}s"
         return line
 
-    def _bundle(self) -> dict:
+    def _bundle(self) -> dict[str, str]:
         line = self.text()
         with self._lock:
             done, total = self.completed, max(self.total, 1)
