@@ -127,12 +127,15 @@ def test_the_spec_cell_runs_verbatim_on_the_mesh(shared_mesh):
         # %load_ext also gave the notebook a bare @mesh decorator
         "@mesh\ndef square(x):\n    return x * x\n",
         "print(type(square).__name__, square.map([1, 2, 3]))",
+        # the [notebook] extra's DataFrame support, through the injected mesh
+        "df = mesh.results_to_dataframe(results)\ndf.shape, list(df.columns), int(df['rows'].sum())",
     ])
     outputs = _run(nb, {"GPUMESH_URL": shared_mesh.url, "GPUMESH_TOKEN": shared_mesh.token})
     assert not any(_errors(o) for o in outputs), outputs
     assert _text(outputs[1]) == ""  # an assignment shows nothing, as in any cell
     assert _text(outputs[2]).strip() == str(SPEC_VALUES)
     assert _text(outputs[4]).strip() == "RemoteFunction [1, 4, 9]"
+    assert _text(outputs[5]) == f"((6, 2), ['chunk', 'rows'], {sum(v['rows'] for v in SPEC_VALUES)})"
     assert "running locally" not in "".join(_stderr(o) for o in outputs)
     # and the cell's .map was one job of six tasks on the mesh, not a local run
     new = [j for jid, j in _jobs(shared_mesh).items() if jid not in before]
