@@ -107,7 +107,7 @@ def _run_body(ipython, cell: str) -> Any:
     source = ipython.transform_cell(_MARKER_LINE + cell)
     tree = ipython.transform_ast(ipython.compile.ast_parse(source))
     if not any(_ours(t) for t in ipython.ast_transformers):
-        tree = WrapFunctions().visit(tree)  # the extension was unloaded in between
+        tree = WrapFunctions().visit(tree)  # someone took ours out of IPython's list
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
@@ -140,7 +140,9 @@ def load_ipython_extension(ipython) -> None:
 
 
 def unload_ipython_extension(ipython) -> None:
-    """Called by ``%unload_ext gpumesh``: ``%%mesh`` cells are no longer rewritten."""
+    """Called by ``%unload_ext gpumesh``: the magic and the transformers go (``%%mesh``
+    is then an unknown magic again); the notebook's ``mesh`` stays, the user may use it."""
+    ipython.magics_manager.magics["cell"].pop("mesh", None)
     cleanup = ipython.input_transformers_cleanup
     cleanup[:] = [t for t in cleanup if not _ours(t)]
     ipython.ast_transformers[:] = [t for t in ipython.ast_transformers if not _ours(t)]

@@ -71,6 +71,9 @@ def test_an_own_mesh_variable_is_kept_and_does_not_matter(shell):
 def test_unload_stops_the_rewriting(shell):
     shell.run_cell("%unload_ext gpumesh")
     assert _ours(shell) == (0, 0)
+    res = shell.run_cell("%%mesh\ndef double(x):\n    return 2 * x\n")
+    assert "double" not in shell.user_ns
+    assert "Cell magic `%%mesh` not found" in str(res.error_in_exec)
     shell.run_cell("%load_ext gpumesh")
     assert _ours(shell) == (1, 1)
 
