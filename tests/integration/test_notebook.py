@@ -23,14 +23,13 @@ def _notebook(cells: list[str]):
     return nb
 
 
-def _run(nb, env: dict, allow_errors: bool = False) -> list:
+def _run(nb, env: dict) -> list:
     old = dict(os.environ)
     os.environ.update(env)
     try:
         # ipykernel's built-in "python3" spec runs the kernel with this very interpreter
         # (the environment that has gpumesh installed)
         client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
-                                         allow_errors=allow_errors,
                                          resources={"metadata": {"path": os.getcwd()}})
         client.execute()
     finally:
