@@ -2,9 +2,9 @@
 
 A bar is shown only to a person: when stderr is a terminal (rich), or the caller runs in
 a Jupyter kernel (:class:`NotebookBar`, one output updated in place); never in a pipe or
-a log file. ``GPUMESH_PROGRESS=0`` turns bars off,
-``GPUMESH_PROGRESS=1`` forces them on. ``.map`` shows its bar only once the batch has
-taken longer than :data:`DELAY_S`, so short calls stay quiet.
+a log file. ``GPUMESH_PROGRESS=0`` turns bars off, ``GPUMESH_PROGRESS=1`` forces them
+on. ``.map`` shows its bar only once the batch has taken longer than :data:`DELAY_S`, so
+short calls stay quiet.
 """
 
 from __future__ import annotations
@@ -97,10 +97,10 @@ class Progress:
             make = (functools.partial(NotebookBar, started=self.started)
                     if self._console is None and in_notebook() else Bar)
             self._bar = make(TextColumn("[progress.description]{task.description}"), BarColumn(),
-                            MofNCompleteColumn(), TextColumn("done"),
-                            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
-                            TextColumn("ETA"), TimeRemainingColumn(),
-                            console=console, transient=not self.keep)
+                             MofNCompleteColumn(), TextColumn("done"),
+                             TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+                             TextColumn("ETA"), TimeRemainingColumn(),
+                             console=console, transient=not self.keep)
             self._task = self._bar.add_task(self.description, total=self.total,
                                             completed=self.done, rate=self._rate())
             try:
