@@ -88,12 +88,15 @@ def main() -> int:
         print("token, bound to every address (read the warning serve prints):")
         if mesh.token:
             print(f"  export GPUMESH_TOKEN={shlex.quote(mesh.token)}")
-        print(f"  gpumesh serve --host 0.0.0.0 --port {parts.port}")
+        tls = " --tls" if parts.scheme == "https" else ""
+        print(f"  gpumesh serve --host 0.0.0.0 --port {parts.port}{tls}")
         print("then run this script again.")
         return 1
     print("On the other machine, with gpumesh installed, run:")
     for url in urls:
         print(f"  {join_command(url, mesh.token, mesh.fingerprint)}")
+    print("(If the coordinator was started with --worker-token, give the worker that token "
+          "instead: it can join but not submit.)")
     print("If it cannot connect, a firewall on this machine is the usual reason: allow "
           f"TCP port {parts.port} (docs/troubleshooting.md).")
     return 0
