@@ -161,9 +161,17 @@ class GPUMesh:
         return self.http.request("GET", "/v1/jobs", params={"limit": limit}, timeout=10).json()
 
     def status(self, job_id: str) -> dict:
-        """One job: its state, per-state task ``counts`` and ``tasks`` (index, state,
-        attempts, worker, error). Raises RequestRejected (404) for an unknown job."""
-        return self.http.request("GET", job_path(job_id), timeout=10).json()
+        """One job: ``id, name, kind, state, n_tasks, counts`` (tasks per state),
+        ``released`` and ``tasks``, one dict per task in index order: ``id, index, state,
+        attempts, worker_id, cost, error`` and, for a done task, ``result``: the JSON
+        value a script printed, or the value a function returned, decoded as the call
+        would (unpickled; JSON when ``strict``). ``result_error`` says why a result could
+        not be decoded here. ``released: True``: the job's results were collected by its
+        caller (or let go) and deleted, so no task has ``result``. Works after a
+        coordinator restart (results are stored). Raises RequestRejected (404) for an
+        unknown job."""
+        from .jobview import job_status
+        return job_status(self, job_id)
 
     def logs(self, job_id: str, task_id: str | None = None) -> list[dict]:
         """What each task of a job printed: ``[{"id", "index", "state", "stdout", "stderr"}]``."""
