@@ -198,9 +198,13 @@ class GPUMesh:
                timeout: float | None = None) -> str:
         """Submit a script job: ``python script`` runs once per payload on the mesh, the
         payload arriving as JSON on its stdin; each task's result is the last line of its
-        stdout that parses as JSON. ``script``: a path (or the source as bytes). Returns
-        the job id at once (see :meth:`status`, :meth:`wait`). Raises ``ValueError`` for
-        an unreadable script or a payload that is not JSON."""
+        stdout that parses as JSON. ``script``: a path (or the source as bytes). A payload
+        that is a JSON object may carry the ``.map`` hints ``cost`` and ``gpu_memory_mb``
+        (it still reaches the script whole). Returns the job id at once (see
+        :meth:`status`, :meth:`wait`). Raises ``ValueError`` for an unreadable script, a
+        payload that is not JSON or a hint that is not a number, and
+        :class:`~gpumesh.errors.Unsatisfiable` for a ``gpu_memory_mb`` hint no alive
+        worker's GPU could ever meet."""
         from . import scripts
         if script is None:
             raise ValueError("submit() needs script= (the path of a Python script)")
