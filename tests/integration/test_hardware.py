@@ -318,6 +318,21 @@ def test_no_worker_alive_runs_locally_only_if_this_machine_can(make_mesh, capsys
     c.close()
 
 
+def test_no_worker_alive_a_hinted_call_runs_locally_only_on_a_gpu(make_mesh):
+    from gpumesh.worker.device import detect
+    if detect()["gpus"]:
+        pytest.skip("this machine has a GPU: a hinted call may run here")
+    m = make_mesh(workers=0)
+    c = m.client(output=False)
+    run = accelerate(c)(where)
+    with pytest.raises(Unsatisfiable) as e:
+        run(gpu_memory_mb=100)
+    assert "no worker is alive in the mesh at" in str(e.value)
+    assert "this machine cannot run where (gpu_memory_mb=100): its cpu has no GPU" in str(e.value)
+    assert run(gpu_memory_mb=0)[0] == "cpu"                    # 0 MiB is no hint
+    c.close()
+
+
 # ---------------------------------------------------------------- join flags ---------
 
 def test_cpu_slots_flag_and_its_alias(make_mesh):
