@@ -63,3 +63,19 @@ def test_split_hints_leaves_the_callers_dict_alone():
     given = {"x": 1, "cost": 4}
     kwargs, hint = calls.split_hints(set(), given)
     assert (kwargs, hint, given) == ({"x": 1}, {"cost": 4.0}, {"x": 1, "cost": 4})
+
+
+def test_status_result_text_for_the_terminal():
+    from gpumesh.client.jobview import RELEASED_NOTE, jsonable, result_text
+    assert result_text({"state": "done", "result": {"a": [1, 2]}}, False) == '{"a": [1, 2]}'
+    assert result_text({"state": "done", "result": {1, 2}}, False) == "{1, 2}"
+    assert result_text({"state": "done"}, True) == RELEASED_NOTE
+    assert result_text({"state": "failed"}, True) is None
+    assert result_text({"state": "done", "result_error": "ValueError: no"}, False) == \
+        "(cannot be shown here: ValueError: no)"
+    long = result_text({"state": "done", "result": "x" * 5000}, False)
+    assert long.startswith('"' + "x" * 3999 + "...") and long.endswith("(5002 characters in all; --json shows it whole)")
+    view = {"tasks": [{"id": "a", "result": {1}}, {"id": "b", "result": None}, {"id": "c"}]}
+    assert jsonable(view)["tasks"] == [{"id": "a", "result": "{1}", "result_repr": True},
+                                       {"id": "b", "result": None}, {"id": "c"}]
+    assert view["tasks"][0]["result"] == {1}                     # the caller's view is left alone

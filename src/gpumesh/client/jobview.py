@@ -28,6 +28,8 @@ from .paths import job_path
 
 #: The text the terminal shows for a finished task whose result was released.
 RELEASED_NOTE = "(released: its caller collected the results, or let them go)"
+#: Longest result text one terminal line shows; ``--json`` prints results whole.
+RESULT_TEXT_MAX = 4000
 
 
 def job_status(mesh, job_id: str) -> dict:
@@ -117,9 +119,12 @@ def result_text(task: dict, released: bool) -> str | None:
     if "result" in task:
         value = task["result"]
         try:
-            return json.dumps(value, ensure_ascii=False, allow_nan=False)
+            text = json.dumps(value, ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError):
-            return repr(value)
+            text = repr(value)
+        if len(text) > RESULT_TEXT_MAX:
+            text = f"{text[:RESULT_TEXT_MAX]}... ({len(text)} characters in all; --json shows it whole)"
+        return text
     if "result_error" in task:
         return f"(cannot be shown here: {task['result_error']})"
     if released and task.get("state") == "done":
