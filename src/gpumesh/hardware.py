@@ -92,6 +92,11 @@ def format_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+def format_mib(mib: float) -> str:
+    """A number of MiB as written in messages: ``1000000.0`` -> ``"1000000"``, ``0.5`` -> ``"0.5"``."""
+    return str(int(mib)) if float(mib).is_integer() else f"{mib:g}"
+
+
 # ---------------------------------------------------------------- GPU names ----------
 def _words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
@@ -351,11 +356,11 @@ def vram_refusal(slot: Slot, vram_hint_mb: float, *, ever: bool = False) -> str 
     if not vram_hint_mb:
         return None
     if slot.kind == "cpu":
-        return f"has no GPU (the task hints gpu_memory_mb={vram_hint_mb:g})"
+        return "has no GPU"
     if slot.vram_total_mb and slot.vram_total_mb < vram_hint_mb:
-        return f"has {slot.vram_total_mb} MiB of GPU memory in all, less than the {vram_hint_mb:g} MiB hinted"
+        return f"has {slot.vram_total_mb} MiB of GPU memory in all, less than the {format_mib(vram_hint_mb)} MiB hinted"
     if not ever and slot.vram_free_mb is not None and slot.vram_free_mb < vram_hint_mb:
-        return f"has {slot.vram_free_mb} MiB of GPU memory free, less than the {vram_hint_mb:g} MiB hinted"
+        return f"has {slot.vram_free_mb} MiB of GPU memory free, less than the {format_mib(vram_hint_mb)} MiB hinted"
     return None
 
 

@@ -614,7 +614,7 @@ def check_local(fn: Callable, require: hardware.Requirements | None, hints: list
         if reason is None:
             return
         reasons.append(f"its {slot.device} {reason}")
-    wants = (require.describe() if require else "") + (f", gpu_memory_mb={hint:g}" if hint else "")
+    wants = (require.describe() if require else "") + (f", gpu_memory_mb={hardware.format_mib(hint)}" if hint else "")
     raise Unsatisfiable(f"{why}, and this machine cannot run {getattr(fn, '__qualname__', 'the function')} "
                         f"({wants.strip(', ')}): " + "; ".join(reasons))
 

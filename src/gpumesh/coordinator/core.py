@@ -546,7 +546,7 @@ class Coordinator:
     def unsatisfiable_message(self, req: hardware.Requirements, hint: float | None) -> str:
         wants = req.describe() if req else ""
         if hint:
-            wants = (wants + ", " if wants else "") + f"gpu_memory_mb={hint:g}"
+            wants = (wants + ", " if wants else "") + f"gpu_memory_mb={hardware.format_mib(hint)}"
         pool = [self.worker_view(w) for w in self.alive_workers()]
         return f"no alive worker can ever run this job ({wants}); {hardware.describe_pool(pool)}"
 
