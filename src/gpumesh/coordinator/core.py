@@ -142,8 +142,7 @@ class Job:
         self.require = hardware.Requirements.from_meta(self.meta.get("require"))
         self.vram_mb = {int(k): float(v) for k, v in (self.meta.get("gpu_memory_mb") or {}).items()}
         self.lane = self.require
-        if self.n_tasks and len(self.vram_mb) == self.n_tasks and not self.require.needs_gpu \
-                and self.require.gpu is None:
+        if self.n_tasks and len(self.vram_mb) == self.n_tasks and self.require.gpu is None:
             self.lane = dataclasses.replace(self.require, gpu="gpu")
 
     def notify(self) -> None:
