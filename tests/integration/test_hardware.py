@@ -254,7 +254,7 @@ def test_hinted_map_items_run_only_on_gpus(client):
 def test_hinted_single_call_waits_for_a_busy_gpu(client):
     run = accelerate(client)(_hold_where)
     busy: list = []
-    th = threading.Thread(target=lambda: busy.append(run.map([{"seconds": 3.0, "gpu_memory_mb": 500}] * 3)),
+    th = threading.Thread(target=lambda: busy.append(run.map([{"seconds": 5.0, "gpu_memory_mb": 500}] * 3)),
                           daemon=True)
     th.start()
     deadline = time.monotonic() + 20
