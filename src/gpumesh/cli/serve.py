@@ -130,10 +130,21 @@ class _MeshLogFormat(logging.Formatter):
               help="Do not announce this coordinator on the LAN (mDNS, seen by `gpumesh radar`) "
                    "[default: announced when bound to a non-loopback address, unless "
                    "GPUMESH_DISCOVERY=0].")
+@click.option("--tailscale", is_flag=True,
+              help="Bind to this machine's Tailscale address only and print the tailnet join "
+                   "line; needs a logged-in `tailscale` [default: off].")
+@click.option("--public", is_flag=True,
+              help="Open a public https:// URL through an ngrok tunnel (pip install "
+                   "'gpumesh[tunnel]', authtoken in $NGROK_AUTHTOKEN) [default: off].")
+@click.option("--trusted-proxy", "trusted_proxy", multiple=True, metavar="CIDR",
+              help="A reverse proxy whose X-Forwarded-For names the client (repeatable); "
+                   "turns the loopback lockout exemption off [default: $GPUMESH_TRUSTED_PROXIES "
+                   "(comma-separated), else none: clients are judged by socket address].")
 def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls, tls_cert, tls_key,
-          safe_mode, no_advertise):
+          safe_mode, no_advertise, tailscale, public, trusted_proxy):
     """Run a coordinator: the job store and HTTP API of the mesh."""
     from ..coordinator.server import BindError, Server, bind
+    from . import reach
 
     host = host or os.environ.get("GPUMESH_HOST") or "127.0.0.1"
     token = token or os.environ.get("GPUMESH_TOKEN")
@@ -150,6 +161,9 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
             fail("the worker token must differ from the main token")
     if (tls_cert is None) != (tls_key is None):
         fail("--tls-cert and --tls-key go together")
+    trusted, net = _reach_plan(host, tailscale, public, trusted_proxy)
+    if net is not None:
+        host = net.ip  # the tailnet address, not 0.0.0.0: the LAN stays out
     # The port first: a port in use must not leave an empty data directory behind.
     try:
         sock = bind(host, port)
@@ -197,13 +211,28 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
 
     try:
         server = Server(sock, data_dir, token, worker_token=worker_token, safe_mode=safe_mode,
-                        tls_cert=tls_cert, tls_key=tls_key)
+                        tls_cert=tls_cert, tls_key=tls_key, trusted_proxies=trusted,
+                        fronted=tailscale or public)
     except Exception as e:  # noqa: BLE001 - e.g. a corrupt or locked database
         fail(f"cannot open the job store in {data_dir}: {e}")
     for line in banner(host, port, token, show_token=generated, fingerprint=fingerprint,
                        worker_token=worker_token is not None, safe_mode=safe_mode):
         click.echo(line)
-    advert = None if no_advertise else _advertise(host, port, fingerprint is not None)
+    tok = "<your worker token>" if worker_token else (token if generated else "<your token>")
+    pin = f" --fingerprint {fingerprint}" if fingerprint else ""
+    tunnel = None
+    try:
+        if net is not None:
+            for line in reach.tailnet_lines(net, port, scheme, tok, pin):
+                click.echo(line)
+        if public:
+            tunnel = reach.open_tunnel(host, port)
+            for line in reach.public_lines(tunnel.url, tok):
+                click.echo(line)
+    except reach.ReachError as e:
+        fail(str(e))
+    # mDNS does not cross a tailnet, and announcing a tailnet address on the LAN says nothing useful
+    advert = None if (no_advertise or net is not None) else _advertise(host, port, fingerprint is not None)
     worker: list[subprocess.Popen] = []
     # The self-worker needs no more than a worker's rights: with a worker token it gets that.
     threading.Thread(target=_after_start,
@@ -225,7 +254,38 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
             _stop_child(proc)
         if advert is not None:
             advert.close()
+        if tunnel is not None:
+            tunnel.close()
     click.echo("[gpumesh] coordinator stopped")
+
+
+def _reach_plan(host: str, tailscale: bool, public: bool, trusted_proxy) -> tuple[tuple, object]:
+    """Check --tailscale / --public / --trusted-proxy before anything binds: the networks
+    whose X-Forwarded-For is believed, and the tailnet (or None). Exits on a problem."""
+    from ..coordinator.auth import parse_networks
+    from . import reach
+    wanted = list(trusted_proxy)
+    if not wanted:
+        wanted = [v for v in os.environ.get("GPUMESH_TRUSTED_PROXIES", "").split(",") if v.strip()]
+    try:
+        trusted = parse_networks(wanted)
+    except ValueError as e:
+        fail(f"--trusted-proxy: {e}", code=2)
+    if tailscale and public:
+        fail("--tailscale and --public are two different ways in: pick one", code=2)
+    net = None
+    try:
+        if tailscale:
+            net = reach.tailnet()
+            if host not in ("127.0.0.1", "0.0.0.0", "::", net.ip):
+                click.echo(f"[gpumesh] --tailscale binds to the tailnet address {net.ip}, "
+                           f"not --host {host}")
+        if public:
+            reach.check_ngrok()
+            trusted += parse_networks(reach.LOOPBACK_NETWORKS)
+    except reach.ReachError as e:
+        fail(str(e))
+    return trusted, net
 
 
 def _advertise(host: str, port: int, tls: bool):
