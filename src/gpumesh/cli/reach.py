@@ -39,9 +39,9 @@ TAILSCALE_TIMEOUT_S = 10.0
 NGROK_TOKEN_ENV = "NGROK_AUTHTOKEN"
 #: Where a user gets an ngrok authtoken.
 NGROK_TOKEN_PAGE = "https://dashboard.ngrok.com/get-started/your-authtoken"
-#: Networks ``--public`` trusts to write ``X-Forwarded-For``: the ngrok agent runs in this
-#: process and connects to the coordinator over loopback.
-LOOPBACK_NETWORKS = ("127.0.0.0/8", "::1/128")
+#: Addresses ``--public`` trusts to write ``X-Forwarded-For`` (with the bound address when
+#: that is a specific one): the ngrok agent runs in this process and connects from there.
+LOOPBACK_SOURCES = ("127.0.0.1/32", "::1/128")
 
 TAILSCALE_UP = "sudo tailscale up"
 
@@ -170,6 +170,13 @@ def forward_address(host: str, port: int) -> str:
     elif host == "::":
         host = "::1"
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def tunnel_sources(host: str) -> tuple[str, ...]:
+    """The addresses the tunnel's connections come from, for ``host`` as bound."""
+    if host in ("0.0.0.0", "::", "", "127.0.0.1", "::1", "localhost"):
+        return LOOPBACK_SOURCES
+    return (*LOOPBACK_SOURCES, host)
 
 
 def open_tunnel(host: str, port: int) -> Tunnel:

@@ -51,10 +51,13 @@ def check_token(token: str, what: str = "token") -> None:
 
 
 def banner(host: str, port: int, token: str, show_token: bool, *, fingerprint: str | None = None,
-           worker_token: bool = False, safe_mode: bool = False) -> list[str]:
-    """The lines ``serve`` prints once it listens (wording kept from the product README)."""
+           worker_token: bool = False, safe_mode: bool = False, public: bool = False) -> list[str]:
+    """The lines ``serve`` prints once it listens (wording kept from the product README).
+    ``public``: an ngrok tunnel will be announced below (``--public``)."""
     scheme = "https" if fingerprint else "http"
-    local = f"{scheme}://127.0.0.1:{port}"
+    loopback_answers = host in ("0.0.0.0", "::", "127.0.0.1", "localhost")
+    # bound to one address (--host 192.0.2.10, --tailscale), 127.0.0.1 answers nothing
+    local = f"{scheme}://127.0.0.1:{port}" if loopback_answers else f"{scheme}://{host}:{port}"
     tok = token if show_token else "<your token>"
     if worker_token:
         tok = "<your worker token>"
@@ -69,7 +72,9 @@ def banner(host: str, port: int, token: str, show_token: bool, *, fingerprint: s
     if safe_mode:
         lines.append("   Safe mode: function (pickle) jobs are refused")
     lines += ["", f"   Join from THIS machine:   gpumesh join {local}{pin} --token={tok}"]
-    if host in ("127.0.0.1", "localhost", "::1"):
+    if host in ("127.0.0.1", "localhost", "::1") and public:
+        lines.append("   Other machines reach it only through the public URL below, not directly.")
+    elif host in ("127.0.0.1", "localhost", "::1"):
         lines += [
             f"   Other machines CANNOT reach this coordinator (bound to {host} only).",
             "   That is the default now: a worker executes code as the user who started it.",
@@ -80,7 +85,9 @@ def banner(host: str, port: int, token: str, show_token: bool, *, fingerprint: s
         ip = _lan_ip() if host in ("0.0.0.0", "::") else host
         if ip:
             lines.append(f"   Join from ANOTHER machine: gpumesh join {scheme}://{ip}:{port}{pin} --token={tok}")
-        lines += ["   (127.0.0.1 always works locally; the LAN IP is for other machines)", ""]
+        if host in ("0.0.0.0", "::"):
+            lines.append("   (127.0.0.1 always works locally; the LAN IP is for other machines)")
+        lines.append("")
         bar = "  " + "!" * 62
         lines += [bar, "  !! NETWORK-EXPOSED COORDINATOR", bar,
                   f"   Bound to:      {host}:{port} (not loopback — other machines can connect)",
@@ -216,7 +223,7 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
     except Exception as e:  # noqa: BLE001 - e.g. a corrupt or locked database
         fail(f"cannot open the job store in {data_dir}: {e}")
     for line in banner(host, port, token, show_token=generated, fingerprint=fingerprint,
-                       worker_token=worker_token is not None, safe_mode=safe_mode):
+                       worker_token=worker_token is not None, safe_mode=safe_mode, public=public):
         click.echo(line)
     tok = "<your worker token>" if worker_token else (token if generated else "<your token>")
     pin = f" --fingerprint {fingerprint}" if fingerprint else ""
@@ -282,7 +289,7 @@ def _reach_plan(host: str, tailscale: bool, public: bool, trusted_proxy) -> tupl
                            f"not --host {host}")
         if public:
             reach.check_ngrok()
-            trusted += parse_networks(reach.LOOPBACK_NETWORKS)
+            trusted += parse_networks(reach.tunnel_sources(host))
     except reach.ReachError as e:
         fail(str(e))
     return trusted, net
@@ -313,7 +320,8 @@ def _after_start(server, url: str, token: str, self_worker: bool, slots: int, ou
     server.ready.wait()
     problem = _self_check(url, fingerprint)
     if problem is None:
-        click.echo("[OK] Self-check: server is up (tested on 127.0.0.1 only)")
+        from urllib.parse import urlsplit
+        click.echo(f"[OK] Self-check: server is up (tested on {urlsplit(url).hostname} only)")
     else:
         click.echo(f"[!!] Self-check failed: {problem}", err=True)
     if not self_worker:
