@@ -216,3 +216,17 @@ def test_public_with_a_refused_authtoken_or_no_sdk_says_so(tmp_path, edge_cert):
     r = serve_once(env, "--public", "--data-dir", str(tmp_path / "data2"))
     assert r.returncode == 1
     assert r.stderr.strip() == "error: --public needs the ngrok Agent SDK: pip install 'gpumesh[tunnel]'"
+
+
+def test_public_and_tailscale_refuse_what_cannot_work_together(tmp_path, edge_cert, ts_bin):
+    env = public_env(tmp_path, edge_cert, NGROK_AUTHTOKEN="fake-authtoken")
+    r = serve_once(env, "--public", "--tls", "--data-dir", str(tmp_path / "d1"))
+    assert r.returncode == 2 and "drop --tls" in r.stderr
+    env["PATH"] = f"{ts_bin}{os.pathsep}{env['PATH']}"
+    r = serve_once(dict(env, FAKE_TS="up"), "--public", "--tailscale", "--data-dir", str(tmp_path / "d2"))
+    assert r.returncode == 2 and "pick one" in r.stderr
+    r = serve_once(env, "--trusted-proxy", "nginx-box", "--data-dir", str(tmp_path / "d3"))
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("error: --trusted-proxy: 'nginx-box' is not an IP address or CIDR "
+                                "range (e.g. 10.0.0.0/8, 127.0.0.1/32, fd00::/8)")
+    assert not any((tmp_path / d).exists() for d in ("d1", "d2", "d3"))

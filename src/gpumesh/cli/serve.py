@@ -168,6 +168,9 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
             fail("the worker token must differ from the main token")
     if (tls_cert is None) != (tls_key is None):
         fail("--tls-cert and --tls-key go together")
+    if public and (tls or tls_cert is not None):
+        fail("--public serves https:// at ngrok's edge already; drop --tls (the tunnel "
+             "reaches this coordinator over loopback)", code=2)
     trusted, net = _reach_plan(host, tailscale, public, trusted_proxy)
     if net is not None:
         host = net.ip  # the tailnet address, not 0.0.0.0: the LAN stays out
