@@ -18,7 +18,8 @@ Either way the coordinator counts as *fronted*: no client, loopback included, is
 from the refused-token lockout.
 
 Failures a user can fix (Tailscale missing or logged out, no authtoken, the SDK missing,
-ngrok refusing the session) raise :class:`ReachError` with one line saying what to run.
+ngrok refusing the session) raise :class:`ReachError` with one line saying what to run;
+:func:`plan` and :func:`announce`, what ``serve`` calls, print that line and exit.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
+
+import click
+
+from .common import fail
 
 log = logging.getLogger(__name__)
 
@@ -207,3 +212,54 @@ def public_lines(url: str, tok: str) -> list[str]:
             f"   Join from ANYWHERE:        gpumesh join {url} --token={tok}",
             '   "Anywhere" includes people you did not invite; the token is the only thing',
             "   keeping them out. Refused tokens through the tunnel lock out the sender's address."]
+
+
+# ---------------------------------------------------------------- for serve ---------
+
+def plan(host: str, tailscale: bool, public: bool, trusted_proxy) -> tuple[tuple, Tailnet | None]:
+    """What ``serve`` checks before anything binds: the networks whose ``X-Forwarded-For``
+    is believed (``--trusted-proxy``, else ``$GPUMESH_TRUSTED_PROXIES``; with ``--public``
+    also where the tunnel connects from), and the tailnet (``--tailscale``) or None.
+    Exits with one line on a problem (code 2 for a usage error)."""
+    from ..coordinator.auth import parse_networks
+    wanted = list(trusted_proxy) or [
+        v for v in os.environ.get("GPUMESH_TRUSTED_PROXIES", "").split(",") if v.strip()]
+    try:
+        trusted = parse_networks(wanted)
+    except ValueError as e:
+        fail(f"--trusted-proxy: {e}", code=2)
+    if tailscale and public:
+        fail("--tailscale and --public are two different ways in: pick one", code=2)
+    net = None
+    try:
+        if tailscale:
+            net = tailnet()
+            if host not in ("127.0.0.1", "0.0.0.0", "::", net.ip):
+                click.echo(f"[gpumesh] --tailscale binds to the tailnet address {net.ip}, "
+                           f"not --host {host}")
+        if public:
+            check_ngrok()
+            trusted += parse_networks(tunnel_sources(host))
+    except ReachError as e:
+        fail(str(e))
+    return trusted, net
+
+
+def announce(net: Tailnet | None, public: bool, host: str, port: int, fingerprint: str | None,
+             tok: str) -> Tunnel | None:
+    """Print the tailnet lines, or open the ngrok tunnel and print its lines (the tunnel is
+    returned: close it at the end). ``tok`` is the token as the join lines show it."""
+    scheme = "https" if fingerprint else "http"
+    pin = f" --fingerprint {fingerprint}" if fingerprint else ""
+    tunnel = None
+    try:
+        if net is not None:
+            for line in tailnet_lines(net, port, scheme, tok, pin):
+                click.echo(line)
+        if public:
+            tunnel = open_tunnel(host, port)
+            for line in public_lines(tunnel.url, tok):
+                click.echo(line)
+    except ReachError as e:
+        fail(str(e))
+    return tunnel

@@ -171,7 +171,7 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
     if public and (tls or tls_cert is not None):
         fail("--public serves https:// at ngrok's edge already; drop --tls (the tunnel "
              "reaches this coordinator over loopback)", code=2)
-    trusted, net = _reach_plan(host, tailscale, public, trusted_proxy)
+    trusted, net = reach.plan(host, tailscale, public, trusted_proxy)
     if net is not None:
         host = net.ip  # the tailnet address, not 0.0.0.0: the LAN stays out
     # The port first: a port in use must not leave an empty data directory behind.
@@ -229,18 +229,7 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
                        worker_token=worker_token is not None, safe_mode=safe_mode, public=public):
         click.echo(line)
     tok = "<your worker token>" if worker_token else (token if generated else "<your token>")
-    pin = f" --fingerprint {fingerprint}" if fingerprint else ""
-    tunnel = None
-    try:
-        if net is not None:
-            for line in reach.tailnet_lines(net, port, scheme, tok, pin):
-                click.echo(line)
-        if public:
-            tunnel = reach.open_tunnel(host, port)
-            for line in reach.public_lines(tunnel.url, tok):
-                click.echo(line)
-    except reach.ReachError as e:
-        fail(str(e))
+    tunnel = reach.announce(net, public, host, port, fingerprint, tok)
     # mDNS does not cross a tailnet, and announcing a tailnet address on the LAN says nothing useful
     advert = None if (no_advertise or net is not None) else _advertise(host, port, fingerprint is not None)
     worker: list[subprocess.Popen] = []
@@ -267,35 +256,6 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
         if tunnel is not None:
             tunnel.close()
     click.echo("[gpumesh] coordinator stopped")
-
-
-def _reach_plan(host: str, tailscale: bool, public: bool, trusted_proxy) -> tuple[tuple, object]:
-    """Check --tailscale / --public / --trusted-proxy before anything binds: the networks
-    whose X-Forwarded-For is believed, and the tailnet (or None). Exits on a problem."""
-    from ..coordinator.auth import parse_networks
-    from . import reach
-    wanted = list(trusted_proxy)
-    if not wanted:
-        wanted = [v for v in os.environ.get("GPUMESH_TRUSTED_PROXIES", "").split(",") if v.strip()]
-    try:
-        trusted = parse_networks(wanted)
-    except ValueError as e:
-        fail(f"--trusted-proxy: {e}", code=2)
-    if tailscale and public:
-        fail("--tailscale and --public are two different ways in: pick one", code=2)
-    net = None
-    try:
-        if tailscale:
-            net = reach.tailnet()
-            if host not in ("127.0.0.1", "0.0.0.0", "::", net.ip):
-                click.echo(f"[gpumesh] --tailscale binds to the tailnet address {net.ip}, "
-                           f"not --host {host}")
-        if public:
-            reach.check_ngrok()
-            trusted += parse_networks(reach.tunnel_sources(host))
-    except reach.ReachError as e:
-        fail(str(e))
-    return trusted, net
 
 
 def _advertise(host: str, port: int, tls: bool):
