@@ -5,7 +5,8 @@ The real SDK opens a session to ngrok's cloud and returns a listener whose publi
 ``X-Forwarded-For`` with the caller's address. This double does the same on loopback:
 :func:`forward` starts an "edge", a small TLS reverse proxy on 127.0.0.1 whose certificate
 is ``$FAKE_NGROK_CERT``/``$FAKE_NGROK_KEY`` (the test makes clients trust it, as the
-system's CAs trust ngrok's), and returns a :class:`Listener` with ``url()`` and ``close()``.
+system's CAs trust ngrok's), and returns a :class:`Listener` with ``url()``;
+:func:`disconnect` (``url``) ends it. Signatures as in the SDK's ``ngrok.pyi`` (1.x).
 
 Put the directory holding this file first on ``PYTHONPATH`` to use it. The authtoken is
 taken as the SDK takes it (``authtoken=`` or, with ``authtoken_from_env=True``,
@@ -20,19 +21,28 @@ import socket
 import ssl
 import threading
 
-CALLS: list[dict] = []
+_OPEN: dict[str, "_Edge"] = {}
 
 
-def forward(addr=None, proto=None, *, authtoken=None, authtoken_from_env=False, **options):
-    token = authtoken or (os.environ.get("NGROK_AUTHTOKEN") if authtoken_from_env else None)
-    CALLS.append({"addr": addr, "proto": proto, "options": options})
+def forward(addr=None, listener=None, **options):
+    token = options.get("authtoken") or (
+        os.environ.get("NGROK_AUTHTOKEN") if options.get("authtoken_from_env") else None)
     if not token:
         raise ValueError("failed to connect session: authentication failed: no authtoken")
     if token == "refused":
         raise ValueError("failed to connect session: The authtoken you specified does not look "
                          "like a proper ngrok authtoken. ERR_NGROK_105")
     host, _, port = str(addr).rpartition(":")
-    return Listener(_Edge((host.strip("[]") or "127.0.0.1", int(port))))
+    listener = Listener(_Edge((host.strip("[]") or "127.0.0.1", int(port))))
+    _OPEN[listener.url()] = listener._edge
+    return listener
+
+
+def disconnect(url=None) -> None:
+    for u in [url] if url else list(_OPEN):
+        edge = _OPEN.pop(u, None)
+        if edge is not None:
+            edge.close()
 
 
 class Listener:
@@ -41,9 +51,6 @@ class Listener:
 
     def url(self) -> str:
         return f"https://localhost:{self._edge.port}"
-
-    def close(self) -> None:
-        self._edge.close()
 
 
 class _Edge:

@@ -159,11 +159,13 @@ class Tunnel:
         self._listener, self.url = listener, url
 
     def close(self) -> None:
-        listener, self._listener = self._listener, None
-        if listener is None:
+        if self._listener is None:
             return
+        self._listener = None
+        import ngrok
         try:
-            listener.close()
+            # disconnect() is the SDK's synchronous way out (Listener.close() is a coroutine)
+            ngrok.disconnect(self.url)
         except Exception as e:  # noqa: BLE001 - the process is stopping anyway
             log.info("closing the ngrok tunnel failed: %s", e)
 
@@ -198,10 +200,7 @@ def open_tunnel(host: str, port: int) -> Tunnel:
                          f"${NGROK_TOKEN_ENV} (see {NGROK_TOKEN_PAGE}) and that this machine "
                          "can reach ngrok") from None
     if not isinstance(url, str) or not url.startswith("https://"):
-        try:
-            listener.close()
-        except Exception:  # noqa: BLE001
-            pass
+        Tunnel(listener, str(url)).close()
         raise ReachError(f"--public: ngrok answered an unexpected URL {url!r} (expected https://...)")
     return Tunnel(listener, url.rstrip("/"))
 
