@@ -1,11 +1,12 @@
-"""A real nginx in front of the coordinator, under a path prefix (``/gpumesh/``), running the
-config docs/network.md gives: workers join, calls and ``.map`` run, the CLI reads and
-cancels jobs, same-machine handoff still hands big payloads over as files, and refused
-tokens lock out the client nginx names in ``X-Forwarded-For`` (``--trusted-proxy``).
+"""A real nginx, and a real Caddy, in front of the coordinator under a path prefix
+(``/gpumesh/``), each running the config docs/network.md gives: workers join, calls and
+``.map`` run, the CLI reads and cancels jobs, same-machine handoff still hands big payloads
+over as files, and refused tokens lock out the client the proxy names in
+``X-Forwarded-For`` (``--trusted-proxy``).
 
-The clients connect to nginx from chosen loopback addresses (127.0.0.3, 127.0.0.4...), so
-nginx's ``X-Forwarded-For`` names a different client each time, as it would for machines
-on other networks; the coordinator only ever sees nginx's 127.0.0.1.
+The clients connect to the proxy from chosen loopback addresses (127.0.0.3, 127.0.0.4...),
+so its ``X-Forwarded-For`` names a different client each time, as it would for machines
+on other networks; the coordinator only ever sees the proxy's 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from gpumesh import accelerate
 from gpumesh.limits import AUTH_FAIL_MAX, HANDOFF_MIN_BYTES
 
 from ..conftest import Mesh, Proc, free_port, wait_for
-from ..proxies import Nginx
+from ..proxies import Caddy, Nginx
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -47,24 +48,28 @@ def inc_and_say(a):
     return a + 1, origin(a)
 
 
-@pytest.fixture(scope="module")
-def fronted(tmp_path_factory):
-    """(mesh, nginx, url): a coordinator trusting 127.0.0.1 as its proxy, one worker joined
-    through nginx at ``url`` (``http://127.0.0.1:PORT/gpumesh/``)."""
-    root = tmp_path_factory.mktemp("nginx")
+@pytest.fixture(scope="module", params=[Nginx, Caddy], ids=["nginx", "caddy"])
+def fronted(request, tmp_path_factory):
+    """(mesh, proxy, url): a coordinator trusting 127.0.0.1 as its proxy, one worker joined
+    through the proxy at ``url`` (``http://127.0.0.1:PORT/gpumesh/``)."""
+    root = tmp_path_factory.mktemp(request.param.name)
     mesh = Mesh(root / "mesh")
     mesh.env["GPUMESH_PROGRESS"] = "0"
     mesh.start(extra=["--trusted-proxy", "127.0.0.1/32"])
-    nginx = Nginx(root / "nginx", free_port(), mesh.port)
-    url = f"http://127.0.0.1:{nginx.port}/gpumesh/"
+    try:
+        proxy = request.param(root / request.param.name, free_port(), mesh.port)
+    except BaseException:
+        mesh.stop()
+        raise
+    url = f"http://127.0.0.1:{proxy.port}/gpumesh/"
     try:
         worker = Proc(["join", url], mesh.env, root / "worker.log")
         mesh.procs.append(worker)
         mesh.wait_alive(1, worker)
-        yield mesh, nginx, url
+        yield mesh, proxy, url
     finally:
         mesh.stop()
-        nginx.stop()
+        proxy.stop()
 
 
 def cli(mesh, *args) -> subprocess.CompletedProcess:
@@ -73,7 +78,7 @@ def cli(mesh, *args) -> subprocess.CompletedProcess:
 
 
 def test_the_worker_joined_and_calls_and_map_run_through_the_prefix(fronted):
-    mesh, nginx, url = fronted
+    mesh, proxy, url = fronted
     from gpumesh import GPUMesh
     client = GPUMesh(url, token=mesh.token, output=False)
     try:
@@ -83,8 +88,8 @@ def test_the_worker_joined_and_calls_and_map_run_through_the_prefix(fronted):
         assert [w["alive"] for w in client.workers()] == [True]
     finally:
         client.close()
-    seen = nginx.requests_seen()
-    # the worker's and the caller's requests all went through nginx, under the prefix
+    seen = proxy.requests_seen()
+    # the worker's and the caller's requests all went through the proxy, under the prefix
     assert any(r.startswith("POST /gpumesh/v1/workers ") for r in seen), seen[:20]
     assert any(r.startswith("POST /gpumesh/v1/jobs") for r in seen), seen[:20]
     assert any("/gpumesh/v1/workers/" in r and "/lease" in r for r in seen), seen[:20]
@@ -92,7 +97,7 @@ def test_the_worker_joined_and_calls_and_map_run_through_the_prefix(fronted):
 
 
 def test_same_machine_handoff_through_the_prefix(fronted):
-    mesh, nginx, url = fronted
+    mesh, proxy, url = fronted
     from gpumesh import GPUMesh
     client = GPUMesh(url, token=mesh.token, output=False)
     try:
@@ -103,11 +108,11 @@ def test_same_machine_handoff_through_the_prefix(fronted):
     assert np.array_equal(out, a + 1)
     assert arg_origin == "mmap"  # the worker mapped the argument's file
     assert origin(out) == "mmap"  # and the caller the result's
-    assert any(r.startswith("GET /gpumesh/v1/handoff ") for r in nginx.requests_seen())
+    assert any(r.startswith("GET /gpumesh/v1/handoff ") for r in proxy.requests_seen())
 
 
 def test_the_cli_reads_and_cancels_a_job_through_the_prefix(fronted):
-    mesh, nginx, url = fronted
+    mesh, proxy, url = fronted
     from gpumesh import GPUMesh
     script = mesh.root / "slow.py"
     script.write_text("import json, sys, time\njson.load(sys.stdin)\ntime.sleep(60)\n")
@@ -126,28 +131,28 @@ def test_the_cli_reads_and_cancels_a_job_through_the_prefix(fronted):
     r = cli(mesh, "workers", "--url", url, "--json")
     assert r.returncode == 0, r.stderr
     assert [w["alive"] for w in json.loads(r.stdout)] == [True]
-    assert any(f"/gpumesh/v1/jobs/{job}/cancel" in line for line in nginx.requests_seen())
+    assert any(f"/gpumesh/v1/jobs/{job}/cancel" in line for line in proxy.requests_seen())
 
 
-def through(nginx, source: str, token: str, xff: str | None = None) -> httpx.Response:
-    """GET /gpumesh/v1/jobs through nginx, connecting from loopback address ``source``."""
+def through(proxy, source: str, token: str, xff: str | None = None) -> httpx.Response:
+    """GET /gpumesh/v1/jobs through the proxy, connecting from loopback address ``source``."""
     headers = {"authorization": f"Bearer {token}"}
     if xff:
         headers["x-forwarded-for"] = xff
     with httpx.Client(transport=httpx.HTTPTransport(local_address=source), timeout=10) as c:
-        return c.get(f"http://127.0.0.1:{nginx.port}/gpumesh/v1/jobs", headers=headers)
+        return c.get(f"http://127.0.0.1:{proxy.port}/gpumesh/v1/jobs", headers=headers)
 
 
-def test_refused_tokens_through_nginx_lock_out_that_client_only(fronted):
-    mesh, nginx, url = fronted
+def test_refused_tokens_through_the_proxy_lock_out_that_client_only(fronted):
+    mesh, proxy, url = fronted
     guess = "guess-guess-guess-guess-guess"
-    codes = [through(nginx, "127.0.0.3", guess).status_code for _ in range(AUTH_FAIL_MAX)]
+    codes = [through(proxy, "127.0.0.3", guess).status_code for _ in range(AUTH_FAIL_MAX)]
     assert codes == [401] * (AUTH_FAIL_MAX - 1) + [429]
-    r = through(nginx, "127.0.0.3", mesh.token)  # the right token, from the locked-out client
+    r = through(proxy, "127.0.0.3", mesh.token)  # the right token, from the locked-out client
     assert r.status_code == 429 and "127.0.0.3" in r.json()["message"]
     assert int(r.headers["retry-after"]) > 0
     # claiming to be someone else in its own X-Forwarded-For changes nothing
-    assert through(nginx, "127.0.0.3", mesh.token, xff="198.51.100.9").status_code == 429
-    # another client behind the same nginx, and the worker, are still served
-    assert through(nginx, "127.0.0.4", mesh.token).status_code == 200
+    assert through(proxy, "127.0.0.3", mesh.token, xff="198.51.100.9").status_code == 429
+    # another client behind the same proxy, and the worker, are still served
+    assert through(proxy, "127.0.0.4", mesh.token).status_code == 200
     assert wait_for(lambda: mesh.alive() == 1, 5, "the worker to stay alive")
