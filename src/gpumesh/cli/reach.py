@@ -30,6 +30,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 
 import click
@@ -49,6 +50,8 @@ NGROK_TOKEN_PAGE = "https://dashboard.ngrok.com/get-started/your-authtoken"
 LOOPBACK_SOURCES = ("127.0.0.1/32", "::1/128")
 
 TAILSCALE_UP = "sudo tailscale up"
+#: Where the macOS app keeps its CLI when it is not on PATH.
+MACOS_TAILSCALE = "/Applications/Tailscale.app/Contents/MacOS/Tailscale"
 
 
 class ReachError(Exception):
@@ -65,6 +68,8 @@ class Tailnet:
 
 def _tailscale(*args: str) -> subprocess.CompletedProcess:
     exe = shutil.which("tailscale")
+    if exe is None and sys.platform == "darwin" and os.access(MACOS_TAILSCALE, os.X_OK):
+        exe = MACOS_TAILSCALE
     if exe is None:
         raise ReachError("--tailscale: the tailscale command was not found on PATH; install "
                          f"Tailscale (https://tailscale.com/download), then run: {TAILSCALE_UP}")
@@ -120,6 +125,9 @@ def tailnet() -> Tailnet:
                                  + _why_not(state))
             me = status.get("Self")
             dns = me.get("DNSName") if isinstance(me, dict) else None
+            tailnet_info = status.get("CurrentTailnet")
+            if isinstance(tailnet_info, dict) and tailnet_info.get("MagicDNSEnabled") is False:
+                dns = None  # the name exists but resolves nowhere
             if isinstance(dns, str) and dns.strip("."):
                 name = dns.strip().rstrip(".")
     else:
