@@ -36,6 +36,9 @@ case "$FAKE_TS:$1" in
   up:ip) echo "{ip}" ;;
   up:status) echo '{{"BackendState": "Running", "TailscaleIPs": ["{ip}"],
     "Self": {{"HostName": "gpu-box", "DNSName": "{name}.", "TailscaleIPs": ["{ip}"]}}}}' ;;
+  nodns:ip) echo "{ip}" ;;
+  nodns:status) echo '{{"BackendState": "Running", "CurrentTailnet": {{"MagicDNSEnabled": false}},
+    "Self": {{"DNSName": "{name}."}}}}' ;;
   loggedout:ip) echo "no current Tailscale IPs; state: NeedsLogin" >&2; exit 1 ;;
   loggedout:status) echo "Logged out." ; exit 1 ;;
   stopped:*) echo "failed to connect to local tailscaled; it doesn't appear to be running (sudo systemctl start tailscaled ?)" >&2; exit 1 ;;
@@ -111,6 +114,15 @@ def test_tailscale_binds_only_the_tailnet_address_and_prints_its_join_lines(tmp_
         assert r.status_code == 429 and "127.0.0.7" in r.json()["message"]
     finally:
         mesh.stop()
+
+
+def test_tailnet_reads_the_address_and_the_magicdns_name(ts_bin, monkeypatch):
+    from gpumesh.cli import reach
+    monkeypatch.setenv("PATH", str(ts_bin))
+    monkeypatch.setenv("FAKE_TS", "up")
+    assert reach.tailnet() == reach.Tailnet(TAILNET_IP, MAGICDNS)
+    monkeypatch.setenv("FAKE_TS", "nodns")  # MagicDNS off: the name would resolve nowhere
+    assert reach.tailnet() == reach.Tailnet(TAILNET_IP, None)
 
 
 @pytest.mark.parametrize("state, said", [
