@@ -6,7 +6,8 @@ The real SDK opens a session to ngrok's cloud and returns a listener whose publi
 :func:`forward` starts an "edge", a small TLS reverse proxy on 127.0.0.1 whose certificate
 is ``$FAKE_NGROK_CERT``/``$FAKE_NGROK_KEY`` (the test makes clients trust it, as the
 system's CAs trust ngrok's), and returns a :class:`Listener` with ``url()``;
-:func:`disconnect` (``url``) ends it. Signatures as in the SDK's ``ngrok.pyi`` (1.x).
+:func:`disconnect` (``url``) ends it. Signatures as in the SDK (1.x; checked against it by
+``test_the_sdk_double_has_the_sdks_signatures`` where the SDK is installed).
 
 Put the directory holding this file first on ``PYTHONPATH`` to use it. The authtoken is
 taken as the SDK takes it (``authtoken=`` or, with ``authtoken_from_env=True``,
@@ -24,7 +25,7 @@ import threading
 _OPEN: dict[str, "_Edge"] = {}
 
 
-def forward(addr=None, listener=None, **options):
+def forward(addr=None, proto=None, **options):
     token = options.get("authtoken") or (
         os.environ.get("NGROK_AUTHTOKEN") if options.get("authtoken_from_env") else None)
     if not token:
@@ -38,7 +39,7 @@ def forward(addr=None, listener=None, **options):
     return listener
 
 
-def disconnect(url=None) -> None:
+def disconnect(url=None):
     for u in [url] if url else list(_OPEN):
         edge = _OPEN.pop(u, None)
         if edge is not None:

@@ -204,6 +204,17 @@ def test_public_url_takes_a_worker_and_a_call_and_locks_out_guessers(tmp_path, e
         mesh.stop()
 
 
+def test_the_sdk_double_has_the_sdks_signatures():
+    import importlib.util
+    import inspect
+    real = pytest.importorskip("ngrok", reason="the ngrok SDK (gpumesh[tunnel]) is not installed")
+    spec = importlib.util.spec_from_file_location("ngrok_double", FAKES / "ngrok.py")
+    double = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(double)
+    for name in ("forward", "disconnect"):
+        assert inspect.signature(getattr(double, name)) == inspect.signature(getattr(real, name)), name
+
+
 def test_public_without_an_authtoken_names_NGROK_AUTHTOKEN(tmp_path, edge_cert):
     env = public_env(tmp_path, edge_cert)
     env.pop("NGROK_AUTHTOKEN", None)
