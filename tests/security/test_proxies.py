@@ -63,6 +63,9 @@ def test_the_rightmost_untrusted_hop_is_the_client():
     two = Headers(("x-forwarded-for", "192.0.2.1"), ("x-forwarded-for", "::ffff:198.51.100.2"))
     assert forwarded_client("10.0.0.2", two, PROXY) == "198.51.100.2"
     assert forwarded_client("::ffff:10.0.0.2", xff("2001:db8::5"), PROXY) == "2001:db8::5"
+    # hops with a port, as some proxies write them
+    assert forwarded_client("10.0.0.2", xff("198.51.100.3:4711"), PROXY) == "198.51.100.3"
+    assert forwarded_client("10.0.0.2", xff("[2001:db8::7]:4711"), PROXY) == "2001:db8::7"
     # an endless chain of trusted hops is cut short, not walked
     long = ", ".join(["198.51.100.7"] + ["10.0.0.1"] * (MAX_FORWARDED_HOPS + 5))
     assert forwarded_client("10.0.0.2", xff(long), PROXY) == "10.0.0.1"

@@ -235,11 +235,17 @@ def parse_networks(values) -> tuple[Network, ...]:
 
 
 def _address(text: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """``text`` as an IP address (IPv4-mapped IPv6 as IPv4); None if it is not one."""
+    """``text`` as an IP address (IPv4-mapped IPv6 as IPv4); None if it is not one. Some
+    proxies write a port too: ``192.0.2.1:4711`` and ``[2001:db8::1]:4711`` are read."""
     if not text:
         return None
+    text = text.strip()
+    if text.startswith("["):
+        text = text[1:].partition("]")[0]
+    elif text.count(":") == 1:
+        text = text.partition(":")[0]
     try:
-        ip = ipaddress.ip_address(text.strip().strip("[]").split("%")[0])
+        ip = ipaddress.ip_address(text.split("%")[0])
     except ValueError:
         return None
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
