@@ -252,4 +252,7 @@ def test_public_and_tailscale_refuse_what_cannot_work_together(tmp_path, edge_ce
     assert r.returncode == 2
     assert r.stderr.strip() == ("error: --trusted-proxy: 'nginx-box' is not an IP address or CIDR "
                                 "range (e.g. 10.0.0.0/8, 127.0.0.1/32, fd00::/8)")
-    assert not any((tmp_path / d).exists() for d in ("d1", "d2", "d3"))
+    r = serve_once(dict(env, GPUMESH_TRUSTED_PROXIES="10.0.0.0/8, 300.0.0.1"),
+                   "--data-dir", str(tmp_path / "d4"))
+    assert r.returncode == 2 and "'300.0.0.1' is not an IP address" in r.stderr
+    assert not any((tmp_path / d).exists() for d in ("d1", "d2", "d3", "d4"))
