@@ -226,8 +226,9 @@ def parse_networks(values) -> tuple[Network, ...]:
     Raises ``ValueError`` naming the first one that is not an address or a CIDR range."""
     out = []
     for v in values:
+        v = str(v).strip()
         try:
-            out.append(ipaddress.ip_network(str(v).strip(), strict=False))
+            out.append(ipaddress.ip_network(v, strict=False))
         except ValueError:
             raise ValueError(f"{v!r} is not an IP address or CIDR range (e.g. 10.0.0.0/8, "
                              "127.0.0.1/32, fd00::/8)") from None
