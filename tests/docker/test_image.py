@@ -177,8 +177,12 @@ def test_compose_runs_two_workers_and_keeps_results_across_a_coordinator_restart
         assert len({w["hostname"] for w in workers}) == 2
         script = tmp_path / "sq.py"
         script.write_text("import json, sys\nx = json.load(sys.stdin)['x']\nprint(json.dumps(x * x))\n")
+        from gpumesh import accelerate
         mesh = client(port)
         try:
+            assert accelerate(mesh)(square).map(range(10)) == [i * i for i in range(10)]
+            # a script job's results stay in the store until purged (a .map's are released
+            # once its caller has them): this is what must survive the restart
             job = mesh.submit(name="squares", script=script, payloads=[{"x": i} for i in range(6)])
             got = mesh.wait(job, timeout=120)
             assert [t["result"] for t in got] == [i * i for i in range(6)]
