@@ -105,6 +105,7 @@ def test_tls_is_checked_against_the_cas_or_the_pin(tls_mesh, shared_mesh, tmp_pa
     assert "--fingerprint" in checks["tls"]["fix"]
     code, checks = doctor(tls_mesh.url, GPUMESH_FINGERPRINT=tls_mesh.fingerprint, **env)
     assert code == 0, checks
+    assert doctor(tls_mesh.url, "--fingerprint", tls_mesh.fingerprint, **env)[0] == 0
     assert checks["tls"]["status"] == "ok" and checks["token"]["status"] == "ok"
     wrong = "SHA256:" + "0" * 64
     code, checks = doctor(tls_mesh.url, GPUMESH_FINGERPRINT=wrong, **env)

@@ -285,11 +285,11 @@ def _version(theirs: str) -> Check:
     return Check("version", "warn", f"the coordinator runs gpumesh {theirs}, this machine {__version__}", fix)
 
 
-def _coordinator(url: str | None, token: str | None) -> list[Check]:
+def _coordinator(url: str | None, token: str | None, fingerprint: str | None = None) -> list[Check]:
     from ..errors import AuthError, MeshError
     from ..transport import Transport, Unreachable
     try:
-        ep = config.resolve(url, token)
+        ep = config.resolve(url, token, fingerprint)
     except ValueError as e:
         return [Check("coordinator", "fail", str(e), "pass --url http://HOST:PORT")]
     where = "as given" if url else ("from $GPUMESH_URL" if os.environ.get("GPUMESH_URL")
@@ -353,8 +353,11 @@ def _coordinator(url: str | None, token: str | None) -> list[Check]:
 @click.command()
 @click.argument("target", metavar="[URL]", required=False)
 @endpoint_options
+@click.option("--fingerprint", default=None, metavar="SHA256:HEX",
+              help="The coordinator's TLS certificate pin, as `serve --tls` printed it "
+                   "[default: $GPUMESH_FINGERPRINT, else the saved config].")
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON [default: text].")
-def doctor(target, url, token, as_json):
+def doctor(target, url, token, fingerprint, as_json):
     """Check this machine and its connection to the mesh; say how to fix each problem.
 
     Checks the install, Python, cloudpickle, torch/CUDA and NVIDIA GPUs (optional), the
@@ -368,7 +371,7 @@ def doctor(target, url, token, as_json):
         raise click.UsageError(f"two different URLs: {target} and --url {url}; give one")
     url = target or url
     checks = [_install(), _python(), _cloudpickle(), _torch(), _gpus(), _saved()]
-    checks += _coordinator(url, token)
+    checks += _coordinator(url, token, fingerprint)
     hide(token)
     failed = any(c.status == "fail" for c in checks)
     if as_json:
