@@ -42,12 +42,19 @@ from ..limits import (BACKOFF_BASE_S, BACKOFF_MAX_S, HEARTBEAT_INTERVAL_S, LONG_
                       OUTPUT_BODY_BYTES, OUTPUT_FLUSH_S, SESSION_PING_S)
 from ..transport import Transport, Unreachable
 from . import membody
-from .device import GpuMonitor
+from .device import GpuMonitor, descends_from
 from .executor import Executor, Outcome
+from .owner import Decision, OwnerState, cap_free
 from .scoring import Scorer, describe
 
 log = logging.getLogger("gpumesh.worker")
 
+
+#: Seconds between two looks at the owner's rules (hours, GPU readings, a pause's end).
+OWNER_TICK_S = 1.0
+#: Seconds a handed-back task keeps trying to tell the coordinator before giving up
+#: (the heartbeat then stops naming it, which re-queues it too).
+HAND_BACK_S = 60.0
 
 #: Bytes of each stream of one task forwarded to the coordinator; the rest is dropped
 #: with a note (the task still runs to the end and its result still arrives).
@@ -103,11 +110,14 @@ class WorkerAgent:
     :func:`gpumesh.worker.device.detect`); its ``gpus`` and ``mps`` decide the GPU slots.
     ``bench``: measure the devices' scores after joining (off: scores stay 0).
     ``on_event(kind, text)`` receives user-facing lines (``joined``, ``reconnected``...).
+    ``owner``: the machine owner's rules (:class:`gpumesh.worker.owner.OwnerState`;
+    default: share everything, always); ``gpumesh pause`` reaches them via :meth:`control`.
     """
 
     def __init__(self, url: str, token: str, *, slots: int = 1, info: dict | None = None,
                  cache_dir: Path | None = None, worker_id: str | None = None,
-                 on_event=None, fingerprint: str | None = None, bench: bool = True):
+                 on_event=None, fingerprint: str | None = None, bench: bool = True,
+                 owner: OwnerState | None = None):
         self.url = url
         self.http = Transport(url, token, fingerprint=fingerprint)  # fingerprint: TLS pin
         self.info = dict(info or {})
@@ -142,13 +152,21 @@ class WorkerAgent:
         #: The coordinator's payload directories when it shares this machine and user
         #: (big arguments and results then change hands as files; gpumesh.handoff).
         self.handoff: Handoff | None = None
+        # The owner's rules: the decision in force, the slot each task runs in, and the
+        # tasks being handed back (task id -> why).
+        self.owner = owner or OwnerState()
+        self._owner_lock = threading.Lock()
+        self._decision = self.owner.decide()
+        self._slot_gpu = {s["id"]: s.get("gpu") for s in self.slot_list}
+        self._slot_task: dict[int | None, str] = {}
+        self._handing_back: dict[str, str] = {}
 
     # ------------------------------------------------------------------ lifecycle ---
     def run(self) -> None:
         """Run until :meth:`stop`. Raises ``AuthError`` if the token is refused."""
         self._register(first=True)
         for target, name in ((self._heartbeat_loop, "heartbeat"), (self._session_loop, "session"),
-                             (self._output_loop, "output")):
+                             (self._output_loop, "output"), (self._owner_loop, "owner")):
             threading.Thread(target=target, name=name, daemon=True).start()
         if self.scorer is not None:
             self.scorer.stopping = self.stopping
@@ -186,7 +204,8 @@ class WorkerAgent:
             delays = backoff_delays()
             while not self.stopping.is_set():
                 try:
-                    body = dict(self.info, slots=self.slots, slot_list=self.slot_list)
+                    body = dict(self.info, slots=self.slots, slot_list=self.slot_list,
+                                **self._owner_report())
                     if self.id:
                         body["id"] = self.id
                     resp = self.http.request("POST", "/v1/workers", json=body, timeout=10)
@@ -217,7 +236,8 @@ class WorkerAgent:
             try:
                 resp = self.http.request("POST", f"/v1/workers/{self.id}/heartbeat",
                                          json={"running": sorted(self._held),
-                                               **self._device_state()}, timeout=5)
+                                               **self._device_state(), **self._owner_report()},
+                                         timeout=5)
                 for task_id in resp.json().get("cancel", []):
                     self.executor.cancel(task_id)
                 delays = backoff_delays()
@@ -232,7 +252,7 @@ class WorkerAgent:
     def _device_state(self) -> dict:
         """What the heartbeat says about the devices: free GPU memory, scores once known."""
         out: dict = {}
-        free = self._gpus.free_mb()
+        free = cap_free(self._gpus.free_mb(), self.owner.policy.max_gpu_memory_mb)
         if free:
             out["gpu_free_mb"] = {str(i): mb for i, mb in free.items()}
             for g in self.info.get("gpus") or ():
@@ -331,7 +351,7 @@ class WorkerAgent:
             # Wait for a free slot, then ask for a task for each free slot (naming them:
             # the coordinator grants a slot only a task that slot can run).
             with self._free_cv:
-                free = [k for k, n in self._busy.items() if n == 0]
+                free = [k for k, n in self._busy.items() if n == 0 and self._slot_open(k)]
                 if not free:
                     self._free_cv.wait(0.5)
                     continue
@@ -405,16 +425,29 @@ class WorkerAgent:
             while task is not None:
                 held = task["task_id"]
                 self._held.add(held)  # reported by heartbeats until its result is delivered
-                try:
-                    path = self._function_blob(task["fn"])
-                except Exception as e:  # noqa: BLE001
-                    outcome = Outcome("retry", {"kind": "fetch",
-                                                "message": f"could not fetch the function: {e}"})
-                else:
-                    outcome = self._run_one(task, path, args, slot)
+                self._slot_task[slot] = held
+                if not self._slot_open(slot):  # granted just as the owner closed the slot
+                    self._handing_back.setdefault(held, self._closed_reason(slot))
+                outcome = None
+                if held not in self._handing_back:
+                    try:
+                        path = self._function_blob(task["fn"])
+                    except Exception as e:  # noqa: BLE001
+                        outcome = Outcome("retry", {"kind": "fetch",
+                                                    "message": f"could not fetch the function: {e}"})
+                    else:
+                        if held not in self._handing_back:
+                            outcome = self._run_one(task, path, args, slot)
                 args = None  # a big one is shared memory: free it now, not after the post
+                self._slot_task.pop(slot, None)
+                why = self._handing_back.pop(held, None)
                 try:
-                    task, args = self._post_result(task, outcome, slot)
+                    if why is not None and (outcome is None or (outcome.error or {}).get("kind") == "cancelled"):
+                        # killed (or never started) for the owner: preempted, not failed
+                        self._hand_back(task, why)
+                        task, args = None, None
+                    else:  # it finished first: its result stands
+                        task, args = self._post_result(task, outcome, slot)
                 finally:
                     self._held.discard(held)
                     outcome = None  # (its result may be a memory file too)
@@ -513,7 +546,7 @@ class WorkerAgent:
         deadline = time.monotonic() + 3600
         while time.monotonic() < deadline:
             params = {"lease": task["lease_id"]}
-            if not self.stopping.is_set():
+            if not self.stopping.is_set() and self._slot_open(slot):
                 params["next"] = "1"
                 if slot is not None:
                     params["slot"] = str(slot)
@@ -549,3 +582,117 @@ class WorkerAgent:
                 return granted[0], got[1]
             return None, None
         return None, None
+
+    # ------------------------------------------------------------------ owner -------
+    def _slot_open(self, slot: int | None) -> bool:
+        """Whether the owner's rules let ``slot`` start a new task now."""
+        return self._decision.open(self._slot_gpu.get(slot))
+
+    def _closed_reason(self, slot: int | None) -> str:
+        d = self._decision
+        if d.worker is not None:
+            return d.worker["label"]
+        st = d.gpus.get(self._slot_gpu.get(slot))
+        return st["label"] if st else "handed back by its worker"
+
+    def _owner_report(self) -> dict:
+        """The owner's rules as the coordinator sees them (gpumesh.availability)."""
+        d = self._decision
+        return {"owner": d.worker, "gpu_states": {str(i): st for i, st in d.gpus.items()}}
+
+    def _owner_loop(self) -> None:
+        while not self.stopping.wait(OWNER_TICK_S):
+            try:
+                self._owner_tick()
+            except Exception as e:  # noqa: BLE001 - never let the owner thread die
+                log.warning("owner rules check failed: %s", e)
+
+    def _owner_tick(self, readings=None) -> None:
+        """Apply the owner's rules now: hand back what must go, tell the coordinator of
+        a change at once (not at the next heartbeat)."""
+        if readings is None and self.owner.policy.watches_gpus:
+            me = os.getpid()
+            readings = self._gpus.readings(lambda pid: descends_from(pid, me))
+        with self._owner_lock:
+            old, new = self._decision, self.owner.decide(readings)
+            self._decision = new
+        for slot, task_id in list(self._slot_task.items()):
+            gpu = self._slot_gpu.get(slot)
+            if new.hand_back(gpu):
+                if task_id not in self._handing_back:
+                    self._handing_back[task_id] = self._closed_reason(slot)
+                    log.info("handing task %s back: %s", task_id, self._handing_back[task_id])
+                # again at every tick: a task may have been on its way into the executor
+                self.executor.cancel(task_id)
+        if (old.worker, old.gpus) != (new.worker, new.gpus):
+            self._announce(old, new)
+            with self._free_cv:
+                self._free_cv.notify_all()
+            if self._registered.is_set():
+                try:
+                    self.http.request("POST", f"/v1/workers/{self.id}/heartbeat",
+                                      json={"running": sorted(self._held), **self._owner_report()},
+                                      timeout=5)
+                except Exception as e:  # noqa: BLE001 - the next heartbeat carries it too
+                    log.debug("could not report the owner's rules now: %s", e)
+
+    def _announce(self, old: Decision, new: Decision) -> None:
+        if (old.worker or {}).get("label") != (new.worker or {}).get("label"):
+            if new.worker is None:
+                self.on_event("owner", "taking tasks again")
+            else:
+                self.on_event("owner", f"{new.worker['label']}: no new tasks"
+                              + ("; running ones handed back" if new.hand_back_all else ""))
+        for i in sorted(set(old.gpus) | set(new.gpus)):
+            was, now = old.gpus.get(i), new.gpus.get(i)
+            if (was or {}).get("label") != (now or {}).get("label"):
+                self.on_event("owner", f"cuda:{i} {now['label']}: no new tasks there" if now
+                              else f"cuda:{i} taking tasks again")
+
+    def _hand_back(self, task: dict, reason: str) -> None:
+        """Give a task back to the coordinator as preempted (retrying while it is away)."""
+        delays = backoff_delays()
+        deadline = time.monotonic() + HAND_BACK_S
+        while time.monotonic() < deadline:
+            try:
+                self.http.request("POST", f"/v1/tasks/{task['task_id']}/release",
+                                  params={"lease": task["lease_id"]}, json={"reason": reason},
+                                  timeout=10)
+                self.on_event("handed_back", f"task {task['task_id']} handed back ({reason})")
+                return
+            except RequestRejected as e:  # already re-queued or cancelled meanwhile
+                log.info("hand-back of task %s refused: %s", task["task_id"], e)
+                return
+            except Unreachable:
+                if self.stopping.wait(next(delays)):
+                    return
+
+    def control(self, request: dict) -> dict:
+        """Answer one control-channel request (gpumesh.worker.control): ``pause``
+        (``now``, ``for_s``), ``resume`` or ``status``; ``worker`` names the one meant.
+        Raises ``ValueError`` for a malformed request."""
+        op, target = request.get("op"), request.get("worker")
+        if target is not None and not isinstance(target, str):
+            raise ValueError("'worker' must be a worker id")
+        if target and target != self.id and not (self.id or "").startswith(target):
+            return {"ok": True, "skipped": True, "worker": self.id}
+        if op == "pause":
+            now, for_s = request.get("now", False), request.get("for_s")
+            if not isinstance(now, bool):
+                raise ValueError("'now' must be true or false")
+            if for_s is not None and (isinstance(for_s, bool) or not isinstance(for_s, (int, float))
+                                      or not 0 < for_s <= 366 * 86400):
+                raise ValueError("'for_s' must be a number of seconds, at most a year")
+            with self._owner_lock:
+                self.owner.pause(now=now, for_s=for_s)
+        elif op == "resume":
+            with self._owner_lock:
+                self.owner.resume()
+        elif op != "status":
+            raise ValueError(f"unknown op {op!r}: pause, resume or status")
+        running = len(self._held)
+        self._owner_tick()
+        d = self._decision
+        return {"ok": True, "worker": self.id, "hostname": self.info.get("hostname"),
+                "state": (d.worker or {}).get("label", "open"), "until": self.owner.paused_until,
+                "running": running, "gpus": {str(i): st["label"] for i, st in d.gpus.items()}}
