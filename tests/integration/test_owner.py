@@ -153,7 +153,7 @@ def test_pause_now_hands_the_running_task_back(make_mesh, tmp_path):
         assert cli(m, "resume", "--worker", idf).returncode == 0
         r = cli(m, "pause", "--now", "--worker", ids)
         t0 = time.monotonic()
-        assert r.returncode == 0 and "no new tasks; running tasks handed back" in r.stdout
+        assert r.returncode == 0 and "no new tasks; 1 running task(s) handed back" in r.stdout
         wait_for(lambda: gone(pid), 2.0, "the task's process to be killed")
         assert time.monotonic() - t0 <= 2.0
         th.join(30)

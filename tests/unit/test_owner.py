@@ -417,10 +417,80 @@ def test_control_channel_without_workers_and_stale_sockets(tmp_path):
     d = tmp_path / "run"
     with pytest.raises(control.NoWorkerRunning):
         control.send({"op": "status"}, d)
-    server = control.ControlServer(lambda req: {"ok": True}, d).start()
-    server._sock.close()                                   # a worker killed with -9 leaves this
-    server._sock = None
+    d.mkdir(mode=0o700)
+    stale = d / "worker-999999.sock"                       # what a worker killed with -9 leaves
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(stale))
+    s.close()
     with pytest.raises(control.NoWorkerRunning):
         control.send({"op": "status"}, d)
-    assert not server.path.exists()                        # the stale socket was removed
-    server.close()
+    assert not stale.exists()                              # the stale socket was removed
+    server = control.ControlServer(lambda req: {"ok": True, "worker": "w"}, d).start()
+    try:
+        assert control.send({"op": "status"}, d) == [{"ok": True, "worker": "w"}]
+    finally:
+        server.close()
+
+
+# ---------------------------------------------------------------- GPU readings -------
+
+def test_fake_gpu_hook_drives_the_readings_at_run_time(tmp_path, monkeypatch):
+    from gpumesh.worker import device
+    path = tmp_path / "gpus.json"
+    path.write_text(json.dumps([{"name": "A"}, {"name": "B", "other_util_pct": 40, "temperature_c": 70}]))
+    monkeypatch.setenv(device.FAKE_GPUS_ENV, f"@{path}")
+    mon = device.GpuMonitor([0, 1])
+    assert mon.readings() == {0: GpuReading(0), 1: GpuReading(1, other_util_pct=40.0, temp_c=70.0)}
+    path.write_text(json.dumps([{"name": "A", "other_memory_mb": 3000, "power_w": 310}, {"name": "B"}]))
+    assert mon.readings() == {0: GpuReading(0, other_mb=3000.0, power_w=310.0), 1: GpuReading(1)}
+    assert device.GpuMonitor([1]).readings() == {1: GpuReading(1)}
+    path.write_text("not json")
+    assert mon.readings() == {}
+
+
+def test_nvml_readings_leave_out_gpumesh_processes(monkeypatch):
+    from types import SimpleNamespace as NS
+
+    from gpumesh.worker import device
+    monkeypatch.delenv(device.FAKE_GPUS_ENV, raising=False)
+    procs = {"compute": [NS(pid=100, usedGpuMemory=2 * 2**30), NS(pid=200, usedGpuMemory=6 * 2**30)],
+             "graphics": [NS(pid=300, usedGpuMemory=2**30)]}
+    fake = NS(nvmlInit=lambda: None, nvmlShutdown=lambda: None, NVML_TEMPERATURE_GPU=0,
+              nvmlDeviceGetHandleByIndex=lambda i: i,
+              nvmlDeviceGetComputeRunningProcesses=lambda h: procs["compute"],
+              nvmlDeviceGetGraphicsRunningProcesses=lambda h: procs["graphics"],
+              nvmlDeviceGetProcessUtilization=lambda h, since: [NS(pid=100, smUtil=50), NS(pid=300, smUtil=30)],
+              nvmlDeviceGetTemperature=lambda h, sensor: 71,
+              nvmlDeviceGetPowerUsage=lambda h: 215_500)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    mon = device.GpuMonitor([0])
+    got = mon.readings(lambda pid: pid == 200)              # 200 is one of our tasks
+    assert got == {0: GpuReading(0, other_util_pct=80.0, other_mb=3072.0, temp_c=71.0, power_w=215.5)}
+
+
+def test_descends_from():
+    from gpumesh.worker.device import descends_from
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert descends_from(child.pid, os.getpid()) and descends_from(os.getpid(), os.getpid())
+        assert not descends_from(os.getpid(), child.pid) and not descends_from(1, os.getpid())
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_every_capable_gpu_closed_says_why(coord):
+    gpus = [{"index": 0, "name": "NVIDIA RTX 4090", "memory_total_mb": 24000},
+            {"index": 1, "name": "NVIDIA RTX 4090", "memory_total_mb": 24000}]
+    slots = [{"id": 0, "kind": "cuda", "gpu": 0}, {"id": 1, "kind": "cuda", "gpu": 1}, {"id": 2, "kind": "cpu"}]
+    a = coord.register({"hostname": "box", "gpus": gpus, "slot_list": slots}, None, 3)
+    coord.heartbeat(a.id, [], {"gpu_states": {"0": {"state": "yielding", "label": "yielding: GPU busy"},
+                                              "1": {"state": "hot", "label": "hot 83C"}}})
+    coord.submit("aaaa04", "fn", "function", "f" * 64, {"timeout": None, "require": {"gpu": "cuda"}},
+                 [b"x"], [1.0], False)
+    assert asyncio.run(coord.lease(a.id, 3, 0, [0, 1, 2])) == []      # the CPU slot cannot run it
+    assert coord.waiting_reason("aaaa04") == ("waiting: every worker that can run it is unavailable: "
+                                              "box [cuda:0 yielding: GPU busy, cuda:1 hot 83C]")
+    coord.heartbeat(a.id, [], {"gpu_states": {"0": {"state": "yielding", "label": "yielding: GPU busy"}}})
+    (g,) = asyncio.run(coord.lease(a.id, 3, 0, [0, 1, 2]))              # GPU 1 cooled down
+    assert g.slot == 1

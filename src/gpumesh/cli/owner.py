@@ -245,8 +245,9 @@ def pause(now, for_, worker):
         except ValueError as e:
             fail(str(e), code=2)
     for a in _send({"op": "pause", "now": now, "for_s": for_s}, worker):
-        what = "running tasks handed back" if now else (
-            f"{a.get('running', 0)} running task(s) finish" if a.get("running") else "no task running")
+        n = a.get("running", 0)
+        what = "no task running" if not n else (
+            f"{n} running task(s) handed back" if now else f"{n} running task(s) finish")
         until = f" for {for_}" if for_ else ""
         click.echo(f"[OK] paused {_who(a)}{until}: no new tasks; {what}")
 

@@ -160,6 +160,7 @@ class WorkerAgent:
         self._slot_gpu = {s["id"]: s.get("gpu") for s in self.slot_list}
         self._slot_task: dict[int | None, str] = {}
         self._handing_back: dict[str, str] = {}
+        self._owner_due = threading.Event()  # a change the coordinator must hear of now
 
     # ------------------------------------------------------------------ lifecycle ---
     def run(self) -> None:
@@ -601,15 +602,26 @@ class WorkerAgent:
         return {"owner": d.worker, "gpu_states": {str(i): st for i, st in d.gpus.items()}}
 
     def _owner_loop(self) -> None:
-        while not self.stopping.wait(OWNER_TICK_S):
+        """Look at the rules every OWNER_TICK_S, and tell the coordinator of a change at
+        once (from this one thread, so that reports arrive in order)."""
+        while not self.stopping.is_set():
+            self._owner_due.wait(OWNER_TICK_S)
             try:
                 self._owner_tick()
+                if self._owner_due.is_set():
+                    self._owner_due.clear()
+                    if not self._registered.is_set():
+                        continue  # the registration carries it
+                    self.http.request("POST", f"/v1/workers/{self.id}/heartbeat",
+                                      json={"running": sorted(self._held), **self._owner_report()},
+                                      timeout=5)
             except Exception as e:  # noqa: BLE001 - never let the owner thread die
-                log.warning("owner rules check failed: %s", e)
+                log.warning("owner rules check failed: %s", e)  # the heartbeat carries it too
+                self.stopping.wait(OWNER_TICK_S)
 
     def _owner_tick(self, readings=None) -> None:
-        """Apply the owner's rules now: hand back what must go, tell the coordinator of
-        a change at once (not at the next heartbeat)."""
+        """Apply the owner's rules now: hand back what must go; a change is announced and
+        marked for the owner thread to report."""
         if readings is None and self.owner.policy.watches_gpus:
             me = os.getpid()
             readings = self._gpus.readings(lambda pid: descends_from(pid, me))
@@ -628,13 +640,7 @@ class WorkerAgent:
             self._announce(old, new)
             with self._free_cv:
                 self._free_cv.notify_all()
-            if self._registered.is_set():
-                try:
-                    self.http.request("POST", f"/v1/workers/{self.id}/heartbeat",
-                                      json={"running": sorted(self._held), **self._owner_report()},
-                                      timeout=5)
-                except Exception as e:  # noqa: BLE001 - the next heartbeat carries it too
-                    log.debug("could not report the owner's rules now: %s", e)
+            self._owner_due.set()
 
     def _announce(self, old: Decision, new: Decision) -> None:
         if (old.worker or {}).get("label") != (new.worker or {}).get("label"):

@@ -34,8 +34,9 @@ from pathlib import Path
 
 log = logging.getLogger("gpumesh.worker.control")
 
-#: Seconds a control connection may take (each way) before it is dropped.
-CONTROL_TIMEOUT_S = 5.0
+#: Seconds a control connection may take (each way) before it is dropped (a pause --now
+#: waits for the kills, which wait up to 5 s for a task that is just starting).
+CONTROL_TIMEOUT_S = 10.0
 #: Longest request line read (bytes): a pause command is a few dozen.
 MAX_REQUEST_BYTES = 4096
 _MAX_SUN_PATH = 100  # sockaddr_un.sun_path is 104 (macOS) or 108 (Linux) bytes
@@ -138,13 +139,21 @@ class ControlServer:
 
     def _answer(self, conn: socket.socket) -> None:
         uid = peer_uid(conn)
+        try:
+            line = _read_line(conn)  # (read even from a refused peer: its answer then arrives)
+        except ValueError as e:
+            line, too_long = "", e
+        else:
+            too_long = None
         if uid is not None and uid != os.getuid():
             log.warning("control channel: refused a connection from uid %d", uid)
             _send(conn, {"ok": False, "error": "refused: this worker takes commands only from "
                                                "the OS user running it"})
             return
         try:
-            request = json.loads(_read_line(conn))
+            if too_long is not None:
+                raise too_long
+            request = json.loads(line)
             if not isinstance(request, dict):
                 raise ValueError("not an object")
         except ValueError as e:
