@@ -171,6 +171,33 @@ def test_pause_now_hands_the_running_task_back(make_mesh, tmp_path):
     assert re.search(r"\[worker\] task [0-9a-f]+ handed back \(paused: owner\)", slow.output())
 
 
+def test_pause_lets_the_running_task_finish_and_starts_no_next(make_mesh, tmp_path):
+    m = make_mesh(workers=0)
+    a = start_worker(m, "slow")
+    ida = joined_id(a)
+    d = tmp_path / "ran"
+    d.mkdir()
+    out: list = []
+    with closing(m.client(output=False)) as c:
+        fn = accelerate(c)(recorder(d, seconds=2.0))
+        th = threading.Thread(target=lambda: out.append(fn.map([0, 1])), daemon=True)
+        th.start()
+        (_, _, pid, _), = wait_for(lambda: markers(d), 30, "the first task to start")
+        r = cli(m, "pause")
+        assert r.returncode == 0 and "no new tasks; 1 running task(s) finish" in r.stdout
+        job = c.jobs()[0]
+        wait_for(lambda: c.status(job["id"])["counts"].get("done") == 1, 10, "the running task to finish")
+        time.sleep(1.5)                                    # the next item does not start here
+        assert len(markers(d)) == 1 and gone(pid)           # it ended by itself
+        view = c.status(job["id"])
+        assert view["counts"] == {"done": 1, "pending": 1} and "preempted" not in view
+        assert cli(m, "resume").returncode == 0
+        th.join(30)
+        assert out == [[(0, "slow"), (1, "slow")]]
+        assert [t["attempts"] for t in c.status(job["id"])["tasks"]] == [1, 1]
+    assert owner_label(m, ida) is None
+
+
 def test_a_job_whose_only_worker_is_paused_waits_and_says_why(make_mesh, tmp_path):
     m = make_mesh(workers=0)
     a = start_worker(m, "a")
