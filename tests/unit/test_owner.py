@@ -349,7 +349,7 @@ def test_join_usage_errors_exit_2_naming_the_setting(tmp_path):
     assert r.returncode == 2 and "busy_threshold='lots'" in r.stderr
     r = subprocess.run([sys.executable, "-m", "gpumesh", "join", "http://127.0.0.1:9", "--gpus", "1",
                         "--busy-threshold", "5%"], env=env, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "no GPU 1" in r.stderr
+    assert r.returncode == 2 and "--gpus: this machine has no GPU 1 (it has none)" in r.stderr
 
 
 # ---------------------------------------------------------------- control channel ----

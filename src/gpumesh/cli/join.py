@@ -89,9 +89,12 @@ def join(url, token, slots, fingerprint, **owner_flags):
     info = detect()
     from ..worker.owner import share_gpus
     try:
-        info["gpus"] = share_gpus(info["gpus"], policy)
+        info["gpus"] = share_gpus(info["gpus"], policy, "--gpus" if owner_flags.get("gpus")
+                                  else f"gpus in {owner_cli.worker_config_path()}")
     except ValueError as e:
-        fail(f"--{e}", code=2)
+        fail(str(e), code=2)
+    if policy.gpus == ():  # "none": CPU slots only, the Apple GPU too stays the owner's
+        info["mps"] = False
     if not info["gpus"] and not info["mps"]:
         info["device"], info["device_name"] = "CPU", info["cpu"]
     if slots == 0 and not (info["gpus"] or info["mps"]):

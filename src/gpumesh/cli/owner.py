@@ -145,7 +145,8 @@ def build_policy(flags: dict, file_settings: dict):
             if not kw["gpus"] or min(kw["gpus"]) < 0:
                 raise ValueError(f"{name('gpus')}={raw!r}: give GPU indices such as 0,2 or none")
     if "max_gpu_memory" in merged:
-        kw["max_gpu_memory_mb"] = max(1, parse_memory(merged["max_gpu_memory"], name("max_gpu_memory")) // MiB)
+        size = parse_memory(merged["max_gpu_memory"], name("max_gpu_memory"))
+        kw["max_gpu_memory_mb"] = max(1, size // MiB)
     if "hours" in merged:
         hours = merged["hours"]
         if isinstance(hours, str):

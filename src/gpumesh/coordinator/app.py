@@ -799,7 +799,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         reason = _field(data, "reason", str, "handed back by its worker")
         _check_str(reason, "reason")
         if len(reason) > 200 or not reason.isprintable():
-            raise HTTPError(400, "bad_request", "field 'reason' must be a printable line of at most 200 characters")
+            raise HTTPError(400, "bad_request",
+                            "field 'reason' must be a printable line of at most 200 characters")
         try:
             coord.hand_back(tid, lease_id, reason)
         except StaleLease:

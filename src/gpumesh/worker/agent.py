@@ -443,7 +443,8 @@ class WorkerAgent:
                 self._slot_task.pop(slot, None)
                 why = self._handing_back.pop(held, None)
                 try:
-                    if why is not None and (outcome is None or (outcome.error or {}).get("kind") == "cancelled"):
+                    killed = outcome is None or (outcome.error or {}).get("kind") == "cancelled"
+                    if why is not None and killed:
                         # killed (or never started) for the owner: preempted, not failed
                         self._hand_back(task, why)
                         task, args = None, None

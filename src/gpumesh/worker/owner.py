@@ -323,7 +323,7 @@ class OwnerState:
 
 
 # ---------------------------------------------------------------- what is shared -------
-def share_gpus(gpus: list[dict], policy: Policy) -> list[dict]:
+def share_gpus(gpus: list[dict], policy: Policy, setting: str = "gpus") -> list[dict]:
     """The GPUs this worker offers under ``policy``: those named by ``policy.gpus`` (in
     the order detected), each with its memory capped at ``max_gpu_memory_mb`` (so the
     coordinator never sends a task that needs more). Raises ``ValueError`` naming the
@@ -333,7 +333,7 @@ def share_gpus(gpus: list[dict], policy: Policy) -> list[dict]:
         have = {g["index"] for g in gpus}
         missing = [i for i in policy.gpus if i not in have]
         if missing:
-            raise ValueError(f"gpus: this machine has no GPU {missing[0]} (it has "
+            raise ValueError(f"{setting}: this machine has no GPU {missing[0]} (it has "
                              f"{', '.join(map(str, sorted(have))) or 'none'})")
         out = [g for g in gpus if g["index"] in policy.gpus]
     return [cap_memory(g, policy.max_gpu_memory_mb) for g in out]
