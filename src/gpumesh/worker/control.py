@@ -51,7 +51,10 @@ class NoWorkerRunning(Exception):
 
 
 def control_dir() -> Path:
-    """Where this OS user's workers put their control sockets (see the module docstring)."""
+    """Where this OS user's workers put their control sockets (see the module docstring).
+    Raises ``ControlError`` where the OS has no AF_UNIX sockets or user ids."""
+    if not hasattr(socket, "AF_UNIX") or not hasattr(os, "getuid"):
+        raise ControlError("the control channel needs a POSIX system (AF_UNIX sockets, user ids)")
     home = Path.home()
     path = home / ".gpumesh" / "run"
     if len(str(path / "worker-4194304.sock").encode()) <= _MAX_SUN_PATH:
@@ -82,7 +85,7 @@ def peer_uid(conn: socket.socket) -> int | None:
         raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         return struct.unpack("3i", raw)[1]
     if sys.platform == "darwin":  # struct xucred {u_int version; uid_t uid; ...}
-        sol_local, local_peercred = 0, 0x001
+        sol_local, local_peercred = 0, getattr(socket, "LOCAL_PEERCRED", 0x001)
         raw = conn.getsockopt(sol_local, local_peercred, struct.calcsize("2I"))
         return struct.unpack("2I", raw)[1]
     return None
