@@ -119,7 +119,7 @@ def test_paused_worker_gets_no_task_while_another_takes_the_queue(make_mesh, tmp
     r = cli(m, "pause", "--for", "soon")
     assert r.returncode == 2 and "--for='soon'" in r.stderr
     r = cli(m, "pause", "--worker", ida, "--for", "2h")
-    assert r.returncode == 0 and "for 2h: no new tasks" in r.stdout
+    assert r.returncode == 0 and re.search(r"for 2h \(until \d\d:\d\d\): no new tasks", r.stdout)
     until = wait_for(lambda: (worker(m, ida).get("owner") or {}).get("until"), 10, "the pause's end")
     assert 7100 < until - time.time() <= 7200
 
@@ -167,7 +167,7 @@ def test_pause_now_hands_the_running_task_back(make_mesh, tmp_path):
         assert "item 0 started on slow" in logs[0]["stdout"] and "item 0 started on fast" in logs[0]["stdout"]
         assert re.search(r"\[gpumesh: the output above is from attempt 1 on .+, preempted "
                          r"\(paused: owner\); the task runs again\]", logs[0]["stderr"])
-    assert "[worker] paused: owner: no new tasks; running ones handed back" in slow.output()
+    assert "[worker] paused by the owner: no new tasks; running ones handed back" in slow.output()
     assert re.search(r"\[worker\] task [0-9a-f]+ handed back \(paused: owner\)", slow.output())
 
 
@@ -349,7 +349,7 @@ def test_the_end_of_the_hours_hands_running_tasks_back(make_mesh, tmp_path, monk
             assert owner_label(m, agent.id) == "outside hours"
             line = next(ln for ln in cli(m, "workers").stdout.splitlines() if agent.id[:8] in ln)
             assert line.endswith("[alive] [outside hours]")
-        assert "outside hours: no new tasks; running ones handed back" in events
+        assert "outside the sharing hours: no new tasks; running ones handed back" in events
     finally:
         agent.stop()
         runner.join(15)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -249,7 +250,9 @@ def pause(now, for_, worker):
         n = a.get("running", 0)
         what = "no task running" if not n else (
             f"{n} running task(s) handed back" if now else f"{n} running task(s) finish")
-        until = f" for {for_}" if for_ else ""
+        until = ""
+        if for_ and a.get("until"):
+            until = f" for {for_} (until {time.strftime('%H:%M', time.localtime(a['until']))})"
         click.echo(f"[OK] paused {_who(a)}{until}: no new tasks; {what}")
 
 

@@ -648,8 +648,12 @@ class WorkerAgent:
             if new.worker is None:
                 self.on_event("owner", "taking tasks again")
             else:
-                self.on_event("owner", f"{new.worker['label']}: no new tasks"
-                              + ("; running ones handed back" if new.hand_back_all else ""))
+                what = {"paused": "paused by the owner", "outside_hours": "outside the sharing hours"}
+                until = new.worker.get("until")
+                self.on_event("owner", what.get(new.worker["state"], new.worker["label"])
+                              + (time.strftime(" until %H:%M", time.localtime(until)) if until else "")
+                              + ": no new tasks; running ones "
+                              + ("handed back" if new.hand_back_all else "finish"))
         for i in sorted(set(old.gpus) | set(new.gpus)):
             was, now = old.gpus.get(i), new.gpus.get(i)
             if (was or {}).get("label") != (now or {}).get("label"):
