@@ -453,19 +453,31 @@ def test_nvml_readings_leave_out_gpumesh_processes(monkeypatch):
 
     from gpumesh.worker import device
     monkeypatch.delenv(device.FAKE_GPUS_ENV, raising=False)
+    seen = []
+
+    def samples(since):
+        seen.append(since)
+        if since >= 30:
+            raise type("NVMLError_NotFound", (Exception,), {})()   # nothing new since
+        return [NS(pid=100, smUtil=70, timeStamp=10), NS(pid=100, smUtil=50, timeStamp=20),
+                NS(pid=300, smUtil=30, timeStamp=30), NS(pid=200, smUtil=99, timeStamp=25)]
+
     procs = {"compute": [NS(pid=100, usedGpuMemory=2 * 2**30), NS(pid=200, usedGpuMemory=6 * 2**30)],
              "graphics": [NS(pid=300, usedGpuMemory=2**30)]}
     fake = NS(nvmlInit=lambda: None, nvmlShutdown=lambda: None, NVML_TEMPERATURE_GPU=0,
               nvmlDeviceGetHandleByIndex=lambda i: i,
               nvmlDeviceGetComputeRunningProcesses=lambda h: procs["compute"],
               nvmlDeviceGetGraphicsRunningProcesses=lambda h: procs["graphics"],
-              nvmlDeviceGetProcessUtilization=lambda h, since: [NS(pid=100, smUtil=50), NS(pid=300, smUtil=30)],
+              nvmlDeviceGetProcessUtilization=lambda h, since: samples(since),
               nvmlDeviceGetTemperature=lambda h, sensor: 71,
               nvmlDeviceGetPowerUsage=lambda h: 215_500)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     mon = device.GpuMonitor([0])
     got = mon.readings(lambda pid: pid == 200)              # 200 is one of our tasks
+    # newest sample per process (100: 50%, not 70%), ours (200) left out
     assert got == {0: GpuReading(0, other_util_pct=80.0, other_mb=3072.0, temp_c=71.0, power_w=215.5)}
+    assert mon.readings(lambda pid: pid == 200)[0].other_util_pct == 0.0   # no samples since
+    assert seen == [0, 30]
 
 
 def test_descends_from():

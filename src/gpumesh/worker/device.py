@@ -144,6 +144,7 @@ class GpuMonitor:
     def __init__(self, indices: list[int]):
         self.indices = list(indices)
         self._nvml = None
+        self._util_seen: dict[int, int] = {}  # GPU index -> newest utilisation sample (us)
 
     def free_mb(self) -> dict[int, int]:
         """``{gpu index: free MiB}`` for the watched GPUs; ``{}`` if none can be read."""
@@ -222,11 +223,7 @@ class GpuMonitor:
                 except Exception:  # not supported on this GPU/driver
                     pass
             other_mb = sum((p.usedGpuMemory or 0) for p in procs if not ours(p.pid)) / _MIB
-            try:  # per-process SM utilisation over the last few seconds
-                samples = nv.nvmlDeviceGetProcessUtilization(h, 0)
-                util = float(sum(s.smUtil for s in samples if not ours(s.pid)))
-            except Exception:
-                util = None
+            util = self._other_util(h, i, ours)
             try:
                 temp = float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
             except Exception:
@@ -237,6 +234,24 @@ class GpuMonitor:
                 power = None
             out[i] = GpuReading(i, util, other_mb, temp, power)
         return out
+
+    def _other_util(self, handle, index: int, ours) -> float | None:
+        """SM utilisation (%) of the processes that are not ours, from the samples NVML
+        took since the last look (the newest one per process); None if unsupported."""
+        since = self._util_seen.get(index, 0)
+        try:
+            samples = self._nvml.nvmlDeviceGetProcessUtilization(handle, since)
+        except Exception as e:
+            # NotFound: no process used the GPU since the last look
+            return 0.0 if type(e).__name__ == "NVMLError_NotFound" else None
+        newest: dict[int, tuple[int, float]] = {}
+        for smp in samples:
+            stamp = int(getattr(smp, "timeStamp", 0) or 0)
+            if smp.pid not in newest or stamp >= newest[smp.pid][0]:
+                newest[smp.pid] = (stamp, float(smp.smUtil))
+            since = max(since, stamp)
+        self._util_seen[index] = since
+        return sum(u for pid, (_, u) in newest.items() if not ours(pid))
 
     def close(self) -> None:
         if self._nvml is not None:
