@@ -129,6 +129,7 @@ class WorkerAgent:
         self.slots = len(self.slot_list)
         self._slot_env = {s["id"]: self._env_for(s, bool(gpus)) for s in self.slot_list}
         self._gpus = GpuMonitor([g["index"] for g in gpus])
+        self._owner_gpus = GpuMonitor([g["index"] for g in gpus])  # the owner thread's own
         self._scores: dict[str, float] = {}
         self.scorer = Scorer([g["index"] for g in gpus], bool(self.info.get("mps")),
                              self._on_scores) if bench else None
@@ -192,6 +193,7 @@ class WorkerAgent:
         if self.scorer is not None:
             self.scorer.close()
         self._gpus.close()
+        self._owner_gpus.close()
         self.executor.close()  # no orphans: every task's process group is killed
         self.http.close()
         if self._own_cache:
@@ -625,7 +627,7 @@ class WorkerAgent:
         marked for the owner thread to report."""
         if readings is None and self.owner.policy.watches_gpus:
             me = os.getpid()
-            readings = self._gpus.readings(lambda pid: descends_from(pid, me))
+            readings = self._owner_gpus.readings(lambda pid: descends_from(pid, me))
         with self._owner_lock:
             old, new = self._decision, self.owner.decide(readings)
             self._decision = new
