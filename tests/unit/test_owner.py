@@ -506,3 +506,46 @@ def test_every_capable_gpu_closed_says_why(coord):
     coord.heartbeat(a.id, [], {"gpu_states": {"0": {"state": "yielding", "label": "yielding: GPU busy"}}})
     (g,) = asyncio.run(coord.lease(a.id, 3, 0, [0, 1, 2]))              # GPU 1 cooled down
     assert g.slot == 1
+
+
+def test_agent_control_requests(tmp_path):
+    from gpumesh.worker.agent import WorkerAgent
+    events = []
+    agent = WorkerAgent("http://127.0.0.1:9", "t" * 32, slots=2, info={"gpus": [], "hostname": "h"},
+                        bench=False, cache_dir=tmp_path / "cache", worker_id="abcdef123456",
+                        on_event=lambda kind, text: events.append(text))
+    try:
+        for bad, why in (({"op": "pause", "now": "yes"}, "'now'"), ({"op": "pause", "for_s": -1}, "'for_s'"),
+                         ({"op": "pause", "for_s": True}, "'for_s'"), ({"op": "explode"}, "unknown op"),
+                         ({"op": "pause", "worker": 5}, "'worker'")):
+            with pytest.raises(ValueError, match=why):
+                agent.control(bad)
+        assert agent._slot_open(0) and agent._slot_open(1)
+        assert agent.control({"op": "status", "worker": "ffff"}) == {"ok": True, "skipped": True,
+                                                                     "worker": "abcdef123456"}
+        got = agent.control({"op": "pause", "worker": "abcd", "for_s": 60})  # a prefix names it
+        assert (got["ok"], got["worker"], got["state"], got["running"]) == (True, "abcdef123456", "paused: owner", 0)
+        assert not agent._slot_open(0) and not agent._slot_open(1)
+        assert agent._owner_report()["owner"]["state"] == "paused"
+        assert events[-1].startswith("paused by the owner until ") and events[-1].endswith(
+            ": no new tasks; running ones finish")
+        assert agent.control({"op": "resume"})["state"] == "open"
+        assert agent._slot_open(0) and events[-1] == "taking tasks again"
+        assert agent._owner_report() == {"owner": None, "gpu_states": {}}
+    finally:
+        agent.executor.close()
+
+
+def test_control_server_answers_bad_requests(tmp_path):
+    def handler(req):
+        raise ValueError("'now' must be true or false")
+    server = control.ControlServer(handler, tmp_path / "run").start()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(str(server.path))
+            s.sendall(b"[1, 2\n")
+            assert json.loads(s.recv(4096))["error"].startswith("bad request:")
+        assert control.send({"op": "pause", "now": "x"}, tmp_path / "run") == [
+            {"ok": False, "error": "'now' must be true or false"}]
+    finally:
+        server.close()
