@@ -22,6 +22,7 @@ from datetime import datetime
 import pytest
 
 from gpumesh import Unsatisfiable, accelerate
+from gpumesh.limits import HEARTBEAT_INTERVAL_S
 from tests.conftest import Mesh, Proc, wait_for
 
 RTX = {"name": "NVIDIA GeForce RTX 4090", "memory_total_mb": 24564, "memory_free_mb": 20000, "score": 3000}
@@ -285,13 +286,20 @@ def test_a_game_on_gpu0_makes_it_yield_while_gpu1_works_and_a_hot_gpu_pauses(mak
 
 def test_what_is_shared_gpus_and_their_memory(make_mesh, tmp_path):
     m = make_mesh(workers=0)
-    two = json.dumps([RTX, dict(RTX, memory_free_mb=5000)])
-    w = start_worker(m, "box", "--gpus", "1", "--max-gpu-memory", "8GB", "--cpu-slots", "0", gpus=two)
+    gpus = tmp_path / "gpus.json"
+    gpus.write_text(json.dumps([RTX, dict(RTX, memory_free_mb=5000)]))
+    w = start_worker(m, "box", "--gpus", "1", "--max-gpu-memory", "8GB", "--cpu-slots", "0", gpus=f"@{gpus}")
     wid = joined_id(w)
     assert "[worker] GPUs shared: cuda:1" in w.output()
     assert "[worker] GPU memory offered: at most 7629 MiB per GPU" in w.output()
     info = worker(m, wid)
     assert [(g["index"], g["memory_total_mb"], g["memory_free_mb"]) for g in info["gpus"]] == [(1, 7629, 5000)]
+    gpus.write_text(json.dumps([RTX, dict(RTX, memory_free_mb=3000)]))     # heartbeats report it ...
+    wait_for(lambda: worker(m, wid)["gpus"][0]["memory_free_mb"] == 3000, 10, "the new free memory")
+    gpus.write_text(json.dumps([RTX, dict(RTX, memory_free_mb=24000)]))    # ... never above the cap
+    wait_for(lambda: worker(m, wid)["gpus"][0]["memory_free_mb"] == 7629, 10, "the capped free memory")
+    time.sleep(2 * HEARTBEAT_INTERVAL_S)
+    assert worker(m, wid)["gpus"][0]["memory_free_mb"] == 7629
     assert info["slot_list"] == [{"id": 0, "kind": "cuda", "gpu": 1}]
     with closing(m.client(output=False)) as c:
         def where():
@@ -300,7 +308,7 @@ def test_what_is_shared_gpus_and_their_memory(make_mesh, tmp_path):
         assert accelerate(c, gpu="cuda")(where)() == "1"
         with pytest.raises(Unsatisfiable, match="7629 MiB"):
             accelerate(c, gpu_memory="16GB")(where)()
-    cpu_only = start_worker(m, "cpu", "--gpus", "none", gpus=two)
+    cpu_only = start_worker(m, "cpu", "--gpus", "none", gpus=f"@{gpus}")
     cid = joined_id(cpu_only)
     info = worker(m, cid)
     assert info["gpus"] == [] and info["device"] == "CPU" and info["slot_list"] == [{"id": 0, "kind": "cpu"}]
