@@ -103,10 +103,20 @@ class ControlServer:
         self._stopping = threading.Event()
 
     def start(self) -> ControlServer:
+        """Listen. Raises ``ControlError`` or ``OSError`` if the socket cannot be made."""
         if self.path.exists():
             self.path.unlink()  # our pid's, from a process that died: reuse the name
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(str(self.path))
+        for attempt in range(3):
+            try:
+                sock.bind(str(self.path))
+                break
+            except FileNotFoundError:
+                # another worker of this user, stopping, removed the empty directory
+                if attempt == 2:
+                    sock.close()
+                    raise
+                _safe_dir(self.dir, create=True)
         os.chmod(self.path, 0o600)
         sock.listen(8)
         sock.settimeout(0.5)
@@ -121,6 +131,7 @@ class ControlServer:
             self._sock = None
         try:
             self.path.unlink()
+            self.dir.rmdir()  # when it is empty: no litter (in /tmp, say) once all are gone
         except OSError:
             pass
 
