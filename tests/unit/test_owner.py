@@ -424,7 +424,7 @@ def test_control_channel_without_workers_and_stale_sockets(tmp_path):
     s.close()
     with pytest.raises(control.NoWorkerRunning):
         control.send({"op": "status"}, d)
-    assert not stale.exists()                              # the stale socket was removed
+    assert not stale.exists() and not d.exists()           # the stale socket was removed
     server = control.ControlServer(lambda req: {"ok": True, "worker": "w"}, d).start()
     try:
         assert control.send({"op": "status"}, d) == [{"ok": True, "worker": "w"}]

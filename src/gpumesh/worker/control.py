@@ -217,6 +217,10 @@ def send(request: dict, directory: Path | None = None) -> list[dict]:
         except (OSError, ValueError) as e:
             log.warning("worker at %s did not answer: %s", sock_path, e)
     if not answers:
+        try:
+            path.rmdir()  # only stale sockets were there: leave nothing behind
+        except OSError:
+            pass
         raise NoWorkerRunning("no gpumesh worker of this user is running on this machine")
     return answers
 
