@@ -67,6 +67,7 @@ CREATE TABLE IF NOT EXISTS tasks (
     error       TEXT,                     -- JSON describing a failure
     seq         INTEGER,                  -- order in which results became final, per job
     finished    REAL,
+    history     TEXT,                     -- JSON lines: attempts that ended without a result
     UNIQUE (job_id, idx)
 );
 CREATE TABLE IF NOT EXISTS blobs (
@@ -78,7 +79,7 @@ CREATE TABLE IF NOT EXISTS blobs (
 
 #: Columns added after the first schema: (table, column, SQL type). Added in place on
 #: start-up, so a data directory written by an older gpumesh keeps working.
-MIGRATIONS = [("jobs", "finished", "REAL")]
+MIGRATIONS = [("jobs", "finished", "REAL"), ("tasks", "history", "TEXT")]
 
 INDEXES = """
 CREATE INDEX IF NOT EXISTS tasks_open ON tasks (state) WHERE state IN ('pending', 'leased');
@@ -162,6 +163,7 @@ class OpenTask:
     cost: float
     lease_id: str | None
     worker_id: str | None
+    retried: int = 0  # re-runs after a retry_on exception (see Coordinator._retry_raised)
 
 
 @dataclass
@@ -409,9 +411,10 @@ class Store:
     def open_tasks(self) -> list[OpenTask]:
         """Pending and leased tasks, in job-creation then index order (uses tasks_open)."""
         rows = self.db.execute(
-            "SELECT id, job_id, idx, state, attempts, cost, lease_id, worker_id FROM tasks"
+            "SELECT id, job_id, idx, state, attempts, cost, lease_id, worker_id, history FROM tasks"
             " WHERE state IN ('pending', 'leased') ORDER BY rowid").fetchall()
-        return [OpenTask(*r) for r in rows]
+        return [OpenTask(*r[:8], retried=sum(1 for e in _history(r[8]) if e.get("retried")))
+                for r in rows]
 
     def max_seq(self, job_id: str) -> int:
         row = self.db.execute("SELECT MAX(seq) FROM tasks WHERE job_id=?", (job_id,)).fetchone()
@@ -445,6 +448,13 @@ class Store:
             self.db.executemany(
                 "UPDATE tasks SET state='leased', lease_id=?, worker_id=?, attempts=attempts+1"
                 " WHERE id=?", [(lid, wid, tid) for tid, lid, wid in grants])
+
+    def add_history(self, entries: dict[str, dict]) -> None:
+        """Append an ended attempt to each task's history: ``{task_id: entry}`` (JSON)."""
+        with self._tx():
+            self.db.executemany(
+                "UPDATE tasks SET history = COALESCE(history, '') || ? WHERE id=?",
+                [(json.dumps(e) + "\n", tid) for tid, e in entries.items()])
 
     def requeue(self, task_ids: list[str]) -> None:
         with self._tx():
@@ -509,12 +519,27 @@ class Store:
 
     def task_rows(self, job_id: str) -> list[dict]:
         rows = self.db.execute(
-            "SELECT id, idx, state, attempts, worker_id, error, cost FROM tasks WHERE job_id=?"
-            " ORDER BY idx", (job_id,)).fetchall()
-        keys = ("id", "index", "state", "attempts", "worker_id", "error", "cost")
+            "SELECT id, idx, state, attempts, worker_id, error, cost, history FROM tasks"
+            " WHERE job_id=? ORDER BY idx", (job_id,)).fetchall()
+        keys = ("id", "index", "state", "attempts", "worker_id", "error", "cost", "history")
         out = []
         for r in rows:
             d = dict(zip(keys, r))
             d["error"] = json.loads(d["error"]) if d["error"] else None
+            d["history"] = _history(d["history"])  # earlier attempts, oldest first
             out.append(d)
         return out
+
+
+def _history(text: str | None) -> list[dict]:
+    """A task's history column: one JSON object per line (lines that do not parse are
+    skipped: a history is information, never a reason to fail a listing)."""
+    out = []
+    for line in (text or "").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            out.append(entry)
+    return out
