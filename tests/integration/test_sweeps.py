@@ -74,6 +74,24 @@ def test_return_exceptions_keeps_the_other_results_in_order(mesh2, tmp_path):
     assert again[2] == {"lr": 6, "score": 12}
 
 
+def test_map_progress_counts_failures_apart(mesh2, tmp_path, monkeypatch):
+    from gpumesh.client import mesh as mesh_mod
+    from gpumesh.client.progress import Progress
+    seen = []
+
+    class Recording(Progress):
+        def update(self, done, total=None, *, failed=0, cancelled=0):
+            seen.append((done, failed, cancelled))
+            super().update(done, total, failed=failed, cancelled=cancelled)
+
+    monkeypatch.setattr(mesh_mod, "Progress", Recording)
+    client = mesh2.client(output=False)
+    train = accelerate(client)(user_code(tmp_path, SWEEP)["train"])
+    train.map([{"lr": i} for i in range(20)], return_exceptions=True)
+    assert seen[-1] == (20, 2, 0)  # 20 final, of which 2 failed: not "20/20 done"
+    assert [d for d, _, _ in seen] == sorted(d for d, _, _ in seen)
+
+
 def test_default_first_failure_raises_and_says_how_to_keep_going(mesh2, tmp_path):
     client = mesh2.client(output=False)
     train = accelerate(client)(user_code(tmp_path, SWEEP)["train"])

@@ -115,6 +115,20 @@ def test_raised_retries_do_not_count_as_losses(store):
     assert "retried" not in store.task_rows(job.id)[0]["history"][-1]
 
 
+def test_a_lost_or_handed_back_attempt_is_kept_in_the_history(store):
+    coord = Coordinator(store, clock=Clock())
+    a = coord.register({"hostname": "box-a"}, None, 1)
+    job = submit(coord)
+    (g1,) = lease(coord, a.id)
+    coord.post_result(g1.task_id, g1.lease_id, "retry", {"message": "the owner needs the GPU"}, None)
+    (g2,) = lease(coord, a.id)
+    coord.deregister(a.id, reason="its connection dropped")
+    (row,) = store.task_rows(job.id)
+    assert [(h["attempt"], h["worker"], h["hostname"], h["ended"]) for h in row["history"]] == [
+        (1, a.id, "box-a", "the owner needs the GPU"), (2, a.id, "box-a", "its connection dropped")]
+    assert not any(h.get("retried") for h in row["history"])
+
+
 def test_retry_on_counts_survive_a_restart(tmp_path):
     s1 = Store(tmp_path / "d")
     c1 = Coordinator(s1, clock=Clock())
