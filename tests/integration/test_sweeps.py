@@ -132,6 +132,27 @@ def test_remote_traceback_names_item_worker_and_the_users_file_and_line(mesh2, t
     assert "<dynamic-code>" not in tb
 
 
+def test_traceback_of_a_module_shipped_by_value_names_its_file(mesh2, tmp_path, monkeypatch):
+    import importlib
+
+    import cloudpickle
+    (tmp_path / "caller_only_mod.py").write_text(
+        "def parse(text):\n    value = int(text)\n    return value * 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("caller_only_mod")  # only the caller has it: sent by value
+    cloudpickle.register_pickle_by_value(mod)
+    try:
+        parse = accelerate(mesh2.client(output=False))(mod.parse)
+        got = parse.map(["1", "x", "3"], return_exceptions=True)
+    finally:
+        cloudpickle.unregister_pickle_by_value(mod)
+        sys.modules.pop("caller_only_mod", None)
+    assert got[0] == 2 and got[2] == 6 and type(got[1]) is ValueError
+    tb = got[1].__cause__.tb
+    assert f'File "{tmp_path / "caller_only_mod.py"}", line 2, in parse' in tb
+    assert "    value = int(text)" in tb and "<dynamic-code>" not in tb
+
+
 def test_imap_yields_every_index_once_as_tasks_finish(make_mesh, tmp_path):
     m = make_mesh(workers=2, slots=2)
     client = m.client(output=False)

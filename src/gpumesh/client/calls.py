@@ -159,7 +159,9 @@ def failure(item: dict, payload: memoryview | None, *, call: Call | None = None,
         if isinstance(exc, BaseException):
             cause = RemoteTraceback(tb)
             exc.__cause__ = cause
-            text = f"[gpumesh] raised by {place}; remote traceback above" + (f"\n[gpumesh] {hint}" if hint else "")
+            text = f"[gpumesh] raised by {place}; remote traceback above"
+            if hint:
+                text += f"\n[gpumesh] {hint}"
             if sys.version_info >= (3, 11):
                 exc.add_note(text)
             else:  # no notes before 3.11: the cause, printed above the exception, says it

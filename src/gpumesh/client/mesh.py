@@ -14,6 +14,8 @@ The life of a call (``f(x)`` or ``f.map(items)``)::
     GET /v1/jobs/{id}/results?after=seq  long-poll; pages of results stream in
       ▼
     values in input order; the first failure cancels the rest and is raised as itself
+    (return_exceptions=True: every call runs, failures stand in their place; iter_calls
+    and .imap(): (index, value) as they finish, closing early cancels the rest)
 
 Once the coordinator has accepted a job the call never silently re-runs locally (that
 would run side effects twice): losing the coordinator then means waiting for it (up to

@@ -1096,14 +1096,16 @@ def _attempt_logs(coord: Coordinator, job_id: str, task: dict) -> list[dict]:
     (from the task's history), and is the task's state for its last attempt."""
     history = {h.get("attempt"): h for h in task.get("history") or ()}
     out = []
+    def text(stream: str, k: int) -> str:
+        return coord.output.task_log(job_id, task["id"], stream, k).decode("utf-8", "replace")
+
     for k in range(1, max(int(task["attempts"] or 0), 1) + 1):
         h = history.get(k)
         last = h is None and k == task["attempts"]
         out.append({"attempt": k, "worker": h.get("worker") if h else (task["worker_id"] if last else None),
                     "hostname": h.get("hostname") if h else None,
                     "ended": h.get("ended") if h else task["state"],
-                    "stdout": coord.output.task_log(job_id, task["id"], "stdout", k).decode("utf-8", "replace"),
-                    "stderr": coord.output.task_log(job_id, task["id"], "stderr", k).decode("utf-8", "replace")})
+                    "stdout": text("stdout", k), "stderr": text("stderr", k)})
     return out
 
 

@@ -279,7 +279,7 @@ _DOC: dict[str, Any] = {
         "/v1/jobs/{jid}/logs": {"get": {
             "operationId": "jobLogs",
             "parameters": [_JID, _query("task", {"type": "string", "pattern": HEX_ID}, "one task only")],
-            "responses": {"200": {"description": "stdout and stderr per task", **_json({"type": "object"})},
+            "responses": {"200": {"description": "stdout and stderr per task, and per attempt (attempts: attempt, worker, hostname, ended, stdout, stderr)", **_json({"type": "object"})},
                           **_errors(404)}}},
         "/v1/jobs/release": {"post": {
             "operationId": "releaseMany",
