@@ -241,3 +241,10 @@ def test_progress_counts_failed_and_cancelled_apart():
     bar = progress.Progress(4, enabled=False)
     bar.update(4, failed=1)
     assert (bar.done, bar.failed, bar.cancelled) == (4, 1, 0)
+
+
+def test_notebook_bar_counts_failed_and_cancelled_apart():
+    bar = progress.NotebookBar(started=0.0)
+    task = bar.add_task("fit", total=4)
+    bar.update(task, completed=4, failed=1, rate="1/s", outcome="ignored")
+    assert "4/4 final: 3 done, 1 failed" in bar.text() and "4/4 done" not in bar.text()
