@@ -141,6 +141,7 @@ def test_retry_on_counts_survive_a_restart(tmp_path):
     try:
         c2 = Coordinator(s2, clock=Clock())
         assert c2.retried == {g.task_id: 1}
+        assert c2.jobs["aaaa01"].avoid == {g.task_id: {a.id}}
         w = c2.register({}, a.id, 1)
         (g2,) = lease(c2, w.id)
         c2.post_result(g2.task_id, g2.lease_id, "error", dict(OSERR), b"E")

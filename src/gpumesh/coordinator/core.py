@@ -203,6 +203,7 @@ class Coordinator:
             self.task_meta[t.id] = (t.idx, t.attempts)
             if t.retried:
                 self.retried[t.id] = t.retried
+                self.jobs[t.job_id].avoid[t.id] = set(t.raised_on)
             if t.cost != 1.0:
                 self.task_cost[t.id] = t.cost
                 self.jobs[t.job_id].costs_vary = True

@@ -164,6 +164,7 @@ class OpenTask:
     lease_id: str | None
     worker_id: str | None
     retried: int = 0  # re-runs after a retry_on exception (see Coordinator._retry_raised)
+    raised_on: tuple[str, ...] = ()  # the workers where those attempts raised
 
 
 @dataclass
@@ -413,8 +414,12 @@ class Store:
         rows = self.db.execute(
             "SELECT id, job_id, idx, state, attempts, cost, lease_id, worker_id, history FROM tasks"
             " WHERE state IN ('pending', 'leased') ORDER BY rowid").fetchall()
-        return [OpenTask(*r[:8], retried=sum(1 for e in _history(r[8]) if e.get("retried")))
-                for r in rows]
+        out = []
+        for r in rows:
+            raised = [e for e in _history(r[8]) if e.get("retried")]
+            out.append(OpenTask(*r[:8], retried=len(raised),
+                                raised_on=tuple(str(e.get("worker")) for e in raised)))
+        return out
 
     def max_seq(self, job_id: str) -> int:
         row = self.db.execute("SELECT MAX(seq) FROM tasks WHERE job_id=?", (job_id,)).fetchone()
