@@ -82,9 +82,13 @@ class RemoteFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fn = self.__gpumesh_wrapped__
+        hints = None
+        if any(k in kwargs for k in _calls.HINT_KEYS):  # f(x, gpu_memory_mb=...) as in .map
+            kwargs, hint = _calls.split_hints(_calls.explicit_params(fn), kwargs)
+            hints = [hint]
         if self._inline():
             return fn(*args, **kwargs)
-        return self.mesh.run_calls(fn, [(args, kwargs)], **self._call_options())[0]
+        return self.mesh.run_calls(fn, [(args, kwargs)], hints=hints, **self._call_options())[0]
 
     def _call_options(self) -> dict:
         fn = self.__gpumesh_wrapped__
