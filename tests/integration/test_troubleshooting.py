@@ -3,7 +3,7 @@
 Each scenario is produced for real (a refused token, nothing listening, a module a worker
 lacks) and its output line must appear in the guide, after the guide's placeholders are
 put in: ``http://HOST:8000`` for the coordinator's URL, ``torch`` for the missing module,
-and any 12-hex-digit task or worker id.
+any 12-hex-digit task or worker id, and the function and host a notice names.
 """
 
 from __future__ import annotations
@@ -19,17 +19,23 @@ from ..conftest import Proc, free_port, wait_for
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md"
 WRONG = "not-the-token-0123456789abcdef"
 IDS = re.compile(r"\b[0-9a-f]{12}\b")
+#: the function and the worker's host name that a task's error and notice name
+WHERE = re.compile(r"[\w.]+\(\) on worker \S+ \(")
+
+
+def placeholders(text: str) -> str:
+    return WHERE.sub("FN() on worker HOST (", IDS.sub("ID", text))
 
 
 def normalised(line: str, module: str | None = None) -> str:
     line = re.sub(r"https?://127\.0\.0\.1:\d+", "http://HOST:8000", line.strip())
     if module:
         line = line.replace(f"'{module}'", "'torch'")
-    return IDS.sub("ID", line)
+    return placeholders(line)
 
 
 def assert_quoted(line: str, module: str | None = None) -> None:
-    guide = IDS.sub("ID", GUIDE.read_text(encoding="utf-8"))
+    guide = placeholders(GUIDE.read_text(encoding="utf-8"))
     want = normalised(line, module)
     assert want in guide, f"docs/troubleshooting.md does not quote what gpumesh prints:\n{want}"
 
@@ -89,7 +95,7 @@ def test_a_module_the_worker_lacks_arrives_as_the_guide_says(make_mesh, tmp_path
                        text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
-    assert lines[-1].startswith("[gpumesh] raised on the mesh (task ")
+    assert lines[-1].startswith("[gpumesh] raised by inside() on worker ")
     assert_quoted(lines[-2], "gm_doc_missing_everywhere")
     assert_quoted(lines[-1])
 
