@@ -150,6 +150,8 @@ class GPUMesh:
     def workers(self) -> list[dict]:
         """Every worker the coordinator knows: dicts with ``id, device, device_name,
         hostname, score, alive`` (plus ``slots``, ``running``, ``cpu``, ``gpus``...).
+        ``score`` is the worker's best device score, None while its benchmark is pending
+        (as in :meth:`devices`); ``scores`` has one per device once measured.
 
         Raises :class:`~gpumesh.errors.MeshUnavailable` if the coordinator does not
         answer, :class:`~gpumesh.errors.AuthError` if it refuses the token.
@@ -222,16 +224,22 @@ class GPUMesh:
         return hardware.pool_devices(self.workers())
 
     def device_count(self) -> int:
-        """How many devices the alive workers contribute (each GPU and each CPU once)."""
-        return len(self.devices())
+        """How many machines contribute compute: alive workers counted once per host
+        (a PC with a GPU and a CPU is one; two workers started on one host are one)."""
+        return len({w.get("hostname") or w.get("id") for w in self.workers()
+                    if w.get("alive", True)})
 
     def gpu_count(self) -> int:
-        """How many GPUs (CUDA and MPS) the alive workers contribute."""
-        return sum(1 for d in self.devices() if d["kind"] != "cpu")
+        """How many GPUs (CUDA and MPS) the alive workers contribute; a GPU that two
+        workers of one host both offer counts once."""
+        return len({(d["hostname"] or d["worker"], d["kind"], d["index"], d["name"])
+                    for d in self.devices() if d["kind"] != "cpu"})
 
     def total_score(self) -> float:
-        """The sum of the alive devices' benchmark scores (unmeasured ones count 0)."""
-        return round(sum(float(d["score"] or 0) for d in self.devices()), 3)
+        """The sum of the alive devices' measured benchmark scores, as a float; devices
+        still pending (score None) add nothing, and an empty pool gives 0.0."""
+        return float(round(sum(float(d["score"]) for d in self.devices()
+                               if d["score"] is not None), 3))
 
     def auto_device(self) -> dict | None:
         """The alive device with the highest score (as in :meth:`devices`); None if the

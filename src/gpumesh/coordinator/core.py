@@ -548,6 +548,8 @@ class Coordinator:
                  busy_slots=sorted({lease.slot for tid in w.leases
                                     if (lease := self.leases.get(tid)) is not None
                                     and lease.slot is not None}))
+        if not d.get("scores") and not d.get("score"):
+            d["score"] = None  # not measured yet: "pending", as devices() and the CLI say
         return d
 
     def job(self, job_id: str) -> Job:
