@@ -17,7 +17,9 @@ The life of a call (``f(x)`` or ``f.map(items)``)::
 
 Once the coordinator has accepted a job the call never silently re-runs locally (that
 would run side effects twice): losing the coordinator then means waiting for it (up to
-``CALLER_RECONNECT_S``) and then :class:`~gpumesh.errors.MeshUnavailable`.
+``CALLER_RECONNECT_S``) and then :class:`~gpumesh.errors.MeshUnavailable`. Losing every
+worker means waiting for one to (re)join, for the call's ``timeout=`` or, without one,
+``NO_WORKER_WAIT_S``, and then :class:`~gpumesh.errors.WorkerLost`.
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ from typing import Any
 
 from .. import config, hardware, tracing, wire
 from ..handoff import Handoff, worth_it
-from ..errors import MeshUnavailable, RequestRejected, Unsatisfiable
-from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, PROBE_CACHE_S,
-                      PROBE_DOWN_CACHE_S, PROBE_TIMEOUT_S, RELEASE_BATCH_MAX, RELEASE_BATCH_S)
+from ..errors import MeshUnavailable, RequestRejected, Unsatisfiable, WorkerLost
+from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, NO_WORKER_WAIT_S,
+                      PROBE_CACHE_S, PROBE_DOWN_CACHE_S, PROBE_TIMEOUT_S, RELEASE_BATCH_MAX,
+                      RELEASE_BATCH_S)
 from ..transport import Transport, Unreachable
 from . import calls as _calls
 from .console import OutputPrinter
@@ -270,7 +273,9 @@ class GPUMesh:
         """Run ``fn(*args, **kwargs)`` for each ``(args, kwargs)`` in ``calls``; values in
         order. Runs here when the mesh is unavailable (see the module docstring).
         ``require``: hardware every task needs; :class:`~gpumesh.errors.Unsatisfiable` if
-        no alive worker (nor, when none is alive, this machine) can ever provide it."""
+        no alive worker (nor, when none is alive, this machine) can ever provide it.
+        :class:`~gpumesh.errors.WorkerLost` once no worker has been alive for ``timeout``
+        seconds (without one, ``NO_WORKER_WAIT_S``: ``$GPUMESH_NO_WORKER_TIMEOUT``)."""
         if not calls:
             return []
         if os.environ.get("GPUMESH_LOCAL") == "1":
@@ -297,7 +302,7 @@ class GPUMesh:
                 notice(f"connected to coordinator at {self.url}")
             if len(calls) > 1:  # a batch: a bar once it takes over a second (terminal/notebook)
                 bar = Progress(len(calls), name or getattr(fn, "__qualname__", "tasks"))
-            values = self._collect(job_id, len(calls), first, printer, bar)
+            values = self._collect(job_id, len(calls), first, printer, bar, timeout=timeout)
             collected = True
             return values
         finally:
@@ -417,18 +422,29 @@ class GPUMesh:
         self._known_blobs.add(h)
 
     def _collect(self, job_id: str, n: int, body: bytearray | None,
-                 printer: OutputPrinter | None, bar: Progress | None = None) -> list[Any]:
-        """Read result pages (the first came with the submit) until all ``n`` are in."""
+                 printer: OutputPrinter | None, bar: Progress | None = None,
+                 timeout: float | None = None) -> list[Any]:
+        """Read result pages (the first came with the submit) until all ``n`` are in.
+        Raises WorkerLost once pages have said "no worker alive" for ``timeout`` seconds
+        (None: NO_WORKER_WAIT_S); the caller then cancels the job."""
         results: list[Any] = [_MISSING] * n
         got, after, out_after, attempt = 0, -1, -1, 0
         last_contact = time.monotonic()
         handoff = self.handoff
+        # Nothing runs the job's tasks while the pool is empty: a task's timeout never
+        # starts, so the wait for a worker to (re)join is bounded here instead.
+        alone_limit = NO_WORKER_WAIT_S if timeout is None else timeout
+        alone_since: float | None = None
         while True:
             if body:
                 page, frames = self._read_page(body)
-                if page.get("workers_alive") == 0 and not page["results"]:
-                    notice(f"no live worker in the mesh at {self.url}; job {job_id} is waiting "
-                           "for one to (re)join")
+                if page.get("workers_alive") == 0:
+                    alone_since = alone_since or time.monotonic()
+                    if not page["results"]:
+                        notice(f"no live worker in the mesh at {self.url}; job {job_id} is "
+                               f"waiting for one to (re)join (for up to {alone_limit:g}s)")
+                elif "workers_alive" in page:
+                    alone_since = None
                 k = 1 + sum(1 for item in page["results"] if item["has_payload"])
                 if printer is not None:
                     # Output first: a task's prints come before its result (and its error).
@@ -457,16 +473,28 @@ class GPUMesh:
                 del frames, page
             if got >= n:
                 break
-            params = {"after": after, "wait": LONG_POLL_S}
+            wait = LONG_POLL_S
+            if alone_since is not None:
+                alone = time.monotonic() - alone_since
+                if alone >= alone_limit:
+                    why = (f"the call's timeout={timeout:g}s" if timeout is not None else
+                           f"the wait without a timeout=, GPUMESH_NO_WORKER_TIMEOUT="
+                           f"{alone_limit:g}s")
+                    raise WorkerLost(f"no worker has been alive in the mesh at {self.url} for "
+                                     f"{alone:.0f}s ({why}); {n - got} of {n} task(s) of job "
+                                     f"{job_id} did not finish and were cancelled")
+                wait = min(wait, max(0.05, alone_limit - alone))  # wake up when the time is up
+            params = {"after": after, "wait": wait}
             if handoff is not None:
                 params["handoff"] = 1
             if printer is not None:
                 params["out_after"] = out_after
             try:
                 body = self.http.stream_into("GET", f"/v1/jobs/{job_id}/results", params=params,
-                                             timeout=LONG_POLL_S + 15)
+                                             timeout=wait + 15)
                 last_contact, attempt = time.monotonic(), 0
             except Unreachable as e:
+                alone_since = None  # the pool is unknown until the coordinator answers again
                 if time.monotonic() - last_contact > CALLER_RECONNECT_S:
                     raise MeshUnavailable(
                         f"lost the coordinator at {self.url} for over {CALLER_RECONNECT_S:.0f}s "
