@@ -242,6 +242,21 @@ def test_piped_radar_runs_until_ctrl_c_and_prints_a_line_per_service(bridged, tm
         gone = next_line(15).split("\t")
         assert gone[:2] == ["-", "worker"] and gone[3] == f"{B_IP} -> {url}", gone
 
+        # `gpumesh radar | head -1`: once the reader has its line and exits, radar ends
+        head = subprocess.Popen(["ip", "netns", "exec", ns_b, sys.executable, "-m", "gpumesh",
+                                 "radar"], env=_env(tmp_path, "h", discovery=True),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            assert head.stdout.readline().startswith("+\tcoordinator\t")
+            head.stdout.close()
+            assert head.wait(10) == 0
+            assert "Traceback" not in head.stderr.read()
+        finally:
+            if head.poll() is None:
+                os.killpg(head.pid, signal.SIGKILL)
+                head.wait()
+
         os.killpg(radar.pid, signal.SIGINT)  # Ctrl+C: ends quietly
         assert radar.wait(10) == 0
         err = radar.stderr.read()

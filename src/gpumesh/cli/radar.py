@@ -59,8 +59,12 @@ def _stream(browser, timeout: float | None) -> None:
     """Print a line per service as it appears or goes, until Ctrl+C or ``timeout`` s."""
     start = time.monotonic()
     shown: dict[str, dict] = {}
+    reader_gone = _reader_watch()
     while timeout is None or time.monotonic() - start < timeout:
         browser.poll(POLL_S)
+        if reader_gone():  # `| head -1` has its line: stop now, not at the next service
+            _quiet_stdout()
+            return
         now = {e["name"]: e for e in browser.snapshot()}
         lines = [radar_line("+", e) for name, e in now.items() if name not in shown]
         lines += [radar_line("-", e) for name, e in shown.items() if name not in now]
@@ -130,6 +134,18 @@ def _live(console, browser, timeout: float | None) -> None:
         while timeout is None or time.monotonic() - start < timeout:
             browser.poll(POLL_S)
             view.update(radar_table(browser.snapshot(), time.monotonic() - start))
+
+
+def _reader_watch():
+    """A check that is true once nobody reads our stdout any more (the pipe's reader
+    exited: poll reports an error on the write end). Always false where it cannot tell."""
+    import select
+    try:
+        p = select.poll()
+        p.register(sys.stdout.fileno(), select.POLLERR | select.POLLHUP)
+    except (AttributeError, OSError, ValueError):  # no poll(), or stdout has no descriptor
+        return lambda: False
+    return lambda: any(ev & (select.POLLERR | select.POLLHUP) for _, ev in p.poll(0))
 
 
 def _quiet_stdout() -> None:
