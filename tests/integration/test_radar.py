@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -196,10 +199,6 @@ def test_discovery_off_opens_no_socket_and_says_so(tmp_path):
 def test_piped_radar_runs_until_ctrl_c_and_prints_a_line_per_service(bridged, tmp_path):
     """Like avahi-browse or dns-sd -B: with stdout a pipe, radar keeps browsing and writes
     one tab-separated line as each service appears (+) or goes away (-)."""
-    import queue
-    import signal
-    import threading
-
     ns_a, ns_b = bridged
     port = 18010
     url = f"http://{A_IP}:{port}"

@@ -5,6 +5,7 @@ as exec lays it) and the overwrite itself."""
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 
 import pytest
@@ -68,6 +69,6 @@ def test_overwrite_skips_regions_that_are_empty_or_too_large():
 def test_hide_in_this_process_removes_the_variables(monkeypatch):
     monkeypatch.setenv("GPUMESH_TOKEN", "not-on-the-command-line-xyz")
     assert secrecy.hide("not-on-the-command-line-xyz")
-    assert "GPUMESH_TOKEN" not in __import__("os").environ
+    assert "GPUMESH_TOKEN" not in os.environ
     with open("/proc/self/cmdline", "rb") as fh:
         assert b"not-on-the-command-line-xyz" not in fh.read()
