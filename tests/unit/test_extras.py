@@ -6,9 +6,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
-tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+try:
+    import tomllib
+except ImportError:  # Python 3.10: the tomli backport, a dependency there
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Extras that are not for users of the package: this repository's tests and benchmarks,
