@@ -1,4 +1,5 @@
-"""The only worker dies while a call waits: the wait for another one is bounded.
+"""The only worker (or the only one that can run the call) dies while a call waits: the
+wait for another one is bounded.
 
 With ``timeout=T`` the caller gives up after T seconds with no worker alive; without one,
 after ``GPUMESH_NO_WORKER_TIMEOUT`` seconds (default 600). Either way it raises WorkerLost
@@ -8,6 +9,7 @@ so a worker joining later never runs the abandoned task.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,6 +20,7 @@ import time
 
 from gpumesh import WorkerLost, accelerate
 
+from ..conftest import Proc
 from .conftest import wait_until
 
 
@@ -122,3 +125,45 @@ def test_call_without_timeout_gives_up_after_the_documented_limit(fault_mesh, tm
     assert "GPUMESH_NO_WORKER_TIMEOUT=2s" in out and "1 of 1 task(s)" in out, out
     assert err.count("no live worker in the mesh") == 1, err
     assert "waiting for one to (re)join (for up to 2s)" in err, err
+
+
+def test_call_ends_when_the_only_worker_that_can_run_it_dies(fault_mesh, tmp_path, capfd):
+    """A gpu= call whose GPU worker dies while a CPU-only worker stays: nothing alive can
+    run it, so the wait is bounded the same way."""
+    m = fault_mesh(workers=0)
+    gpu_env = dict(m.env, GPUMESH_FAKE_GPUS=json.dumps([{"name": "NVIDIA GeForce RTX 4090",
+                                                          "memory_total_mb": 24564, "score": 3000}]))
+    gpu_box = Proc(["join", m.url], gpu_env, tmp_path / "gpu.log")
+    m.procs.append(gpu_box)
+    m.wait_alive(1, gpu_box)
+    m.add_worker()  # CPU only (no fake GPUs)
+    client = m.client(output=False)
+    marker = tmp_path / "pids"
+
+    @accelerate(client, gpu="cuda", timeout=3)
+    def on_gpu(path):
+        import os
+        import time
+        with open(path, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+        time.sleep(60)
+
+    box: dict = {}
+
+    def call():
+        try:
+            on_gpu(str(marker))
+        except BaseException as e:  # noqa: BLE001
+            box["e"] = e
+
+    th = threading.Thread(target=call, daemon=True)
+    th.start()
+    assert wait_until(lambda: _pids(marker), 20), "the task never started"
+    os.kill(gpu_box.p.pid, signal.SIGKILL)
+    th.join(45)
+    assert not th.is_alive(), "the gpu= call still waits with no GPU worker alive"
+    assert type(box.get("e")) is WorkerLost, box
+    assert "no worker that can run its tasks has been alive" in str(box["e"]), box["e"]
+    assert m.alive() == 1  # the CPU worker was there all along
+    stderr = capfd.readouterr().err
+    assert "can run job" in stderr and "(for up to 3s)" in stderr, stderr

@@ -450,15 +450,22 @@ class GPUMesh:
         # starts, so the wait for a worker to (re)join is bounded here instead.
         alone_limit = NO_WORKER_WAIT_S if timeout is None else timeout
         alone_since: float | None = None
+        nobody = "no worker"  # or, with workers alive that cannot run the tasks, which one
         while True:
             if body:
                 page, frames = self._read_page(body)
-                if page.get("workers_alive") == 0:
+                able = page.get("workers_able", page.get("workers_alive"))
+                if able == 0:
                     alone_since = alone_since or time.monotonic()
-                    if not page["results"]:
+                    if page.get("workers_alive"):  # e.g. the only GPU box went, CPUs remain
+                        nobody = "no worker that can run its tasks"
+                        notice(f"no live worker in the mesh at {self.url} can run job {job_id}'s "
+                               f"tasks; waiting for one to (re)join (for up to {alone_limit:g}s)")
+                    elif not page["results"]:
+                        nobody = "no worker"
                         notice(f"no live worker in the mesh at {self.url}; job {job_id} is "
                                f"waiting for one to (re)join (for up to {alone_limit:g}s)")
-                elif "workers_alive" in page:
+                elif able is not None:
                     alone_since = None
                 k = 1 + sum(1 for item in page["results"] if item["has_payload"])
                 if printer is not None:
@@ -495,7 +502,7 @@ class GPUMesh:
                     why = (f"the call's timeout={timeout:g}s" if timeout is not None else
                            f"the wait without a timeout=, GPUMESH_NO_WORKER_TIMEOUT="
                            f"{alone_limit:g}s")
-                    raise WorkerLost(f"no worker has been alive in the mesh at {self.url} for "
+                    raise WorkerLost(f"{nobody} has been alive in the mesh at {self.url} for "
                                      f"{alone:.0f}s ({why}); {n - got} of {n} task(s) of job "
                                      f"{job_id} did not finish and were cancelled")
                 wait = min(wait, max(0.05, alone_limit - alone))  # wake up when the time is up

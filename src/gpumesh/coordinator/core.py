@@ -330,6 +330,15 @@ class Coordinator:
     def alive_workers(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.alive]
 
+    def able_workers(self, job: Job) -> int:
+        """How many alive workers could ever run every task of ``job`` (its requirements
+        and largest ``gpu_memory_mb`` hint): callers stop waiting when none can."""
+        alive = self.alive_workers()
+        hint = max(job.vram_mb.values(), default=None)
+        if not (job.require or hint):
+            return len(alive)
+        return sum(1 for w in alive if hardware.satisfiable(job.require, w.slot_views(), hint))
+
     def sweep(self) -> None:
         """Declare silent workers dead, requeue orphaned leases, forget long-dead workers."""
         now = self.clock()
