@@ -167,3 +167,39 @@ def test_call_ends_when_the_only_worker_that_can_run_it_dies(fault_mesh, tmp_pat
     assert m.alive() == 1  # the CPU worker was there all along
     stderr = capfd.readouterr().err
     assert "can run job" in stderr and "(for up to 3s)" in stderr, stderr
+
+
+def test_map_with_return_exceptions_gets_worker_lost_in_each_unfinished_place(fault_mesh, tmp_path):
+    """``.map(..., return_exceptions=True)``: the finished item keeps its value, each item
+    that could not run holds the WorkerLost, and the job is cancelled all the same."""
+    m = fault_mesh(workers=1)
+    client = m.client(output=False)
+    marker = tmp_path / "pids"
+
+    @accelerate(client, timeout=3)
+    def step(path, i):
+        import os
+        import time
+        if i == 0:
+            return "quick"
+        with open(path, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+        time.sleep(60)
+
+    box: dict = {}
+
+    def call():
+        box["v"] = step.map([(str(marker), i) for i in range(3)], return_exceptions=True)
+
+    th = threading.Thread(target=call, daemon=True)
+    th.start()
+    assert wait_until(lambda: _pids(marker), 20), "the slow item never started"
+    os.kill(m.procs[1].p.pid, signal.SIGKILL)
+    th.join(45)
+    assert not th.is_alive(), "the map still waits with no worker alive"
+    first, second, third = box["v"]
+    assert first == "quick"
+    assert type(second) is WorkerLost and second is third, box["v"]
+    assert "2 of 3 task(s)" in str(second) and "timeout=3s" in str(second)
+    job_id = str(second).split("of job ")[1].split()[0]
+    assert wait_until(lambda: _job_state(client, job_id) == "cancelled", 10), client.status(job_id)
