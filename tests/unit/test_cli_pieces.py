@@ -108,3 +108,19 @@ def test_results_to_dataframe(monkeypatch):
     monkeypatch.setitem(sys.modules, "pandas", None)
     with pytest.raises(ImportError, match="pip install pandas"):
         results_to_dataframe([{"a": 1}])
+
+
+def test_rerun_line_keeps_tls_and_safe_mode():
+    """The loopback banner's "re-run with" line must not drop a protection the user asked
+    for: following it to open the coordinator up keeps TLS (and safe mode)."""
+    from gpumesh.cli.serve import banner
+
+    def rerun(**kw) -> str:
+        (line,) = [x for x in banner("127.0.0.1", 8000, "t" * 20, False, **kw) if "re-run with" in x]
+        return line.split("re-run with: ", 1)[1]
+
+    assert rerun() == "gpumesh serve --host 0.0.0.0 --port 8000 --token=<your token>"
+    assert rerun(fingerprint="SHA256:ab", tls_flags="--tls") == \
+        "gpumesh serve --host 0.0.0.0 --port 8000 --tls --token=<your token>"
+    assert rerun(fingerprint="SHA256:ab", tls_flags="--tls-cert c.pem --tls-key k.pem", safe_mode=True) == \
+        "gpumesh serve --host 0.0.0.0 --port 8000 --tls-cert c.pem --tls-key k.pem --safe-mode --token=<your token>"
