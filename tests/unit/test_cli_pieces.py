@@ -124,3 +124,14 @@ def test_rerun_line_keeps_tls_and_safe_mode():
         "gpumesh serve --host 0.0.0.0 --port 8000 --tls --token=<your token>"
     assert rerun(fingerprint="SHA256:ab", tls_flags="--tls-cert c.pem --tls-key k.pem", safe_mode=True) == \
         "gpumesh serve --host 0.0.0.0 --port 8000 --tls-cert c.pem --tls-key k.pem --safe-mode --token=<your token>"
+
+
+def test_exposed_banner_says_reachability_is_not_tested():
+    """As the product README shows: a coordinator bound beyond loopback says that the
+    self-check (over loopback) proves nothing about other machines reaching it."""
+    from gpumesh.cli.serve import banner
+
+    lines = banner("192.0.2.10", 8000, "t" * 20, False)
+    assert "   Reachability of http://192.0.2.10:8000 from other machines is not tested here — " \
+           "a worker joining confirms it." in lines
+    assert not [x for x in banner("127.0.0.1", 8000, "t" * 20, False) if "Reachability" in x]

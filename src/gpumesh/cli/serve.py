@@ -103,6 +103,9 @@ def banner(host: str, port: int, token: str, show_token: bool, *, fingerprint: s
                   f"   arbitrary code on this machine as {getpass.getuser()}.",
                   "   Only do this on a network you trust, and keep the token secret.",
                   f"   Loopback-only (the default) is: gpumesh serve --port {port}", bar]
+        if ip:  # the self-check below goes over loopback: say what it does not prove
+            lines += ["", f"   Reachability of {scheme}://{ip}:{port} from other machines is not tested "
+                          "here — a worker joining confirms it."]
     lines.append("   Ctrl+C to stop")
     return lines
 
