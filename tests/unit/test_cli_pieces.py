@@ -135,3 +135,21 @@ def test_exposed_banner_says_reachability_is_not_tested():
     assert "   Reachability of http://192.0.2.10:8000 from other machines is not tested here — " \
            "a worker joining confirms it." in lines
     assert not [x for x in banner("127.0.0.1", 8000, "t" * 20, False) if "Reachability" in x]
+
+
+def test_progress_elapsed_counts_from_the_batch_start(monkeypatch):
+    """The bar appears after its delay, but its elapsed time (like its rate) counts from
+    when the batch began: a batch 65 s old shows 0:01:05, not the bar's age."""
+    from rich.console import Console
+    now = [1000.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=120, color_system=None)
+    bar = progress.Progress(4, "square", enabled=False, keep=True, console=console)
+    now[0] += 65.0  # the batch has run 65 s when the bar is first drawn
+    bar.enabled = True
+    bar._show()
+    bar.update(2)
+    bar.close()
+    text = out.getvalue()
+    assert "0:01:05" in text and "2/4 done" in text, text
