@@ -167,6 +167,14 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
     except OSError as e:
         fail(f"cannot write to the data directory {data_dir} ({e.strerror or e}); "
              f"pass --data-dir with a writable directory")
+    # Before anything is written there or to the config: one coordinator per data dir.
+    from ..coordinator.datalock import DataDirLocked, acquire
+    try:
+        dir_lock = acquire(data_dir)  # noqa: F841 - held (file open) until this process exits
+    except DataDirLocked as e:
+        fail(str(e))
+    except OSError as e:
+        fail(f"cannot lock the data directory {data_dir} ({e.strerror or e})")
     fingerprint = None
     if tls or tls_cert is not None:
         from ..tls import TLSSetupError, check_pair, self_signed
