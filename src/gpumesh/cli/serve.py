@@ -79,6 +79,9 @@ def banner(host: str, port: int, token: str, show_token: bool, *, fingerprint: s
     else:
         ip = _lan_ip() if host in ("0.0.0.0", "::") else host
         if ip:
+            from ..coordinator.dist import wheel_url
+            trust = f"--trusted-host {ip} " if fingerprint else ""  # pip cannot pin a certificate
+            lines.append(f"   Install on ANOTHER machine: pip install {trust}{wheel_url(f'{scheme}://{ip}:{port}')}")
             lines.append(f"   Join from ANOTHER machine: gpumesh join {scheme}://{ip}:{port}{pin} --token={tok}")
         lines += ["   (127.0.0.1 always works locally; the LAN IP is for other machines)", ""]
         bar = "  " + "!" * 62

@@ -1,6 +1,6 @@
 """HTTP routes of the coordinator: validate at the boundary, then call :class:`Coordinator`.
 
-Every route but ``GET /v1/health`` and ``GET /v1/openapi.json`` needs
+Every route but ``GET /v1/health``, ``GET /v1/openapi.json`` and ``GET /v1/dist/...`` needs
 ``Authorization: Bearer <token>`` (see :mod:`.auth`: roles, lockout). Errors are JSON
 ``{"error": code, "message": text}`` with a 4xx status naming what was wrong; a malformed
 request never changes state. The API is described in :mod:`.openapi`. Payload bodies are the ``frames`` layout of
@@ -8,6 +8,7 @@ request never changes state. The API is described in :mod:`.openapi`. Payload bo
 
     GET    /v1/health                          liveness (no auth)
     GET    /v1/openapi.json                    this API as OpenAPI 3.1 (no auth)
+    GET    /v1/dist/gpumesh-<version>-py3-none-any.whl  this gpumesh's wheel (no auth)
     GET    /v1/workers                         the pool
     GET    /v1/workers/{id}/session            the worker's pulse (held open; closing = gone)
     POST   /v1/workers                         register         {hostname, ..., slots, id?}
@@ -612,6 +613,24 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
     async def openapi(request: Request) -> Response:
         from .openapi import spec
         return JSONResponse(spec())
+
+    # The wheel of this gpumesh, for other machines to install (no token: public code).
+    from . import dist
+    wheels = dist.WheelCache(coord.store.dir / "dist")
+
+    @route(dist.DIST_PATH + "/{name}", ["GET"], auth_required=False)
+    async def wheel(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name != dist.wheel_name():
+            raise HTTPError(404, "not_found", f"no file {name[:100]!r} here: this coordinator "
+                                              f"serves {dist.wheel_name()} (the gpumesh it runs)")
+        try:
+            data = await asyncio.to_thread(wheels.get)
+        except (dist.DistUnavailable, OSError) as e:
+            log.warning("cannot serve the wheel: %s", e)
+            raise HTTPError(503, "dist_unavailable", f"cannot make the wheel: {e}") from None
+        return Response(data, media_type="application/zip",
+                        headers={"content-disposition": f'attachment; filename="{name}"'})
 
     @route("/v1/workers", ["GET"], action="list the workers")
     async def list_workers(request: Request) -> Response:

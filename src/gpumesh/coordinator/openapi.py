@@ -155,7 +155,7 @@ _DOC: dict[str, Any] = {
     "info": {
         "title": "gpumesh coordinator", "version": __version__,
         "description": (
-            "Every operation but /v1/health and /v1/openapi.json needs "
+            "Every operation but /v1/health, /v1/openapi.json and /v1/dist/{name} needs "
             "`Authorization: Bearer <token>`. The main token may do everything; a worker token "
             "(serve --worker-token) only the operations tagged 'worker'. Body limits: "
             f"{MAX_BODY_BYTES // 2**20} MiB for payload bodies (GPUMESH_MAX_BODY_MB), "
@@ -174,6 +174,18 @@ _DOC: dict[str, Any] = {
         "/v1/openapi.json": {"get": {
             "operationId": "openapi", "security": [], "summary": "this description (no auth)",
             "responses": {"200": {"description": "OpenAPI 3.1", **_json({"type": "object"})}}}},
+        "/v1/dist/{name}": {"get": {
+            "operationId": "wheel", "security": [],
+            "summary": "the wheel of the gpumesh this coordinator runs (no auth)",
+            "description": "pip install http://HOST:PORT/v1/dist/gpumesh-<version>-py3-none-any.whl "
+                           "installs it on another machine; any other name is a 404",
+            "parameters": [_path_param("name", "^[^/]{1,200}$", "gpumesh-<version>-py3-none-any.whl")],
+            "responses": {"200": {"description": "the wheel",
+                                  "content": {"application/zip": {"schema": {"type": "string",
+                                                                             "format": "binary"}}}},
+                          "404": {"description": "not this coordinator's wheel", **_json(_ref("Error"))},
+                          "503": {"description": "the wheel cannot be made here",
+                                  **_json(_ref("Error"))}}}},
         "/v1/workers": {
             "get": {"operationId": "listWorkers", "summary": "the pool",
                     "responses": {"200": {"description": "workers", **_json({"type": "array"})}, **_errors()}},
