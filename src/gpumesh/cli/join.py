@@ -8,7 +8,7 @@ import signal
 import click
 
 from .. import config
-from ..errors import AuthError
+from ..errors import AuthError, VersionMismatch
 from .common import fail
 from .secrecy import hide
 
@@ -112,6 +112,8 @@ def join(url, token, slots, fingerprint):
         # join reads $GPUMESH_WORKER_TOKEN before $GPUMESH_TOKEN: say which one to check.
         fail(str(e).replace("check --token / $GPUMESH_TOKEN",
                             "check --token / $GPUMESH_WORKER_TOKEN / $GPUMESH_TOKEN"))
+    except VersionMismatch as e:
+        fail(str(e))
     except KeyboardInterrupt:
         click.echo("[worker] stopped")
     finally:

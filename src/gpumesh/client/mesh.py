@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .. import config, hardware, tracing, wire
+from .. import config, hardware, tracing, versions, wire
 from ..handoff import Handoff, worth_it
 from ..errors import MeshUnavailable, RequestRejected, Unsatisfiable
 from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, PROBE_CACHE_S,
@@ -247,11 +247,17 @@ class GPUMesh:
         if now < self._probe_down_until:  # a frozen coordinator costs one probe timeout, not one per call
             return False
         try:
-            self.http.request("GET", "/v1/health", timeout=PROBE_TIMEOUT_S)
+            health = self.http.request("GET", "/v1/health", timeout=PROBE_TIMEOUT_S)
         except Unreachable:
             notice(f"coordinator at {self.url} is unreachable; running locally")
             self._probe_down_until = time.monotonic() + PROBE_DOWN_CACHE_S
             return False
+        try:
+            theirs = health.json().get("version")
+        except (ValueError, AttributeError):
+            theirs = None
+        # Another version is a refusal, never a silent local run (like a refused token).
+        versions.check_coordinator(theirs, self.url, "caller")
         self._probe_ok_until = now + PROBE_CACHE_S
         return True
 

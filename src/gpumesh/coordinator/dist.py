@@ -57,14 +57,14 @@ def wheel_name(version: str = __version__) -> str:
     return f"{DIST_NAME}-{version.replace('-', '_')}-{WHEEL_TAG}.whl"
 
 
-def wheel_url(base_url: str) -> str:
-    """The URL of this version's wheel on the coordinator at ``base_url``."""
-    return f"{base_url.rstrip('/')}{DIST_PATH}/{wheel_name()}"
+def wheel_url(base_url: str, version: str = __version__) -> str:
+    """The URL of gpumesh ``version``'s wheel on the coordinator at ``base_url``."""
+    return f"{base_url.rstrip('/')}{DIST_PATH}/{wheel_name(version)}"
 
 
-def install_command(base_url: str) -> str:
-    """The one command that installs this coordinator's gpumesh on another machine."""
-    return f"pip install {wheel_url(base_url)}"
+def install_command(base_url: str, version: str = __version__) -> str:
+    """The one command that installs the coordinator's gpumesh on another machine."""
+    return f"pip install {wheel_url(base_url, version)}"
 
 
 def _record_hash(data: bytes) -> str:

@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from .. import hardware, tracing, wire
+from .. import hardware, tracing, versions, wire
 from ..handoff import Handoff, map_fd, new_name
 from .._version import __version__
 from ..errors import AuthError, RequestRejected
@@ -190,6 +190,7 @@ class WorkerAgent:
                     if self.id:
                         body["id"] = self.id
                     resp = self.http.request("POST", "/v1/workers", json=body, timeout=10)
+                    self._check_version(resp.json())
                     self.id = resp.json()["id"]
                     self.handoff = Handoff.probe(self.http)  # the coordinator may have moved
                     self._registered.set()
@@ -203,6 +204,14 @@ class WorkerAgent:
                         self.on_event("waiting", f"coordinator not reachable yet ({e}); retrying")
                         first = False if self.id else first
                     self.stopping.wait(next(delays))
+
+    def _check_version(self, answer: dict) -> None:
+        """VersionMismatch unless the coordinator runs this gpumesh (one from before
+        registration answers named their version says it in /v1/health)."""
+        theirs = answer.get("version")
+        if theirs is None:
+            theirs = self.http.request("GET", "/v1/health", timeout=10).json().get("version")
+        versions.check_coordinator(theirs, self.url, "worker")
 
     def _lost_registration(self) -> None:
         self._registered.clear()
