@@ -39,10 +39,8 @@ USER_AGENT = f"{PRODUCT}/{__version__} python/{platform.python_version()}"
 
 def python_minor(version: str | None = None) -> str:
     """``"3.11"`` from ``"3.11.7"`` (default: this interpreter's); ``""`` if unreadable."""
-    parts = (version or platform.python_version()).split(".")
-    if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
-        return ""
-    return f"{parts[0]}.{parts[1]}"
+    from .hardware import python_minor as minor
+    return minor(version or platform.python_version())
 
 
 def parse_agent(value: str | None) -> tuple[str, str] | None:

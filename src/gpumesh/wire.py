@@ -66,14 +66,17 @@ class Payload:
     """A serialized object as a list of chunks, ready to hash, send or join.
 
     ``chunks`` are the layout above in order; ``size`` is their total length in bytes.
+    ``by_value``: the pickle carries Python bytecode (a function, lambda or class shipped
+    by value), which only the Python minor version that made it can load safely.
     Nothing is copied until a caller asks for :meth:`to_bytes`.
     """
 
-    __slots__ = ("chunks", "size")
+    __slots__ = ("chunks", "size", "by_value")
 
-    def __init__(self, chunks: list[Chunk]):
+    def __init__(self, chunks: list[Chunk], by_value: bool = False):
         self.chunks = chunks
         self.size = sum(memoryview(c).nbytes for c in chunks)
+        self.by_value = by_value
 
     def sha256(self) -> str:
         # Imported here: hashlib maps OpenSSL's libcrypto (~3.5 MiB resident), and the
@@ -128,9 +131,12 @@ def dumps(obj: Any, *, code: bool = False) -> Payload:
             stream = None  # by-reference to the caller's __main__: the worker has no such thing
         if stream is None:
             buffers.clear()
+    by_value = False
     if stream is None:
-        import cloudpickle
-        stream = cloudpickle.dumps(obj, protocol=PROTOCOL, buffer_callback=keep)
+        import io
+        pickler = _code_noting_pickler()(out := io.BytesIO(), protocol=PROTOCOL, buffer_callback=keep)
+        pickler.dump(obj)
+        stream, by_value = out.getvalue(), pickler.saw_code
     head = bytearray(PAYLOAD_MAGIC)
     head += struct.pack("<IQ", len(buffers), len(stream))
     for b in buffers:
@@ -144,7 +150,30 @@ def dumps(obj: Any, *, code: bool = False) -> Payload:
             off += pad
         chunks.append(part)
         off += memoryview(part).nbytes
-    return Payload(chunks)
+    return Payload(chunks, by_value)
+
+
+_CodeNoting = None
+
+
+def _code_noting_pickler():
+    """cloudpickle's Pickler, noting whether it pickled a code object (bytecode, which
+    differs between Python minor versions: see :attr:`Payload.by_value`)."""
+    global _CodeNoting
+    if _CodeNoting is None:
+        import types
+
+        import cloudpickle
+
+        class CodeNoting(cloudpickle.Pickler):
+            saw_code = False
+
+            def reducer_override(self, obj):
+                if type(obj) is types.CodeType:
+                    self.saw_code = True
+                return super().reducer_override(obj)
+        _CodeNoting = CodeNoting
+    return _CodeNoting
 
 
 def loads(data: Chunk) -> Any:

@@ -22,6 +22,7 @@ would run side effects twice): losing the coordinator then means waiting for it 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -316,6 +317,10 @@ class GPUMesh:
         fn_payload = wire.dumps(fn, code=True)
         fn_hash = fn_payload.sha256()
         args = [_dump_call(fn, c, i, len(calls)) for i, c in enumerate(calls)]
+        if fn_payload.by_value or any(a.by_value for a in args):
+            # Bytecode travels: only workers of this Python minor version can load it safely.
+            require = dataclasses.replace(require or hardware.Requirements(),
+                                          python=versions.python_minor())
         inline = fn_hash not in self._known_blobs and fn_payload.size <= INLINE_FUNCTION_BYTES
         if fn_hash not in self._known_blobs and not inline:
             self._upload_blob(fn_hash, fn_payload)

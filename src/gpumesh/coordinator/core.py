@@ -535,6 +535,16 @@ class Coordinator:
         return job, True
 
     def unsatisfiable_message(self, req: hardware.Requirements, hint: float | None) -> str:
+        alive = self.alive_workers()
+        if req.python and not any(s.python in ("", req.python) for w in alive for s in w.slot_views()):
+            # The one refusal that is about software: say so in its own words.
+            others = sorted({f"Python {w.info.get('python', '?')} ({w.info.get('hostname', w.id)})"
+                             for w in alive})
+            return (f"this call ships code by value (a function, lambda or class defined in "
+                    f"__main__, a notebook or a closure), whose bytecode only loads on the Python "
+                    f"that made it: the caller runs Python {req.python} and the alive workers run "
+                    f"{', '.join(others)}; join a worker running Python {req.python}, or run the "
+                    f"caller on the workers' Python")
         wants = req.describe() if req else ""
         if hint:
             wants = (wants + ", " if wants else "") + f"gpu_memory_mb={hint:g}"

@@ -125,7 +125,8 @@ _SCHEMAS: dict[str, Any] = {
             "timeout": {"type": ["number", "null"], "minimum": 0.001, "maximum": 365 * 86400},
             "costs": {"type": "array", "items": {"type": "number", "minimum": 0, "exclusiveMaximum": 1e9}},
             "require": {"type": "object", "description": "hardware every task needs: gpu (kind or "
-                        "model), cores, memory and gpu_memory (bytes); see docs/hardware.md"},
+                        "model), cores, memory and gpu_memory (bytes); see docs/hardware.md; python "
+                        "('3.11': code shipped by value only runs on workers of that Python)"},
             "gpu_memory_mb": {"type": "array", "description": "per task: free GPU memory it needs "
                               "(MiB) or null", "items": {"type": ["number", "null"], "minimum": 0}},
             "require_worker": {"type": "boolean"},
