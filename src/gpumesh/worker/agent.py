@@ -29,7 +29,6 @@ import logging
 import os
 import random
 import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -41,7 +40,7 @@ from ..errors import AuthError, RequestRejected
 from ..limits import (BACKOFF_BASE_S, BACKOFF_MAX_S, HEARTBEAT_INTERVAL_S, LONG_POLL_S,
                       OUTPUT_BODY_BYTES, OUTPUT_FLUSH_S, SESSION_PING_S)
 from ..transport import Transport, Unreachable
-from . import membody
+from . import membody, tempdirs
 from .device import GpuMonitor
 from .executor import Executor, Outcome
 from .scoring import Scorer, describe
@@ -125,7 +124,10 @@ class WorkerAgent:
         self.id: str | None = worker_id
         self.on_event = on_event or (lambda kind, text: log.info(text))
         self._own_cache = cache_dir is None
-        self.cache = Path(cache_dir or tempfile.mkdtemp(prefix="gpumesh-worker-"))
+        self._cache_lock = None
+        if cache_dir is None:  # (and remove the directories of workers that were killed)
+            cache_dir, self._cache_lock = tempdirs.create()
+        self.cache = Path(cache_dir)
         (self.cache / "fn").mkdir(parents=True, exist_ok=True)
         self.stopping = threading.Event()
         self.executor = Executor(self.cache / "spool")
@@ -177,6 +179,7 @@ class WorkerAgent:
         self.http.close()
         if self._own_cache:
             shutil.rmtree(self.cache, ignore_errors=True)
+            self._cache_lock.release()
 
     # ------------------------------------------------------------------ registration -
     def _register(self, first: bool = False) -> None:
@@ -201,7 +204,7 @@ class WorkerAgent:
                     raise
                 except Unreachable as e:
                     if first:
-                        self.on_event("waiting", f"coordinator not reachable yet ({e}); retrying")
+                        self.on_event("waiting", f"coordinator unreachable ({e}), retrying")
                         first = False if self.id else first
                     self.stopping.wait(next(delays))
 
