@@ -105,6 +105,11 @@ def failure(item: dict, payload: memoryview | None) -> BaseException:
             if sys.version_info >= (3, 11):
                 exc.add_note(f"[gpumesh] raised on the mesh{where}; remote traceback above")
             return exc
+    if kind == "missing_module":  # no worker had it: raised as itself, naming them
+        exc = ModuleNotFoundError(message + where, name=err.get("module"))
+        if tb:
+            exc.__cause__ = RemoteTraceback(tb)
+        return exc
     if kind == "timeout":
         return TaskTimeout(message + where)
     if kind == "crashed":

@@ -51,7 +51,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .. import tracing, versions, wire
+from .. import packages, tracing, versions, wire
 from .._version import __version__
 from . import dist
 from ..limits import (HANDOFF_TTL_S, INLINE_BLOB_BYTES, LONG_POLL_MAX_S, OUTPUT_BODY_BYTES, MAX_BODY_BYTES, MAX_TASKS_PER_JOB, MiB,
@@ -669,6 +669,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             info["slot_list"] = hardware.check_slot_list(data.get("slot_list"), slots, info.get("gpus"))
             if data.get("scores") is not None:
                 info["scores"] = hardware.check_scores(data["scores"])
+            if data.get("packages") is not None:  # its Python distributions (gpumesh.packages)
+                info["packages"] = packages.check(data["packages"])
         except ValueError as e:
             raise HTTPError(400, "bad_request", str(e)) from None
         w = coord.register(info, wid, slots)
@@ -693,6 +695,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
                 info["scores"] = hardware.check_scores(data["scores"])
             if data.get("gpu_free_mb") is not None:
                 info["gpu_free_mb"] = hardware.check_gpu_free(data["gpu_free_mb"])
+            if data.get("packages") is not None:  # something was installed or removed
+                info["packages"] = packages.check(data["packages"])
         except ValueError as e:
             raise HTTPError(400, "bad_request", str(e)) from None
         return JSONResponse(coord.heartbeat(wid, running, info))

@@ -131,6 +131,12 @@ class Job:
     require: hardware.Requirements = field(default_factory=hardware.Requirements)
     vram_mb: dict[int, float] = field(default_factory=dict)  # task index -> gpu_memory_mb hint
     costs_vary: bool = False  # tasks have different costs: choose by cost, not FIFO alone
+    #: module -> workers whose run of this job failed with ModuleNotFoundError for it;
+    #: none of the job's tasks is granted to them again (see Coordinator._missing_module).
+    lacking: dict[str, set[str]] = field(default_factory=dict)
+
+    def excludes(self, worker_id: str) -> bool:
+        return any(worker_id in ws for ws in self.lacking.values())
 
     def prepare(self) -> None:
         """Requirements and hints from ``meta`` (validated at submit)."""
@@ -246,6 +252,12 @@ class Coordinator:
                          ", ".join(f"{k} score={v:.3f}" for k, v in info["scores"].items()), wid)
             w.info.update(info)
             w.views = None
+            if "packages" in info:  # something was installed: give its jobs another try
+                for job in self.jobs.values():
+                    for ws in job.lacking.values():
+                        ws.discard(wid)
+                if self.idle:
+                    self._wake_idle()
             if free:
                 changed = False
                 for g in w.info.get("gpus") or ():
@@ -426,6 +438,8 @@ class Coordinator:
         job = self.jobs.get(job_id)
         if job is None:
             return 0
+        if job.lacking and job.excludes(slot.worker):
+            return None  # it lacks a module this job's function needs
         if not job.vram_mb and not job.costs_vary:
             return 0  # the common case: FIFO
         candidates = []
@@ -583,6 +597,10 @@ class Coordinator:
         if status == "retry":
             self._requeue([task_id], reason=(error or {}).get("message", "worker asked to retry"))
             return lease.worker_id if w and w.alive else None
+        if status == "error" and isinstance(error, dict) and isinstance(error.get("module"), str):
+            error = self._missing_module(lease, error)
+            if error is None:  # tried again on a worker that may have it
+                return lease.worker_id if w and w.alive else None
         del self.leases[task_id]
         if w:
             w.leases.discard(task_id)
@@ -594,6 +612,39 @@ class Coordinator:
         state = "done" if status == "ok" else "failed"
         self._finalize(lease.job_id, task_id, state, error, payload, worker_id=lease.worker_id)
         return lease.worker_id if w and w.alive else None
+
+    def _missing_module(self, lease: Lease, error: dict) -> dict | None:
+        """The task failed on ``lease``'s worker with ModuleNotFoundError: none of the job's
+        tasks goes to that worker again. If another alive worker could run it, re-queue it
+        there and return None; otherwise return the task's final error, which names the
+        module and the workers that lack it."""
+        job = self.jobs.get(lease.job_id)
+        if job is None:
+            return error
+        module = error["module"][:200]
+        job.lacking.setdefault(module, set()).add(lease.worker_id)
+        others = [w for w in self.alive_workers() if not job.excludes(w.id)
+                  and any(_Placing.runs(job.require, s) for s in w.slot_views())]
+        if others:
+            log.info("task %s: worker %s has no module %r; trying it on another worker",
+                     lease.task_id, lease.worker_id, module)
+            self.leases.pop(lease.task_id, None)
+            w = self.workers.get(lease.worker_id)
+            if w:
+                w.leases.discard(lease.task_id)
+            self.store.requeue([lease.task_id])
+            self.queue.push_front(job.id, lease.task_id, lane=job.require)
+            self._wake_idle()
+            return None
+        lacking = []
+        for wid in sorted(job.lacking[module]):
+            w = self.workers.get(wid)
+            name = w.info.get("hostname", "?") if w else "?"
+            lacking.append(f"{name} ({wid}, Python {w.info.get('python', '?') if w else '?'})")
+        return dict(error, kind="missing_module", message=(
+            f"No module named {module!r} on any worker that could run this task: "
+            f"{', '.join(lacking)} lack{'s' if len(lacking) == 1 else ''} it; install it "
+            f"there (or join a worker that has it) and call again"))
 
     def lease_delivered(self, leases: list[tuple[str, str]], ok: bool) -> None:
         """The answer carrying these ``(task_id, lease_id)`` grants finished sending (``ok``)

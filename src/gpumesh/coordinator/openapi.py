@@ -68,6 +68,10 @@ _HANDOFF_FILES = {"type": "object", "description": "frame number (0 = the first 
                   "empty (see GET /v1/handoff)",
                   "additionalProperties": {"type": "string", "pattern": "^[0-9a-f]{24}\\.part$"}}
 
+_PACKAGES = {"type": "object", "maxProperties": 5000, "description": "installed Python "
+             "distributions: normalised name -> version (gpumesh.packages)",
+             "additionalProperties": {"type": "string", "maxLength": 100}}
+
 _SCHEMAS: dict[str, Any] = {
     "Error": {"type": "object", "required": ["error", "message"],
               "properties": {"error": {"type": "string"}, "message": {"type": "string"}}},
@@ -85,17 +89,20 @@ _SCHEMAS: dict[str, Any] = {
                           "one slot per GPU, then CPU slots: {id, kind: cuda|mps|cpu, gpu: index} "
                           "(see docs/hardware.md)", "items": {"type": "object"}},
             "scores": {"type": "object", "description": "benchmark score per device (cpu, cuda:N, mps)"},
+            "packages": _PACKAGES,
         },
     },
     "Registered": {"type": "object", "properties": {"id": {"type": "string"},
                                                      "heartbeat_s": {"type": "number"},
-                                                     "ttl_s": {"type": "number"}}},
+                                                     "ttl_s": {"type": "number"},
+                                                     "version": {"type": "string"}}},
     "Heartbeat": {"type": "object", "properties": {
         "running": {"type": "array", "maxItems": MAX_HEARTBEAT_TASKS,
                     "items": {"type": "string", "pattern": HEX_ID}},
         "score": {"type": "number", "minimum": 0, "maximum": 1e12},
         "scores": {"type": "object", "description": "benchmark score per device (cpu, cuda:N, mps)"},
-        "gpu_free_mb": {"type": "object", "description": "free GPU memory in MiB per GPU index"}}},
+        "gpu_free_mb": {"type": "object", "description": "free GPU memory in MiB per GPU index"},
+        "packages": _PACKAGES}},
     "LeaseRequest": {"type": "object", "properties": {
         "slots": {"type": "integer", "minimum": 1, "maximum": 1024},
         "free": {"type": "array", "maxItems": 1024, "description": "the free slots' ids",

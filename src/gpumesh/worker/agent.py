@@ -33,7 +33,7 @@ import threading
 import time
 from pathlib import Path
 
-from .. import hardware, tracing, versions, wire
+from .. import hardware, packages, tracing, versions, wire
 from ..handoff import Handoff, map_fd, new_name
 from .._version import __version__
 from ..errors import AuthError, RequestRejected
@@ -111,6 +111,8 @@ class WorkerAgent:
         self.http = Transport(url, token, fingerprint=fingerprint)  # fingerprint: TLS pin
         self.info = dict(info or {})
         self.info.setdefault("version", __version__)
+        self._packages = packages.Inventory()  # reported at join, again when they change
+        self.info.setdefault("packages", self._packages.current)
         gpus = [g for g in self.info.get("gpus") or () if isinstance(g, dict)]
         self.slot_list = hardware.slot_list(gpus, slots, bool(self.info.get("mps")))
         if not self.slot_list:
@@ -253,6 +255,9 @@ class WorkerAgent:
         if self._scores:
             out["scores"] = self._scores
             out["score"] = self.info["score"]
+        changed = self._packages.changed()
+        if changed is not None:
+            out["packages"] = self.info["packages"] = changed
         return out
 
     def _on_scores(self, result: dict) -> None:

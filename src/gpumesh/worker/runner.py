@@ -171,9 +171,13 @@ def recv_blob_fds(sock: socket.socket) -> tuple[bytearray, list[int]]:
 def describe_exception(exc: BaseException, kind: str) -> dict:
     """JSON-safe description of an exception: kind, type, message, traceback text."""
     t = type(exc)
-    return {"kind": kind, "type": f"{t.__module__}.{t.__qualname__}" if t.__module__ != "builtins"
-            else t.__qualname__, "message": _safe_str(exc),
-            "traceback": "".join(traceback.format_exception(t, exc, exc.__traceback__))[-32_000:]}
+    out = {"kind": kind, "type": f"{t.__module__}.{t.__qualname__}" if t.__module__ != "builtins"
+           else t.__qualname__, "message": _safe_str(exc),
+           "traceback": "".join(traceback.format_exception(t, exc, exc.__traceback__))[-32_000:]}
+    if isinstance(exc, ModuleNotFoundError) and isinstance(exc.name, str) and exc.name:
+        # A module this worker lacks: the coordinator tries the task on another worker.
+        out["module"] = exc.name[:200]
+    return out
 
 
 def _safe_str(exc: BaseException) -> str:
