@@ -3,12 +3,15 @@ on another; when none has the module the error names it and the workers that lac
 
 from __future__ import annotations
 
+import json
 import os
 from importlib import metadata
 
 import pytest
+from click.testing import CliRunner
 
 from gpumesh import accelerate, packages
+from gpumesh.cli import main
 
 from ..conftest import Proc
 
@@ -64,6 +67,15 @@ def test_a_map_needing_a_module_one_worker_lacks_completes_on_the_other(make_mes
     tried = [ln for ln in log.splitlines() if f"has no module {MODULE!r}" in ln]
     assert len(tried) == 1, log
     assert any(wid in tried[0] for wid in ids)
+    # and the pool remembers it, for `gpumesh doctor`
+    lacks = {w["hostname"] + w["id"]: w.get("lacks") for w in mesh.workers()}
+    assert sorted(lacks.values(), key=str) == [None, [MODULE]]
+    r = CliRunner().invoke(main, ["doctor", "--json"], env={
+        "GPUMESH_URL": mesh.url, "GPUMESH_TOKEN": mesh.token,
+        "GPUMESH_CONFIG": mesh.env["GPUMESH_CONFIG"], "NO_COLOR": None})
+    checks = {c["name"]: c for c in json.loads(r.output)["checks"]}
+    assert checks["pool modules"]["status"] == "warn"
+    assert f"{MODULE} (not on " in checks["pool modules"]["detail"]
 
 
 def test_no_worker_has_the_module_names_it_and_the_workers(make_mesh):

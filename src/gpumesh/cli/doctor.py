@@ -225,6 +225,16 @@ def pool_checks(workers: list[dict], url: str) -> list[Check]:
     checks.append(Check("pool gpumesh", "ok" if set(by_version) == {__version__} else "fail", ver,
                         "" if set(by_version) == {__version__} else
                         f"on each of the others: {install_command(url)}"))
+    lacking: dict[str, list[str]] = {}
+    for w in workers:
+        for module in w.get("lacks") or ():
+            lacking.setdefault(str(module), []).append(_who(w))
+    if lacking:
+        checks.append(Check("pool modules", "warn", "recent jobs imported modules some workers "
+                            "lack: " + "; ".join(f"{m} (not on {', '.join(ws)})"
+                                                 for m, ws in sorted(lacking.items())[:POOL_LIST]),
+                            "their tasks ran on the other workers; install the package that "
+                            "provides each module on these workers to use them too"))
     reported = [w for w in workers if isinstance(w.get("packages"), dict)]
     if len(reported) < 2:
         return checks

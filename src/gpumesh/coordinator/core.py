@@ -54,6 +54,10 @@ class UnknownWorker(Exception):
     """A worker id the coordinator does not know (e.g. it restarted): register again."""
 
 
+#: Modules remembered as missing on some worker (for ``gpumesh doctor``), newest kept.
+MAX_LACKING_MODULES = 100
+
+
 class UnknownJob(Exception):
     pass
 
@@ -177,6 +181,8 @@ class Coordinator:
         self.idle: OrderedDict[str, tuple[asyncio.Future, int, list[int] | None]] = OrderedDict()
         self.task_cost: dict[str, float] = {}  # open task id -> cost, for jobs whose costs vary
         self.stats = placement.SlotStats()
+        #: module -> workers a recent job found without it (``gpumesh doctor`` shows them)
+        self.lacking: dict[str, set[str]] = {}
         self._sessions = 0
         self.closing = False  # set by begin_shutdown()
         self.output = OutputHub(store.dir / "logs")
@@ -256,6 +262,8 @@ class Coordinator:
                 for job in self.jobs.values():
                     for ws in job.lacking.values():
                         ws.discard(wid)
+                for ws in self.lacking.values():
+                    ws.discard(wid)
                 if self.idle:
                     self._wake_idle()
             if free:
@@ -568,6 +576,9 @@ class Coordinator:
     def worker_view(self, w: Worker) -> dict:
         """A worker as ``GET /v1/workers`` lists it."""
         d = dict(w.info)
+        lacks = sorted(m for m, ws in self.lacking.items() if w.id in ws)
+        if lacks:  # modules recent jobs needed and did not find here
+            d["lacks"] = lacks
         d.update(id=w.id, alive=w.alive, slots=w.slots, running=len(w.leases), slot_list=w.slot_list,
                  busy_slots=sorted({lease.slot for tid in w.leases
                                     if (lease := self.leases.get(tid)) is not None
@@ -623,6 +634,9 @@ class Coordinator:
             return error
         module = error["module"][:200]
         job.lacking.setdefault(module, set()).add(lease.worker_id)
+        self.lacking.setdefault(module, set()).add(lease.worker_id)
+        while len(self.lacking) > MAX_LACKING_MODULES:  # the oldest module first
+            del self.lacking[next(iter(self.lacking))]
         others = [w for w in self.alive_workers() if not job.excludes(w.id)
                   and any(_Placing.runs(job.require, s) for s in w.slot_views())]
         if others:
