@@ -42,6 +42,7 @@ __all__ = [
     "TaskTimeout",
     "RemoteTraceback",
     "load_ipython_extension",
+    "unload_ipython_extension",
     "__version__",
 ]
 
@@ -51,6 +52,7 @@ _LAZY = {
     "mesh": "gpumesh.client.remote",
     "RemoteFunction": "gpumesh.client.remote",
     "load_ipython_extension": "gpumesh.jupyter",
+    "unload_ipython_extension": "gpumesh.jupyter",
 }
 
 

@@ -93,6 +93,11 @@ def format_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+def format_mib(mib: float) -> str:
+    """A number of MiB as written in messages: ``1000000.0`` -> ``"1000000"``, ``0.5`` -> ``"0.5"``."""
+    return str(int(mib)) if float(mib).is_integer() else f"{mib:g}"
+
+
 # ---------------------------------------------------------------- GPU names ----------
 def _words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
@@ -352,20 +357,25 @@ def refusal(req: Requirements, slot: Slot, vram_hint_mb: float | None = None, *,
         return f"has {slot.cores} cores, fewer than {req.cores}"
     if req.memory is not None and slot.ram_mb * MiB < req.memory:
         return f"has {slot.ram_mb} MiB of RAM, less than {format_bytes(req.memory)}"
-    if vram_hint_mb and slot.kind != "cpu":
+    if vram_hint_mb:
         return vram_refusal(slot, vram_hint_mb, ever=ever)
     return None
 
 
 def vram_refusal(slot: Slot, vram_hint_mb: float, *, ever: bool = False) -> str | None:
-    """Why a GPU ``slot`` cannot take a task hinting ``vram_hint_mb`` MiB (None: it can).
-    A CPU slot never refuses on this ground: the hint is about GPU memory."""
-    if slot.kind == "cpu" or not vram_hint_mb:
+    """Why ``slot`` cannot take a task hinting ``vram_hint_mb`` MiB (None: it can).
+
+    The hint says the task needs that much GPU memory, so a CPU slot always refuses it
+    (the task would run without a GPU); a GPU slot refuses it when its GPU is smaller
+    (``ever``) or, unless ``ever``, when its last reported free memory is less."""
+    if not vram_hint_mb:
         return None
+    if slot.kind == "cpu":
+        return "has no GPU"
     if slot.vram_total_mb and slot.vram_total_mb < vram_hint_mb:
-        return f"has {slot.vram_total_mb} MiB of GPU memory in all, less than the {vram_hint_mb:g} MiB hinted"
+        return f"has {slot.vram_total_mb} MiB of GPU memory in all, less than the {format_mib(vram_hint_mb)} MiB hinted"
     if not ever and slot.vram_free_mb is not None and slot.vram_free_mb < vram_hint_mb:
-        return f"has {slot.vram_free_mb} MiB of GPU memory free, less than the {vram_hint_mb:g} MiB hinted"
+        return f"has {slot.vram_free_mb} MiB of GPU memory free, less than the {format_mib(vram_hint_mb)} MiB hinted"
     return None
 
 

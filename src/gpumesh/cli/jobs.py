@@ -43,15 +43,19 @@ def jobs(url, token, limit, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
 @one_line_errors
 def status(job_id, url, token, as_json):
-    """State of one job and its tasks. Exit code 1 if the job failed or is unknown."""
+    """State of one job and each task with its result. Exit code 1 if the job failed or
+    is unknown."""
+    from ..client.jobview import jsonable
     view = _mesh(url, token).status(job_id)
     if as_json:
-        click.echo(json.dumps(view, indent=2))
+        click.echo(json.dumps(jsonable(view), indent=2, ensure_ascii=False))
     else:
         click.echo(f"Job: {view['name']} ({view['id']})")
         click.echo(f"  Status: {view['state']}")
         click.echo(f"  Counts: {counts_line(view['counts'])}")
-        for line in task_lines(view, None, color_enabled()):
+        if view.get("released"):
+            click.echo("  Results: released (collected by the caller, or let go)")
+        for line in task_lines(view, color_enabled()):
             click.echo(line)
     if view["counts"].get("failed"):
         raise SystemExit(1)

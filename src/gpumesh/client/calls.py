@@ -47,22 +47,35 @@ def map_items(fn: Callable, items: Iterable[Any]) -> tuple[list[Call], list[dict
     for item in items:
         hint: dict = {}
         if isinstance(item, Mapping):
-            kwargs = dict(item)
-            for key in HINT_KEYS:
-                if key in kwargs and key not in named:
-                    value = kwargs.pop(key)
-                    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                        raise TypeError(f".map item hint {key!r} must be a number >= 0, got {value!r}")
-                    hint[key] = float(value)
-                elif key in kwargs:
-                    hint[key] = kwargs[key] if isinstance(kwargs[key], (int, float)) else None
+            kwargs, hint = split_hints(named, item, ".map item")
             calls.append(((), kwargs))
         elif isinstance(item, tuple):
             calls.append((item, {}))
         else:
             calls.append(((item,), {}))
-        hints.append({k: v for k, v in hint.items() if v is not None})
+        hints.append(hint)
     return calls, hints
+
+
+def split_hints(named: set[str], kwargs: Mapping, what: str = "call") -> tuple[dict, dict]:
+    """``(kwargs without the hint keys, hints)`` for one call's keyword arguments.
+
+    A hint key the function names as a parameter stays an argument (and still counts
+    as a hint when it is a number). Raises ``TypeError`` for a hint that is not a
+    number >= 0. A single call ``f(x, gpu_memory_mb=6000)`` and a ``.map`` item
+    ``{"x": x, "gpu_memory_mb": 6000}`` mean the same thing.
+    """
+    kwargs = dict(kwargs)
+    hint: dict = {}
+    for key in HINT_KEYS:
+        if key in kwargs and key not in named:
+            value = kwargs.pop(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise TypeError(f"{what} hint {key!r} must be a number >= 0, got {value!r}")
+            hint[key] = float(value)
+        elif key in kwargs and isinstance(kwargs[key], (int, float)) and not isinstance(kwargs[key], bool):
+            hint[key] = float(kwargs[key])
+    return kwargs, hint
 
 
 def decode_result(item: dict, payload: memoryview | None, strict: bool = False) -> Any:

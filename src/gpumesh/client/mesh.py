@@ -162,9 +162,17 @@ class GPUMesh:
         return self.http.request("GET", "/v1/jobs", params={"limit": limit}, timeout=10).json()
 
     def status(self, job_id: str) -> dict:
-        """One job: its state, per-state task ``counts`` and ``tasks`` (index, state,
-        attempts, worker, error). Raises RequestRejected (404) for an unknown job."""
-        return self.http.request("GET", job_path(job_id), timeout=10).json()
+        """One job: ``id, name, kind, state, n_tasks, counts`` (tasks per state),
+        ``released`` and ``tasks``, one dict per task in index order: ``id, index, state,
+        attempts, worker_id, cost, error`` and, for a done task, ``result``: the JSON
+        value a script printed, or the value a function returned, decoded as the call
+        would (unpickled; JSON when ``strict``). ``result_error`` says why a result could
+        not be decoded here. ``released: True``: the job's results were collected by its
+        caller (or let go) and deleted, so no task has ``result``. Works after a
+        coordinator restart (results are stored). Raises RequestRejected (404) for an
+        unknown job."""
+        from .jobview import job_status
+        return job_status(self, job_id)
 
     def logs(self, job_id: str, task_id: str | None = None) -> list[dict]:
         """What each task of a job printed: ``[{"id", "index", "state", "stdout", "stderr"}]``."""
@@ -191,9 +199,13 @@ class GPUMesh:
                timeout: float | None = None) -> str:
         """Submit a script job: ``python script`` runs once per payload on the mesh, the
         payload arriving as JSON on its stdin; each task's result is the last line of its
-        stdout that parses as JSON. ``script``: a path (or the source as bytes). Returns
-        the job id at once (see :meth:`status`, :meth:`wait`). Raises ``ValueError`` for
-        an unreadable script or a payload that is not JSON."""
+        stdout that parses as JSON. ``script``: a path (or the source as bytes). A payload
+        that is a JSON object may carry the ``.map`` hints ``cost`` and ``gpu_memory_mb``
+        (it still reaches the script whole). Returns the job id at once (see
+        :meth:`status`, :meth:`wait`). Raises ``ValueError`` for an unreadable script, a
+        payload that is not JSON or a hint that is not a number, and
+        :class:`~gpumesh.errors.Unsatisfiable` for a ``gpu_memory_mb`` hint no alive
+        worker's GPU could ever meet."""
         from . import scripts
         if script is None:
             raise ValueError("submit() needs script= (the path of a Python script)")
@@ -613,7 +625,7 @@ def check_local(fn: Callable, require: hardware.Requirements | None, hints: list
         if reason is None:
             return
         reasons.append(f"its {slot.device} {reason}")
-    wants = (require.describe() if require else "") + (f", gpu_memory_mb={hint:g}" if hint else "")
+    wants = (require.describe() if require else "") + (f", gpu_memory_mb={hardware.format_mib(hint)}" if hint else "")
     raise Unsatisfiable(f"{why}, and this machine cannot run {getattr(fn, '__qualname__', 'the function')} "
                         f"({wants.strip(', ')}): " + "; ".join(reasons))
 

@@ -1,13 +1,16 @@
 """Progress bars for batches (``.map``) and ``gpumesh submit --wait``.
 
-A bar is shown only to a person: when stderr is a terminal, or the caller runs in a
-Jupyter kernel; never in a pipe or a log file. ``GPUMESH_PROGRESS=0`` turns bars off,
-``GPUMESH_PROGRESS=1`` forces them on. ``.map`` shows its bar only once the batch has
-taken longer than :data:`DELAY_S`, so short calls stay quiet.
+A bar is shown only to a person: when stderr is a terminal (rich), or the caller runs in
+a Jupyter kernel (:class:`NotebookBar`, one output updated in place); never in a pipe or
+a log file. ``GPUMESH_PROGRESS=0`` turns bars off, ``GPUMESH_PROGRESS=1`` forces them
+on. ``.map`` shows its bar only once the batch has taken longer than :data:`DELAY_S`, so
+short calls stay quiet.
 """
 
 from __future__ import annotations
 
+import functools
+import html
 import os
 import sys
 import threading
@@ -15,6 +18,9 @@ import time
 
 #: A batch shows its bar once it has run this long (seconds).
 DELAY_S = 1.0
+#: A notebook bar is redrawn at most this often (seconds): each redraw is a message to
+#: the front end, and a batch of 10,000 fast tasks must not send 10,000 of them.
+NOTEBOOK_REFRESH_S = 0.5
 
 
 def in_notebook() -> bool:
@@ -86,11 +92,15 @@ class Progress:
             from rich.progress import (BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn,
                                        TimeElapsedColumn, TimeRemainingColumn)
             console = self._console or Console(stderr=True)
-            self._bar = Bar(TextColumn("[progress.description]{task.description}"), BarColumn(),
-                            MofNCompleteColumn(), TextColumn("done"),
-                            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
-                            TextColumn("ETA"), TimeRemainingColumn(),
-                            console=console, transient=not self.keep)
+            # rich's live display in a notebook needs ipywidgets (without it: a warning
+            # and no bar); the notebook bar needs only IPython's display
+            make = (functools.partial(NotebookBar, started=self.started)
+                    if self._console is None and in_notebook() else Bar)
+            self._bar = make(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                             MofNCompleteColumn(), TextColumn("done"),
+                             TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+                             TextColumn("ETA"), TimeRemainingColumn(),
+                             console=console, transient=not self.keep)
             self._task = self._bar.add_task(self.description, total=self.total,
                                             completed=self.done, rate=self._rate())
             try:
@@ -130,3 +140,86 @@ class Progress:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class NotebookBar:
+    """The bar in a Jupyter notebook: one output updated in place, an HTML ``<progress>``
+    with the counts beside it (and the same line as text for plain front ends), e.g.
+    ``slow ##########..........  50%  2/4 done  (1s)  1.9/s  ETA 1s``.
+
+    Driven like rich's ``Progress`` (``add_task``, ``update``, ``start``, ``stop``); rich's
+    column arguments and task fields are accepted and not used. ``started``: when the
+    batch began (``time.monotonic()``), from which elapsed time, rate and ETA count.
+    Redrawn at most every :data:`NOTEBOOK_REFRESH_S` by a daemon thread, so the elapsed
+    time moves between results. Unlike the terminal bar it stays in the cell's output,
+    at its last state.
+    """
+
+    def __init__(self, *columns, started: float | None = None, **_rich_options) -> None:
+        self.description, self.total, self.completed = "", 0, 0
+        self.started = time.monotonic() if started is None else started
+        self._handle = None
+        self._drawn: str | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add_task(self, description: str, total: int | None = None, completed: int = 0,
+                 **_fields) -> int:
+        with self._lock:
+            self.description, self.total, self.completed = description, total or 0, completed
+        return 0
+
+    def update(self, task_id: int, *, completed: int | None = None, total: int | None = None,
+               **_fields) -> None:
+        with self._lock:
+            if completed is not None:
+                self.completed = completed
+            if total is not None:
+                self.total = total
+
+    def start(self) -> None:
+        from IPython.display import display
+        self._handle = display(self._bundle(), raw=True, display_id=True)
+        self._thread = threading.Thread(target=self._refresh, name="gpumesh-notebook-bar",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * NOTEBOOK_REFRESH_S)
+        self._draw()
+
+    def _refresh(self) -> None:
+        while not self._stop.wait(NOTEBOOK_REFRESH_S):
+            self._draw()
+
+    def _draw(self) -> None:
+        bundle = self._bundle()
+        with self._lock:
+            if self._handle is None or bundle["text/plain"] == self._drawn:
+                return
+            self._drawn = bundle["text/plain"]
+            self._handle.update(bundle, raw=True)
+
+    def text(self) -> str:
+        """The bar as one line of text."""
+        with self._lock:
+            done, total, description = self.completed, self.total, self.description
+        elapsed = time.monotonic() - self.started
+        line = f"{description} {bar_text(done, total, elapsed)}"
+        if done and elapsed > 0:
+            rate = done / elapsed
+            line += f"  {rate:.1f}/s"
+            if done < total:
+                line += f"  ETA {(total - done) / rate:.0f}s"
+        return line
+
+    def _bundle(self) -> dict[str, str]:
+        line = self.text()
+        with self._lock:
+            done, total = self.completed, max(self.total, 1)
+        return {"text/plain": line,
+                "text/html": f'<progress value="{done}" max="{total}" style="width:16em">'
+                             f'</progress> <code>{html.escape(line)}</code>'}

@@ -75,9 +75,13 @@ class RemoteFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fn = self.__gpumesh_wrapped__
+        hints = None
+        if any(k in kwargs for k in _calls.HINT_KEYS):  # f(x, gpu_memory_mb=...) as in .map
+            kwargs, hint = _calls.split_hints(_calls.explicit_params(fn), kwargs)
+            hints = [hint]
         if self._inline():
             return fn(*args, **kwargs)
-        return self.mesh.run_calls(fn, [(args, kwargs)], timeout=self.options["timeout"],
+        return self.mesh.run_calls(fn, [(args, kwargs)], hints=hints, timeout=self.options["timeout"],
                                    name=getattr(fn, "__qualname__", None), require=self.require)[0]
 
     def map(self, items: Iterable[Any]) -> list[Any]:

@@ -1149,7 +1149,10 @@ def _job_view(coord: Coordinator, job_id: str, with_tasks: bool) -> dict | None:
         return None
     counts = coord.store.task_counts(job_id)
     view = {"id": row["id"], "name": row["name"], "kind": row["kind"], "state": row["state"],
-            "n_tasks": row["n_tasks"], "counts": counts, "created": row["created"]}
+            "n_tasks": row["n_tasks"], "counts": counts, "created": row["created"],
+            # released: the results were collected (or let go) and their payloads deleted
+            "released": bool(row["released"]),
+            "result_format": (row["meta"] or {}).get("result_format", "pickle")}
     if with_tasks:
         view["tasks"] = coord.store.task_rows(job_id)
     return view

@@ -24,6 +24,7 @@ Everything here runs on the event loop thread; there is no locking.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -135,6 +136,10 @@ class Job:
     require: hardware.Requirements = field(default_factory=hardware.Requirements)
     vram_mb: dict[int, float] = field(default_factory=dict)  # task index -> gpu_memory_mb hint
     costs_vary: bool = False  # tasks have different costs: choose by cost, not FIFO alone
+    #: The run queue lane: ``require``, plus "a GPU" when every task hints GPU memory
+    #: (such a job needs a GPU as surely as one that says ``gpu=``: CPU slots never look
+    #: at it, and GPU slots serve it first).
+    lane: hardware.Requirements = field(default_factory=hardware.Requirements)
     #: module -> workers whose run of this job failed with ModuleNotFoundError for it;
     #: none of the job's tasks is granted to them again (see Coordinator._missing_module).
     lacking: dict[str, set[str]] = field(default_factory=dict)
@@ -146,6 +151,9 @@ class Job:
         """Requirements and hints from ``meta`` (validated at submit)."""
         self.require = hardware.Requirements.from_meta(self.meta.get("require"))
         self.vram_mb = {int(k): float(v) for k, v in (self.meta.get("gpu_memory_mb") or {}).items()}
+        self.lane = self.require
+        if self.n_tasks and len(self.vram_mb) == self.n_tasks and self.require.gpu is None:
+            self.lane = dataclasses.replace(self.require, gpu="gpu")
 
     def notify(self) -> None:
         for f in self.waiters:
@@ -216,7 +224,7 @@ class Coordinator:
                 self.leases[t.id] = Lease(t.id, t.job_id, t.lease_id, t.worker_id, now,
                                           delivered=now)
             else:
-                self.queue.add(t.job_id, [t.id], lane=self.jobs[t.job_id].require)
+                self.queue.add(t.job_id, [t.id], lane=self.jobs[t.job_id].lane)
         if self.jobs:
             log.info("recovered %d unreleased jobs from the store: %d tasks pending, %d leased "
                      "(kept for workers that come back)", len(self.jobs), len(self.queue), len(self.leases))
@@ -509,7 +517,7 @@ class Coordinator:
             self.store.requeue([tid for _, tid in back])
             for job_id, tid in reversed(back):
                 job = self.jobs.get(job_id)
-                self.queue.push_front(job_id, tid, lane=job.require if job else None)
+                self.queue.push_front(job_id, tid, lane=job.lane if job else None)
         for job_id, tid, attempts in lost:
             self._finalize(job_id, tid, "failed", {
                 "kind": "lost", "type": "WorkerLost",
@@ -552,7 +560,7 @@ class Coordinator:
         if not args:
             job.state = "finished"
             self.store.set_job_state(job_id, "finished")
-        self.queue.add(job_id, task_ids, lane=job.require)
+        self.queue.add(job_id, task_ids, lane=job.lane)
         self._wake_idle()
         return job, True
 
@@ -569,7 +577,7 @@ class Coordinator:
                     f"caller on the workers' Python")
         wants = req.describe() if req else ""
         if hint:
-            wants = (wants + ", " if wants else "") + f"gpu_memory_mb={hint:g}"
+            wants = (wants + ", " if wants else "") + f"gpu_memory_mb={hardware.format_mib(hint)}"
         pool = [self.worker_view(w) for w in self.alive_workers()]
         return f"no alive worker can ever run this job ({wants}); {hardware.describe_pool(pool)}"
 
@@ -638,7 +646,7 @@ class Coordinator:
         while len(self.lacking) > MAX_LACKING_MODULES:  # the oldest module first
             del self.lacking[next(iter(self.lacking))]
         others = [w for w in self.alive_workers() if not job.excludes(w.id)
-                  and any(_Placing.runs(job.require, s) for s in w.slot_views())]
+                  and any(_Placing.runs(job.lane, s) for s in w.slot_views())]
         if others:
             log.info("task %s: worker %s has no module %r; trying it on another worker",
                      lease.task_id, lease.worker_id, module)
@@ -647,7 +655,7 @@ class Coordinator:
             if w:
                 w.leases.discard(lease.task_id)
             self.store.requeue([lease.task_id])
-            self.queue.push_front(job.id, lease.task_id, lane=job.require)
+            self.queue.push_front(job.id, lease.task_id, lane=job.lane)
             self._wake_idle()
             return None
         lacking = []
@@ -759,7 +767,7 @@ class Coordinator:
             self.task_meta[tid] = (idx, 0)
             if costs.get(tid, 1.0) != 1.0:
                 self.task_cost[tid] = costs[tid]
-        self.queue.add(job_id, ids, lane=job.require)
+        self.queue.add(job_id, ids, lane=job.lane)
         self._wake_idle()
         return len(ids)
 
@@ -852,6 +860,6 @@ class _Placing:
         fn = job.fn_hash or ""
         st = self.stragglers(fn)
         if job.id not in self._best:
-            fit = [s for s in self._all_slots() if not job.require or hardware.refusal(job.require, s) is None]
+            fit = [s for s in self._all_slots() if not job.lane or hardware.refusal(job.lane, s) is None]
             self._best[job.id] = max((placement.strength(s, st) for s in fit), default=0.0)
         return placement.relative(placement.strength(slot, st), self._best[job.id])

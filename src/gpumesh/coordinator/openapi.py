@@ -276,7 +276,8 @@ _DOC: dict[str, Any] = {
         },
         "/v1/jobs/{jid}": {"get": {
             "operationId": "jobStatus", "parameters": [_JID],
-            "responses": {"200": {"description": "the job", **_json({"type": "object"})}, **_errors(404)}}},
+            "responses": {"200": {"description": "the job: state, counts, released, result_format and its tasks",
+                                  **_json({"type": "object"})}, **_errors(404)}}},
         "/v1/jobs/{jid}/results": {"get": {
             "operationId": "results",
             "parameters": [_JID,

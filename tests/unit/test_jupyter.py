@@ -1,0 +1,118 @@
+"""``%load_ext gpumesh`` and ``%%mesh`` in an in-process IPython shell (no kernel, no mesh:
+``GPUMESH_LOCAL=1`` runs every call here). The real-kernel tests are in
+tests/integration/test_notebook.py."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("IPython")
+
+
+@pytest.fixture
+def shell(monkeypatch):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    monkeypatch.setenv("GPUMESH_LOCAL", "1")
+    sh = InteractiveShell.instance()
+    sh.run_cell("%load_ext gpumesh")
+    yield sh
+    sh.run_cell("%unload_ext gpumesh")
+    for name in ("mesh", "double", "triple", "square", "value"):
+        sh.user_ns.pop(name, None)
+
+
+def _ours(sh) -> tuple[int, int]:
+    from gpumesh import jupyter
+    return (sum(t is jupyter.mark_cell for t in sh.input_transformers_cleanup),
+            sum(isinstance(t, jupyter.WrapFunctions) for t in sh.ast_transformers))
+
+
+def test_a_mesh_cell_wraps_its_functions_as_they_are_defined(shell):
+    res = shell.run_cell("%%mesh\ndef double(x):\n    return 2 * x\n"
+                         "kind = type(double).__name__\ndouble.map([1, 2])\n")
+    assert res.success, res.error_in_exec
+    assert res.result == [2, 4]  # the cell's last expression is its result
+    assert shell.user_ns["kind"] == "RemoteFunction"
+
+
+def test_only_a_mesh_cell_is_rewritten(shell):
+    res = shell.run_cell("def triple(x):\n    return 3 * x\n'__gpumesh_mesh_cell__'\n")
+    assert res.success and type(shell.user_ns["triple"]).__name__ == "function"
+    res = shell.run_cell("async def square(x):\n    return x * x\n")
+    assert res.success and type(shell.user_ns["square"]).__name__ == "function"
+    res = shell.run_cell("%%mesh\nasync def square(x):\n    return x * x\n")
+    assert res.success and type(shell.user_ns["square"]).__name__ == "function"
+
+
+def test_the_magic_called_directly_runs_the_body_like_a_cell(shell):
+    value = shell.run_cell_magic("mesh", "", "def double(x):\n    return 2 * x\ndouble(21)\n")
+    assert value == 42
+    assert type(shell.user_ns["double"]).__name__ == "RemoteFunction"
+    with pytest.raises(ZeroDivisionError):
+        shell.run_cell_magic("mesh", "", "1 / 0\n")
+    # options are refused, whichever way the magic is reached
+    from IPython.core.error import UsageError
+    with pytest.raises(UsageError, match="takes no options"):
+        shell.run_cell_magic("mesh", "--gpu", "x = 1\n")
+    res = shell.run_cell("%%mesh --gpu\ndef double(x):\n    return 2 * x\n")
+    assert not res.success and isinstance(res.error_in_exec, UsageError)
+
+
+def test_an_own_mesh_variable_is_kept_and_does_not_matter(shell):
+    shell.user_ns["mesh"] = "my own"
+    shell.run_cell("%reload_ext gpumesh")
+    assert shell.user_ns["mesh"] == "my own"
+    assert _ours(shell) == (1, 1)  # reloading never stacks a second copy
+    res = shell.run_cell("%%mesh\ndef double(x):\n    return 2 * x\ndouble(4)\n")
+    assert res.success and res.result == 8
+
+
+def test_unload_stops_the_rewriting(shell):
+    shell.run_cell("%unload_ext gpumesh")
+    assert _ours(shell) == (0, 0)
+    res = shell.run_cell("%%mesh\ndef double(x):\n    return 2 * x\n")
+    assert "double" not in shell.user_ns
+    assert "Cell magic `%%mesh` not found" in str(res.error_in_exec)
+    shell.run_cell("%load_ext gpumesh")
+    assert _ours(shell) == (1, 1)
+
+
+class _Handle:
+    """Stands in for the front end: what IPython's display handle was asked to show."""
+
+    def __init__(self, first: dict):
+        self.shown = [first]
+
+    def update(self, bundle: dict, raw: bool = False) -> None:
+        assert raw
+        self.shown.append(bundle)
+
+
+def test_the_notebook_bar_counts_from_the_batch_start_and_redraws_sparingly(monkeypatch):
+    import time
+
+    import IPython.display
+
+    from gpumesh.client import progress
+
+    handles: list[_Handle] = []
+    monkeypatch.setattr(IPython.display, "display",
+                        lambda bundle, raw, display_id: handles.append(_Handle(bundle)) or handles[-1])
+    started = time.monotonic() - 10  # the batch began 10 s before its bar showed
+    bar = progress.NotebookBar(started=started)
+    bar.add_task("train", total=10_000)
+    t0 = time.monotonic()
+    bar.start()
+    for done in range(1, 10_001):
+        bar.update(0, completed=done, rate="ignored")
+    bar.stop()
+    took = time.monotonic() - t0
+    (handle,) = handles
+    first, last = handle.shown[0]["text/plain"], handle.shown[-1]["text/plain"]
+    assert first.startswith("train ....................   0%  0/10000 done  (10s)"), first
+    assert last.startswith("train #################### 100%  10000/10000 done  (1"), last
+    assert "ETA" not in last
+    assert 'value="10000" max="10000"' in handle.shown[-1]["text/html"]
+    # one redraw per refresh period at most, plus the first and the last: not one per result
+    assert len(handle.shown) <= took / progress.NOTEBOOK_REFRESH_S + 2, len(handle.shown)
