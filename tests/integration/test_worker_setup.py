@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
+import time
 from pathlib import Path
 
 from gpumesh import oslock
@@ -88,3 +89,15 @@ def test_sweep_leaves_live_and_unlocked_directories_alone(tmp_path):
     finally:
         live_lock.release()
     assert tempdirs.sweep(tmp_path) == [live]  # released: now it is a dead worker's
+
+
+def test_a_joined_worker_says_so_once_when_its_coordinator_goes_away(make_mesh):
+    mesh = make_mesh(workers=0)
+    worker = mesh.add_worker()
+    mesh.kill_coordinator()
+    wait_for(lambda: "coordinator unreachable (" in worker.output(), 30, "the unreachable line")
+    time.sleep(3)  # several retries later: still one line for this outage
+    assert worker.output().count("coordinator unreachable (") == 1
+    mesh.restart()
+    mesh.wait_alive(1, worker, timeout=60)  # it comes back on its own
+    assert "re-joined mesh as" in worker.output()

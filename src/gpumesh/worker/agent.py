@@ -344,6 +344,7 @@ class WorkerAgent:
     # ------------------------------------------------------------------ leasing -----
     def _lease_loop(self) -> None:
         delays = backoff_delays()
+        away = False  # the coordinator stopped answering (said once per outage)
         while not self.stopping.is_set():
             # Wait for a free slot, then ask for a task for each free slot (naming them:
             # the coordinator grants a slot only a task that slot can run).
@@ -361,7 +362,9 @@ class WorkerAgent:
                           "handoff": self.handoff is not None},
                     timeout=LONG_POLL_S + 10, buffer_for=membody.buffer_for)
                 delays = backoff_delays()
+                away = False
             except RequestRejected as e:
+                away = False
                 self._release(free)
                 if getattr(e, "code", "") == "unknown_worker":
                     self._lost_registration()
@@ -371,7 +374,9 @@ class WorkerAgent:
                 continue
             except Unreachable as e:
                 self._release(free)
-                log.info("coordinator unreachable (%s); retrying", e)
+                if not away and not self.stopping.is_set():
+                    self.on_event("waiting", f"coordinator unreachable ({e}), retrying")
+                away = True
                 self.stopping.wait(next(delays))
                 continue
             self._start(body, free)
