@@ -22,8 +22,9 @@ A request from the *other* project that PyPI calls ``gpumesh`` (3.x: ``/api/...`
 ``X-Auth-Token``) is answered with the same kind of line, in the shape its workers relay
 verbatim (HTTP 426, ``{"error": line}``).
 
-Deliberately free of imports beyond the standard library: the coordinator, workers and
-callers all use it.
+Callers, workers and the coordinator all import it: at import time it needs only the
+standard library (the refusal's install command is made by :mod:`.coordinator.dist`,
+imported when a refusal is written).
 """
 
 from __future__ import annotations
