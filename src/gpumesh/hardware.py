@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 MiB = 2**20
 
@@ -168,16 +168,22 @@ class Requirements:
     memory: int | None = None
     gpu_memory: int | None = None
     python: str | None = None
+    #: ``requires=``: distributions the task needs (canonical PEP 508 strings, sorted); a
+    #: worker that lacks one must allow installs (``gpumesh join --allow-installs``).
+    requires: tuple[str, ...] = ()
 
     @classmethod
-    def from_options(cls, gpu=None, cores=None, memory=None, gpu_memory=None) -> Requirements:
+    def from_options(cls, gpu=None, cores=None, memory=None, gpu_memory=None,
+                     requires=None) -> Requirements:
         """From ``@accelerate`` options; ``ValueError`` names the argument that is wrong."""
         if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
             raise ValueError(f"cores must be a whole number >= 1, got {cores!r}")
+        from .packages import parse_requirements
         return cls(gpu=None if gpu is None else normalise_gpu(gpu, "gpu"),
                    cores=cores,
                    memory=None if memory is None else parse_memory(memory, "memory"),
-                   gpu_memory=None if gpu_memory is None else parse_memory(gpu_memory, "gpu_memory"))
+                   gpu_memory=None if gpu_memory is None else parse_memory(gpu_memory, "gpu_memory"),
+                   requires=() if requires is None else parse_requirements(requires))
 
     @classmethod
     def from_meta(cls, meta: Mapping | None, field: str = "require") -> Requirements:
@@ -186,7 +192,7 @@ class Requirements:
             return cls()
         if not isinstance(meta, Mapping):
             raise ValueError(f"field {field!r} must be an object")
-        unknown = set(meta) - {"gpu", "cores", "memory", "gpu_memory", "python"}
+        unknown = set(meta) - {"gpu", "cores", "memory", "gpu_memory", "python", "requires"}
         if unknown:
             raise ValueError(f"field {field}.{sorted(unknown)[0]} is not a known requirement")
         python = meta.get("python")
@@ -197,15 +203,19 @@ class Requirements:
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise ValueError(f"field {field}.{key} must be an integer, got {type(v).__name__}")
         try:
-            req = cls.from_options(**{k: v for k, v in meta.items() if v is not None and k != "python"})
+            req = cls.from_options(**{k: v for k, v in meta.items() if v is not None and k != "python"
+                                      and not (k == "requires" and not v)})
         except ValueError as e:
             raise ValueError(f"field {field}: {e}") from None
         return replace(req, python=python) if python else req
 
     def to_meta(self) -> dict:
-        return {k: v for k, v in (("gpu", self.gpu), ("cores", self.cores), ("memory", self.memory),
-                                  ("gpu_memory", self.gpu_memory), ("python", self.python))
-                if v is not None}
+        out = {k: v for k, v in (("gpu", self.gpu), ("cores", self.cores), ("memory", self.memory),
+                                 ("gpu_memory", self.gpu_memory), ("python", self.python))
+               if v is not None}
+        if self.requires:
+            out["requires"] = list(self.requires)
+        return out
 
     def __bool__(self) -> bool:
         return bool(self.to_meta())
@@ -225,6 +235,8 @@ class Requirements:
             parts.append(f"memory={format_bytes(self.memory)}")
         if self.gpu_memory is not None:
             parts.append(f"gpu_memory={format_bytes(self.gpu_memory)}")
+        if self.requires:
+            parts.append(f"requires={list(self.requires)}")
         if self.python is not None:
             parts.append(f"Python {self.python} (code shipped by value)")
         return ", ".join(parts) or "no requirements"
@@ -253,6 +265,10 @@ class Slot:
     score: float = 0.0
     hostname: str = ""
     python: str = ""  # the worker's Python, "major.minor" ("" if it did not say)
+    #: The worker builds environments for ``requires=`` (``join --allow-installs``).
+    allow_installs: bool = False
+    #: Its installed distributions (gpumesh.packages), for ``requires=``.
+    packages: Mapping = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -308,6 +324,8 @@ def slots_of(worker_id: str, info: Mapping, slots: list[Mapping] | None = None) 
     cores, ram = int(info.get("cores") or 0), int(info.get("ram_mb") or 0)
     host = str(info.get("hostname") or "")
     py = python_minor(info.get("python"))
+    installs = info.get("allow_installs") is True
+    pkgs = info.get("packages") if isinstance(info.get("packages"), Mapping) else {}
     out = []
     for s in slots:
         kind = s.get("kind", "cpu")
@@ -317,14 +335,14 @@ def slots_of(worker_id: str, info: Mapping, slots: list[Mapping] | None = None) 
             out.append(Slot(worker_id, int(s["id"]), "cuda", int(s.get("gpu", -1)),
                             str(g.get("name", "NVIDIA GPU")), int(g.get("memory_total_mb") or 0),
                             None if free is None else int(free), cores, ram,
-                            _score(scores, device_key(s), cpu_score), host, py))
+                            _score(scores, device_key(s), cpu_score), host, py, installs, pkgs))
         elif kind == "mps":
             # Apple GPUs share the machine's memory: their "VRAM" is its RAM.
             out.append(Slot(worker_id, int(s["id"]), "mps", None, str(info.get("cpu") or "Apple GPU"),
-                            ram, None, cores, ram, _score(scores, "mps", cpu_score), host, py))
+                            ram, None, cores, ram, _score(scores, "mps", cpu_score), host, py, installs, pkgs))
         else:
             out.append(Slot(worker_id, int(s["id"]), "cpu", None, str(info.get("cpu") or "CPU"),
-                            0, None, cores, ram, cpu_score, host, py))
+                            0, None, cores, ram, cpu_score, host, py, installs, pkgs))
     return out
 
 
@@ -339,6 +357,12 @@ def refusal(req: Requirements, slot: Slot, vram_hint_mb: float | None = None, *,
     """
     if req.python and slot.python and slot.python != req.python:
         return f"runs Python {slot.python}, not {req.python}"
+    if req.requires and not slot.allow_installs:
+        from .packages import unmet
+        missing = unmet(req.requires, slot.packages)
+        if missing:
+            return (f"lacks {', '.join(missing)} and does not allow installs "
+                    "(gpumesh join --allow-installs)")
     gpu = req.gpu
     if gpu == "cpu" and slot.kind != "cpu":
         return f"is a {slot.kind} slot, not a CPU slot"

@@ -84,3 +84,71 @@ def check(value, field: str = "packages") -> dict[str, str]:
                              f"{MAX_VERSION_CHARS}")
         out[normalise(name)] = version
     return out
+
+
+# ---------------------------------------------------------------- requires= ----------
+#: Most requirements one ``requires=`` may list, and the longest one.
+MAX_REQUIREMENTS = 64
+MAX_REQUIREMENT_CHARS = 200
+
+
+def parse_requirements(value, arg: str = "requires") -> tuple[str, ...]:
+    """``requires=`` as canonical PEP 508 strings, sorted (so the same set is one key).
+
+    Accepts a list or tuple of strings such as ``"scikit-learn>=1.4"`` or
+    ``"xgboost[dask]==2.0.3"``. Environment markers and direct URLs are refused: what is
+    installed must be decided by the name and version alone. Raises ``ValueError``
+    naming ``arg``."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"{arg} must be a list of requirement strings, e.g. "
+                         f"[\"scikit-learn>=1.4\"], got {type(value).__name__}")
+    if len(value) > MAX_REQUIREMENTS:
+        raise ValueError(f"{arg} lists more than {MAX_REQUIREMENTS} requirements")
+    out = set()
+    for item in value:
+        if not isinstance(item, str) or not item.strip() or len(item) > MAX_REQUIREMENT_CHARS:
+            raise ValueError(f"{arg}: {item!r} is not a requirement string (at most "
+                             f"{MAX_REQUIREMENT_CHARS} characters)")
+        try:
+            req = Requirement(item)
+        except InvalidRequirement as e:
+            raise ValueError(f"{arg}: {item!r} is not a valid requirement ({e})") from None
+        if req.marker is not None or req.url:
+            raise ValueError(f"{arg}: {item!r} has an environment marker or a URL; give a "
+                             "name and version only")
+        req.name = normalise(req.name)
+        out.add(str(req))
+    return tuple(sorted(out))
+
+
+def unmet(requirements, have: dict[str, str]) -> list[str]:
+    """The requirements that the distributions ``have`` (as :func:`installed` gives
+    them) do not satisfy; extras are not checked, prereleases count."""
+    return [r for r in requirements if not _met(r, have)]
+
+
+def _met(requirement: str, have: dict[str, str]) -> bool:
+    req = _requirement(requirement)
+    version = have.get(normalise(req.name))
+    if version is None:
+        return False
+    if not req.specifier:
+        return True
+    try:
+        return req.specifier.contains(version, prereleases=True)
+    except Exception:  # noqa: BLE001 - an unparsable installed version meets nothing
+        return False
+
+
+_PARSED: dict = {}
+
+
+def _requirement(text: str):
+    req = _PARSED.get(text)
+    if req is None:
+        from packaging.requirements import Requirement
+        req = _PARSED[text] = Requirement(text)
+        if len(_PARSED) > 4096:
+            _PARSED.clear()
+    return req

@@ -42,7 +42,11 @@ def _exit_with_parent() -> None:
 @click.option("--fingerprint", default=None, metavar="SHA256:HEX",
               help="Pin the coordinator's TLS certificate (what `gpumesh serve --tls` printed) "
                    "[default: $GPUMESH_FINGERPRINT, else the saved config].")
-def join(url, token, slots, fingerprint):
+@click.option("--allow-installs", is_flag=True,
+              help="Let tasks with requires=[...] run here in environments that uv builds "
+                   "and caches ($GPUMESH_ENV_DIR, capped at $GPUMESH_ENV_CACHE_MB) "
+                   "[default: off: such a task runs here only if its packages are installed].")
+def join(url, token, slots, fingerprint, allow_installs):
     """Join the mesh whose coordinator is at URL (e.g. http://192.0.2.10:8000).
 
     Without URL, looks for coordinators on the LAN for a few seconds (mDNS, as
@@ -75,6 +79,11 @@ def join(url, token, slots, fingerprint):
         if not url.startswith("https://"):
             fail(f"--fingerprint pins a TLS certificate, but {url} is not an https:// URL")
 
+    if allow_installs:
+        from ..worker.envs import find_uv
+        if find_uv() is None:
+            fail("--allow-installs builds environments with uv, which is not installed here: "
+                 "pip install uv")
     info = detect()
     if slots == 0 and not (info["gpus"] or info["mps"]):
         fail("--cpu-slots 0 leaves this worker no slot: it has no GPU", code=2)
@@ -93,7 +102,10 @@ def join(url, token, slots, fingerprint):
         # after joining and only while no task runs, has measured every device.
         click.echo(f"[worker] {text}")
 
-    agent = WorkerAgent(url, token, slots=slots, info=info, on_event=on_event, fingerprint=fingerprint)
+    agent = WorkerAgent(url, token, slots=slots, info=info, on_event=on_event, fingerprint=fingerprint,
+                        allow_installs=allow_installs)
+    if allow_installs:
+        click.echo(f"[worker] installs allowed: requires= environments in {agent.envs.root}")
     advert = _advertise(url, info)
     if advert is not None:
         def and_advertise(kind: str, text: str) -> None:  # the radar shows the score too

@@ -12,7 +12,8 @@ RULE = "  " + "-" * 54
 
 
 def format_workers(workers: list[dict]) -> str:
-    """The spec's table: kind, short id, host, score, state; one line per worker."""
+    """The spec's table: kind, short id, host, score, state (then ``installs`` for a worker
+    joined with --allow-installs); one line per worker."""
     if not workers:
         return "\n  WORKERS\n" + RULE + "\n  (no workers connected: run `gpumesh join URL --token ...`)"
     lines = ["", "  WORKERS", RULE]
@@ -22,7 +23,7 @@ def format_workers(workers: list[dict]) -> str:
         score = float(w.get("score") or 0)
         shown = f"{score:<9.3f}" if score or w.get("scores") else "pending  "  # measured after joining
         lines.append(f"  {kind:<4} {str(w.get('id', ''))[:8]:<10}  {str(w.get('hostname', '?'))[:16]:<16}  "
-                     f"score={shown} [{state}]")
+                     f"score={shown} [{state}]" + ("  installs" if w.get("allow_installs") else ""))
     return "\n".join(lines)
 
 

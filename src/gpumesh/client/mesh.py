@@ -618,6 +618,9 @@ def check_local(fn: Callable, require: hardware.Requirements | None, hints: list
         from ..worker.device import detect  # NVML or nvidia-smi; never a CUDA context
         _this_machine = detect()
     info = _this_machine
+    if require is not None and require.requires:  # this process runs it: its own packages
+        from ..packages import installed
+        info = dict(info, packages=installed())
     slots = hardware.slots_of("local", info, hardware.slot_list(info["gpus"], 1, info["mps"]))
     reasons = []
     for slot in slots:

@@ -23,7 +23,7 @@ from .mesh import GPUMesh, _check_timeout, run_locally
 #: model such as "A100"), ``cores``, ``memory`` (host RAM) and ``gpu_memory`` (the GPU's
 #: memory) describe the hardware every task of the function needs: only slots that meet
 #: them run it (see :mod:`gpumesh.hardware` for the exact rules).
-OPTIONS = ("timeout", "gpu", "cores", "memory", "gpu_memory")
+OPTIONS = ("timeout", "gpu", "cores", "memory", "gpu_memory", "requires")
 
 
 def unwrap(fn: Callable) -> Callable:
@@ -48,7 +48,8 @@ class RemoteFunction:
         self.options["timeout"] = _check_timeout(options.get("timeout"))
         #: What the function's tasks need; bad values raise ValueError here, at decoration.
         self.require = Requirements.from_options(
-            **{k: options[k] for k in ("gpu", "cores", "memory", "gpu_memory") if options.get(k) is not None})
+            **{k: options[k] for k in ("gpu", "cores", "memory", "gpu_memory", "requires")
+               if options.get(k) is not None})
         functools.update_wrapper(self, self.__gpumesh_wrapped__)
 
     def __reduce__(self):

@@ -671,6 +671,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
                 info["scores"] = hardware.check_scores(data["scores"])
             if data.get("packages") is not None:  # its Python distributions (gpumesh.packages)
                 info["packages"] = packages.check(data["packages"])
+            if data.get("allow_installs") is not None:  # join --allow-installs
+                info["allow_installs"] = _field(data, "allow_installs", bool)
         except ValueError as e:
             raise HTTPError(400, "bad_request", str(e)) from None
         w = coord.register(info, wid, slots)
@@ -771,6 +773,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
                           "fn": job.fn_hash, "timeout": job.meta.get("timeout"),
                           "name": job.meta.get("name", ""), "slot": g.slot,
                           "result_format": job.meta.get("result_format", "pickle")})
+            if job.require.requires:  # built into a task environment if the worker lacks them
+                tasks[-1]["requires"] = list(job.require.requires)
             if g.task_id in files:
                 tasks[-1]["args_file"] = files[g.task_id]
         if not grants:

@@ -575,6 +575,16 @@ class Coordinator:
                     f"that made it: the caller runs Python {req.python} and the alive workers run "
                     f"{', '.join(others)}; join a worker running Python {req.python}, or run the "
                     f"caller on the workers' Python")
+        if req.requires:
+            from ..packages import unmet
+            lacking = [(w, unmet(req.requires, w.info.get("packages") or {})) for w in alive
+                       if not w.info.get("allow_installs")]
+            if len(lacking) == len(alive) and all(missing for _, missing in lacking):
+                who = "; ".join(f"{w.info.get('hostname', '?')} ({w.id}) lacks {', '.join(missing)}"
+                                for w, missing in lacking)
+                return (f"no alive worker has {', '.join(req.requires)} or allows installs: {who}; "
+                        f"join a worker with `gpumesh join --allow-installs` (it builds the "
+                        f"environment with uv) or install them on a worker")
         wants = req.describe() if req else ""
         if hint:
             wants = (wants + ", " if wants else "") + f"gpu_memory_mb={hardware.format_mib(hint)}"

@@ -90,6 +90,8 @@ _SCHEMAS: dict[str, Any] = {
                           "(see docs/hardware.md)", "items": {"type": "object"}},
             "scores": {"type": "object", "description": "benchmark score per device (cpu, cuda:N, mps)"},
             "packages": _PACKAGES,
+            "allow_installs": {"type": "boolean", "description": "builds task environments for "
+                               "requires= (gpumesh join --allow-installs)"},
         },
     },
     "Registered": {"type": "object", "properties": {"id": {"type": "string"},
@@ -133,7 +135,8 @@ _SCHEMAS: dict[str, Any] = {
             "costs": {"type": "array", "items": {"type": "number", "minimum": 0, "exclusiveMaximum": 1e9}},
             "require": {"type": "object", "description": "hardware every task needs: gpu (kind or "
                         "model), cores, memory and gpu_memory (bytes); see docs/hardware.md; python "
-                        "('3.11': code shipped by value only runs on workers of that Python)"},
+                        "('3.11': code shipped by value only runs on workers of that Python); requires "
+                        "(PEP 508 strings: workers that have them or allow installs)"},
             "gpu_memory_mb": {"type": "array", "description": "per task: free GPU memory it needs "
                               "(MiB) or null", "items": {"type": ["number", "null"], "minimum": 0}},
             "require_worker": {"type": "boolean"},

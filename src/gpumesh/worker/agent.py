@@ -42,6 +42,7 @@ from ..limits import (BACKOFF_BASE_S, BACKOFF_MAX_S, HEARTBEAT_INTERVAL_S, LONG_
 from ..transport import Transport, Unreachable
 from . import membody, tempdirs
 from .device import GpuMonitor
+from .envs import EnvCache, InstallError
 from .executor import Executor, Outcome
 from .scoring import Scorer, describe
 
@@ -106,13 +107,17 @@ class WorkerAgent:
 
     def __init__(self, url: str, token: str, *, slots: int = 1, info: dict | None = None,
                  cache_dir: Path | None = None, worker_id: str | None = None,
-                 on_event=None, fingerprint: str | None = None, bench: bool = True):
+                 on_event=None, fingerprint: str | None = None, bench: bool = True,
+                 allow_installs: bool = False, envs=None):
         self.url = url
         self.http = Transport(url, token, fingerprint=fingerprint)  # fingerprint: TLS pin
         self.info = dict(info or {})
         self.info.setdefault("version", __version__)
         self._packages = packages.Inventory()  # reported at join, again when they change
         self.info.setdefault("packages", self._packages.current)
+        # requires=: build task environments (gpumesh.worker.envs) only if the owner said so.
+        self.info["allow_installs"] = bool(allow_installs)
+        self.envs = (envs or EnvCache()) if allow_installs else None
         gpus = [g for g in self.info.get("gpus") or () if isinstance(g, dict)]
         self.slot_list = hardware.slot_list(gpus, slots, bool(self.info.get("mps")))
         if not self.slot_list:
@@ -472,12 +477,32 @@ class WorkerAgent:
                 outcome = self.executor.run_script(task["task_id"], str(path), args,
                                                    task.get("timeout"), env=self._slot_env.get(slot))
             else:
+                env_key, sys_path = None, None
+                missing = packages.unmet(task.get("requires") or (), self._packages.current)
+                if missing:  # the coordinator sends these only to a worker allowing installs
+                    if self.envs is None:
+                        outcome = Outcome("error", {"kind": "requires", "type": "Unsatisfiable",
+                                                    "message": f"this worker lacks {missing} and "
+                                                               "does not allow installs"})
+                        return outcome
+                    try:
+                        env_key, site = self.envs.acquire(task["requires"])
+                    except InstallError as e:
+                        outcome = Outcome("error", {"kind": "requires", "type": "InstallError",
+                                                    "message": str(e)})
+                        return outcome
+                    sys_path = [site]
                 tracing.mark("agent.run")
-                outcome = self.executor.run(
-                    task["task_id"], task["fn"], str(path), args, task.get("timeout"),
-                    result_format=task.get("result_format", "pickle"), env=self._slot_env.get(slot),
-                    args_fd=args_fd, args_range=args_range,
-                    handoff_dir=str(drop.drop_dir) if drop else None, handoff_name=name)
+                try:
+                    outcome = self.executor.run(
+                        task["task_id"], task["fn"], str(path), args, task.get("timeout"),
+                        result_format=task.get("result_format", "pickle"),
+                        env=self._slot_env.get(slot), args_fd=args_fd, args_range=args_range,
+                        handoff_dir=str(drop.drop_dir) if drop else None, handoff_name=name,
+                        sys_path=sys_path)
+                finally:
+                    if env_key is not None:
+                        self.envs.release(env_key)
             return outcome
         finally:
             if name is not None and (outcome is None or outcome.handoff_file != name):

@@ -351,9 +351,14 @@ def _wakeup_pipe() -> int:
     return r
 
 
-def host_main(ctrl: socket.socket, blob_path: str) -> None:
-    """Load one function, then fork a child per task until the agent hangs up."""
+def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None) -> None:
+    """Load one function, then fork a child per task until the agent hangs up.
+    ``sys_path``: directories put first on ``sys.path`` before the function is loaded
+    (its task environment: gpumesh.worker.envs)."""
     from gpumesh import handoff, wire  # noqa: F401 - loaded once here, not in every child
+
+    if sys_path:
+        sys.path[0:0] = [p for p in sys_path if isinstance(p, str)]
 
     # Set once here, not in every child: the host runs no user code but the function's
     # own imports (unpickling, preloads), and those are the task's code too.
@@ -605,7 +610,7 @@ def zygote_main(ctrl: socket.socket) -> None:
                 host = socket.socket(fileno=fds[0])
                 code = 0
                 try:
-                    host_main(host, msg["path"])
+                    host_main(host, msg["path"], msg.get("sys_path"))
                 except BaseException:  # noqa: BLE001
                     code = 70
                 os._exit(code)
