@@ -115,6 +115,14 @@ AUTH_TRACKED_ADDRESSES = 10_000
 #: loopback and no proxy header is present. ``GPUMESH_LOOPBACK_EXEMPT=0`` turns the
 #: exemption off (e.g. a loopback coordinator exposed through an SSH or TCP tunnel).
 AUTH_LOOPBACK_EXEMPT = os.environ.get("GPUMESH_LOOPBACK_EXEMPT", "1") != "0"
+#: Clock difference to a coordinator (seconds) that ``gpumesh doctor`` warns about: traces
+#: and logs of the two machines no longer line up.
+CLOCK_SKEW_WARN_S = 5.0
+#: ... and that it fails on: TLS certificates start to look not yet valid or expired.
+CLOCK_SKEW_FAIL_S = 300.0
+#: ``X-Forwarded-For`` hops read (from the right) behind trusted proxies; a longer chain
+#: is cut here, so a huge header costs no more than this.
+MAX_FORWARDED_HOPS = 32
 #: Seconds a new connection may take to send a complete request head (request line and
 #: headers), and a kept-alive one to finish the head of its next request once begun;
 #: slower clients are disconnected. (A TLS handshake is bounded separately by asyncio's

@@ -55,6 +55,10 @@ def status(job_id, url, token, as_json):
         click.echo(f"  Counts: {counts_line(view['counts'])}")
         if view.get("released"):
             click.echo("  Results: released (collected by the caller, or let go)")
+        if view.get("waiting"):  # every worker that could run it is closed by its owner
+            click.echo(f"  Waiting: {view['waiting'].removeprefix('waiting: ')}")
+        if view.get("preempted"):
+            click.echo(f"  Preempted: {view['preempted']} (handed back by a worker's owner; run again)")
         for line in task_lines(view, color_enabled()):
             click.echo(line)
     if view["counts"].get("failed"):

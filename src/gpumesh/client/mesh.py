@@ -150,7 +150,9 @@ class GPUMesh:
     # ------------------------------------------------------------------ pool -------
     def workers(self) -> list[dict]:
         """Every worker the coordinator knows: dicts with ``id, device, device_name,
-        hostname, score, alive`` (plus ``slots``, ``running``, ``cpu``, ``gpus``...).
+        hostname, score, alive`` (plus ``slots``, ``running``, ``cpu``, ``gpus``...), and
+        what its owner's rules close: ``owner`` (``{"state", "label", "until"?}`` or None)
+        and ``gpu_states`` (``{"0": {"state", "label"}}``; see docs/owner.md).
 
         Raises :class:`~gpumesh.errors.MeshUnavailable` if the coordinator does not
         answer, :class:`~gpumesh.errors.AuthError` if it refuses the token.
@@ -231,7 +233,8 @@ class GPUMesh:
         alive worker's CPU. Dicts with ``worker, hostname, kind`` (``"cuda"``, ``"mps"``,
         ``"cpu"``), ``device`` (``"cuda:0"``...), ``index, name, memory_total_mb,
         memory_free_mb`` (GPU memory; RAM for a CPU), ``cores, score`` (None until
-        measured), ``slots`` and ``busy`` (slots on it, and how many run a task)."""
+        measured), ``slots`` and ``busy`` (slots on it, and how many run a task), ``state``
+        (``{"state", "label"}`` while its owner's rules close it, else None)."""
         return hardware.pool_devices(self.workers())
 
     def device_count(self) -> int:

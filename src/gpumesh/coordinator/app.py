@@ -17,6 +17,7 @@ request never changes state. The API is described in :mod:`.openapi`. Payload bo
     POST   /v1/workers/{id}/lease              long-poll for up to {slots} tasks
     POST   /v1/tasks/{id}/result?lease=L       a result, fenced by lease id
     POST   /v1/tasks/{id}/output?lease=L       what a running task printed
+    POST   /v1/tasks/{id}/release?lease=L      hand a running task back (preempted)
     GET    /v1/handoff                         same-machine payload files (gpumesh.handoff)
     HEAD   /v1/blobs/{sha256}                  is this function blob here?
     PUT    /v1/blobs/{sha256}                  upload a function blob (hash verified)
@@ -673,6 +674,7 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
                 info["packages"] = packages.check(data["packages"])
             if data.get("allow_installs") is not None:  # join --allow-installs
                 info["allow_installs"] = _field(data, "allow_installs", bool)
+            _owner_fields(data, info)
         except ValueError as e:
             raise HTTPError(400, "bad_request", str(e)) from None
         w = coord.register(info, wid, slots)
@@ -699,6 +701,7 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
                 info["gpu_free_mb"] = hardware.check_gpu_free(data["gpu_free_mb"])
             if data.get("packages") is not None:  # something was installed or removed
                 info["packages"] = packages.check(data["packages"])
+            _owner_fields(data, info)
         except ValueError as e:
             raise HTTPError(400, "bad_request", str(e)) from None
         return JSONResponse(coord.heartbeat(wid, running, info))
@@ -815,6 +818,25 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             return lease_response(coord.grant_now(wid, 1, None if slot is None else int(slot)),
                                   request.query_params.get("handoff") == "1")
         return lease_response([])
+
+    @route("/v1/tasks/{tid}/release", ["POST"], worker=True)
+    async def hand_back(request: Request) -> Response:
+        """The worker hands a running task back (its owner's rules): re-queued as
+        preempted, the attempt not counted; fenced by the lease like a result."""
+        tid = _id(request.path_params["tid"], "task id")
+        lease_id = request.query_params.get("lease", "")
+        _id(lease_id or "-", "lease id")
+        data = await _json_body(request)
+        reason = _field(data, "reason", str, "handed back by its worker")
+        _check_str(reason, "reason")
+        if len(reason) > 200 or not reason.isprintable():
+            raise HTTPError(400, "bad_request",
+                            "field 'reason' must be a printable line of at most 200 characters")
+        try:
+            coord.hand_back(tid, lease_id, reason)
+        except StaleLease:
+            return _err(409, "stale_lease", "this lease is no longer current")
+        return JSONResponse({"requeued": True})
 
     @route("/v1/tasks/{tid}/output", ["POST"], worker=True)
     async def task_output(request: Request) -> Response:
@@ -1159,4 +1181,20 @@ def _job_view(coord: Coordinator, job_id: str, with_tasks: bool) -> dict | None:
             "result_format": (row["meta"] or {}).get("result_format", "pickle")}
     if with_tasks:
         view["tasks"] = coord.store.task_rows(job_id)
+    job = coord.jobs.get(job_id)
+    if job is not None and job.preempted:
+        view["preempted"] = job.preempted
+    waiting = coord.waiting_reason(job_id)
+    if waiting:
+        view["waiting"] = waiting
     return view
+
+
+def _owner_fields(data: dict, info: dict) -> None:
+    """The owner's rules as a worker reports them (gpumesh.availability): ``owner`` and
+    ``gpu_states``, each replaced whole when present. ValueError names the field."""
+    from .. import availability
+    if "owner" in data:
+        info["owner"] = availability.check_owner(data["owner"])
+    if "gpu_states" in data:
+        info["gpu_states"] = availability.check_gpu_states(data["gpu_states"])

@@ -31,7 +31,7 @@ import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
-from .. import hardware
+from .. import availability, hardware
 from ..limits import HEARTBEAT_INTERVAL_S, MAX_ATTEMPTS, WORKER_TTL_S
 from . import placement
 from .output import OutputHub
@@ -140,6 +140,7 @@ class Job:
     #: (such a job needs a GPU as surely as one that says ``gpu=``: CPU slots never look
     #: at it, and GPU slots serve it first).
     lane: hardware.Requirements = field(default_factory=hardware.Requirements)
+    preempted: int = 0  # tasks handed back by their workers' owners (see hand_back)
     #: module -> workers whose run of this job failed with ModuleNotFoundError for it;
     #: none of the job's tasks is granted to them again (see Coordinator._missing_module).
     lacking: dict[str, set[str]] = field(default_factory=dict)
@@ -260,6 +261,7 @@ class Coordinator:
         w = self._worker(wid)
         w.last_seen = self.clock()
         if info:
+            closed = availability.closed_slots(w.info, w.slot_list)
             free = info.pop("gpu_free_mb", None)
             if info.get("scores") and not w.info.get("scores"):
                 log.info("worker scored: %s (%s, id %s)", w.info.get("hostname", "?"),
@@ -282,6 +284,8 @@ class Coordinator:
                         g["memory_free_mb"], changed = new, True
                 if changed and self.idle:
                     self._wake_idle()  # a task waiting for GPU memory may fit now
+            if availability.closed_slots(w.info, w.slot_list) < closed and self.idle:
+                self._wake_idle()  # the owner let it (or one of its GPUs) work again
         cancel: list[str] = []
         if running is not None:
             held = set(running)
@@ -391,6 +395,10 @@ class Coordinator:
 
     def _free_slots(self, w: Worker, slots: int, free: list[int] | None) -> list[int]:
         ids = [s["id"] for s in w.slot_list] or list(range(w.slots))
+        closed = availability.closed_slots(w.info, w.slot_list)  # the owner's rules
+        if closed:
+            ids = [i for i in ids if i not in closed]
+            free = None if free is None else [i for i in free if i not in closed]
         if free is not None:
             known = set(ids)
             return [i for i in dict.fromkeys(free) if i in known]
@@ -677,6 +685,50 @@ class Coordinator:
             f"No module named {module!r} on any worker that could run this task: "
             f"{', '.join(lacking)} lack{'s' if len(lacking) == 1 else ''} it; install it "
             f"there (or join a worker that has it) and call again"))
+
+    def hand_back(self, task_id: str, lease_id: str, reason: str) -> None:
+        """The worker gives a running task back (its owner paused it, wants the GPU, the
+        hours ended): fenced by ``lease_id`` like a result (``StaleLease`` otherwise).
+        The task is *preempted*, not failed: it goes back to the front of its queue, the
+        attempt is refunded, and what the killed copy printed is marked as such."""
+        lease = self.leases.get(task_id)
+        if lease is None or lease.lease_id != lease_id:
+            raise StaleLease(task_id)
+        w = self.workers.get(lease.worker_id)
+        host = (w.info.get("hostname") if w else None) or lease.worker_id
+        idx, attempts = self.task_meta[task_id]
+        self.output.append(lease.job_id, task_id, idx, host, "stderr",
+                           f"[gpumesh: the output above is from attempt {attempts} on {host}, "
+                           f"preempted ({reason}); the task runs again]\n".encode())
+        self.task_meta[task_id] = (idx, max(0, attempts - 1))
+        self.store.refund_attempt(task_id)
+        job = self.jobs.get(lease.job_id)
+        if job is not None:
+            job.preempted += 1
+        log.info("task %s handed back by worker %s (%s); re-queued as preempted",
+                 task_id, lease.worker_id, reason)
+        self._requeue([task_id], reason=f"preempted: {reason}")
+
+    def waiting_reason(self, job_id: str) -> str | None:
+        """Why the job's pending tasks wait although workers that could run them are
+        alive: every such worker (or GPU) is closed by its owner's rules. None otherwise."""
+        job = self.jobs.get(job_id)
+        if job is None or not self.queue.pending(job_id):
+            return None
+        capable, why = False, []
+        for w in self.alive_workers():
+            closed = availability.closed_slots(w.info, w.slot_list)
+            fits = [v for v in w.slot_views() if not job.lane
+                    or hardware.refusal(job.lane, v, ever=True) is None]
+            if not fits:
+                continue
+            capable = True
+            if any(v.id not in closed for v in fits):
+                return None  # somewhere to run: it only waits its turn
+            why.append(f"{w.info.get('hostname') or w.id} [{', '.join(availability.labels(w.info))}]")
+        if not capable:
+            return None
+        return "waiting: every worker that can run it is unavailable: " + "; ".join(why)
 
     def lease_delivered(self, leases: list[tuple[str, str]], ok: bool) -> None:
         """The answer carrying these ``(task_id, lease_id)`` grants finished sending (``ok``)

@@ -71,6 +71,13 @@ _HANDOFF_FILES = {"type": "object", "description": "frame number (0 = the first 
 _PACKAGES = {"type": "object", "maxProperties": 5000, "description": "installed Python "
              "distributions: normalised name -> version (gpumesh.packages)",
              "additionalProperties": {"type": "string", "maxLength": 100}}
+#: The owner's rules as a worker reports them (gpumesh.availability).
+_OWNER_FIELDS = {
+    "owner": {"type": ["object", "null"], "description": "the whole worker takes no new task: "
+              "{state: paused|outside_hours, label, until?}; null: it does"},
+    "gpu_states": {"type": "object", "description": "GPU index -> {state: yielding|hot|power, "
+                   "label}: the GPUs that take no new task"},
+}
 
 _SCHEMAS: dict[str, Any] = {
     "Error": {"type": "object", "required": ["error", "message"],
@@ -92,6 +99,7 @@ _SCHEMAS: dict[str, Any] = {
             "packages": _PACKAGES,
             "allow_installs": {"type": "boolean", "description": "builds task environments for "
                                "requires= (gpumesh join --allow-installs)"},
+            **_OWNER_FIELDS,
         },
     },
     "Registered": {"type": "object", "properties": {"id": {"type": "string"},
@@ -104,7 +112,11 @@ _SCHEMAS: dict[str, Any] = {
         "score": {"type": "number", "minimum": 0, "maximum": 1e12},
         "scores": {"type": "object", "description": "benchmark score per device (cpu, cuda:N, mps)"},
         "gpu_free_mb": {"type": "object", "description": "free GPU memory in MiB per GPU index"},
-        "packages": _PACKAGES}},
+        "packages": _PACKAGES,
+        **_OWNER_FIELDS}},
+    "HandBack": {"type": "object", "properties": {
+        "reason": {"type": "string", "maxLength": 200,
+                   "description": "why the worker gives the task back, e.g. 'paused: owner'"}}},
     "LeaseRequest": {"type": "object", "properties": {
         "slots": {"type": "integer", "minimum": 1, "maximum": 1024},
         "free": {"type": "array", "maxItems": 1024, "description": "the free slots' ids",
@@ -236,6 +248,13 @@ _DOC: dict[str, Any] = {
                                   "the slot the task ran in")],
             "requestBody": {"required": True, "content": {FRAMES: {"schema": _ref("ResultMeta")}}},
             "responses": {"200": _FRAMES_ANSWER, **_errors(409, 413)}}},
+        "/v1/tasks/{tid}/release": {"post": {
+            "operationId": "handBack", "tags": ["worker"], "parameters": [_TID, _LEASE],
+            "summary": "hand a running task back (its owner's rules): re-queued as preempted, "
+                       "the attempt not counted",
+            "requestBody": {"required": False, **_json(_ref("HandBack"))},
+            "responses": {"200": {"description": "re-queued", **_json({"type": "object"})},
+                          **_errors(409, 413)}}},
         "/v1/tasks/{tid}/output": {"post": {
             "operationId": "postOutput", "tags": ["worker"], "parameters": [_TID, _LEASE],
             "requestBody": {"required": True, "content": {FRAMES: {"schema": _ref("OutputMeta")}}},

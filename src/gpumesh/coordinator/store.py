@@ -452,6 +452,11 @@ class Store:
                 "UPDATE tasks SET state='pending', lease_id=NULL WHERE id=? AND state='leased'",
                 [(t,) for t in task_ids])
 
+    def refund_attempt(self, task_id: str) -> None:
+        """Take back the attempt a lease counted (its task was handed back, not lost)."""
+        with self._tx():
+            self.db.execute("UPDATE tasks SET attempts=MAX(attempts-1, 0) WHERE id=?", (task_id,))
+
     def finish(self, task_id: str, state: str, seq: int, error: dict | None,
                result: Chunk | Incoming | None, job_id: str) -> None:
         """Record a final result (value or failure). ``state`` is 'done', 'failed' or
