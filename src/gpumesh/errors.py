@@ -79,7 +79,13 @@ class Unsatisfiable(MeshError):
 
 
 class TaskFailed(MeshError):
-    """A task did not produce a value. ``task_id`` and ``worker`` say where, when known."""
+    """A task did not produce a value. ``task_id`` and ``worker`` say where, when known;
+    so do ``index`` (the task's ``.map`` item), ``hostname`` (the worker's) and
+    ``attempt`` (1 for the first run), None when unknown."""
+
+    index: int | None = None
+    hostname: str | None = None
+    attempt: int | None = None
 
     def __init__(self, message: str, task_id: str | None = None, worker: str | None = None):
         super().__init__(message)
@@ -119,7 +125,17 @@ class TaskTimeout(MeshError, TimeoutError):
 
 
 class RemoteTraceback(Exception):
-    """Carries the worker-side traceback text; set as ``__cause__`` of a re-raised exception."""
+    """Carries the worker-side traceback text; set as ``__cause__`` of a re-raised exception.
+
+    Also says where the task ran, as far as known (else None): ``index`` (its ``.map``
+    item), ``task_id``, ``worker`` (id), ``hostname`` and ``attempt`` (1 for the first run).
+    """
+
+    index: int | None = None
+    task_id: str | None = None
+    worker: str | None = None
+    hostname: str | None = None
+    attempt: int | None = None
 
     def __init__(self, tb: str):
         super().__init__(tb)

@@ -42,6 +42,10 @@ SWEEP_INTERVAL_S = 0.5
 #: Attempts a task gets when the worker running it is lost (not when the task raises).
 #: Override with ``GPUMESH_MAX_ATTEMPTS``.
 MAX_ATTEMPTS = int(os.environ.get("GPUMESH_MAX_ATTEMPTS", "3"))
+#: Most re-runs ``@accelerate(retries=N, retry_on=...)`` may ask for after the function
+#: raised, and most exception types one ``retry_on`` may name.
+MAX_RETRIES = 10
+MAX_RETRY_TYPES = 32
 
 # --- dead connections ---------------------------------------------------------------
 #: TCP keepalive on every client connection: a peer that vanished without a FIN (cable

@@ -101,6 +101,48 @@ def _by_value_modules() -> bool:
     return bool(registry)
 
 
+_CODE_PICKLER: type | None = None
+#: What cloudpickle writes in place of a code object's file name.
+_ANONYMOUS_FILE = "<dynamic-code>"
+
+
+def _code_pickler() -> type:
+    """cloudpickle's Pickler, except that code shipped by value keeps its real
+    ``co_filename``. cloudpickle replaces it with ``"<dynamic-code>"`` (so that a
+    notebook function pickles to the same bytes from any cell); a traceback on the
+    worker would then name no file, and the caller could not show the lines of its own
+    file or notebook cell (:func:`gpumesh.client.calls.with_source`). Its ``saw_code``
+    says afterwards whether any code object was pickled (:attr:`Payload.by_value`)."""
+    global _CODE_PICKLER
+    if _CODE_PICKLER is None:
+        import types
+        from collections import ChainMap
+
+        import cloudpickle
+
+        table = cloudpickle.Pickler.dispatch_table
+        anonymous = table[types.CodeType]
+
+        def reduce_code(code: types.CodeType):
+            rebuild, args = anonymous(code)[:2]
+            if _ANONYMOUS_FILE in args:
+                # The first such string is co_filename (co_name comes after it).
+                at = args.index(_ANONYMOUS_FILE)
+                args = args[:at] + (code.co_filename,) + args[at + 1:]
+            return rebuild, args
+
+        def reducer_override(self, obj):
+            # Bytecode is about to travel: note it (see Payload.by_value).
+            if type(obj) is types.CodeType:
+                self.saw_code = True
+            return cloudpickle.Pickler.reducer_override(self, obj)
+
+        _CODE_PICKLER = type("CodePickler", (cloudpickle.Pickler,),
+                             {"dispatch_table": ChainMap({types.CodeType: reduce_code}, table),
+                              "saw_code": False, "reducer_override": reducer_override})
+    return _CODE_PICKLER
+
+
 def dumps(obj: Any, *, code: bool = False) -> Payload:
     """Serialize ``obj`` (protocol 5, out-of-band buffers).
 
@@ -134,9 +176,10 @@ def dumps(obj: Any, *, code: bool = False) -> Payload:
     by_value = False
     if stream is None:
         import io
-        pickler = _code_noting_pickler()(out := io.BytesIO(), protocol=PROTOCOL, buffer_callback=keep)
-        pickler.dump(obj)
-        stream, by_value = out.getvalue(), pickler.saw_code
+        with io.BytesIO() as fh:
+            pickler = _code_pickler()(fh, protocol=PROTOCOL, buffer_callback=keep)
+            pickler.dump(obj)
+            stream, by_value = fh.getvalue(), pickler.saw_code
     head = bytearray(PAYLOAD_MAGIC)
     head += struct.pack("<IQ", len(buffers), len(stream))
     for b in buffers:
@@ -151,29 +194,6 @@ def dumps(obj: Any, *, code: bool = False) -> Payload:
         chunks.append(part)
         off += memoryview(part).nbytes
     return Payload(chunks, by_value)
-
-
-_CodeNoting = None
-
-
-def _code_noting_pickler():
-    """cloudpickle's Pickler, noting whether it pickled a code object (bytecode, which
-    differs between Python minor versions: see :attr:`Payload.by_value`)."""
-    global _CodeNoting
-    if _CodeNoting is None:
-        import types
-
-        import cloudpickle
-
-        class CodeNoting(cloudpickle.Pickler):
-            saw_code = False
-
-            def reducer_override(self, obj):
-                if type(obj) is types.CodeType:
-                    self.saw_code = True
-                return super().reducer_override(obj)
-        _CodeNoting = CodeNoting
-    return _CodeNoting
 
 
 def loads(data: Chunk) -> Any:

@@ -133,6 +133,12 @@ def test_pause_without_a_worker_says_so(make_mesh):
     assert cli(m, "resume").returncode == 1
 
 
+def no_loss(task: dict) -> bool:
+    """Every attempt of ``task`` before its last was handed back (preempted), none lost."""
+    earlier = task.get("history") or []
+    return task["attempts"] == len(earlier) + 1 and all(h.get("preempted") for h in earlier)
+
+
 def test_pause_now_hands_the_running_task_back(make_mesh, tmp_path):
     m = make_mesh(workers=0)
     slow, fast = start_worker(m, "slow"), start_worker(m, "fast")
@@ -162,7 +168,9 @@ def test_pause_now_hands_the_running_task_back(make_mesh, tmp_path):
         assert out == [[(0, "fast"), (1, "fast")]]           # exactly one result per item
         view = c.status(job["id"])
         assert view["counts"] == {"done": 2} and view["preempted"] == 1
-        assert [t["attempts"] for t in view["tasks"]] == [1, 1]  # the handed-back try is not counted
+        # the handed-back try keeps its own number, marked preempted, and is no loss
+        assert [t["attempts"] for t in view["tasks"]] == [2, 1]
+        assert [(h["attempt"], h.get("preempted")) for h in view["tasks"][0]["history"]] == [(1, True)]
         assert {t["worker_id"] for t in view["tasks"]} == {idf}
         logs = {t["index"]: t for t in c.logs(job["id"])}
         assert "item 0 started on slow" in logs[0]["stdout"] and "item 0 started on fast" in logs[0]["stdout"]
@@ -268,7 +276,7 @@ def test_a_game_on_gpu0_makes_it_yield_while_gpu1_works_and_a_hot_gpu_pauses(mak
         assert late and {x[1] for x in late} == {"1"}
         assert got[int(first0[0])][1] == "1"                        # the handed-back item ran on GPU 1
         view = c.status(c.jobs()[0]["id"])
-        assert view["preempted"] >= 1 and all(t["attempts"] == 1 for t in view["tasks"])
+        assert view["preempted"] >= 1 and all(no_loss(t) for t in view["tasks"])
 
         # the game ends; GPU 1 runs hot: it takes no new task until 5C below the limit
         set_gpus({}, {"temperature_c": 83})
@@ -353,7 +361,8 @@ def test_the_end_of_the_hours_hands_running_tasks_back(make_mesh, tmp_path, monk
             th.join(30)
             assert out == [[(0, "fast")]]
             view = c.status(c.jobs()[0]["id"])
-            assert view["preempted"] == 1 and view["tasks"][0]["attempts"] == 1
+            assert view["preempted"] == 1 and view["tasks"][0]["attempts"] == 2
+            assert no_loss(view["tasks"][0])
             assert owner_label(m, agent.id) == "outside hours"
             line = next(ln for ln in cli(m, "workers").stdout.splitlines() if agent.id[:8] in ln)
             assert line.endswith("[alive] [outside hours]")

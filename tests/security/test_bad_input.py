@@ -146,6 +146,13 @@ def submit_meta(job_id: str, n: int, **kw) -> dict:
     ({"kind": "shell"}, "'kind'"),
     ({"result_format": "xml"}, "'result_format'"),
     ({"n_tasks": 3}, "n_tasks"),
+    ({"retries": 2}, "'retry_on'"),
+    ({"retry_on": ["OSError"]}, "'retries'"),
+    ({"retries": 99, "retry_on": ["OSError"]}, "'retries'"),
+    ({"retries": True, "retry_on": ["OSError"]}, "'retries'"),
+    ({"retries": 1, "retry_on": "OSError"}, "'retry_on'"),
+    ({"retries": 1, "retry_on": ["os.system('x')"]}, "'retry_on'"),
+    ({"retries": 1, "retry_on": ["A"] * 40}, "'retry_on'"),
 ])
 def test_a_bad_submit_creates_no_job(mesh, extra, field):
     job_id = f"bad{abs(hash(field + json.dumps(extra))) % 10**9:09d}"

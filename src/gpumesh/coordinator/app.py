@@ -66,7 +66,7 @@ from .core import (Coordinator, NoWorkers, StaleLease, UnknownJob, UnknownWorker
 from .core import JobReleased
 from .core import Unsatisfiable
 from .store import Incoming
-from .. import hardware
+from .. import hardware, retries
 
 log = logging.getLogger("gpumesh.coordinator")
 
@@ -930,6 +930,10 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             vram = hardware.check_vram_hints(meta.get("gpu_memory_mb"), n)
         except ValueError as e:
             raise HTTPError(400, "bad_request", str(e)) from None
+        try:  # re-runs of items whose function raised one of these types (gpumesh.retries)
+            retry = retries.check_meta(meta.get("retries"), meta.get("retry_on"))
+        except ValueError as e:
+            raise HTTPError(400, "bad_request", str(e)) from None
         require_worker = _field(meta, "require_worker", bool, False)
         caller = _field(meta, "caller", dict, {})
         wait = _field(meta, "wait", (int, float), 0, lo=0, hi=LONG_POLL_MAX_S)
@@ -953,6 +957,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             job_meta["gpu_memory_mb"] = {str(i): v for i, v in vram.items()}
         if result_format != "pickle":
             job_meta["result_format"] = result_format
+        if retry is not None:
+            job_meta["retries"], job_meta["retry_on"] = retry
         try:
             job, created = coord.submit(job_id, name, kind, fn, job_meta, list(args),
                                         [float(c) for c in costs], require_worker)
@@ -1049,9 +1055,11 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         for t in rows:
             if task is not None and t["id"] != task:
                 continue
+            attempts = _attempt_logs(coord, jid, t)
             out.append({"id": t["id"], "index": t["index"], "state": t["state"],
-                        "stdout": coord.output.task_log(jid, t["id"], "stdout").decode("utf-8", "replace"),
-                        "stderr": coord.output.task_log(jid, t["id"], "stderr").decode("utf-8", "replace")})
+                        "stdout": "".join(a["stdout"] for a in attempts),
+                        "stderr": "".join(a["stderr"] for a in attempts),
+                        "attempts": attempts})
         if task is not None and not out:
             raise HTTPError(404, "unknown_task", f"job {jid} has no task {task}")
         return JSONResponse({"job_id": jid, "tasks": out})
@@ -1167,6 +1175,25 @@ def _other_project(request: Request) -> Response:
     if request.method == "GET" and request.url.path == "/api/workers":
         return JSONResponse({"workers": [], "error": line})
     return JSONResponse({"error": line, "message": line}, status_code=426)
+
+
+def _attempt_logs(coord: Coordinator, job_id: str, task: dict) -> list[dict]:
+    """A task's output attempt by attempt: ``[{"attempt", "worker", "hostname", "ended",
+    "stdout", "stderr"}]``; ``ended`` says why an earlier attempt ended without a result
+    (from the task's history), and is the task's state for its last attempt."""
+    history = {h.get("attempt"): h for h in task.get("history") or ()}
+    out = []
+    def text(stream: str, k: int) -> str:
+        return coord.output.task_log(job_id, task["id"], stream, k).decode("utf-8", "replace")
+
+    for k in range(1, max(int(task["attempts"] or 0), 1) + 1):
+        h = history.get(k)
+        last = h is None and k == task["attempts"]
+        out.append({"attempt": k, "worker": h.get("worker") if h else (task["worker_id"] if last else None),
+                    "hostname": h.get("hostname") if h else None,
+                    "ended": h.get("ended") if h else task["state"],
+                    "stdout": text("stdout", k), "stderr": text("stderr", k)})
+    return out
 
 
 def _job_view(coord: Coordinator, job_id: str, with_tasks: bool) -> dict | None:

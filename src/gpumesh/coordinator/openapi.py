@@ -17,6 +17,7 @@ from typing import Any
 from .._version import __version__
 from ..limits import (LONG_POLL_MAX_S, MAX_BODY_BYTES, MAX_HEARTBEAT_TASKS, MAX_JSON_BODY_BYTES,
                       MAX_STRING_CHARS, MAX_TASKS_PER_JOB, OUTPUT_BODY_BYTES)
+from ..limits import MAX_RETRIES, MAX_RETRY_TYPES
 
 FRAMES = "application/x-gpumesh-frames"
 HEX_ID = "^[0-9a-f]{4,64}$"
@@ -157,6 +158,11 @@ _SCHEMAS: dict[str, Any] = {
             "caller": {"type": "object"},
             "result_format": {"enum": ["pickle", "json"],
                               "description": "json: the task returns its value as JSON (strict results)"},
+            "retries": {"type": "integer", "minimum": 1, "maximum": MAX_RETRIES,
+                        "description": "with retry_on: re-runs of a task whose function raised"},
+            "retry_on": {"type": "array", "maxItems": MAX_RETRY_TYPES, "items": _STR,
+                         "description": "exception type names (module.Qualname, builtins bare) "
+                                        "whose raising re-runs the task"},
             "handoff_files": _HANDOFF_FILES,
             "handoff": {"type": "boolean", "description": "with wait: name result files by path "
                         "(as results?handoff=1)"},
@@ -316,7 +322,7 @@ _DOC: dict[str, Any] = {
         "/v1/jobs/{jid}/logs": {"get": {
             "operationId": "jobLogs",
             "parameters": [_JID, _query("task", {"type": "string", "pattern": HEX_ID}, "one task only")],
-            "responses": {"200": {"description": "stdout and stderr per task", **_json({"type": "object"})},
+            "responses": {"200": {"description": "stdout and stderr per task, and per attempt (attempts: attempt, worker, hostname, ended, stdout, stderr)", **_json({"type": "object"})},
                           **_errors(404)}}},
         "/v1/jobs/release": {"post": {
             "operationId": "releaseMany",
