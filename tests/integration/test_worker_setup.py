@@ -37,10 +37,21 @@ def test_join_says_coordinator_unreachable_while_it_waits_then_joins(tmp_path):
         assert worker.p.poll() is None  # still waiting, not given up
         mesh.start()
         mesh.wait_alive(1, worker, timeout=60)  # backoff is capped: it joins on its own
-        assert "joined mesh as" in worker.output()
+        wait_for(lambda: "joined mesh as" in worker.output(), 10, "the joined line")
     finally:
         worker.stop()
         mesh.stop()
+
+
+def test_a_worker_stopped_while_it_waits_for_its_coordinator_leaves_no_directory(tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    mesh = Mesh(tmp_path / "mesh")  # never started
+    worker = Proc(["join", mesh.url], dict(mesh.env, TMPDIR=str(tmp)), tmp_path / "worker.log")
+    wait_for(lambda: "coordinator unreachable (" in worker.output(), 30, "the unreachable line")
+    assert list(_worker_dirs(tmp).values()) == [worker.p.pid]
+    assert worker.stop() == 0
+    assert _worker_dirs(tmp) == {}
 
 
 def test_worker_directory_is_removed_on_stop_and_after_a_kill(tmp_path):
@@ -55,7 +66,7 @@ def test_worker_directory_is_removed_on_stop_and_after_a_kill(tmp_path):
         assert list(dirs.values()) == [first.p.pid]
         assert oct(next(iter(dirs)).stat().st_mode & 0o777) == "0o700"
         assert first.stop() == 0  # Ctrl+C: a clean stop removes its directory
-        assert _worker_dirs(tmp) == {}
+        assert _worker_dirs(tmp) == {}, [sorted(str(p) for p in d.rglob("*")) for d in _worker_dirs(tmp)]
 
         killed = mesh.add_worker()
         wait_for(lambda: _worker_dirs(tmp), 10, "the second worker's directory")
@@ -100,4 +111,4 @@ def test_a_joined_worker_says_so_once_when_its_coordinator_goes_away(make_mesh):
     assert worker.output().count("coordinator unreachable (") == 1
     mesh.restart()
     mesh.wait_alive(1, worker, timeout=60)  # it comes back on its own
-    assert "re-joined mesh as" in worker.output()
+    wait_for(lambda: "re-joined mesh as" in worker.output(), 10, "the re-joined line")

@@ -160,14 +160,16 @@ class WorkerAgent(OwnerRules):
     # ------------------------------------------------------------------ lifecycle ---
     def run(self) -> None:
         """Run until :meth:`stop`. Raises ``AuthError`` if the token is refused."""
-        self._register(first=True)
-        for target, name in ((self._heartbeat_loop, "heartbeat"), (self._session_loop, "session"),
-                             (self._output_loop, "output"), (self._owner_loop, "owner")):
-            threading.Thread(target=target, name=name, daemon=True).start()
-        if self.scorer is not None:
-            self.scorer.stopping = self.stopping
-            self.scorer.start()  # after joining: the first task never waits for it
+        # Everything inside the try: a Ctrl+C while it still waits for the coordinator, or
+        # just after joining, must clean up (its temporary directory) like a later one.
         try:
+            self._register(first=True)
+            for target, name in ((self._heartbeat_loop, "heartbeat"), (self._session_loop, "session"),
+                                 (self._output_loop, "output"), (self._owner_loop, "owner")):
+                threading.Thread(target=target, name=name, daemon=True).start()
+            if self.scorer is not None:
+                self.scorer.stopping = self.stopping
+                self.scorer.start()  # after joining: the first task never waits for it
             self._lease_loop()
         finally:
             self._shutdown()
