@@ -113,7 +113,9 @@ class TaskCrashed(TaskFailed):
 
 
 class WorkerLost(TaskFailed):
-    """The task was re-queued after worker losses until its attempts ran out."""
+    """The task was re-queued after worker losses until its attempts ran out; or, at the
+    caller, no worker was alive to run it for the call's ``timeout=`` (without one, for
+    ``GPUMESH_NO_WORKER_TIMEOUT`` seconds, default 600) and the job was cancelled."""
 
 
 class Cancelled(TaskFailed):

@@ -62,6 +62,12 @@ BACKOFF_MAX_S = 2.0
 #: results of an accepted job before raising MeshUnavailable.
 CALLER_RECONNECT_S = float(os.environ.get("GPUMESH_RECONNECT_TIMEOUT", "300"))
 
+#: Seconds a caller waits for a worker to (re)join while none that can run its tasks is
+#: alive and its call has no ``timeout=``; then the call raises WorkerLost (and its job is
+#: cancelled). A call with ``timeout=T`` waits T seconds instead. Override with
+#: ``GPUMESH_NO_WORKER_TIMEOUT``.
+NO_WORKER_WAIT_S = float(os.environ.get("GPUMESH_NO_WORKER_TIMEOUT", "600"))
+
 #: Hours a finished job (its tasks, payloads and results) is kept before it is deleted.
 #: Override with ``GPUMESH_RETENTION_HOURS``.
 RETENTION_S = float(os.environ.get("GPUMESH_RETENTION_HOURS", "24")) * 3600

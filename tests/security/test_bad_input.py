@@ -59,7 +59,7 @@ def test_heartbeat_with_a_string_score_is_refused_and_nothing_breaks(mesh):
     assert_400(mesh.request("POST", f"/v1/workers/{wid}/heartbeat", json={"running": "abcd"}), "'running'")
     listed = mesh.workers()
     probe = [w for w in listed if w["id"] == wid][0]
-    assert probe["score"] == 0.0  # unchanged
+    assert probe["score"] is None  # unchanged: still pending (never measured)
     assert mesh.request("GET", "/v1/jobs").status_code == 200
     assert mesh.request("DELETE", f"/v1/workers/{wid}").status_code == 200
 

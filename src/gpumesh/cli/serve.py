@@ -99,7 +99,12 @@ def banner(host: str, port: int, token: str, show_token: bool, *, fingerprint: s
                   "   Anyone who can reach this port AND has the token can run",
                   f"   arbitrary code on this machine as {getpass.getuser()}.",
                   "   Only do this on a network you trust, and keep the token secret.",
-                  f"   Loopback-only (the default) is: gpumesh serve --port {port}", bar]
+                  f"   Loopback-only (the default) is: gpumesh serve --port {port}", bar, ""]
+        # The self-check only tries 127.0.0.1: a firewall or NAT in the way shows up
+        # only when a worker from elsewhere joins (or does not).
+        where = f"{scheme}://{ip}:{port}" if ip else f"port {port}"
+        lines.append(f"   Reachability of {where} from other machines is not tested here"
+                     " — a worker joining confirms it.")
     lines.append("   Ctrl+C to stop")
     return lines
 

@@ -19,7 +19,9 @@ The life of a call (``f(x)`` or ``f.map(items)``)::
 
 Once the coordinator has accepted a job the call never silently re-runs locally (that
 would run side effects twice): losing the coordinator then means waiting for it (up to
-``CALLER_RECONNECT_S``) and then :class:`~gpumesh.errors.MeshUnavailable`.
+``CALLER_RECONNECT_S``) and then :class:`~gpumesh.errors.MeshUnavailable`. Losing every
+worker means waiting for one to (re)join, for the call's ``timeout=`` or, without one,
+``NO_WORKER_WAIT_S``, and then :class:`~gpumesh.errors.WorkerLost`.
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ from typing import Any
 
 from .. import config, hardware, retries, tracing, versions, wire
 from ..handoff import Handoff, worth_it
-from ..errors import MeshUnavailable, RequestRejected, Unsatisfiable
-from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, PROBE_CACHE_S,
-                      PROBE_DOWN_CACHE_S, PROBE_TIMEOUT_S, RELEASE_BATCH_MAX, RELEASE_BATCH_S)
+from ..errors import MeshUnavailable, RequestRejected, Unsatisfiable, WorkerLost
+from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, NO_WORKER_WAIT_S,
+                      PROBE_CACHE_S, PROBE_DOWN_CACHE_S, PROBE_TIMEOUT_S, RELEASE_BATCH_MAX,
+                      RELEASE_BATCH_S)
 from ..transport import Transport, Unreachable
 from . import calls as _calls
 from .console import OutputPrinter
@@ -155,6 +158,8 @@ class GPUMesh:
         hostname, score, alive`` (plus ``slots``, ``running``, ``cpu``, ``gpus``...), and
         what its owner's rules close: ``owner`` (``{"state", "label", "until"?}`` or None)
         and ``gpu_states`` (``{"0": {"state", "label"}}``; see docs/owner.md).
+        ``score`` is the worker's best device score, None while its benchmark is pending
+        (as in :meth:`devices`); ``scores`` has one per device once measured.
 
         Raises :class:`~gpumesh.errors.MeshUnavailable` if the coordinator does not
         answer, :class:`~gpumesh.errors.AuthError` if it refuses the token.
@@ -240,16 +245,22 @@ class GPUMesh:
         return hardware.pool_devices(self.workers())
 
     def device_count(self) -> int:
-        """How many devices the alive workers contribute (each GPU and each CPU once)."""
-        return len(self.devices())
+        """How many machines contribute compute: alive workers counted once per host
+        (a PC with a GPU and a CPU is one; two workers started on one host are one)."""
+        return len({w.get("hostname") or w.get("id") for w in self.workers()
+                    if w.get("alive", True)})
 
     def gpu_count(self) -> int:
-        """How many GPUs (CUDA and MPS) the alive workers contribute."""
-        return sum(1 for d in self.devices() if d["kind"] != "cpu")
+        """How many GPUs (CUDA and MPS) the alive workers contribute; a GPU that two
+        workers of one host both offer counts once."""
+        return len({(d["hostname"] or d["worker"], d["kind"], d["index"], d["name"])
+                    for d in self.devices() if d["kind"] != "cpu"})
 
     def total_score(self) -> float:
-        """The sum of the alive devices' benchmark scores (unmeasured ones count 0)."""
-        return round(sum(float(d["score"] or 0) for d in self.devices()), 3)
+        """The sum of the alive devices' measured benchmark scores, as a float; devices
+        still pending (score None) add nothing, and an empty pool gives 0.0."""
+        return float(round(sum(float(d["score"]) for d in self.devices()
+                               if d["score"] is not None), 3))
 
     def auto_device(self) -> dict | None:
         """The alive device with the highest score (as in :meth:`devices`); None if the
@@ -290,7 +301,12 @@ class GPUMesh:
         no alive worker (nor, when none is alive, this machine) can ever provide it.
         ``return_exceptions``: every call runs, and a failed one's exception takes its
         place in the list (default: the first failure is raised and the rest cancelled).
-        ``retry``: ``(retries, exception types)`` (see :mod:`gpumesh.retries`)."""
+        ``retry``: ``(retries, exception types)`` (see :mod:`gpumesh.retries`).
+        :class:`~gpumesh.errors.WorkerLost` once no worker that can run the calls has been
+        alive for ``timeout`` seconds (without one, ``NO_WORKER_WAIT_S``:
+        ``$GPUMESH_NO_WORKER_TIMEOUT``); the job is cancelled (with ``return_exceptions``,
+        each unfinished call's place holds that WorkerLost).
+        """
         values: list[Any] = [_MISSING] * len(calls)
         for index, value in self.iter_calls(fn, calls, hints=hints, timeout=timeout, name=name,
                                             require=require, return_exceptions=return_exceptions,
@@ -346,7 +362,7 @@ class GPUMesh:
                 bar = Progress(len(calls), name or getattr(fn, "__qualname__", "tasks"))
             yield from self._collect(job_id, calls, first, printer, bar, return_exceptions,
                                      ".imap()" if handle is not None else ".map()",
-                                     getattr(fn, "__qualname__", None))
+                                     getattr(fn, "__qualname__", None), timeout=timeout)
             collected = True
         finally:
             if bar is not None:
@@ -474,10 +490,14 @@ class GPUMesh:
 
     def _collect(self, job_id: str, calls: list[_calls.Call], body: bytearray | None,
                  printer: OutputPrinter | None, bar: Progress | None = None,
-                 return_exceptions: bool = False, via: str = ".map()", name: str | None = None):
+                 return_exceptions: bool = False, via: str = ".map()", name: str | None = None,
+                 timeout: float | None = None):
         """Read result pages (the first came with the submit) until all calls' results are
         in; yields ``(index, value)`` as they come. A failure is yielded as its exception
-        with ``return_exceptions``, else raised (its text says how to keep going)."""
+        with ``return_exceptions``, else raised (its text says how to keep going).
+        Once pages have said "no worker can run it" for ``timeout`` seconds (None:
+        NO_WORKER_WAIT_S), WorkerLost is raised (the caller then cancels the job), or with
+        ``return_exceptions`` the job is cancelled here and each unfinished call gets it."""
         n = len(calls)
         seen = bytearray(n)  # 1 once an index's result was delivered: never twice
         hint = _calls.keep_going(via) if n > 1 and not return_exceptions else ""
@@ -485,12 +505,27 @@ class GPUMesh:
         got, after, out_after, attempt = 0, -1, -1, 0
         last_contact = time.monotonic()
         handoff = self.handoff
+        # Nothing runs the job's tasks while the pool is empty: a task's timeout never
+        # starts, so the wait for a worker to (re)join is bounded here instead.
+        alone_limit = NO_WORKER_WAIT_S if timeout is None else timeout
+        alone_since: float | None = None
+        nobody = "no worker"  # or, with workers alive that cannot run the tasks, which one
         while True:
             if body:
                 page, frames = self._read_page(body)
-                if page.get("workers_alive") == 0 and not page["results"]:
-                    notice(f"no live worker in the mesh at {self.url}; job {job_id} is waiting "
-                           "for one to (re)join")
+                able = page.get("workers_able", page.get("workers_alive"))
+                if able == 0:
+                    alone_since = alone_since or time.monotonic()
+                    if page.get("workers_alive"):  # e.g. the only GPU box went, CPUs remain
+                        nobody = "no worker that can run its tasks"
+                        notice(f"no live worker in the mesh at {self.url} can run job {job_id}'s "
+                               f"tasks; waiting for one to (re)join (for up to {alone_limit:g}s)")
+                    elif not page["results"]:
+                        nobody = "no worker"
+                        notice(f"no live worker in the mesh at {self.url}; job {job_id} is "
+                               f"waiting for one to (re)join (for up to {alone_limit:g}s)")
+                elif able is not None:
+                    alone_since = None
                 k = 1 + sum(1 for item in page["results"] if item["has_payload"])
                 if printer is not None:
                     # Output first: a task's prints come before its result (and its error).
@@ -529,16 +564,36 @@ class GPUMesh:
                 del frames, page
             if got >= n:
                 break
-            params = {"after": after, "wait": LONG_POLL_S}
+            wait = LONG_POLL_S
+            if alone_since is not None:
+                alone = time.monotonic() - alone_since
+                if alone >= alone_limit:
+                    why = (f"the call's timeout={timeout:g}s" if timeout is not None else
+                           f"the wait without a timeout=, GPUMESH_NO_WORKER_TIMEOUT="
+                           f"{alone_limit:g}s")
+                    lost = WorkerLost(f"{nobody} has been alive in the mesh at {self.url} for "
+                                      f"{alone:.0f}s ({why}); {n - got} of {n} task(s) of job "
+                                      f"{job_id} did not finish and were cancelled")
+                    if not return_exceptions:
+                        raise lost
+                    self._cancel_quietly(job_id)  # no task of it may run later
+                    for idx in range(n):
+                        if not seen[idx]:
+                            seen[idx] = 1
+                            yield idx, lost
+                    break
+                wait = min(wait, max(0.05, alone_limit - alone))  # wake up when the time is up
+            params = {"after": after, "wait": wait}
             if handoff is not None:
                 params["handoff"] = 1
             if printer is not None:
                 params["out_after"] = out_after
             try:
                 body = self.http.stream_into("GET", f"/v1/jobs/{job_id}/results", params=params,
-                                             timeout=LONG_POLL_S + 15)
+                                             timeout=wait + 15)
                 last_contact, attempt = time.monotonic(), 0
             except Unreachable as e:
+                alone_since = None  # the pool is unknown until the coordinator answers again
                 if time.monotonic() - last_contact > CALLER_RECONNECT_S:
                     raise MeshUnavailable(
                         f"lost the coordinator at {self.url} for over {CALLER_RECONNECT_S:.0f}s "

@@ -1032,7 +1032,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             elif t.result_file is not None:
                 parts.append(Part(path=coord.store.file_path(t.result_file), size=t.result_size))
         meta = dict(extra, results=items, n_tasks=job.n_tasks, n_final=job.n_final,
-                    state=job.state, workers_alive=len(coord.alive_workers()))
+                    state=job.state, workers_alive=len(coord.alive_workers()),
+                    workers_able=coord.able_workers(job))
         if out_after is not None:  # the caller also wants what tasks printed
             chunks, skipped = coord.output.since(job.id, out_after)
             meta["output"] = [{"seq": c.seq, "task_id": c.task_id, "index": c.index,

@@ -362,6 +362,15 @@ class Coordinator:
     def alive_workers(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.alive]
 
+    def able_workers(self, job: Job) -> int:
+        """How many alive workers could ever run every task of ``job`` (its requirements
+        and largest ``gpu_memory_mb`` hint): callers stop waiting when none can."""
+        alive = self.alive_workers()
+        hint = max(job.vram_mb.values(), default=None)
+        if not (job.require or hint):
+            return len(alive)
+        return sum(1 for w in alive if hardware.satisfiable(job.require, w.slot_views(), hint))
+
     def sweep(self) -> None:
         """Declare silent workers dead, requeue orphaned leases, forget long-dead workers."""
         now = self.clock()
@@ -642,6 +651,8 @@ class Coordinator:
                  busy_slots=sorted({lease.slot for tid in w.leases
                                     if (lease := self.leases.get(tid)) is not None
                                     and lease.slot is not None}))
+        if not d.get("scores") and not d.get("score"):
+            d["score"] = None  # not measured yet: "pending", as devices() and the CLI say
         return d
 
     def job(self, job_id: str) -> Job:
