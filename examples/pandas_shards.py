@@ -10,7 +10,7 @@ the task returns them and not means; money is kept in whole cents (integers), so
 merge is exact whatever the shards. The script then checks the merged table against the
 same aggregation done in one piece, here.
 
-Needs pandas and NumPy (``pip install 'gpumesh[examples]'``) here and on every
+Needs pandas and NumPy (``pip install '.[examples]'`` in the clone) here and on every
 worker. The mesh is found the usual way ($GPUMESH_URL / $GPUMESH_TOKEN, else the saved
 config); unreachable, the shards run in this process. Standard output is the same on
 every run and every mesh.
