@@ -34,7 +34,7 @@ def jobs(url, token, limit, as_json):
     for j in found:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j["created"]))
         click.echo(f"{j['id']}  {when}  {j['state']:<9}  {j['n_tasks']:>6} tasks  "
-                   f"{counts_line(j['counts'])}  {j['name']}")
+                   f"{counts_line(j['counts'])}  {j.get('owner', '-')}  {j['name']}")
 
 
 @click.command()
@@ -51,6 +51,7 @@ def status(job_id, url, token, as_json):
         click.echo(json.dumps(jsonable(view), indent=2, ensure_ascii=False))
     else:
         click.echo(f"Job: {view['name']} ({view['id']})")
+        click.echo(f"  Owner: {view.get('owner', '-')}")
         click.echo(f"  Status: {view['state']}")
         click.echo(f"  Counts: {counts_line(view['counts'])}")
         if view.get("released"):
