@@ -4,7 +4,8 @@ The run queue holds pending task ids per job. Within a job tasks leave in index 
 (FIFO). Jobs belong to *people* (their owner; None for all when nobody is named), and
 free slots go round-robin between people first, then between each person's jobs, task by
 task: one person's forty jobs get no more of the pool than another person's single job,
-and a one-task job starts at the next free slot whatever else is queued. A task that is
+and a one-task job starts at the next free slot whatever else is queued (a person who
+has not been served since they last had nothing pending goes before everyone who has). A task that is
 re-queued after its worker was lost goes to the *front* of its job's queue: it has
 waited longest. A person may be skipped for a round (``owner_ok``: their cap on running
 tasks is reached); they keep their place in line.
@@ -23,6 +24,7 @@ lanes) plus the jobs it looks at and passes over, however deep the queue is.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from operator import itemgetter
@@ -36,9 +38,13 @@ class RunQueue:
         self._jobs: dict[str, deque[str]] = {}  # only jobs with pending tasks
         self._lane_of: dict[str, Hashable] = {}
         self._owner_of: dict[str, Hashable] = {}
-        # person -> lane -> {job id: turn}; people in turn order (served longest ago
-        # first), each lane's jobs in turn order too
-        self._people: OrderedDict[Hashable, dict[Hashable, OrderedDict[str, int]]] = OrderedDict()
+        # person -> lane -> {job id: turn}, each lane's jobs in turn order
+        self._people: dict[Hashable, dict[Hashable, OrderedDict[str, int]]] = {}
+        # The people's turn order: those not served since they last had something pending
+        # (in arrival order), then the others, served longest ago first. A newcomer is
+        # thus next, not behind everyone who has been served already.
+        self._fresh: OrderedDict[Hashable, None] = OrderedDict()
+        self._line: OrderedDict[Hashable, None] = OrderedDict()
         self._lane_jobs: Counter = Counter()  # lane -> jobs waiting in it (any person)
         self._turns = 0
         self._n = 0
@@ -57,6 +63,7 @@ class RunQueue:
         lanes = self._people.get(owner)
         if lanes is None:
             lanes = self._people[owner] = {}
+            self._fresh[owner] = None
         lanes.setdefault(lane, OrderedDict())[job_id] = self._turns
         self._lane_jobs[lane] += 1
 
@@ -71,6 +78,8 @@ class RunQueue:
             del lanes[lane]
             if not lanes:
                 del self._people[owner]
+                self._fresh.pop(owner, None)
+                self._line.pop(owner, None)
         self._lane_jobs[lane] -= 1
         if not self._lane_jobs[lane]:
             del self._lane_jobs[lane]
@@ -129,7 +138,7 @@ class RunQueue:
 
     def owners(self) -> list[Hashable]:
         """The people with pending tasks, in the order they will next be served."""
-        return list(self._people)
+        return [*self._fresh, *self._line]
 
     def pending_by_owner(self) -> dict[Hashable, int]:
         """Pending tasks per person (O(jobs pending))."""
@@ -147,7 +156,7 @@ class RunQueue:
     def job_ids(self) -> list[str]:
         """Jobs with pending tasks, in the order they would be served if each person's
         turn came round once per job."""
-        return [j for lanes in self._people.values() for j in self._in_turn(list(lanes.values()))]
+        return [j for owner in self.owners() for j in self._in_turn(list(self._people[owner].values()))]
 
     # -- taking -------------------------------------------------------------------------
     def take_one(self, choose: Callable[[str, deque[str]], int | None],
@@ -172,9 +181,10 @@ class RunQueue:
                 verdict[lane] = lane_ok(lane)
             return verdict[lane]
 
-        for owner, person_lanes in self._people.items():  # changed only right before returning
+        for owner in itertools.chain(self._fresh, self._line):  # changed only right before returning
             if owner_ok is not None and not owner_ok(owner):
                 continue
+            person_lanes = self._people[owner]
             lanes = [jobs for lane, jobs in person_lanes.items() if ok(lane)]
             if not lanes:
                 continue
@@ -194,7 +204,9 @@ class RunQueue:
                 else:
                     self._leave(job_id)
                 if owner in self._people:
-                    self._people.move_to_end(owner)
+                    self._fresh.pop(owner, None)
+                    self._line[owner] = None
+                    self._line.move_to_end(owner)
                 return job_id, task_id
         return None
 
