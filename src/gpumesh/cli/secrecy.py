@@ -17,7 +17,7 @@ import os
 import sys
 
 #: Environment variables holding credentials (removed after reading).
-SECRET_VARS = ("GPUMESH_TOKEN", "GPUMESH_WORKER_TOKEN")
+SECRET_VARS = ("GPUMESH_TOKEN", "GPUMESH_WORKER_TOKEN", "GPUMESH_METRICS_TOKEN")
 
 
 def _regions() -> list[tuple[int, int]]:

@@ -539,13 +539,15 @@ def frames_response(meta: dict, parts: list[Part], on_sent=None) -> Response:
 # ---------------------------------------------------------------- the app ----------
 def create_app(coord: Coordinator, token: str, *, worker_token: str | None = None,
                safe_mode: bool = False, loopback_bound: bool = False,
-               authenticator: Authenticator | None = None) -> Starlette:
+               authenticator: Authenticator | None = None,
+               metrics_token: str | None = None) -> Starlette:
     """Build the ASGI app around ``coord``.
 
     ``token``: the main bearer token (everything allowed); ``worker_token``: an optional
     token that may only act as a worker. ``safe_mode``: refuse function (pickle) jobs.
     ``loopback_bound``: the server listens on loopback only (see :mod:`.auth` for what
-    that exempts). Only salted hashes of the tokens are kept.
+    that exempts). ``metrics_token``: a token that may read ``GET /metrics`` only (see
+    :mod:`.metrics`). Only hashes of the tokens are kept.
     """
     auth = authenticator or Authenticator(token, worker_token, loopback_bound=loopback_bound)
     del token, worker_token
@@ -1135,6 +1137,10 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         if not registry.revoke(name):
             raise HTTPError(404, "unknown_token", f"nobody is called {name[:80]!r} here")
         return JSONResponse({"revoked": name})
+
+    from . import metrics  # a leaf: GET /metrics
+    routes.append(metrics.route(coord, auth, metrics_token))
+    del metrics_token
 
     async def sweeper() -> None:
         last_purge = 0.0

@@ -137,6 +137,7 @@ class Job:
     #: at it, and GPU slots serve it first).
     lane: hardware.Requirements = field(default_factory=hardware.Requirements)
     owner: str | None = None  # the person who submitted it (None: from before people)
+    submitted: float = 0.0  # coordinator clock when it was submitted (or recovered)
 
     def prepare(self) -> None:
         """Requirements and hints from ``meta`` (validated at submit)."""
@@ -186,6 +187,11 @@ class Coordinator:
         #: Cap on running tasks per person (``token add NAME --max-running N``); set by
         #: whoever manages the people (see coordinator.people), read at every grant.
         self.max_running: dict[str, int] = {}
+        #: Observers for the metrics leaf (coordinator.metrics), None when unused:
+        #: ``on_grants(grants, now)`` after tasks are leased, ``on_result(lease, state,
+        #: now)`` after a worker's result is accepted. They must not raise.
+        self.on_grants = None
+        self.on_result = None
         self._recover()
 
     # ------------------------------------------------------------ start-up -------
@@ -193,7 +199,7 @@ class Coordinator:
         """Rebuild the in-memory view from the store after a (re)start."""
         for row in self.store.active_jobs():
             job = Job(row["id"], row["kind"], row["fn_hash"], row["meta"], row["n_tasks"],
-                      state=row["state"], owner=row.get("owner"))
+                      state=row["state"], owner=row.get("owner"), submitted=self.clock())
             try:
                 job.prepare()
             except ValueError as e:  # written by another version: run it without them
@@ -444,6 +450,8 @@ class Coordinator:
             if gpu:
                 on_gpu.add(tid)
         self.store.lease(rows, on_gpu)
+        if self.on_grants is not None:
+            self.on_grants(grants, now)
         return grants
 
     def running_by_owner(self) -> Counter:
@@ -548,7 +556,7 @@ class Coordinator:
         alive = self.alive_workers()
         if require_worker and not alive:
             raise NoWorkers()
-        job = Job(job_id, kind, fn_hash, meta, len(args), owner=owner)
+        job = Job(job_id, kind, fn_hash, meta, len(args), owner=owner, submitted=self.clock())
         job.prepare()
         hint = max(job.vram_mb.values(), default=None)
         if alive and (job.require or hint):
@@ -621,6 +629,8 @@ class Coordinator:
                               now - lease.granted, self.task_cost.get(task_id, 1.0), now)
         state = "done" if status == "ok" else "failed"
         self._finalize(lease.job_id, task_id, state, error, payload, worker_id=lease.worker_id)
+        if self.on_result is not None:
+            self.on_result(lease, state, self.clock())
         if self.max_running and self.idle:
             self._wake_idle()  # a person at their cap may have a task to start now
         return lease.worker_id if w and w.alive else None

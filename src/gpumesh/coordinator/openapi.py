@@ -314,6 +314,12 @@ _DOC: dict[str, Any] = {
                      "responses": {"200": {"description": "the new token (shown once)",
                                            **_json({"type": "object"})}, **_errors(409)}},
         },
+        "/metrics": {"get": {
+            "operationId": "metrics", "tags": ["monitoring"],
+            "summary": "Prometheus text format (see docs/monitoring.md); the API token or "
+                       "serve --metrics-token",
+            "responses": {"200": {"description": "metrics", "content": {
+                "text/plain": {"schema": {"type": "string"}}}}, **_errors()}}},
         "/v1/tokens/{name}": {"delete": {
             "operationId": "revokeToken", "tags": ["people"],
             "parameters": [_path_param("name", "^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$", "the person")],

@@ -188,13 +188,14 @@ class Server:
 
     def __init__(self, sock: socket.socket, data_dir: Path, token: str, *,
                  worker_token: str | None = None, safe_mode: bool = False,
-                 tls_cert: Path | None = None, tls_key: Path | None = None):
+                 tls_cert: Path | None = None, tls_key: Path | None = None,
+                 metrics_token: str | None = None):
         self.sock = sock
         self.store = Store(data_dir)
         self.coord = Coordinator(self.store)
         bound = sock.getsockname()[0]
         app = create_app(self.coord, token, worker_token=worker_token, safe_mode=safe_mode,
-                         loopback_bound=is_loopback(bound))
+                         loopback_bound=is_loopback(bound), metrics_token=metrics_token)
         try:
             import uvloop  # noqa: F401
             loop = "uvloop"

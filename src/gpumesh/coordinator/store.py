@@ -552,6 +552,10 @@ class Store:
     def revoke_token(self, name: str) -> None:
         self.db.execute("DELETE FROM tokens WHERE name=?", (name,))
 
+    def task_state_counts(self) -> dict[str, int]:
+        """How many tasks the store holds in each state (one pass over the tasks kept)."""
+        return dict(self.db.execute("SELECT state, COUNT(*) FROM tasks GROUP BY state"))
+
     def job_owners(self, job_ids: list[str]) -> dict[str, str | None]:
         """``{job_id: owner}`` for the given jobs that exist."""
         if not job_ids:
