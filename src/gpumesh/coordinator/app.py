@@ -1138,8 +1138,9 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             raise HTTPError(404, "unknown_token", f"nobody is called {name[:80]!r} here")
         return JSONResponse({"revoked": name})
 
-    from . import metrics  # a leaf: GET /metrics
+    from . import metrics, ui  # leaves: GET /metrics, the dashboard at /ui
     routes.append(metrics.route(coord, auth, metrics_token))
+    routes.extend(ui.routes(coord, auth))
     del metrics_token
 
     async def sweeper() -> None:

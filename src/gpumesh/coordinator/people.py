@@ -132,6 +132,10 @@ class People:
         """The person whose token ``presented`` is, or None."""
         return self._by_digest.get(digest(presented))
 
+    def has_digest(self, d: str) -> bool:
+        """Whether a token with SHA-256 ``d`` (hex) is still valid (not revoked)."""
+        return d in self._by_digest
+
     def caps(self) -> dict[str, int]:
         """``{name: max_running}`` of the people with a cap."""
         return {n: r["max_running"] for n, r in self._rows.items() if r["max_running"]}

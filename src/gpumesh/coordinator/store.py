@@ -552,6 +552,17 @@ class Store:
     def revoke_token(self, name: str) -> None:
         self.db.execute("DELETE FROM tokens WHERE name=?", (name,))
 
+    def recent_jobs(self, limit: int) -> list[dict]:
+        """The ``limit`` most recent jobs as :meth:`job_row` gives them, newest first."""
+        ids = [r[0] for r in self.db.execute(
+            "SELECT id FROM jobs ORDER BY created DESC LIMIT ?", (limit,))]
+        return [row for i in ids if (row := self.job_row(i)) is not None]
+
+    def task_times(self, job_id: str) -> dict[str, tuple[float | None, float | None]]:
+        """``{task_id: (started, finished)}`` (epoch seconds; None when not yet)."""
+        return {tid: (st, fin) for tid, st, fin in self.db.execute(
+            "SELECT id, started, finished FROM tasks WHERE job_id=?", (job_id,))}
+
     def task_state_counts(self) -> dict[str, int]:
         """How many tasks the store holds in each state (one pass over the tasks kept)."""
         return dict(self.db.execute("SELECT state, COUNT(*) FROM tasks GROUP BY state"))
