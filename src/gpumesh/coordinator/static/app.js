@@ -16,7 +16,7 @@ function el(tag, attrs, ...children) {
     if (k.startsWith("on")) throw new Error("no inline handlers");
     node.setAttribute(k, v === true ? "" : String(v));
   }
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined || c === false) continue;
     node.appendChild(c instanceof Node ? c : document.createTextNode(String(c)));
   }
@@ -24,7 +24,7 @@ function el(tag, attrs, ...children) {
 }
 
 function replace(container, ...nodes) {
-  container.replaceChildren(...nodes.flat().filter(Boolean));
+  container.replaceChildren(...nodes.flat(Infinity).filter(Boolean));
 }
 
 async function api(path, opts = {}) {
@@ -49,6 +49,12 @@ function dur(s) {
   if (s < 10) return s.toFixed(2) + "s";
   if (s < 600) return s.toFixed(0) + "s";
   return (s / 60).toFixed(1) + "m";
+}
+function hours(h) {
+  const s = h * 3600;
+  if (s < 60) return Math.round(s) + " s";
+  if (s < 3600) return (s / 60).toFixed(1) + " min";
+  return h.toFixed(2) + " h";
 }
 function mib(n) { return n >= 1024 ? (n / 1024).toFixed(1) + " GiB" : Math.round(n) + " MiB"; }
 function state(s) { return el("span", { class: "state " + s, "data-state": s }, s); }
@@ -112,6 +118,7 @@ function workerRow(w) {
   const owner = w.owner_state || w.state;
   return el("tr", { class: "worker", "data-id": w.id },
     el("td", {}, el("strong", { class: "hostname" }, w.hostname || w.id),
+       el("span", { class: "muted" }, " " + w.id.slice(0, 8)),
        el("div", { class: "muted" }, w.device_name || w.device || "")),
     el("td", {}, state(w.alive ? "alive" : "dead"),
        owner ? el("div", { class: "muted owner-state" }, String(owner) +
@@ -131,11 +138,12 @@ function poolPage(s) {
       el("tbody", {}, s.workers.map(workerRow))));
   const ppl = el("section", { id: "people" }, el("h2", {}, "People"),
     s.people.length ? el("table", {}, el("thead", {}, el("tr", {},
-        ["Person", "Running", "Queued", "GPU-h today", "GPU-h week", "CPU-h today"].map(h => el("th", {}, h)))),
+        ["Person", "Running", "Queued", "GPU today", "GPU this week", "CPU today", "CPU this week"]
+          .map((h, i) => el("th", i > 4 ? { class: "hide-narrow" } : {}, h)))),
       el("tbody", {}, s.people.map(p => el("tr", { class: "person" },
         el("td", {}, p.person), el("td", {}, p.running), el("td", {}, p.queued),
-        el("td", {}, p.gpu_hours_day.toFixed(2)), el("td", {}, p.gpu_hours_week.toFixed(2)),
-        el("td", {}, p.cpu_hours_day.toFixed(2))))))
+        el("td", {}, hours(p.gpu_hours_day)), el("td", {}, hours(p.gpu_hours_week)),
+        el("td", {}, hours(p.cpu_hours_day)), el("td", { class: "hide-narrow" }, hours(p.cpu_hours_week))))))
       : el("p", { class: "muted" }, "Nobody has run anything yet."));
   const jobs = el("section", { id: "jobs" }, el("h2", {}, "Jobs"),
     s.jobs.length ? el("table", {}, el("thead", {}, el("tr", {},
@@ -155,7 +163,7 @@ function poolPage(s) {
 function taskRow(t, mayRead) {
   const row = el("tr", { class: "task-row", "data-index": t.index, "data-state": t.state },
     el("td", {}, "#" + t.index), el("td", {}, state(t.state)),
-    el("td", {}, t.host || (t.worker ? t.worker.slice(0, 8) : "")),
+    el("td", {}, t.worker ? (t.host ? t.host + " " : "") + t.worker.slice(0, 8) : ""),
     el("td", {}, dur(t.duration_s)), el("td", {}, t.attempts));
   const cell = el("td", {});
   if (t.error) {
@@ -170,7 +178,9 @@ function taskRow(t, mayRead) {
     if (open) {
       cell.appendChild(el("div", { class: "error-message" }, t.error.message ||
         (mayRead ? "" : "(the message is for the job's owner)")));
-      if (t.error.traceback) cell.appendChild(el("pre", { class: "traceback" }, t.error.traceback));
+      // a function's remote traceback, or what a failed script wrote to stderr
+      const tb = t.error.traceback || t.error.stderr_tail;
+      if (tb) cell.appendChild(el("pre", { class: "traceback" }, tb));
     }
   }
   row.appendChild(cell);
