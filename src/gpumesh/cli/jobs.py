@@ -56,6 +56,8 @@ def status(job_id, url, token, as_json):
         click.echo(f"  Counts: {counts_line(view['counts'])}")
         if view.get("released"):
             click.echo("  Results: released (collected by the caller, or let go)")
+        elif view.get("results_hidden"):
+            click.echo(f"  Results: {view.get('owner')}'s (only they or an admin may read them)")
         for line in task_lines(view, color_enabled()):
             click.echo(line)
     if view["counts"].get("failed"):
