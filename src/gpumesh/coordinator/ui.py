@@ -75,6 +75,9 @@ HEADERS = {
     "cache-control": "no-store",
 }
 DAY_S = 86400.0
+#: Per-person usage (two queries over the day's and week's finished tasks) is recomputed at
+#: most this often (seconds), however many dashboards poll.
+USAGE_CACHE_S = 5.0
 
 
 @dataclass
@@ -101,6 +104,12 @@ def routes(coord, auth) -> list[Route]:
     """The dashboard's routes for ``coord``, signing in through ``auth`` (the app's
     :class:`~.auth.Authenticator`)."""
     sessions: OrderedDict[str, Session] = OrderedDict()
+    usage_cache: list = [0.0, None]  # [when, (day, week)]
+
+    def usage_now(now: float) -> tuple[dict, dict]:
+        if usage_cache[1] is None or now - usage_cache[0] > USAGE_CACHE_S:
+            usage_cache[:] = [now, (coord.store.usage(now - DAY_S), coord.store.usage(now - 7 * DAY_S))]
+        return usage_cache[1]
 
     def session_of(request: Request) -> Session | None:
         sid = request.cookies.get(COOKIE)
@@ -185,7 +194,7 @@ def routes(coord, auth) -> list[Route]:
 
     async def state(request: Request, s: Session) -> Response:
         now = time.time()
-        day, week = coord.store.usage(now - DAY_S), coord.store.usage(now - 7 * DAY_S)
+        day, week = usage_now(now)
         usage: dict[str, dict] = {}
 
         def add(source: dict, field: str, pick=lambda v: v) -> None:
