@@ -69,7 +69,13 @@ class Unsatisfiable(MeshError):
 
 
 class TaskFailed(MeshError):
-    """A task did not produce a value. ``task_id`` and ``worker`` say where, when known."""
+    """A task did not produce a value. ``task_id`` and ``worker`` say where, when known;
+    so do ``index`` (the task's ``.map`` item), ``hostname`` (the worker's) and
+    ``attempt`` (1 for the first run), None when unknown."""
+
+    index: int | None = None
+    hostname: str | None = None
+    attempt: int | None = None
 
     def __init__(self, message: str, task_id: str | None = None, worker: str | None = None):
         super().__init__(message)
@@ -97,7 +103,9 @@ class TaskCrashed(TaskFailed):
 
 
 class WorkerLost(TaskFailed):
-    """The task was re-queued after worker losses until its attempts ran out."""
+    """The task was re-queued after worker losses until its attempts ran out; or, at the
+    caller, no worker was alive to run it for the call's ``timeout=`` (without one, for
+    ``GPUMESH_NO_WORKER_TIMEOUT`` seconds, default 600) and the job was cancelled."""
 
 
 class Cancelled(TaskFailed):
@@ -109,7 +117,17 @@ class TaskTimeout(MeshError, TimeoutError):
 
 
 class RemoteTraceback(Exception):
-    """Carries the worker-side traceback text; set as ``__cause__`` of a re-raised exception."""
+    """Carries the worker-side traceback text; set as ``__cause__`` of a re-raised exception.
+
+    Also says where the task ran, as far as known (else None): ``index`` (its ``.map``
+    item), ``task_id``, ``worker`` (id), ``hostname`` and ``attempt`` (1 for the first run).
+    """
+
+    index: int | None = None
+    task_id: str | None = None
+    worker: str | None = None
+    hostname: str | None = None
+    attempt: int | None = None
 
     def __init__(self, tb: str):
         super().__init__(tb)

@@ -42,6 +42,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from . import availability
+
 MiB = 2**20
 
 #: ``gpu=`` values that name a kind of slot rather than a GPU model.
@@ -376,7 +378,9 @@ def pool_devices(workers: Iterable[Mapping]) -> list[dict]:
     Keys: ``worker``, ``hostname``, ``kind`` (``"cuda"``, ``"mps"``, ``"cpu"``),
     ``device`` (``"cuda:0"``...), ``index`` (NVML index or None), ``name``,
     ``memory_total_mb``/``memory_free_mb`` (GPU memory; RAM for a CPU), ``cores``,
-    ``score``, ``slots`` (slots on this device) and ``busy`` (of those, running a task).
+    ``score``, ``slots`` (slots on this device), ``busy`` (of those, running a task) and
+    ``state`` (``{"state", "label"}`` while the owner's rules close it, else None; see
+    :mod:`gpumesh.availability`).
     """
     out: list[dict] = []
     for w in workers:
@@ -392,7 +396,8 @@ def pool_devices(workers: Iterable[Mapping]) -> list[dict]:
                     "index": s.gpu, "name": s.name,
                     "memory_total_mb": s.vram_total_mb if s.kind != "cpu" else s.ram_mb,
                     "memory_free_mb": s.vram_free_mb, "cores": s.cores,
-                    "score": device_score(w, s.device), "slots": 0, "busy": 0}
+                    "score": device_score(w, s.device), "slots": 0, "busy": 0,
+                    "state": availability.device_state(w, s.device)}
             d["slots"] += 1
             d["busy"] += s.id in busy
         out.extend(by_device.values())

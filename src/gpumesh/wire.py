@@ -98,6 +98,40 @@ def _by_value_modules() -> bool:
     return bool(registry)
 
 
+_CODE_PICKLER: type | None = None
+#: What cloudpickle writes in place of a code object's file name.
+_ANONYMOUS_FILE = "<dynamic-code>"
+
+
+def _code_pickler() -> type:
+    """cloudpickle's Pickler, except that code shipped by value keeps its real
+    ``co_filename``. cloudpickle replaces it with ``"<dynamic-code>"`` (so that a
+    notebook function pickles to the same bytes from any cell); a traceback on the
+    worker would then name no file, and the caller could not show the lines of its own
+    file or notebook cell (:func:`gpumesh.client.calls.with_source`)."""
+    global _CODE_PICKLER
+    if _CODE_PICKLER is None:
+        import types
+        from collections import ChainMap
+
+        import cloudpickle
+
+        table = cloudpickle.Pickler.dispatch_table
+        anonymous = table[types.CodeType]
+
+        def reduce_code(code: types.CodeType):
+            rebuild, args = anonymous(code)[:2]
+            if _ANONYMOUS_FILE in args:
+                # The first such string is co_filename (co_name comes after it).
+                at = args.index(_ANONYMOUS_FILE)
+                args = args[:at] + (code.co_filename,) + args[at + 1:]
+            return rebuild, args
+
+        _CODE_PICKLER = type("CodePickler", (cloudpickle.Pickler,),
+                             {"dispatch_table": ChainMap({types.CodeType: reduce_code}, table)})
+    return _CODE_PICKLER
+
+
 def dumps(obj: Any, *, code: bool = False) -> Payload:
     """Serialize ``obj`` (protocol 5, out-of-band buffers).
 
@@ -129,8 +163,10 @@ def dumps(obj: Any, *, code: bool = False) -> Payload:
         if stream is None:
             buffers.clear()
     if stream is None:
-        import cloudpickle
-        stream = cloudpickle.dumps(obj, protocol=PROTOCOL, buffer_callback=keep)
+        import io
+        with io.BytesIO() as fh:
+            _code_pickler()(fh, protocol=PROTOCOL, buffer_callback=keep).dump(obj)
+            stream = fh.getvalue()
     head = bytearray(PAYLOAD_MAGIC)
     head += struct.pack("<IQ", len(buffers), len(stream))
     for b in buffers:

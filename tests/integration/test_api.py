@@ -559,7 +559,9 @@ def test_bad_timeout_is_value_error(client):
 
 
 def test_unknown_option_is_type_error(client):
-    with pytest.raises(TypeError, match="retries"):
+    with pytest.raises(TypeError, match="retrys"):
+        accelerate(client, retrys=3)(lambda: 1)
+    with pytest.raises(ValueError, match="retry_on"):  # retries= alone: which exceptions?
         accelerate(client, retries=3)(lambda: 1)
 
 

@@ -1,4 +1,9 @@
-"""``gpumesh doctor``: check this machine's install and its connection to a coordinator.
+"""``gpumesh doctor [URL]``: check this machine's install and its connection to a coordinator.
+
+Run on a worker machine with the coordinator's URL, it walks the path a worker takes, each
+step with its own fix: name resolution, TCP reach, TLS (CA-verified, or the pinned
+fingerprint), the coordinator's answer and version, the clock difference to it, and the
+token.
 
 Each check is ``ok``, ``warn`` (optional or worth knowing, never fails the run), ``fail``
 (with what to do) or ``skip``. Exit code 1 if any check failed. The token is never
@@ -7,18 +12,30 @@ printed: only whether one is set, where it came from and its length.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import platform
+import socket
+import ssl
 import stat
 import sys
+import time
 from dataclasses import asdict, dataclass
+from email.utils import parsedate_to_datetime
+from urllib.parse import urlsplit
 
 import click
 
 from .. import config
 from .._version import __version__
+from ..limits import CLOCK_SKEW_FAIL_S, CLOCK_SKEW_WARN_S, CONNECT_TIMEOUT_S
 from .common import endpoint_options
+
+#: The wall clock the coordinator's ``Date`` header is compared with (a seam for tests).
+wall_clock = time.time
+#: Tailscale's address range (CGNAT, RFC 6598): traffic there is already encrypted.
+TAILNET = ipaddress.ip_network("100.64.0.0/10")
 
 
 @dataclass
@@ -126,37 +143,183 @@ def _saved() -> Check:
     return Check("config", "ok", detail)
 
 
-def _coordinator(url: str | None, token: str | None) -> list[Check]:
+def _network(url: str, fingerprint: str | None) -> tuple[list[Check], bool]:
+    """Name resolution, TCP reach and TLS of ``url`` from here; the bool says all passed."""
+    parts = urlsplit(url)
+    host, https = parts.hostname or "", parts.scheme == "https"
+    port = parts.port or (443 if https else 80)
+    try:
+        literal = ipaddress.ip_address(host)
+    except ValueError:
+        literal = None
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        fix = ("check the spelling, or use the coordinator's IP address (the `Join from ANOTHER "
+               "machine` line `gpumesh serve` printed)")
+        if host.endswith(".ts.net"):
+            fix = "a MagicDNS name resolves on the tailnet only: run `sudo tailscale up` here, then retry"
+        elif host.endswith(".local"):
+            fix = "mDNS (.local) names need Avahi/Bonjour here; use the coordinator's IP address instead"
+        return [Check("resolve", "fail", f"cannot resolve {host} ({getattr(e, 'strerror', None) or e})",
+                      fix)], False
+    addrs = list(dict.fromkeys(info[4][0] for info in infos))
+    checks = [Check("resolve", "ok", f"{host} is an IP address" if literal else
+                    f"{host} -> {', '.join(addrs[:4])}")]
+    loopback = all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs)
+    problem = None
+    for family, kind, proto, _, sockaddr in infos:
+        sock = socket.socket(family, kind, proto)
+        sock.settimeout(CONNECT_TIMEOUT_S)
+        try:
+            sock.connect(sockaddr)
+            problem = None
+            break
+        except ConnectionRefusedError:
+            problem = ("refused", sockaddr[0])
+        except (TimeoutError, socket.timeout):
+            problem = problem or ("timeout", sockaddr[0])
+        except OSError as e:
+            problem = problem or (e.strerror or str(e), sockaddr[0])
+        finally:
+            sock.close()
+    if problem is not None:
+        what, addr = problem
+        if what == "refused":
+            detail = f"{addr}:{port} refused the connection: nothing listens there"
+            fix = ("start `gpumesh serve` on the coordinator machine with --host 0.0.0.0 (or "
+                   "--tailscale), and check the port; a coordinator bound to 127.0.0.1 accepts "
+                   "its own machine only")
+            if loopback:
+                fix = (f"{host} is this machine: start `gpumesh serve` here, or, on a worker "
+                       "machine, use the coordinator's address (the `Join from ANOTHER machine` "
+                       "line `gpumesh serve` printed)")
+        elif what == "timeout":
+            detail = f"no answer from {addr}:{port} within {CONNECT_TIMEOUT_S:.0f}s"
+            fix = (f"a firewall drops the connection, or {addr} is on another network: allow TCP "
+                   f"port {port} on the coordinator's firewall (Windows: run `gpumesh serve` as "
+                   "Administrator once), or reach it through --tailscale or --public")
+        else:
+            detail = f"cannot connect to {addr}:{port} ({what})"
+            fix = "this machine has no route there: check its network, or use --tailscale or --public"
+        return checks + [Check("tcp", "fail", detail, fix)], False
+    checks.append(Check("tcp", "ok", f"{host}:{port} accepts connections"))
+    if not https:
+        ip = ipaddress.ip_address(addrs[0].split("%")[0])
+        if ip.is_loopback or ip in TAILNET or host.endswith(".ts.net"):
+            checks.append(Check("tls", "skip", "plain HTTP on loopback or a tailnet (already private)"))
+        else:
+            checks.append(Check("tls", "warn", "plain HTTP: the token and every payload cross the "
+                                "network unencrypted", "on a network you do not control use "
+                                "`gpumesh serve --tls`, --tailscale or --public"))
+        return checks, True
+    checks.append(_tls(url, host, port, fingerprint))
+    return checks, checks[-1].status != "fail"
+
+
+def _tls(url: str, host: str, port: int, fingerprint: str | None) -> Check:
+    from ..tls import fingerprint_der, normalise_fingerprint
+    from ..transport import Unreachable, fetch_certificate
+    if fingerprint:
+        try:
+            got = fingerprint_der(fetch_certificate(url))
+        except Unreachable as e:
+            return Check("tls", "fail", str(e), "the coordinator serves plain HTTP: use http:// "
+                         "(or start it with --tls)")
+        want = normalise_fingerprint(fingerprint)
+        if got != want:
+            return Check("tls", "fail", f"the certificate is {got}, not the pinned {want}",
+                         "use the fingerprint `gpumesh serve --tls` printed; if it made a new "
+                         "certificate, pin the new one; otherwise something intercepts the connection")
+        return Check("tls", "ok", f"certificate matches the pinned {want[:19]}...")
+    ctx = ssl.create_default_context()
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S) as raw:
+            with ctx.wrap_socket(raw, server_hostname=host) as tls:
+                cert = tls.getpeercert() or {}
+    except ssl.SSLCertVerificationError as e:
+        return Check("tls", "fail", f"the certificate of {host} is not trusted here ({e.verify_message})",
+                     "for a coordinator started with --tls pass the fingerprint it printed "
+                     "(--fingerprint, $GPUMESH_FINGERPRINT); for a CA-issued one check its name, "
+                     "expiry and this machine's clock")
+    except ssl.SSLError as e:
+        return Check("tls", "fail", f"no TLS handshake with {host}:{port} ({e.reason or e})",
+                     "the coordinator serves plain HTTP: use http:// (or start it with --tls)")
+    except OSError as e:
+        return Check("tls", "fail", f"the TLS connection to {host}:{port} failed ({e})",
+                     "retry; if it persists, check what listens on that port")
+    issuer = dict(x[0] for x in cert.get("issuer", ()) if x).get("organizationName", "a trusted CA")
+    return Check("tls", "ok", f"certificate for {host} verified (issued by {issuer})")
+
+
+def _clock(date: str | None, sent: float, answered: float) -> Check:
+    """The coordinator's ``Date`` header against this machine's clock."""
+    try:
+        theirs = parsedate_to_datetime(date).timestamp() if date else None
+    except (TypeError, ValueError):
+        theirs = None
+    if theirs is None:
+        return Check("clock", "skip", "the coordinator sent no Date header")
+    # Date has whole seconds: anything within the round trip plus one second is no skew
+    skew = theirs - (sent + answered) / 2
+    slack = (answered - sent) / 2 + 1.0
+    shown = f"{abs(skew):.0f}s {'behind' if skew < 0 else 'ahead of'} this machine"
+    fix = ("sync the clocks: `sudo timedatectl set-ntp true` on Linux; on Windows Settings > "
+           "Time & language > Sync now; on macOS System Settings > Date & Time, set automatically")
+    if abs(skew) > CLOCK_SKEW_FAIL_S:
+        return Check("clock", "fail", f"the coordinator's clock is {shown}: TLS certificates "
+                     "look expired or not yet valid to one side", fix)
+    if abs(skew) > max(CLOCK_SKEW_WARN_S, slack):
+        return Check("clock", "warn", f"the coordinator's clock is {shown}: logs and traces "
+                     "of the two machines will not line up", fix)
+    return Check("clock", "ok", f"within {max(CLOCK_SKEW_WARN_S, slack):.0f}s of the coordinator's")
+
+
+def _version(theirs: str) -> Check:
+    if theirs == __version__:
+        return Check("version", "ok", f"gpumesh {theirs} on both machines")
+    fix = f"install the same version everywhere: pip install 'gpumesh=={theirs}' here"
+    if theirs.split(".")[:2] != __version__.split(".")[:2]:
+        return Check("version", "fail", f"the coordinator runs gpumesh {theirs}, this machine "
+                     f"{__version__}: tasks may not run across versions", fix)
+    return Check("version", "warn", f"the coordinator runs gpumesh {theirs}, this machine {__version__}", fix)
+
+
+def _coordinator(url: str | None, token: str | None, fingerprint: str | None = None) -> list[Check]:
     from ..errors import AuthError, MeshError
     from ..transport import Transport, Unreachable
     try:
-        ep = config.resolve(url, token)
+        ep = config.resolve(url, token, fingerprint)
     except ValueError as e:
         return [Check("coordinator", "fail", str(e), "pass --url http://HOST:PORT")]
-    where = "from --url" if url else ("from $GPUMESH_URL" if os.environ.get("GPUMESH_URL")
+    where = "as given" if url else ("from $GPUMESH_URL" if os.environ.get("GPUMESH_URL")
                                       else "from the saved config" if config.load_saved().get("url")
                                       else "the default")
     try:
         http = Transport(ep.url, ep.token, fingerprint=ep.fingerprint)
     except ValueError as e:
         return [Check("coordinator", "fail", str(e), "use an https:// URL with --fingerprint")]
+    checks, _ = _network(ep.url, ep.fingerprint)
     try:
         try:
-            health = http.request("GET", "/v1/health", timeout=5).json()
+            sent = wall_clock()
+            resp = http.request("GET", "/v1/health", timeout=5)
+            answered = wall_clock()
+            health = resp.json()
         except Unreachable as e:
-            return [Check("coordinator", "fail", f"{ep.url} ({where}) is not reachable: {e}",
-                          "start it with `gpumesh serve`, check the URL and port, and that a "
-                          "firewall lets this machine in (a coordinator bound to 127.0.0.1 "
-                          "accepts this machine only)"),
-                    Check("token", "skip", "coordinator not reachable")]
-        except MeshError as e:
-            return [Check("coordinator", "fail", f"{ep.url}: {e}", "check the URL and --fingerprint"),
-                    Check("token", "skip", "coordinator not reachable")]
-        theirs = health.get("version", "?")
-        checks = [Check("coordinator", "ok" if theirs == __version__ else "warn",
-                        f"{ep.url} ({where}) answers, gpumesh {theirs}",
-                        "" if theirs == __version__ else
-                        f"this machine has gpumesh {__version__}: install the same version everywhere")]
+            return checks + [
+                Check("coordinator", "fail", f"{ep.url} ({where}) is not reachable: {e}",
+                      "start it with `gpumesh serve`, check the URL and port, and that a "
+                      "firewall lets this machine in (a coordinator bound to 127.0.0.1 "
+                      "accepts this machine only)"),
+                Check("token", "skip", "coordinator not reachable")]
+        except (MeshError, ValueError) as e:
+            return checks + [Check("coordinator", "fail", f"{ep.url}: {e}",
+                                   "check the URL (a path prefix included) and --fingerprint"),
+                             Check("token", "skip", "coordinator not reachable")]
+        theirs = str(health.get("version", "?")) if isinstance(health, dict) else "?"
+        checks += [Check("coordinator", "ok", f"{ep.url} ({where}) answers, gpumesh {theirs}"),
+                   _version(theirs), _clock(resp.headers.get("date"), sent, answered)]
         if not ep.token:
             checks.append(Check("token", "fail", "no token set",
                                 "pass --token, set GPUMESH_TOKEN, or run `gpumesh serve` here "
@@ -188,18 +351,27 @@ def _coordinator(url: str | None, token: str | None) -> list[Check]:
 
 
 @click.command()
+@click.argument("target", metavar="[URL]", required=False)
 @endpoint_options
+@click.option("--fingerprint", default=None, metavar="SHA256:HEX",
+              help="The coordinator's TLS certificate pin, as `serve --tls` printed it "
+                   "[default: $GPUMESH_FINGERPRINT, else the saved config].")
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON [default: text].")
-def doctor(url, token, as_json):
+def doctor(target, url, token, fingerprint, as_json):
     """Check this machine and its connection to the mesh; say how to fix each problem.
 
     Checks the install, Python, cloudpickle, torch/CUDA and NVIDIA GPUs (optional), the
-    saved connection (the token is never printed), and that the coordinator answers and
-    accepts the token. Exit code 1 if any check failed.
+    saved connection (the token is never printed), then the way to the coordinator at URL
+    (default: --url, $GPUMESH_URL, the saved config): name resolution, TCP reach, TLS,
+    that it answers, its version, the clock difference, and that it accepts the token.
+    Run it on a worker machine. Exit code 1 if any check failed.
     """
     from .secrecy import hide
+    if target and url and target.rstrip("/") != url.rstrip("/"):
+        raise click.UsageError(f"two different URLs: {target} and --url {url}; give one")
+    url = target or url
     checks = [_install(), _python(), _cloudpickle(), _torch(), _gpus(), _saved()]
-    checks += _coordinator(url, token)
+    checks += _coordinator(url, token, fingerprint)
     hide(token)
     failed = any(c.status == "fail" for c in checks)
     if as_json:

@@ -79,14 +79,17 @@ def _wait(mesh, job_id: str, total: int, quiet: bool) -> None:
     from ..client import scripts
     from ..client.progress import Progress, bar_text
     started = time.monotonic()
-    done = [0]
+    done = [0, {}]
     with Progress(total, "tasks", enabled=None if not quiet else False, delay=0) as bar:
-        def on_progress(n_final: int, n_tasks: int) -> None:
-            done[0] = n_final
-            bar.update(n_final, n_tasks)
+        def on_progress(n_final: int, n_tasks: int, counts: dict) -> None:
+            done[:] = n_final, counts
+            bar.update(n_final, n_tasks, failed=counts.get("failed", 0),
+                       cancelled=counts.get("cancelled", 0))
         scripts.wait(mesh, job_id, on_progress)
     if not quiet:
-        click.echo("  " + bar_text(done[0], total, time.monotonic() - started))
+        click.echo("  " + bar_text(done[0], total, time.monotonic() - started,
+                                   failed=done[1].get("failed", 0),
+                                   cancelled=done[1].get("cancelled", 0)))
 
 
 @click.command()

@@ -31,7 +31,13 @@ def task_lines(view: dict, color: bool = False) -> list[str]:
         if color and fg:
             mark = click.style(mark, fg=fg)
         lines.append(f"  {mark} task {t['id']} [{t['state']}]  cost={t['cost']}  "
-                     f"worker={t['worker_id'] or '-'}")
+                     f"worker={t['worker_id'] or '-'}"
+                     + (f"  attempts={t['attempts']}" if (t.get("attempts") or 0) > 1 else ""))
+        for h in t.get("history") or ():  # attempts that ended without a result
+            who = h.get("hostname") or h.get("worker") or "?"
+            err = h.get("error") or {}
+            what = f"{err.get('type')}: {err.get('message', '')}; " if err.get("type") else ""
+            lines.append(f"    attempt {h.get('attempt', '?')} on {who}: {what}{h.get('ended', '')}")
         text = result_text(t, view.get("released", False))
         if text is not None:
             lines.append("    result: " + text)

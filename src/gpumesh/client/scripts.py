@@ -154,11 +154,12 @@ class _Blob:
         self.chunks, self.size = [data], len(data)
 
 
-def wait(mesh, job_id: str, on_progress: Callable[[int, int], None] | None = None,
+def wait(mesh, job_id: str, on_progress: Callable[[int, int, dict], None] | None = None,
          timeout: float | None = None) -> dict[str, dict]:
     """Wait until every task of ``job_id`` is final; returns ``{task_id: {"index",
     "state", "worker", "error", "result"}}`` (``result``: the decoded JSON value, or None).
-    ``on_progress(n_final, n_tasks)`` is called after every page. The job's results are
+    ``on_progress(n_final, n_tasks, counts)`` is called after every page (``counts``: the
+    final tasks so far per state, ``{"done": 3, "failed": 1}``). The job's results are
     kept on the coordinator (``gpumesh status``, ``retry`` still work)."""
     from ..strict import NotJSON, decode
     out: dict[str, dict] = {}
@@ -186,7 +187,10 @@ def wait(mesh, job_id: str, on_progress: Callable[[int, int], None] | None = Non
                                         "worker": item.get("worker"), "error": item.get("error"),
                                         "result": value}
             if on_progress is not None:
-                on_progress(page["n_final"], page["n_tasks"])
+                counts: dict[str, int] = {}
+                for got in out.values():
+                    counts[got["state"]] = counts.get(got["state"], 0) + 1
+                on_progress(page["n_final"], page["n_tasks"], counts)
             if page["n_final"] >= page["n_tasks"]:
                 return out
         if deadline is not None and time.monotonic() > deadline:

@@ -16,6 +16,7 @@ request never changes state. The API is described in :mod:`.openapi`. Payload bo
     POST   /v1/workers/{id}/lease              long-poll for up to {slots} tasks
     POST   /v1/tasks/{id}/result?lease=L       a result, fenced by lease id
     POST   /v1/tasks/{id}/output?lease=L       what a running task printed
+    POST   /v1/tasks/{id}/release?lease=L      hand a running task back (preempted)
     GET    /v1/handoff                         same-machine payload files (gpumesh.handoff)
     HEAD   /v1/blobs/{sha256}                  is this function blob here?
     PUT    /v1/blobs/{sha256}                  upload a function blob (hash verified)
@@ -71,7 +72,7 @@ from .core import (Coordinator, NoWorkers, StaleLease, UnknownJob, UnknownWorker
 from .core import JobReleased
 from .core import Unsatisfiable
 from .store import Incoming
-from .. import hardware
+from .. import hardware, retries
 
 log = logging.getLogger("gpumesh.coordinator")
 
@@ -693,6 +694,7 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             info["slot_list"] = hardware.check_slot_list(data.get("slot_list"), slots, info.get("gpus"))
             if data.get("scores") is not None:
                 info["scores"] = hardware.check_scores(data["scores"])
+            _owner_fields(data, info)
         except ValueError as e:
             raise HTTPError(400, "bad_request", str(e)) from None
         w = coord.register(info, wid, slots)
@@ -716,6 +718,7 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
                 info["scores"] = hardware.check_scores(data["scores"])
             if data.get("gpu_free_mb") is not None:
                 info["gpu_free_mb"] = hardware.check_gpu_free(data["gpu_free_mb"])
+            _owner_fields(data, info)
         except ValueError as e:
             raise HTTPError(400, "bad_request", str(e)) from None
         return JSONResponse(coord.heartbeat(wid, running, info))
@@ -831,6 +834,25 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
                                   request.query_params.get("handoff") == "1")
         return lease_response([])
 
+    @route("/v1/tasks/{tid}/release", ["POST"], worker=True)
+    async def hand_back(request: Request) -> Response:
+        """The worker hands a running task back (its owner's rules): re-queued as
+        preempted, the attempt not counted; fenced by the lease like a result."""
+        tid = _id(request.path_params["tid"], "task id")
+        lease_id = request.query_params.get("lease", "")
+        _id(lease_id or "-", "lease id")
+        data = await _json_body(request)
+        reason = _field(data, "reason", str, "handed back by its worker")
+        _check_str(reason, "reason")
+        if len(reason) > 200 or not reason.isprintable():
+            raise HTTPError(400, "bad_request",
+                            "field 'reason' must be a printable line of at most 200 characters")
+        try:
+            coord.hand_back(tid, lease_id, reason)
+        except StaleLease:
+            return _err(409, "stale_lease", "this lease is no longer current")
+        return JSONResponse({"requeued": True})
+
     @route("/v1/tasks/{tid}/output", ["POST"], worker=True)
     async def task_output(request: Request) -> Response:
         tid = _id(request.path_params["tid"], "task id")
@@ -923,6 +945,10 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             vram = hardware.check_vram_hints(meta.get("gpu_memory_mb"), n)
         except ValueError as e:
             raise HTTPError(400, "bad_request", str(e)) from None
+        try:  # re-runs of items whose function raised one of these types (gpumesh.retries)
+            retry = retries.check_meta(meta.get("retries"), meta.get("retry_on"))
+        except ValueError as e:
+            raise HTTPError(400, "bad_request", str(e)) from None
         require_worker = _field(meta, "require_worker", bool, False)
         caller = _field(meta, "caller", dict, {})
         wait = _field(meta, "wait", (int, float), 0, lo=0, hi=LONG_POLL_MAX_S)
@@ -946,6 +972,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             job_meta["gpu_memory_mb"] = {str(i): v for i, v in vram.items()}
         if result_format != "pickle":
             job_meta["result_format"] = result_format
+        if retry is not None:
+            job_meta["retries"], job_meta["retry_on"] = retry
         try:
             job, created = coord.submit(job_id, name, kind, fn, job_meta, list(args),
                                         [float(c) for c in costs], require_worker,
@@ -1027,7 +1055,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             elif t.result_file is not None:
                 parts.append(Part(path=coord.store.file_path(t.result_file), size=t.result_size))
         meta = dict(extra, results=items, n_tasks=job.n_tasks, n_final=job.n_final,
-                    state=job.state, workers_alive=len(coord.alive_workers()))
+                    state=job.state, workers_alive=len(coord.alive_workers()),
+                    workers_able=coord.able_workers(job))
         if out_after is not None:  # the caller also wants what tasks printed
             chunks, skipped = coord.output.since(job.id, out_after)
             meta["output"] = [{"seq": c.seq, "task_id": c.task_id, "index": c.index,
@@ -1051,9 +1080,11 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         for t in rows:
             if task is not None and t["id"] != task:
                 continue
+            attempts = _attempt_logs(coord, jid, t)
             out.append({"id": t["id"], "index": t["index"], "state": t["state"],
-                        "stdout": coord.output.task_log(jid, t["id"], "stdout").decode("utf-8", "replace"),
-                        "stderr": coord.output.task_log(jid, t["id"], "stderr").decode("utf-8", "replace")})
+                        "stdout": "".join(a["stdout"] for a in attempts),
+                        "stderr": "".join(a["stderr"] for a in attempts),
+                        "attempts": attempts})
         if task is not None and not out:
             raise HTTPError(404, "unknown_task", f"job {jid} has no task {task}")
         return JSONResponse({"job_id": jid, "tasks": out})
@@ -1177,6 +1208,25 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
                      exception_handlers={404: not_found, 405: bad_method})
 
 
+def _attempt_logs(coord: Coordinator, job_id: str, task: dict) -> list[dict]:
+    """A task's output attempt by attempt: ``[{"attempt", "worker", "hostname", "ended",
+    "stdout", "stderr"}]``; ``ended`` says why an earlier attempt ended without a result
+    (from the task's history), and is the task's state for its last attempt."""
+    history = {h.get("attempt"): h for h in task.get("history") or ()}
+    out = []
+    def text(stream: str, k: int) -> str:
+        return coord.output.task_log(job_id, task["id"], stream, k).decode("utf-8", "replace")
+
+    for k in range(1, max(int(task["attempts"] or 0), 1) + 1):
+        h = history.get(k)
+        last = h is None and k == task["attempts"]
+        out.append({"attempt": k, "worker": h.get("worker") if h else (task["worker_id"] if last else None),
+                    "hostname": h.get("hostname") if h else None,
+                    "ended": h.get("ended") if h else task["state"],
+                    "stdout": text("stdout", k), "stderr": text("stderr", k)})
+    return out
+
+
 def _job_view(coord: Coordinator, job_id: str, with_tasks: bool) -> dict | None:
     row = coord.store.job_row(job_id)
     if row is None:
@@ -1190,4 +1240,20 @@ def _job_view(coord: Coordinator, job_id: str, with_tasks: bool) -> dict | None:
             "result_format": (row["meta"] or {}).get("result_format", "pickle")}
     if with_tasks:
         view["tasks"] = coord.store.task_rows(job_id)
+    job = coord.jobs.get(job_id)
+    if job is not None and job.preempted:
+        view["preempted"] = job.preempted
+    waiting = coord.waiting_reason(job_id)
+    if waiting:
+        view["waiting"] = waiting
     return view
+
+
+def _owner_fields(data: dict, info: dict) -> None:
+    """The owner's rules as a worker reports them (gpumesh.availability): ``owner`` and
+    ``gpu_states``, each replaced whole when present. ValueError names the field."""
+    from .. import availability
+    if "owner" in data:
+        info["owner"] = availability.check_owner(data["owner"])
+    if "gpu_states" in data:
+        info["gpu_states"] = availability.check_gpu_states(data["gpu_states"])

@@ -17,6 +17,7 @@ from typing import Any
 from .._version import __version__
 from ..limits import (LONG_POLL_MAX_S, MAX_BODY_BYTES, MAX_HEARTBEAT_TASKS, MAX_JSON_BODY_BYTES,
                       MAX_STRING_CHARS, MAX_TASKS_PER_JOB, OUTPUT_BODY_BYTES)
+from ..limits import MAX_RETRIES, MAX_RETRY_TYPES
 
 FRAMES = "application/x-gpumesh-frames"
 HEX_ID = "^[0-9a-f]{4,64}$"
@@ -69,6 +70,14 @@ _HANDOFF_FILES = {"type": "object", "description": "frame number (0 = the first 
                   "empty (see GET /v1/handoff)",
                   "additionalProperties": {"type": "string", "pattern": "^[0-9a-f]{24}\\.part$"}}
 
+#: The owner's rules as a worker reports them (gpumesh.availability).
+_OWNER_FIELDS = {
+    "owner": {"type": ["object", "null"], "description": "the whole worker takes no new task: "
+              "{state: paused|outside_hours, label, until?}; null: it does"},
+    "gpu_states": {"type": "object", "description": "GPU index -> {state: yielding|hot|power, "
+                   "label}: the GPUs that take no new task"},
+}
+
 _SCHEMAS: dict[str, Any] = {
     "Error": {"type": "object", "required": ["error", "message"],
               "properties": {"error": {"type": "string"}, "message": {"type": "string"}}},
@@ -86,6 +95,7 @@ _SCHEMAS: dict[str, Any] = {
                           "one slot per GPU, then CPU slots: {id, kind: cuda|mps|cpu, gpu: index} "
                           "(see docs/hardware.md)", "items": {"type": "object"}},
             "scores": {"type": "object", "description": "benchmark score per device (cpu, cuda:N, mps)"},
+            **_OWNER_FIELDS,
         },
     },
     "Registered": {"type": "object", "properties": {"id": {"type": "string"},
@@ -96,7 +106,11 @@ _SCHEMAS: dict[str, Any] = {
                     "items": {"type": "string", "pattern": HEX_ID}},
         "score": {"type": "number", "minimum": 0, "maximum": 1e12},
         "scores": {"type": "object", "description": "benchmark score per device (cpu, cuda:N, mps)"},
-        "gpu_free_mb": {"type": "object", "description": "free GPU memory in MiB per GPU index"}}},
+        "gpu_free_mb": {"type": "object", "description": "free GPU memory in MiB per GPU index"},
+        **_OWNER_FIELDS}},
+    "HandBack": {"type": "object", "properties": {
+        "reason": {"type": "string", "maxLength": 200,
+                   "description": "why the worker gives the task back, e.g. 'paused: owner'"}}},
     "LeaseRequest": {"type": "object", "properties": {
         "slots": {"type": "integer", "minimum": 1, "maximum": 1024},
         "free": {"type": "array", "maxItems": 1024, "description": "the free slots' ids",
@@ -135,6 +149,11 @@ _SCHEMAS: dict[str, Any] = {
             "caller": {"type": "object"},
             "result_format": {"enum": ["pickle", "json"],
                               "description": "json: the task returns its value as JSON (strict results)"},
+            "retries": {"type": "integer", "minimum": 1, "maximum": MAX_RETRIES,
+                        "description": "with retry_on: re-runs of a task whose function raised"},
+            "retry_on": {"type": "array", "maxItems": MAX_RETRY_TYPES, "items": _STR,
+                         "description": "exception type names (module.Qualname, builtins bare) "
+                                        "whose raising re-runs the task"},
             "handoff_files": _HANDOFF_FILES,
             "handoff": {"type": "boolean", "description": "with wait: name result files by path "
                         "(as results?handoff=1)"},
@@ -214,6 +233,13 @@ _DOC: dict[str, Any] = {
                                   "the slot the task ran in")],
             "requestBody": {"required": True, "content": {FRAMES: {"schema": _ref("ResultMeta")}}},
             "responses": {"200": _FRAMES_ANSWER, **_errors(409, 413)}}},
+        "/v1/tasks/{tid}/release": {"post": {
+            "operationId": "handBack", "tags": ["worker"], "parameters": [_TID, _LEASE],
+            "summary": "hand a running task back (its owner's rules): re-queued as preempted, "
+                       "the attempt not counted",
+            "requestBody": {"required": False, **_json(_ref("HandBack"))},
+            "responses": {"200": {"description": "re-queued", **_json({"type": "object"})},
+                          **_errors(409, 413)}}},
         "/v1/tasks/{tid}/output": {"post": {
             "operationId": "postOutput", "tags": ["worker"], "parameters": [_TID, _LEASE],
             "requestBody": {"required": True, "content": {FRAMES: {"schema": _ref("OutputMeta")}}},
@@ -275,7 +301,7 @@ _DOC: dict[str, Any] = {
         "/v1/jobs/{jid}/logs": {"get": {
             "operationId": "jobLogs",
             "parameters": [_JID, _query("task", {"type": "string", "pattern": HEX_ID}, "one task only")],
-            "responses": {"200": {"description": "stdout and stderr per task", **_json({"type": "object"})},
+            "responses": {"200": {"description": "stdout and stderr per task, and per attempt (attempts: attempt, worker, hostname, ended, stdout, stderr)", **_json({"type": "object"})},
                           **_errors(404)}}},
         "/v1/jobs/release": {"post": {
             "operationId": "releaseMany",

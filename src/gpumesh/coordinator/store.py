@@ -67,6 +67,7 @@ CREATE TABLE IF NOT EXISTS tasks (
     error       TEXT,                     -- JSON describing a failure
     seq         INTEGER,                  -- order in which results became final, per job
     finished    REAL,
+    history     TEXT,                     -- JSON lines: attempts that ended without a result
     UNIQUE (job_id, idx)
 );
 CREATE TABLE IF NOT EXISTS blobs (
@@ -85,7 +86,7 @@ CREATE TABLE IF NOT EXISTS tokens (         -- people's own tokens (see coordina
 
 #: Columns added after the first schema: (table, column, SQL type). Added in place on
 #: start-up, so a data directory written by an older gpumesh keeps working.
-MIGRATIONS = [("jobs", "finished", "REAL"),
+MIGRATIONS = [("jobs", "finished", "REAL"), ("tasks", "history", "TEXT"),
               ("jobs", "owner", "TEXT"),      # the person who submitted it (NULL: before people)
               ("tasks", "started", "REAL"),   # when its current attempt was leased
               ("tasks", "gpu", "INTEGER")]    # 1 when that attempt ran on a GPU slot
@@ -173,6 +174,9 @@ class OpenTask:
     cost: float
     lease_id: str | None
     worker_id: str | None
+    retried: int = 0  # re-runs after a retry_on exception (see Coordinator._retry_raised)
+    raised_on: tuple[str, ...] = ()  # the workers where those attempts raised
+    preempted: int = 0  # attempts its workers handed back (not losses)
 
 
 @dataclass
@@ -423,9 +427,16 @@ class Store:
     def open_tasks(self) -> list[OpenTask]:
         """Pending and leased tasks, in job-creation then index order (uses tasks_open)."""
         rows = self.db.execute(
-            "SELECT id, job_id, idx, state, attempts, cost, lease_id, worker_id FROM tasks"
+            "SELECT id, job_id, idx, state, attempts, cost, lease_id, worker_id, history FROM tasks"
             " WHERE state IN ('pending', 'leased') ORDER BY rowid").fetchall()
-        return [OpenTask(*r) for r in rows]
+        out = []
+        for r in rows:
+            history = _history(r[8])
+            raised = [e for e in history if e.get("retried")]
+            out.append(OpenTask(*r[:8], retried=len(raised),
+                                raised_on=tuple(str(e.get("worker")) for e in raised),
+                                preempted=sum(1 for e in history if e.get("preempted"))))
+        return out
 
     def max_seq(self, job_id: str) -> int:
         row = self.db.execute("SELECT MAX(seq) FROM tasks WHERE job_id=?", (job_id,)).fetchone()
@@ -462,6 +473,13 @@ class Store:
                 "UPDATE tasks SET state='leased', lease_id=?, worker_id=?, attempts=attempts+1,"
                 " started=?, gpu=? WHERE id=?",
                 [(lid, wid, now, 1 if tid in on_gpu else 0, tid) for tid, lid, wid in grants])
+
+    def add_history(self, entries: dict[str, dict]) -> None:
+        """Append an ended attempt to each task's history: ``{task_id: entry}`` (JSON)."""
+        with self._tx():
+            self.db.executemany(
+                "UPDATE tasks SET history = COALESCE(history, '') || ? WHERE id=?",
+                [(json.dumps(e) + "\n", tid) for tid, e in entries.items()])
 
     def requeue(self, task_ids: list[str]) -> None:
         with self._tx():
@@ -526,13 +544,14 @@ class Store:
 
     def task_rows(self, job_id: str) -> list[dict]:
         rows = self.db.execute(
-            "SELECT id, idx, state, attempts, worker_id, error, cost FROM tasks WHERE job_id=?"
-            " ORDER BY idx", (job_id,)).fetchall()
-        keys = ("id", "index", "state", "attempts", "worker_id", "error", "cost")
+            "SELECT id, idx, state, attempts, worker_id, error, cost, history FROM tasks"
+            " WHERE job_id=? ORDER BY idx", (job_id,)).fetchall()
+        keys = ("id", "index", "state", "attempts", "worker_id", "error", "cost", "history")
         out = []
         for r in rows:
             d = dict(zip(keys, r))
             d["error"] = json.loads(d["error"]) if d["error"] else None
+            d["history"] = _history(d["history"])  # earlier attempts, oldest first
             out.append(d)
         return out
 
@@ -578,8 +597,8 @@ class Store:
         """Seconds of task time per person (``None``: jobs from before people) for attempts
         that finished at or after ``since`` (epoch seconds): ``{owner: {"gpu_s", "cpu_s",
         "tasks"}}``. Counts each task's last attempt (the one that produced its result).
-        Uses ``tasks.finished``; no index: meant for a metrics scrape or a dashboard refresh,
-        not the request path."""
+        Reads the finished tasks of the window (index ``tasks_finished``): meant for a
+        metrics scrape or a dashboard refresh, not the request path."""
         out: dict = {}
         for owner, gpu, secs, n in self.db.execute(
                 "SELECT j.owner, COALESCE(t.gpu, 0), SUM(t.finished - t.started), COUNT(*)"
@@ -590,3 +609,16 @@ class Store:
             d["gpu_s" if gpu else "cpu_s"] += float(secs or 0.0)
             d["tasks"] += n
         return out
+
+def _history(text: str | None) -> list[dict]:
+    """A task's history column: one JSON object per line (lines that do not parse are
+    skipped: a history is information, never a reason to fail a listing)."""
+    out = []
+    for line in (text or "").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            out.append(entry)
+    return out

@@ -44,6 +44,8 @@ from ..transport import Transport, Unreachable
 from . import membody
 from .device import GpuMonitor
 from .executor import Executor, Outcome
+from .lending import OwnerRules
+from .owner import OwnerState, cap_free
 from .scoring import Scorer, describe
 
 log = logging.getLogger("gpumesh.worker")
@@ -95,7 +97,7 @@ def backoff_delays(base: float = BACKOFF_BASE_S, cap: float = BACKOFF_MAX_S):
         k = min(k + 1, 30)
 
 
-class WorkerAgent:
+class WorkerAgent(OwnerRules):
     """One worker process's agent.
 
     ``url``/``token``: the coordinator. ``slots``: CPU slots (tasks run at once besides
@@ -103,11 +105,14 @@ class WorkerAgent:
     :func:`gpumesh.worker.device.detect`); its ``gpus`` and ``mps`` decide the GPU slots.
     ``bench``: measure the devices' scores after joining (off: scores stay 0).
     ``on_event(kind, text)`` receives user-facing lines (``joined``, ``reconnected``...).
+    ``owner``: the machine owner's rules (:class:`gpumesh.worker.owner.OwnerState`;
+    default: share everything, always); ``gpumesh pause`` reaches them via :meth:`control`.
     """
 
     def __init__(self, url: str, token: str, *, slots: int = 1, info: dict | None = None,
                  cache_dir: Path | None = None, worker_id: str | None = None,
-                 on_event=None, fingerprint: str | None = None, bench: bool = True):
+                 on_event=None, fingerprint: str | None = None, bench: bool = True,
+                 owner: OwnerState | None = None):
         self.url = url
         self.http = Transport(url, token, fingerprint=fingerprint)  # fingerprint: TLS pin
         self.info = dict(info or {})
@@ -142,13 +147,14 @@ class WorkerAgent:
         #: The coordinator's payload directories when it shares this machine and user
         #: (big arguments and results then change hands as files; gpumesh.handoff).
         self.handoff: Handoff | None = None
+        self._init_owner(owner or OwnerState(), gpus)  # the owner's rules (gpumesh.worker.lending)
 
     # ------------------------------------------------------------------ lifecycle ---
     def run(self) -> None:
         """Run until :meth:`stop`. Raises ``AuthError`` if the token is refused."""
         self._register(first=True)
         for target, name in ((self._heartbeat_loop, "heartbeat"), (self._session_loop, "session"),
-                             (self._output_loop, "output")):
+                             (self._output_loop, "output"), (self._owner_loop, "owner")):
             threading.Thread(target=target, name=name, daemon=True).start()
         if self.scorer is not None:
             self.scorer.stopping = self.stopping
@@ -173,6 +179,7 @@ class WorkerAgent:
         if self.scorer is not None:
             self.scorer.close()
         self._gpus.close()
+        self._owner_gpus.close()
         self.executor.close()  # no orphans: every task's process group is killed
         self.http.close()
         if self._own_cache:
@@ -186,7 +193,8 @@ class WorkerAgent:
             delays = backoff_delays()
             while not self.stopping.is_set():
                 try:
-                    body = dict(self.info, slots=self.slots, slot_list=self.slot_list)
+                    body = dict(self.info, slots=self.slots, slot_list=self.slot_list,
+                                **self._owner_report())
                     if self.id:
                         body["id"] = self.id
                     resp = self.http.request("POST", "/v1/workers", json=body, timeout=10)
@@ -217,7 +225,8 @@ class WorkerAgent:
             try:
                 resp = self.http.request("POST", f"/v1/workers/{self.id}/heartbeat",
                                          json={"running": sorted(self._held),
-                                               **self._device_state()}, timeout=5)
+                                               **self._device_state(), **self._owner_report()},
+                                         timeout=5)
                 for task_id in resp.json().get("cancel", []):
                     self.executor.cancel(task_id)
                 delays = backoff_delays()
@@ -232,7 +241,7 @@ class WorkerAgent:
     def _device_state(self) -> dict:
         """What the heartbeat says about the devices: free GPU memory, scores once known."""
         out: dict = {}
-        free = self._gpus.free_mb()
+        free = cap_free(self._gpus.free_mb(), self.owner.policy.max_gpu_memory_mb)
         if free:
             out["gpu_free_mb"] = {str(i): mb for i, mb in free.items()}
             for g in self.info.get("gpus") or ():
@@ -331,7 +340,7 @@ class WorkerAgent:
             # Wait for a free slot, then ask for a task for each free slot (naming them:
             # the coordinator grants a slot only a task that slot can run).
             with self._free_cv:
-                free = [k for k, n in self._busy.items() if n == 0]
+                free = [k for k, n in self._busy.items() if n == 0 and self._slot_open(k)]
                 if not free:
                     self._free_cv.wait(0.5)
                     continue
@@ -405,16 +414,30 @@ class WorkerAgent:
             while task is not None:
                 held = task["task_id"]
                 self._held.add(held)  # reported by heartbeats until its result is delivered
-                try:
-                    path = self._function_blob(task["fn"])
-                except Exception as e:  # noqa: BLE001
-                    outcome = Outcome("retry", {"kind": "fetch",
-                                                "message": f"could not fetch the function: {e}"})
-                else:
-                    outcome = self._run_one(task, path, args, slot)
+                self._slot_task[slot] = held
+                if not self._slot_open(slot):  # granted just as the owner closed the slot
+                    self._handing_back.setdefault(held, self._closed_reason(slot))
+                outcome = None
+                if held not in self._handing_back:
+                    try:
+                        path = self._function_blob(task["fn"])
+                    except Exception as e:  # noqa: BLE001
+                        outcome = Outcome("retry", {"kind": "fetch",
+                                                    "message": f"could not fetch the function: {e}"})
+                    else:
+                        if held not in self._handing_back:
+                            outcome = self._run_one(task, path, args, slot)
                 args = None  # a big one is shared memory: free it now, not after the post
+                self._slot_task.pop(slot, None)
+                why = self._handing_back.pop(held, None)
                 try:
-                    task, args = self._post_result(task, outcome, slot)
+                    killed = outcome is None or (outcome.error or {}).get("kind") == "cancelled"
+                    if why is not None and killed:
+                        # killed (or never started) for the owner: preempted, not failed
+                        self._hand_back(task, why, backoff_delays())
+                        task, args = None, None
+                    else:  # it finished first: its result stands
+                        task, args = self._post_result(task, outcome, slot)
                 finally:
                     self._held.discard(held)
                     outcome = None  # (its result may be a memory file too)
@@ -513,7 +536,7 @@ class WorkerAgent:
         deadline = time.monotonic() + 3600
         while time.monotonic() < deadline:
             params = {"lease": task["lease_id"]}
-            if not self.stopping.is_set():
+            if not self.stopping.is_set() and self._slot_open(slot):
                 params["next"] = "1"
                 if slot is not None:
                     params["slot"] = str(slot)
