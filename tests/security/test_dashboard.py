@@ -181,3 +181,25 @@ def test_sign_out_ends_the_session(made):
     assert c.post("/ui/logout", headers={"x-csrf-token": csrf}).status_code == 200
     c.cookies.set("gpumesh_session", sid, path="/ui")  # replaying the old cookie
     assert c.get("/ui/api/state").status_code == 401
+
+
+def test_behind_a_tls_tunnel_the_cookie_is_secure_and_the_forwarded_host_is_same_origin(tmp_path):
+    from gpumesh.coordinator.auth import Authenticator
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+    fwd = {"x-forwarded-proto": "https", "x-forwarded-host": "mesh.example.org"}
+    for fronted in (False, True):
+        store = Store(tmp_path / f"d{fronted}")
+        coord = Coordinator(store)
+        app = create_app(coord, MAIN, authenticator=Authenticator(MAIN, fronted=fronted))
+        c = TestClient(app, client=("192.0.2.9", 5000))
+        r = c.post("/ui/login", json={"token": MAIN}, headers=fwd)
+        # only a coordinator told it is fronted believes the forwarded scheme and host
+        assert ("Secure" in r.headers["set-cookie"]) is fronted
+        submit(c, MAIN, "dddd0001", "j")
+        r = c.post("/ui/api/jobs/dddd0001/cancel", headers={
+            "x-csrf-token": r.json()["csrf"], "origin": "https://mesh.example.org", **fwd})
+        assert r.status_code == (200 if fronted else 403), r.text
+        c.close()
+        store.close()

@@ -47,6 +47,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from importlib import resources
+from urllib.parse import urlsplit
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -128,9 +129,22 @@ def routes(coord, auth) -> list[Route]:
         if not hmac.compare_digest(sent.encode(), s.csrf.encode()):
             return _refuse(403, "csrf", "missing or wrong X-CSRF-Token (reload the page)")
         origin = request.headers.get("origin")
-        if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
+        if origin is not None and urlsplit(origin).netloc not in hosts_of(request):
             return _refuse(403, "csrf", "cross-origin request refused")
         return None
+
+    def hosts_of(request: Request) -> set[str]:
+        """The names this request reached us by: its Host, and behind a tunnel or proxy
+        (``serve --public``, ``--trusted-proxy``) the host it forwarded."""
+        out = {request.headers.get("host", request.url.netloc)}
+        if getattr(auth, "fronted", False) and request.headers.get("x-forwarded-host"):
+            out.add(request.headers["x-forwarded-host"])
+        return out
+
+    def secure(request: Request) -> bool:
+        """HTTPS here, or at the tunnel or proxy in front of us."""
+        return request.url.scheme == "https" or (
+            getattr(auth, "fronted", False) and request.headers.get("x-forwarded-proto") == "https")
 
     def guarded(fn, change: bool = False):
         async def endpoint(request: Request) -> Response:
@@ -183,7 +197,7 @@ def routes(coord, auth) -> list[Route]:
             sessions.popitem(last=False)
         resp = _json({"name": who.name, "role": who.role, "csrf": csrf})
         resp.set_cookie(COOKIE, sid, max_age=int(SESSION_TTL_S), path="/ui", httponly=True,
-                        samesite="strict", secure=request.url.scheme == "https")
+                        samesite="strict", secure=secure(request))
         return resp
 
     async def logout(request: Request, s: Session) -> Response:
