@@ -118,3 +118,23 @@ def test_metrics_need_a_token_and_the_metrics_token_opens_nothing_else(mesh):
     worker = admin.add_token("rig", "worker")["token"]
     assert mesh.request("GET", "/metrics", token=viewer).status_code == 200
     assert mesh.request("GET", "/metrics", token=worker).status_code == 403
+
+
+def test_a_paused_workers_slots_count_as_closed_and_the_dashboard_says_why(mesh):
+    import subprocess
+    import sys
+    wid = mesh.workers()[0]["id"]
+    r = subprocess.run([sys.executable, "-m", "gpumesh", "pause", "--worker", wid],
+                       env=dict(mesh.env, GPUMESH_URL=mesh.url), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    wait_for(lambda: value(scrape(mesh.url, METRICS_TOKEN), "gpumesh_slots", kind="gpu", state="closed") == 1,
+             15, "the pause to reach the coordinator")
+    s = scrape(mesh.url, METRICS_TOKEN)
+    assert value(s, "gpumesh_slots", kind="cpu", state="closed") == 1
+    assert value(s, "gpumesh_slots", kind="cpu", state="free") == 0
+    assert value(s, "gpumesh_slots", kind="gpu", state="free") == 0
+    with httpx.Client(base_url=mesh.url, timeout=10) as ui:
+        assert ui.post("/ui/login", json={"token": mesh.token}).status_code == 200
+        (w,) = ui.get("/ui/api/state").json()["workers"]
+    assert w["owner_labels"] == ["paused: owner"]

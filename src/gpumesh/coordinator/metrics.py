@@ -14,7 +14,7 @@ with a scrape config and Grafana panels)::
     gpumesh_queue_depth                                 pending tasks
     gpumesh_jobs_active                                 jobs with unfinished tasks
     gpumesh_workers{state}                              alive | dead
-    gpumesh_slots{kind, state}                          cpu | gpu  x  busy | free (alive workers)
+    gpumesh_slots{kind, state}                          cpu | gpu  x  busy | free | closed
     gpumesh_gpu_memory_total_bytes{worker,host,gpu,name}
     gpumesh_gpu_memory_free_bytes{...}                  as the worker last reported
     gpumesh_gpu_utilization_ratio{...}                  0..1, where the worker reports it
@@ -44,6 +44,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from .. import availability
 from .._version import __version__
 from . import people
 from .auth import AuthRefused
@@ -89,14 +90,18 @@ class _Pool:
         workers.add_metric(["dead"], len(coord.workers) - len(alive))
         yield workers
 
-        slots = GaugeMetricFamily("gpumesh_slots", "Slots of alive workers, by kind and state",
+        slots = GaugeMetricFamily("gpumesh_slots", "Slots of alive workers, by kind and state "
+                                  "(closed: its owner's rules take no new task there)",
                                   labels=["kind", "state"])
-        tally = {(k, s): 0 for k in ("cpu", "gpu") for s in ("busy", "free")}
+        tally = {(k, s): 0 for k in ("cpu", "gpu") for s in ("busy", "free", "closed")}
         for w in alive:
             busy = {lease.slot for tid in w.leases if (lease := coord.leases.get(tid)) is not None}
-            for s in w.slot_list or [{"id": i, "kind": "cpu"} for i in range(w.slots)]:
+            listed = w.slot_list or [{"id": i, "kind": "cpu"} for i in range(w.slots)]
+            closed = availability.closed_slots(w.info, listed)
+            for s in listed:
                 kind = "cpu" if s.get("kind", "cpu") == "cpu" else "gpu"
-                tally[(kind, "busy" if s.get("id") in busy else "free")] += 1
+                state = "busy" if s.get("id") in busy else "closed" if s.get("id") in closed else "free"
+                tally[(kind, state)] += 1
         for (kind, state), n in tally.items():
             slots.add_metric([kind, state], n)
         yield slots

@@ -53,6 +53,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from .. import availability
 from . import people
 from .auth import AuthRefused
 from .core import JobReleased, UnknownJob
@@ -319,6 +320,7 @@ def _worker(coord, w) -> dict:
             "state", "state_reason", "owner_state")
     out = {k: view[k] for k in keep if k in view}
     out["last_seen_s"] = max(0.0, coord.clock() - w.last_seen)
+    out["owner_labels"] = availability.labels(view)  # paused, outside hours, yielding, hot
     return out
 
 

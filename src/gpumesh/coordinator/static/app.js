@@ -115,14 +115,13 @@ function workerRow(w) {
     if (g.temperature_c !== undefined) bits.push(g.temperature_c + " °C");
     return el("div", { class: "gpu" }, bits.join(" · "));
   });
-  const owner = w.owner_state || w.state;
+  const owner = (w.owner_labels || []).join(", ");
   return el("tr", { class: "worker", "data-id": w.id },
     el("td", {}, el("strong", { class: "hostname" }, w.hostname || w.id),
        el("span", { class: "muted" }, " " + w.id.slice(0, 8)),
        el("div", { class: "muted" }, w.device_name || w.device || "")),
     el("td", {}, state(w.alive ? "alive" : "dead"),
-       owner ? el("div", { class: "muted owner-state" }, String(owner) +
-                  (w.state_reason ? " (" + w.state_reason + ")" : "")) : null),
+       owner ? el("div", { class: "muted owner-state" }, owner) : null),
     el("td", {}, (w.running || 0) + " / " + (w.slots || 0)),
     el("td", { class: "hide-narrow" }, (w.score || 0).toFixed(3)),
     el("td", {}, gpus.length ? gpus : el("span", { class: "muted" }, "CPU only")),
