@@ -68,6 +68,9 @@ def test_refused_and_silent_ports_get_different_fixes(tmp_path):
     assert code == 1
     assert checks["tcp"]["detail"] == f"127.0.0.1:{port} refused the connection: nothing listens there"
     assert "start `gpumesh serve` here" in checks["tcp"]["fix"]
+    # it stops at the first failed step: one FAIL, one fix, the rest not tried
+    assert [c["name"] for c in checks.values() if c["status"] == "fail"] == ["tcp"]
+    assert checks["coordinator"]["status"] == "skip" and checks["token"]["status"] == "skip"
     # A listener that never accepts, its queue full: new connections get no answer at all,
     # as behind a firewall that drops packets.
     silent = socket.create_server(("127.0.0.1", 0), backlog=0)

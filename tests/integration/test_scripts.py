@@ -175,7 +175,17 @@ print(json.dumps({"n": p["n"]}))
     mesh = script_mesh.client()
     got = mesh.wait(job_id, timeout=60)
     assert [g["result"] for g in got] == [{"n": 0}, {"n": 1}, {"n": 2}]
-    assert mesh.status(job_id)["counts"] == {"done": 3}
+    view = mesh.status(job_id)
+    assert view["counts"] == {"done": 3}
+    # the re-run is attempt 2; the failed attempt 1 stays in the history, and logs show both apart
+    t1 = next(t for t in view["tasks"] if t["index"] == 1)
+    assert t1["attempts"] == 2
+    assert [(h["attempt"], h["ended"], h.get("retried")) for h in t1["history"]] == [
+        (1, "failed; re-run by gpumesh retry", True)]
+    (log1,) = [t for t in mesh.logs(job_id) if t["index"] == 1]
+    assert [a["attempt"] for a in log1["attempts"]] == [1, 2]
+    assert "first attempt fails" in log1["attempts"][0]["stderr"]
+    assert log1["attempts"][1]["stdout"].strip() == '{"n": 1}'
     r = invoke(script_mesh, "retry", job_id, "--json")
     assert json.loads(r.output) == {"job_id": job_id, "retried": 0}
     # unknown job: one line, exit 1

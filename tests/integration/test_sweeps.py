@@ -5,6 +5,7 @@ account of it all (progress, ``jobs``, ``logs``)."""
 
 from __future__ import annotations
 
+import json
 import linecache
 import socket
 import sys
@@ -269,6 +270,12 @@ def test_retry_on_reruns_only_the_named_types_elsewhere(mesh2, tmp_path):
     first, second = text.index("--- attempt 1 on "), text.index("--- attempt 2 on ")
     assert first < text.index("run of item 3") < second < text.rindex("run of item 3")
     assert "raised OSError" in text[first:second]
+    # every attempt, the last one too, is named by its worker's hostname and id
+    host = {w["id"]: w["hostname"] for w in client.workers()}[tasks[3]["worker_id"]]
+    assert f"--- attempt 2 on {host} ({tasks[3]['worker_id']}): done" in text
+    as_json = invoke(mesh2, "logs", job["id"], "--task", tasks[3]["id"], "--json")
+    (last,) = [a for a in json.loads(as_json.output)[0]["attempts"] if a["attempt"] == 2]
+    assert last["hostname"] == host and last["worker"] == tasks[3]["worker_id"]
 
 
 def test_without_retry_on_a_raised_exception_is_the_answer(mesh2, tmp_path):

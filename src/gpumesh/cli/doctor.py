@@ -299,7 +299,11 @@ def _coordinator(url: str | None, token: str | None, fingerprint: str | None = N
         http = Transport(ep.url, ep.token, fingerprint=ep.fingerprint)
     except ValueError as e:
         return [Check("coordinator", "fail", str(e), "use an https:// URL with --fingerprint")]
-    checks, _ = _network(ep.url, ep.fingerprint)
+    checks, reachable = _network(ep.url, ep.fingerprint)
+    if not reachable:  # the failed step above is the one to fix: what follows fails with it
+        return checks + [Check("coordinator", "skip", f"{ep.url} ({where}): not tried, the way "
+                               "there failed above"),
+                         Check("token", "skip", "coordinator not reachable")]
     try:
         try:
             sent = wall_clock()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 import logging
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -51,9 +52,11 @@ def check_token(token: str, what: str = "token") -> None:
 
 
 def banner(host: str, port: int, token: str, show_token: bool, *, fingerprint: str | None = None,
-           worker_token: bool = False, safe_mode: bool = False, public: bool = False) -> list[str]:
+           worker_token: bool = False, safe_mode: bool = False, public: bool = False,
+           tls_flags: str = "") -> list[str]:
     """The lines ``serve`` prints once it listens (wording kept from the product README).
-    ``public``: an ngrok tunnel will be announced below (``--public``)."""
+    ``public``: an ngrok tunnel will be announced below (``--public``). ``tls_flags``: how
+    TLS was asked for (``"--tls"``, ``"--tls-cert C --tls-key K"``), kept in the re-run line."""
     scheme = "https" if fingerprint else "http"
     loopback_answers = host in ("0.0.0.0", "::", "127.0.0.1", "localhost")
     # bound to one address (--host 192.0.2.10, --tailscale), 127.0.0.1 answers nothing
@@ -78,7 +81,10 @@ def banner(host: str, port: int, token: str, show_token: bool, *, fingerprint: s
         lines += [
             f"   Other machines CANNOT reach this coordinator (bound to {host} only).",
             "   That is the default now: a worker executes code as the user who started it.",
-            f"   To let other machines join, re-run with: gpumesh serve --host 0.0.0.0 --port {port} --token=<your token>",
+            # the re-run keeps TLS and safe mode: opening up must not also drop a protection
+            f"   To let other machines join, re-run with: gpumesh serve --host 0.0.0.0 --port {port}"
+            + (f" {tls_flags}" if tls_flags else "") + (" --safe-mode" if safe_mode else "")
+            + " --token=<your token>",
             "   (or set GPUMESH_HOST=0.0.0.0). Read the warning it prints before you do.",
         ]
     else:
@@ -205,6 +211,8 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
         fail(f"cannot write to the data directory {data_dir} ({e.strerror or e}); "
              f"pass --data-dir with a writable directory")
     fingerprint = None
+    tls_flags = (f"--tls-cert {shlex.quote(str(tls_cert))} --tls-key {shlex.quote(str(tls_key))}"
+                 if tls_cert is not None else "--tls" if tls else "")
     if tls or tls_cert is not None:
         from ..tls import TLSSetupError, check_pair, self_signed
         try:
@@ -239,7 +247,8 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
     except Exception as e:  # noqa: BLE001 - e.g. a corrupt or locked database
         fail(f"cannot open the job store in {data_dir}: {e}")
     for line in banner(host, port, token, show_token=generated, fingerprint=fingerprint,
-                       worker_token=worker_token is not None, safe_mode=safe_mode, public=public):
+                       worker_token=worker_token is not None, safe_mode=safe_mode, public=public,
+                       tls_flags=tls_flags):
         click.echo(line)
     tok = "<your worker token>" if worker_token else (token if generated else "<your token>")
     tunnel = reach.announce(net, public, host, port, fingerprint, tok)

@@ -109,8 +109,7 @@ class Progress:
             if self._closed or self._bar is not None:
                 return
             from rich.console import Console
-            from rich.progress import (BarColumn, Progress as Bar, TextColumn,
-                                       TimeElapsedColumn, TimeRemainingColumn)
+            from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeRemainingColumn
             console = self._console or Console(stderr=True)
             # rich's live display in a notebook needs ipywidgets (without it: a warning
             # and no bar); the notebook bar needs only IPython's display
@@ -118,7 +117,7 @@ class Progress:
                     if self._console is None and in_notebook() else Bar)
             self._bar = make(TextColumn("[progress.description]{task.description}"), BarColumn(),
                              TextColumn("{task.fields[outcome]}"),
-                             TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+                             TextColumn("{task.fields[rate]}"), _elapsed_column(self.started),
                              TextColumn("ETA"), TimeRemainingColumn(),
                              console=console, transient=not self.keep)
             self._task = self._bar.add_task(self.description, total=self.total,
@@ -169,6 +168,21 @@ class Progress:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _elapsed_column(started: float):
+    """A rich column of the time since ``started`` (``time.monotonic()``), the batch's
+    start. rich's own elapsed column counts from when the bar appears, :data:`DELAY_S`
+    later, which would disagree with the rate beside it."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class SinceStart(ProgressColumn):
+        def render(self, task) -> Text:
+            s = int(max(time.monotonic() - started, 0))
+            return Text(f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}", style="progress.elapsed")
+
+    return SinceStart()
 
 
 class NotebookBar:

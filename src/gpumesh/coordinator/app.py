@@ -1220,8 +1220,13 @@ def _attempt_logs(coord: Coordinator, job_id: str, task: dict) -> list[dict]:
     for k in range(1, max(int(task["attempts"] or 0), 1) + 1):
         h = history.get(k)
         last = h is None and k == task["attempts"]
-        out.append({"attempt": k, "worker": h.get("worker") if h else (task["worker_id"] if last else None),
-                    "hostname": h.get("hostname") if h else None,
+        worker = h.get("worker") if h else (task["worker_id"] if last else None)
+        if h:
+            hostname = h.get("hostname")
+        else:  # the current attempt has no history entry: name its worker as history would
+            w = coord.workers.get(worker) if worker else None
+            hostname = str(w.info["hostname"])[:200] if w is not None and w.info.get("hostname") else None
+        out.append({"attempt": k, "worker": worker, "hostname": hostname,
                     "ended": h.get("ended") if h else task["state"],
                     "stdout": text("stdout", k), "stderr": text("stderr", k)})
     return out

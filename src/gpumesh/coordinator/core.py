@@ -847,8 +847,8 @@ class Coordinator:
         return len(rows)
 
     def retry(self, job_id: str) -> int:
-        """Re-queue every failed task of ``job_id`` (fresh attempts; their old results and
-        errors are dropped). Returns how many. Raises ``UnknownJob`` for an unknown job and
+        """Re-queue every failed task of ``job_id`` (their old results and errors are
+        dropped; the failed attempt stays in the history as a re-run, not a loss). Returns how many. Raises ``UnknownJob`` for an unknown job and
         ``JobReleased`` when its arguments were already released (nothing to re-run)."""
         job = self.jobs.get(job_id)
         if job is None:
@@ -863,12 +863,13 @@ class Coordinator:
         if not failed:
             return 0
         ids = [tid for tid, _ in failed]
-        self.store.retry_tasks(job_id, ids)
+        attempts = self.store.retry_tasks(job_id, ids)
         job.n_final -= len(ids)
         job.state = "active"
         costs = {t["id"]: t["cost"] for t in self.store.task_rows(job_id)} if job.costs_vary else {}
         for tid, idx in failed:
-            self.task_meta[tid] = (idx, 0)
+            self.task_meta[tid] = (idx, attempts.get(tid, 0))
+            self.retried[tid] = self.retried.get(tid, 0) + 1  # a re-run: not a loss
             if costs.get(tid, 1.0) != 1.0:
                 self.task_cost[tid] = costs[tid]
         self.queue.add(job_id, ids, lane=job.lane, owner=job.owner)

@@ -484,7 +484,8 @@ class Store:
     def requeue(self, task_ids: list[str]) -> None:
         with self._tx():
             self.db.executemany(
-                "UPDATE tasks SET state='pending', lease_id=NULL WHERE id=? AND state='leased'",
+                "UPDATE tasks SET state='pending', lease_id=NULL, worker_id=NULL"
+                " WHERE id=? AND state='leased'",
                 [(t,) for t in task_ids])
 
     def finish(self, task_id: str, state: str, seq: int, error: dict | None,
@@ -512,19 +513,34 @@ class Store:
         return [(r[0], r[1]) for r in self.db.execute(
             "SELECT id, idx FROM tasks WHERE job_id=? AND state='failed' ORDER BY idx", (job_id,))]
 
-    def retry_tasks(self, job_id: str, task_ids: list[str]) -> None:
-        """Make failed tasks pending again (fresh attempts, no result), and the job active."""
-        files = self.db.execute(
-            f"SELECT result_file FROM tasks WHERE id IN ({','.join('?' * len(task_ids))})",
-            task_ids).fetchall() if task_ids else []
+    def retry_tasks(self, job_id: str, task_ids: list[str]) -> dict[str, int]:
+        """Make failed tasks pending again (no result), and the job active. The failed
+        attempt stays in each task's history (marked ``retried``: a re-run, not a loss) and
+        the next run gets the next attempt number, so ``logs`` shows the runs apart.
+        Returns ``{task_id: attempts so far}``."""
+        marks = ",".join("?" * len(task_ids))
+        rows = self.db.execute(
+            f"SELECT id, attempts, worker_id, error, result_file FROM tasks"
+            f" WHERE id IN ({marks}) AND state='failed'", task_ids).fetchall() if task_ids else []
+        history = {}
+        for tid, attempts, wid, err, _ in rows:
+            entry = {"attempt": attempts, "worker": wid, "ended": "failed; re-run by gpumesh retry",
+                     "retried": True}
+            error = json.loads(err) if err else None
+            if isinstance(error, dict):
+                entry["error"] = {k: error[k] for k in ("type", "message") if isinstance(error.get(k), str)}
+            history[tid] = entry
         with self._tx():
             self.db.executemany(
-                "UPDATE tasks SET state='pending', attempts=0, lease_id=NULL, worker_id=NULL,"
-                " result=NULL, result_file=NULL, error=NULL, seq=NULL, finished=NULL"
-                " WHERE id=? AND state='failed'", [(t,) for t in task_ids])
+                "UPDATE tasks SET state='pending', lease_id=NULL, worker_id=NULL,"
+                " result=NULL, result_file=NULL, error=NULL, seq=NULL, finished=NULL,"
+                " history = COALESCE(history, '') || ?"
+                " WHERE id=? AND state='failed'",
+                [(json.dumps(e) + "\n", t) for t, e in history.items()])
             self.db.execute("UPDATE jobs SET state='active', finished=NULL WHERE id=?", (job_id,))
-        for (r,) in files:
+        for *_, r in rows:
             self._remove_file(r)
+        return {tid: attempts for tid, attempts, *_ in rows}
 
     def results_after(self, job_id: str, after: int, limit: int) -> Iterator[FinalTask]:
         """Final tasks of ``job_id`` with ``seq > after``, in seq order (uses tasks_seq)."""
