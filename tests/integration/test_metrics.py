@@ -13,7 +13,8 @@ from tests.conftest import Proc, wait_for
 from tests.security.conftest import SecureMesh
 
 METRICS_TOKEN = "metrics-token-abcdefghijklmnopqrstuvwxyz"
-GPU = {"name": "Fake A100", "memory_total_mb": 81920, "memory_free_mb": 80000, "score": 5000}
+GPU = {"name": "Fake A100", "memory_total_mb": 81920, "memory_free_mb": 80000, "score": 5000,
+       "utilization_pct": 37, "temperature_c": 64}
 SCRIPT = ("import json, sys, time\nx = json.load(sys.stdin)\ntime.sleep(0.1)\n"
           "assert x != 'boom', 'boom'\nprint(json.dumps(x))\n")
 
@@ -72,6 +73,12 @@ def test_metrics_report_a_known_workload(mesh, tmp_path):
     gpu = dict(worker=wid, host=host, gpu="0", name="Fake A100")
     assert value(s, "gpumesh_gpu_memory_total_bytes", **gpu) == 81920 * 2**20
     assert value(s, "gpumesh_gpu_memory_free_bytes", **gpu) == 80000 * 2**20
+    # utilisation and temperature as the worker's heartbeats report them
+    wait_for(lambda: ("gpumesh_gpu_temperature_celsius", tuple(sorted(gpu.items())))
+             in scrape(mesh.url, METRICS_TOKEN), 15, "a heartbeat with the GPU's telemetry")
+    s = scrape(mesh.url, METRICS_TOKEN)
+    assert value(s, "gpumesh_gpu_temperature_celsius", **gpu) == 64
+    assert value(s, "gpumesh_gpu_utilization_ratio", **gpu) == pytest.approx(0.37)
     # latencies: every task was leased once and answered once
     assert value(s, "gpumesh_lease_wait_seconds_count") == 6
     assert value(s, "gpumesh_result_latency_seconds_count", state="done") == 5

@@ -144,6 +144,28 @@ def _check_meta(v: Any, name: str) -> None:
         raise HTTPError(400, "bad_request", f"field {name!r} is over {MAX_META_JSON_BYTES // 1024} KiB")
 
 
+#: What a heartbeat's ``gpu_telemetry`` may hold per GPU, with the accepted range.
+_TELEMETRY = {"utilization_pct": (0.0, 100.0), "temperature_c": (-50.0, 200.0)}
+
+
+def _check_telemetry(value: Any) -> dict[str, dict[str, float]]:
+    """``{"<gpu index>": {"utilization_pct"?, "temperature_c"?}}``; ``ValueError`` otherwise."""
+    if not isinstance(value, dict) or len(value) > 256:
+        raise ValueError("field 'gpu_telemetry' must be an object of at most 256 GPUs")
+    out = {}
+    for k, d in value.items():
+        if not (isinstance(k, str) and k.isdigit() and len(k) <= 4) or not isinstance(d, dict) \
+                or set(d) - set(_TELEMETRY):
+            raise ValueError("field 'gpu_telemetry' maps a GPU index to "
+                             "{utilization_pct, temperature_c}")
+        for name, v in d.items():
+            lo, hi = _TELEMETRY[name]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+                raise ValueError(f"gpu_telemetry.{k}.{name} must be a number from {lo:g} to {hi:g}")
+        out[k] = {n: float(v) for n, v in d.items()}
+    return out
+
+
 def _id(value: str, what: str) -> str:
     if not isinstance(value, str) or not _HEX.match(value):
         raise HTTPError(400, "bad_request", f"{what} {str(value)[:80]!r} is not a valid id")
@@ -718,6 +740,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
                 info["scores"] = hardware.check_scores(data["scores"])
             if data.get("gpu_free_mb") is not None:
                 info["gpu_free_mb"] = hardware.check_gpu_free(data["gpu_free_mb"])
+            if data.get("gpu_telemetry") is not None:
+                info["gpu_telemetry"] = _check_telemetry(data["gpu_telemetry"])
             _owner_fields(data, info)
         except ValueError as e:
             raise HTTPError(400, "bad_request", str(e)) from None

@@ -274,6 +274,11 @@ class Coordinator:
         if info:
             closed = availability.closed_slots(w.info, w.slot_list)
             free = info.pop("gpu_free_mb", None)
+            tele = info.pop("gpu_telemetry", None)  # shown (dashboard, metrics), not scheduled on
+            for g in (w.info.get("gpus") or ()) if tele else ():
+                got = tele.get(str(g.get("index")))
+                if got:
+                    g.update(got)
             if info.get("scores") and not w.info.get("scores"):
                 log.info("worker scored: %s (%s, id %s)", w.info.get("hostname", "?"),
                          ", ".join(f"{k} score={v:.3f}" for k, v in info["scores"].items()), wid)

@@ -107,6 +107,8 @@ _SCHEMAS: dict[str, Any] = {
         "score": {"type": "number", "minimum": 0, "maximum": 1e12},
         "scores": {"type": "object", "description": "benchmark score per device (cpu, cuda:N, mps)"},
         "gpu_free_mb": {"type": "object", "description": "free GPU memory in MiB per GPU index"},
+        "gpu_telemetry": {"type": "object", "description": "per GPU index: utilization_pct "
+                          "(0-100) and temperature_c, shown on the dashboard and /metrics"},
         **_OWNER_FIELDS}},
     "HandBack": {"type": "object", "properties": {
         "reason": {"type": "string", "maxLength": 200,
