@@ -171,3 +171,24 @@ def test_markup_in_job_names_and_hostnames_stays_text(mesh, page, tmp_path):
     assert page.eval_on_selector_all("#job img", "es => es.length") == 0
     time.sleep(1.5)  # a few polls: an onerror or script would have run by now
     assert page.dialogs == [] and page.errors == []
+
+
+def test_the_pool_and_a_job_fit_a_phone_screen(mesh, browser, tmp_path):
+    admin = mesh.client(output=False)
+    script = tmp_path / "s.py"
+    script.write_text("import json, sys\nprint(json.dumps(json.load(sys.stdin)))\n")
+    job = admin.submit("a rather long job name for a narrow screen " * 2, script, [1, 2])
+    admin.wait(job, timeout=60)
+    ctx = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True)
+    page = ctx.new_page()
+    try:
+        sign_in(page, mesh.url, mesh.token)
+        wait_for(lambda: page.locator("tr.worker").count() == 2, 15, "both workers")
+        for where in ("#/", f"#/job/{job}"):
+            page.goto(f"{mesh.url}/ui{where}")
+            page.wait_for_selector("#workers" if where == "#/" else "#job")
+            # nothing wider than the screen: tables scroll inside their own boxes
+            assert page.evaluate("document.documentElement.scrollWidth") <= 390, where
+        shot(page, "dashboard-phone.png")
+    finally:
+        ctx.close()
