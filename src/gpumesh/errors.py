@@ -6,6 +6,8 @@
     ├── MeshUnavailable            the coordinator stopped answering after it accepted a job
     ├── WireError                  bytes that are not a gpumesh payload, or another wire version
     ├── PayloadTooLarge            a body over a documented size limit (names the limit)
+    ├── VersionMismatch            the other end runs another gpumesh version (names both
+    │                              and the command that installs the coordinator's)
     ├── Unsatisfiable              no alive worker (nor, with none alive, this machine) can
     │                              ever meet the call's hardware requirements
     ├── TaskFailed                 the task did not return a value
@@ -55,6 +57,14 @@ class WireError(MeshError):
 
 class PayloadTooLarge(MeshError):
     """A request or result is over a size limit; the message names the limit in MiB."""
+
+
+class VersionMismatch(MeshError):
+    """This process and the coordinator run different gpumesh versions (or the
+    coordinator is another program). The message names both versions and the
+    ``pip install`` command that installs the coordinator's version from the
+    coordinator. Never retried: the versions do not change while one waits.
+    """
 
 
 class Unsatisfiable(MeshError):

@@ -134,7 +134,8 @@ def test_clock_and_version_skew_are_named_with_their_fix(shared_mesh, monkeypatc
     monkeypatch.setattr(doctor_mod, "__version__", "9.9.0")
     code, checks = doctor(shared_mesh.url, **env)
     assert code == 1 and checks["version"]["status"] == "fail"
-    assert checks["version"]["fix"] == f"install the same version everywhere: pip install 'gpumesh=={real}' here"
+    assert checks["version"]["fix"] == ("install the coordinator's here: pip install "
+                                        f"{shared_mesh.url}/v1/dist/gpumesh-{real}-py3-none-any.whl")
 
 
 def test_url_and_a_different_url_flag_is_a_usage_error():

@@ -238,7 +238,7 @@ def test_public_with_a_refused_authtoken_or_no_sdk_says_so(tmp_path, edge_cert):
     env["PYTHONPATH"] = str(nosdk)
     r = serve_once(env, "--public", "--data-dir", str(tmp_path / "data2"))
     assert r.returncode == 1
-    assert r.stderr.strip() == "error: --public needs the ngrok Agent SDK: pip install 'gpumesh[tunnel]'"
+    assert r.stderr.strip() == "error: --public needs the ngrok Agent SDK: pip install ngrok"
 
 
 def test_public_and_tailscale_refuse_what_cannot_work_together(tmp_path, edge_cert, ts_bin):

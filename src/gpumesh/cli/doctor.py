@@ -53,10 +53,12 @@ def _install() -> Check:
     except PackageNotFoundError:
         return Check("install", "warn", f"gpumesh {__version__} imported from "
                      f"{os.path.dirname(os.path.dirname(__file__))}, but not installed as a package",
-                     "pip install -e . (or pip install gpumesh)")
+                     "pip install . in the clone (another machine: the `pip install` line "
+                     "`gpumesh serve --host 0.0.0.0` prints)")
     if installed != __version__:
         return Check("install", "fail", f"installed metadata says {installed}, the code is {__version__}",
-                     "reinstall: pip install --force-reinstall gpumesh")
+                     "reinstall it the way it came: pip install --force-reinstall . in the clone, "
+                     "or the coordinator's wheel")
     return Check("install", "ok", f"gpumesh {__version__} ({os.path.dirname(os.path.dirname(__file__))})")
 
 
@@ -110,7 +112,7 @@ def _gpus() -> Check:
             import pynvml  # noqa: F401
             how = "NVML loaded, no NVIDIA GPU found"
         except ImportError:
-            how = "no NVIDIA GPU found (NVML not installed: pip install 'gpumesh[gpu]' on GPU machines)"
+            how = "no NVIDIA GPU found (NVML not installed: pip install nvidia-ml-py on GPU machines)"
         return Check("gpus", "skip", how + "; a worker here offers CPU slots")
     names = ", ".join(f"{g['index']}: {g['name']} ({g['memory_total_mb']} MiB)" for g in gpus)
     return Check("gpus", "ok", f"{len(gpus)} GPU(s): {names}")
@@ -275,14 +277,15 @@ def _clock(date: str | None, sent: float, answered: float) -> Check:
     return Check("clock", "ok", f"within {max(CLOCK_SKEW_WARN_S, slack):.0f}s of the coordinator's")
 
 
-def _version(theirs: str) -> Check:
+def _version(theirs: str, url: str) -> Check:
     if theirs == __version__:
         return Check("version", "ok", f"gpumesh {theirs} on both machines")
-    fix = f"install the same version everywhere: pip install 'gpumesh=={theirs}' here"
-    if theirs.split(".")[:2] != __version__.split(".")[:2]:
-        return Check("version", "fail", f"the coordinator runs gpumesh {theirs}, this machine "
-                     f"{__version__}: tasks may not run across versions", fix)
-    return Check("version", "warn", f"the coordinator runs gpumesh {theirs}, this machine {__version__}", fix)
+    # The coordinator refuses every other version (gpumesh.versions); PyPI's "gpumesh" is
+    # another project, so the fix is the coordinator's own wheel.
+    from ..coordinator.dist import install_command
+    return Check("version", "fail", f"the coordinator runs gpumesh {theirs}, this machine "
+                 f"{__version__}: it refuses other versions",
+                 f"install the coordinator's here: {install_command(url, theirs)}")
 
 
 def _coordinator(url: str | None, token: str | None, fingerprint: str | None = None) -> list[Check]:
@@ -323,7 +326,10 @@ def _coordinator(url: str | None, token: str | None, fingerprint: str | None = N
                              Check("token", "skip", "coordinator not reachable")]
         theirs = str(health.get("version", "?")) if isinstance(health, dict) else "?"
         checks += [Check("coordinator", "ok", f"{ep.url} ({where}) answers, gpumesh {theirs}"),
-                   _version(theirs), _clock(resp.headers.get("date"), sent, answered)]
+                   _version(theirs, ep.url), _clock(resp.headers.get("date"), sent, answered)]
+        if theirs != __version__:  # every other request would be refused: say it once
+            return checks + [Check("token", "skip", "another gpumesh version: the coordinator "
+                                   "refuses this one")]
         if not ep.token:
             checks.append(Check("token", "fail", "no token set",
                                 "pass --token, set GPUMESH_TOKEN, or run `gpumesh serve` here "
@@ -349,9 +355,82 @@ def _coordinator(url: str | None, token: str | None, fingerprint: str | None = N
         if not alive:
             checks.append(Check("workers", "warn", "no worker is connected: calls run locally",
                                 f"on each worker machine: gpumesh join {ep.url} --token ..."))
+        checks += pool_checks([w for w in workers if w.get("alive")], ep.url)
         return checks
     finally:
         http.close()
+
+
+#: Packages named per pool check at most (the rest are counted).
+POOL_LIST = 8
+
+
+def _who(w: dict) -> str:
+    return f"{w.get('hostname') or '?'} ({str(w.get('id', '?'))[:8]})"
+
+
+def pool_checks(workers: list[dict], url: str) -> list[Check]:
+    """Compare the alive workers with each other and with this machine: Python minor
+    versions (code shipped by value runs only on the caller's), gpumesh versions, and
+    the Python packages some have and others lack or have in another version."""
+    from ..coordinator.dist import install_command
+    from ..hardware import python_minor
+    if not workers:
+        return []
+    here = python_minor(platform.python_version())
+    by_python: dict[str, list[str]] = {}
+    by_version: dict[str, list[str]] = {}
+    for w in workers:
+        by_python.setdefault(python_minor(w.get("python")) or "?", []).append(_who(w))
+        by_version.setdefault(str(w.get("version") or "?"), []).append(_who(w))
+    py = "; ".join(f"Python {v}: {', '.join(ws)}" for v, ws in sorted(by_python.items()))
+    checks = [Check("pool python", "ok" if set(by_python) == {here} else "warn", py,
+                    "" if set(by_python) == {here} else
+                    f"functions defined in __main__, a notebook or a closure on this machine "
+                    f"(Python {here}) run only on workers of Python {here}; use the same Python "
+                    f"minor version on every machine")]
+    ver = "; ".join(f"gpumesh {v}: {', '.join(ws)}" for v, ws in sorted(by_version.items()))
+    checks.append(Check("pool gpumesh", "ok" if set(by_version) == {__version__} else "fail", ver,
+                        "" if set(by_version) == {__version__} else
+                        f"on each of the others: {install_command(url)}"))
+    lacking: dict[str, list[str]] = {}
+    for w in workers:
+        for module in w.get("lacks") or ():
+            lacking.setdefault(str(module), []).append(_who(w))
+    if lacking:
+        checks.append(Check("pool modules", "warn", "recent jobs imported modules some workers "
+                            "lack: " + "; ".join(f"{m} (not on {', '.join(ws)})"
+                                                 for m, ws in sorted(lacking.items())[:POOL_LIST]),
+                            "their tasks ran on the other workers; install the package that "
+                            "provides each module on these workers to use them too"))
+    reported = [w for w in workers if isinstance(w.get("packages"), dict)]
+    if len(reported) < 2:
+        return checks
+    names = set().union(*(w["packages"] for w in reported))
+    partial, versions = [], []
+    for name in sorted(names):
+        have = [w for w in reported if name in w["packages"]]
+        if len(have) < len(reported):
+            partial.append(f"{name} ({len(have)} of {len(reported)}: "
+                           f"{', '.join(_who(w) for w in have)})")
+        elif len({w["packages"][name] for w in have}) > 1:
+            versions.append(f"{name} " + "/".join(sorted({w['packages'][name] for w in have})))
+    if not partial and not versions:
+        checks.append(Check("pool packages", "ok", f"the {len(reported)} workers have the same "
+                            f"{len(names)} Python packages"))
+        return checks
+    parts = []
+    if partial:
+        parts.append(f"only on some workers: {'; '.join(partial[:POOL_LIST])}"
+                     + (f" and {len(partial) - POOL_LIST} more" if len(partial) > POOL_LIST else ""))
+    if versions:
+        parts.append(f"in different versions: {', '.join(versions[:POOL_LIST])}"
+                     + (f" and {len(versions) - POOL_LIST} more" if len(versions) > POOL_LIST else ""))
+    checks.append(Check("pool packages", "warn", ". ".join(parts),
+                        "a task whose function imports a package some workers lack runs on those "
+                        "that have it (tried there after a ModuleNotFoundError); install what your "
+                        "functions import on every worker"))
+    return checks
 
 
 @click.command()
@@ -367,8 +446,9 @@ def doctor(target, url, token, fingerprint, as_json):
     Checks the install, Python, cloudpickle, torch/CUDA and NVIDIA GPUs (optional), the
     saved connection (the token is never printed), then the way to the coordinator at URL
     (default: --url, $GPUMESH_URL, the saved config): name resolution, TCP reach, TLS,
-    that it answers, its version, the clock difference, and that it accepts the token.
-    Run it on a worker machine. Exit code 1 if any check failed.
+    that it answers, its version, the clock difference, and that it accepts the token;
+    then it compares the pool: the workers' Python and gpumesh versions and the packages
+    only some of them have. Run it on a worker machine or the coordinator's. Exit code 1 if any check failed.
     """
     from .secrecy import hide
     if target and url and target.rstrip("/") != url.rstrip("/"):

@@ -8,7 +8,7 @@ import signal
 import click
 
 from .. import config
-from ..errors import AuthError
+from ..errors import AuthError, VersionMismatch
 from .common import fail
 from .owner import owner_options
 from .secrecy import hide
@@ -43,7 +43,11 @@ def _exit_with_parent() -> None:
               help="Pin the coordinator's TLS certificate (what `gpumesh serve --tls` printed) "
                    "[default: $GPUMESH_FINGERPRINT, else the saved config].")
 @owner_options
-def join(url, token, slots, fingerprint, **owner_flags):
+@click.option("--allow-installs", is_flag=True,
+              help="Let tasks with requires=[...] run here in environments that uv builds "
+                   "and caches ($GPUMESH_ENV_DIR, capped at $GPUMESH_ENV_CACHE_MB) "
+                   "[default: off: such a task runs here only if its packages are installed].")
+def join(url, token, slots, fingerprint, allow_installs, **owner_flags):
     """Join the mesh whose coordinator is at URL (e.g. http://192.0.2.10:8000).
 
     Without URL, looks for coordinators on the LAN for a few seconds (mDNS, as
@@ -86,6 +90,11 @@ def join(url, token, slots, fingerprint, **owner_flags):
         if not url.startswith("https://"):
             fail(f"--fingerprint pins a TLS certificate, but {url} is not an https:// URL")
 
+    if allow_installs:
+        from ..worker.envs import find_uv
+        if find_uv() is None:
+            fail("--allow-installs builds environments with uv, which is not installed here: "
+                 "pip install uv")
     info = detect()
     from ..worker.owner import share_gpus
     try:
@@ -118,7 +127,9 @@ def join(url, token, slots, fingerprint, **owner_flags):
         click.echo(f"[worker] {line}")
     from ..worker.owner import OwnerState
     agent = WorkerAgent(url, token, slots=slots, info=info, on_event=on_event, fingerprint=fingerprint,
-                        owner=OwnerState(policy))
+                        owner=OwnerState(policy), allow_installs=allow_installs)
+    if allow_installs:
+        click.echo(f"[worker] installs allowed: requires= environments in {agent.envs.root}")
     control = _control_channel(agent)
     advert = _advertise(url, info)
     if advert is not None:
@@ -138,6 +149,8 @@ def join(url, token, slots, fingerprint, **owner_flags):
         # join reads $GPUMESH_WORKER_TOKEN before $GPUMESH_TOKEN: say which one to check.
         fail(str(e).replace("check --token / $GPUMESH_TOKEN",
                             "check --token / $GPUMESH_WORKER_TOKEN / $GPUMESH_TOKEN"))
+    except VersionMismatch as e:
+        fail(str(e))
     except KeyboardInterrupt:
         click.echo("[worker] stopped")
     finally:

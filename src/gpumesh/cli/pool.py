@@ -14,7 +14,8 @@ RULE = "  " + "-" * 54
 
 def format_workers(workers: list[dict]) -> str:
     """The spec's table: kind, short id, host, score, state; one line per worker, then
-    what the owner's rules close (``[paused: owner]``, ``[hot 83C]``...)."""
+    what the owner's rules close (``[paused: owner]``, ``[hot 83C]``...) and ``installs``
+    for a worker joined with --allow-installs."""
     if not workers:
         return "\n  WORKERS\n" + RULE + "\n  (no workers connected: run `gpumesh join URL --token ...`)"
     lines = ["", "  WORKERS", RULE]
@@ -25,7 +26,8 @@ def format_workers(workers: list[dict]) -> str:
         shown = f"{score:<9.3f}" if score or w.get("scores") else "pending  "  # measured after joining
         owner = "".join(f" [{label}]" for label in labels(w)) if w.get("alive") else ""
         lines.append(f"  {kind:<4} {str(w.get('id', ''))[:8]:<10}  {str(w.get('hostname', '?'))[:16]:<16}  "
-                     f"score={shown} [{state}]{owner}")
+                     f"score={shown} [{state}]{owner}"
+                     + ("  installs" if w.get("allow_installs") else ""))
     return "\n".join(lines)
 
 

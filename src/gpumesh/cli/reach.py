@@ -156,7 +156,7 @@ def check_ngrok() -> None:
     try:
         import ngrok  # noqa: F401
     except ImportError:
-        raise ReachError("--public needs the ngrok Agent SDK: pip install 'gpumesh[tunnel]'") from None
+        raise ReachError("--public needs the ngrok Agent SDK: pip install ngrok") from None
 
 
 class Tunnel:

@@ -90,6 +90,9 @@ def banner(host: str, port: int, token: str, show_token: bool, *, fingerprint: s
     else:
         ip = _lan_ip() if host in ("0.0.0.0", "::") else host
         if ip:
+            from ..coordinator.dist import wheel_url
+            trust = f"--trusted-host {ip} " if fingerprint else ""  # pip cannot pin a certificate
+            lines.append(f"   Install on ANOTHER machine: pip install {trust}{wheel_url(f'{scheme}://{ip}:{port}')}")
             lines.append(f"   Join from ANOTHER machine: gpumesh join {scheme}://{ip}:{port}{pin} --token={tok}")
         if host in ("0.0.0.0", "::"):
             lines.append("   (127.0.0.1 always works locally; the LAN IP is for other machines)")
@@ -210,6 +213,14 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
     except OSError as e:
         fail(f"cannot write to the data directory {data_dir} ({e.strerror or e}); "
              f"pass --data-dir with a writable directory")
+    # Before anything is written there or to the config: one coordinator per data dir.
+    from ..coordinator.datalock import DataDirLocked, acquire
+    try:
+        dir_lock = acquire(data_dir)  # noqa: F841 - held (file open) until this process exits
+    except DataDirLocked as e:
+        fail(str(e))
+    except OSError as e:
+        fail(f"cannot lock the data directory {data_dir} ({e.strerror or e})")
     fingerprint = None
     tls_flags = (f"--tls-cert {shlex.quote(str(tls_cert))} --tls-key {shlex.quote(str(tls_key))}"
                  if tls_cert is not None else "--tls" if tls else "")

@@ -183,6 +183,11 @@ def failure(item: dict, payload: memoryview | None, *, call: Call | None = None,
                 cause.tb = text + "\n" + tb
             return _located(exc, cause, item, err)
         exc = None
+    if kind == "missing_module":  # no worker had it: raised as itself, naming them
+        exc = ModuleNotFoundError(message + tail, name=err.get("module"))
+        cause = RemoteTraceback(tb) if tb else None
+        exc.__cause__ = cause
+        return _located(exc, cause, item, err)
     if kind == "timeout":
         exc = TaskTimeout(message + tail)
     elif kind == "crashed":

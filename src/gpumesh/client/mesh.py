@@ -26,6 +26,7 @@ worker means waiting for one to (re)join, for the call's ``timeout=`` or, withou
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -37,7 +38,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .. import config, hardware, retries, tracing, wire
+from .. import config, hardware, retries, tracing, versions, wire
 from ..handoff import Handoff, worth_it
 from ..errors import MeshUnavailable, RequestRejected, Unsatisfiable, WorkerLost
 from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, NO_WORKER_WAIT_S,
@@ -295,11 +296,17 @@ class GPUMesh:
         if now < self._probe_down_until:  # a frozen coordinator costs one probe timeout, not one per call
             return False
         try:
-            self.http.request("GET", "/v1/health", timeout=PROBE_TIMEOUT_S)
+            health = self.http.request("GET", "/v1/health", timeout=PROBE_TIMEOUT_S)
         except Unreachable:
             notice(f"coordinator at {self.url} is unreachable; running locally")
             self._probe_down_until = time.monotonic() + PROBE_DOWN_CACHE_S
             return False
+        try:
+            theirs = health.json().get("version")
+        except (ValueError, AttributeError):
+            theirs = None
+        # Another version is a refusal, never a silent local run (like a refused token).
+        versions.check_coordinator(theirs, self.url, "caller")
         self._probe_ok_until = now + PROBE_CACHE_S
         return True
 
@@ -397,6 +404,10 @@ class GPUMesh:
         fn_payload = wire.dumps(fn, code=True)
         fn_hash = fn_payload.sha256()
         args = [_dump_call(fn, c, i, len(calls)) for i, c in enumerate(calls)]
+        if fn_payload.by_value or any(a.by_value for a in args):
+            # Bytecode travels: only workers of this Python minor version can load it safely.
+            require = dataclasses.replace(require or hardware.Requirements(),
+                                          python=versions.python_minor())
         inline = fn_hash not in self._known_blobs and fn_payload.size <= INLINE_FUNCTION_BYTES
         if fn_hash not in self._known_blobs and not inline:
             self._upload_blob(fn_hash, fn_payload)
@@ -742,6 +753,9 @@ def check_local(fn: Callable, require: hardware.Requirements | None, hints: list
         from ..worker.device import detect  # NVML or nvidia-smi; never a CUDA context
         _this_machine = detect()
     info = _this_machine
+    if require is not None and require.requires:  # this process runs it: its own packages
+        from ..packages import installed
+        info = dict(info, packages=installed())
     slots = hardware.slots_of("local", info, hardware.slot_list(info["gpus"], 1, info["mps"]))
     reasons = []
     for slot in slots:

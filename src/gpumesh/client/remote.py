@@ -27,7 +27,7 @@ from .sweep import Results
 #: them run it (see :mod:`gpumesh.hardware` for the exact rules). ``retries`` and
 #: ``retry_on`` re-run an item whose function raised one of those exception types
 #: (see :mod:`gpumesh.retries`); by default a raised exception is the item's answer.
-OPTIONS = ("timeout", "gpu", "cores", "memory", "gpu_memory", "retries", "retry_on")
+OPTIONS = ("timeout", "gpu", "cores", "memory", "gpu_memory", "retries", "retry_on", "requires")
 
 
 def unwrap(fn: Callable) -> Callable:
@@ -52,7 +52,8 @@ class RemoteFunction:
         self.options["timeout"] = _check_timeout(options.get("timeout"))
         #: What the function's tasks need; bad values raise ValueError here, at decoration.
         self.require = Requirements.from_options(
-            **{k: options[k] for k in ("gpu", "cores", "memory", "gpu_memory") if options.get(k) is not None})
+            **{k: options[k] for k in ("gpu", "cores", "memory", "gpu_memory", "requires")
+               if options.get(k) is not None})
         #: ``(retries, exception types)``, or None; bad values raise here, at decoration.
         retries, types = _retries.check(options.get("retries"), options.get("retry_on"))
         self.retry = (retries, types) if types else None

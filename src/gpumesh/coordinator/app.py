@@ -1,6 +1,6 @@
 """HTTP routes of the coordinator: validate at the boundary, then call :class:`Coordinator`.
 
-Every route but ``GET /v1/health`` and ``GET /v1/openapi.json`` needs
+Every route but ``GET /v1/health``, ``GET /v1/openapi.json`` and ``GET /v1/dist/...`` needs
 ``Authorization: Bearer <token>`` (see :mod:`.auth`: roles, lockout). Errors are JSON
 ``{"error": code, "message": text}`` with a 4xx status naming what was wrong; a malformed
 request never changes state. The API is described in :mod:`.openapi`. Payload bodies are the ``frames`` layout of
@@ -8,6 +8,7 @@ request never changes state. The API is described in :mod:`.openapi`. Payload bo
 
     GET    /v1/health                          liveness (no auth)
     GET    /v1/openapi.json                    this API as OpenAPI 3.1 (no auth)
+    GET    /v1/dist/gpumesh-<version>-py3-none-any.whl  this gpumesh's wheel (no auth)
     GET    /v1/workers                         the pool
     GET    /v1/workers/{id}/session            the worker's pulse (held open; closing = gone)
     POST   /v1/workers                         register         {hostname, ..., slots, id?}
@@ -58,8 +59,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .. import tracing, wire
+from .. import packages, tracing, versions, wire
 from .._version import __version__
+from . import dist
 from ..limits import (HANDOFF_TTL_S, INLINE_BLOB_BYTES, LONG_POLL_MAX_S, OUTPUT_BODY_BYTES, MAX_BODY_BYTES, MAX_TASKS_PER_JOB, MiB,
                       PURGE_INTERVAL_S, RESULT_PAGE_BYTES, RESULT_PAGE_COUNT, RETENTION_S,
                       SESSION_PING_S, SWEEP_INTERVAL_S)
@@ -588,13 +590,16 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
               action: str = "", roles: frozenset[str] | None = None):
         """Register ``fn`` at ``path``. ``roles``: who may call it (:mod:`.people`);
         default: callers who may submit, or with ``worker`` the worker token (and admins).
-        ``action`` names what a refused role may not do, for its 403."""
+        ``action`` names what a refused role may not do, for its 403. Routes that need
+        no token answer every gpumesh version (a caller learns ours from health, and the
+        wheel is how another version gets this one); the others refuse other versions."""
         allowed = roles or (people.WORKER if worker else people.SUBMIT)
 
         def deco(fn):
             async def endpoint(request: Request) -> Response:
                 try:
                     if auth_required:
+                        _check_version(request, worker)
                         client = request.client.host if request.client else None
                         who = await auth.identity(client, request.headers)
                         if who.role not in allowed:
@@ -682,6 +687,23 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         from .openapi import spec
         return JSONResponse(spec())
 
+    # The wheel of this gpumesh, for other machines to install (no token: public code).
+    wheels = dist.WheelCache(coord.store.dir / "dist")
+
+    @route(dist.DIST_PATH + "/{name}", ["GET"], auth_required=False)
+    async def wheel(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name != dist.wheel_name():
+            raise HTTPError(404, "not_found", f"no file {name[:100]!r} here: this coordinator "
+                                              f"serves {dist.wheel_name()} (the gpumesh it runs)")
+        try:
+            data = await asyncio.to_thread(wheels.get)
+        except (dist.DistUnavailable, OSError) as e:
+            log.warning("cannot serve the wheel: %s", e)
+            raise HTTPError(503, "dist_unavailable", f"cannot make the wheel: {e}") from None
+        return Response(data, media_type="application/zip",
+                        headers={"content-disposition": f'attachment; filename="{name}"'})
+
     @route("/v1/workers", ["GET"], action="list the workers", roles=people.READ)
     async def list_workers(request: Request) -> Response:
         return JSONResponse([coord.worker_view(w) for w in coord.workers.values()])
@@ -716,12 +738,17 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             info["slot_list"] = hardware.check_slot_list(data.get("slot_list"), slots, info.get("gpus"))
             if data.get("scores") is not None:
                 info["scores"] = hardware.check_scores(data["scores"])
+            if data.get("packages") is not None:  # its Python distributions (gpumesh.packages)
+                info["packages"] = packages.check(data["packages"])
+            if data.get("allow_installs") is not None:  # join --allow-installs
+                info["allow_installs"] = _field(data, "allow_installs", bool)
             _owner_fields(data, info)
         except ValueError as e:
             raise HTTPError(400, "bad_request", str(e)) from None
         w = coord.register(info, wid, slots)
         from ..limits import HEARTBEAT_INTERVAL_S, WORKER_TTL_S
-        return JSONResponse({"id": w.id, "heartbeat_s": HEARTBEAT_INTERVAL_S, "ttl_s": WORKER_TTL_S})
+        return JSONResponse({"id": w.id, "heartbeat_s": HEARTBEAT_INTERVAL_S, "ttl_s": WORKER_TTL_S,
+                             "version": __version__})
 
     @route("/v1/workers/{wid}/heartbeat", ["POST"], worker=True)
     async def heartbeat(request: Request) -> Response:
@@ -742,6 +769,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
                 info["gpu_free_mb"] = hardware.check_gpu_free(data["gpu_free_mb"])
             if data.get("gpu_telemetry") is not None:
                 info["gpu_telemetry"] = _check_telemetry(data["gpu_telemetry"])
+            if data.get("packages") is not None:  # something was installed or removed
+                info["packages"] = packages.check(data["packages"])
             _owner_fields(data, info)
         except ValueError as e:
             raise HTTPError(400, "bad_request", str(e)) from None
@@ -817,6 +846,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
                           "fn": job.fn_hash, "timeout": job.meta.get("timeout"),
                           "name": job.meta.get("name", ""), "slot": g.slot,
                           "result_format": job.meta.get("result_format", "pickle")})
+            if job.require.requires:  # built into a task environment if the worker lacks them
+                tasks[-1]["requires"] = list(job.require.requires)
             if g.task_id in files:
                 tasks[-1]["args_file"] = files[g.task_id]
         if not grants:
@@ -1223,6 +1254,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             task.cancel()
 
     async def not_found(request: Request, exc: Exception) -> Response:
+        if request.url.path.startswith("/api/"):  # PyPI's other gpumesh (3.x) speaks /api/...
+            return _other_project(request)
         return _err(404, "not_found", f"no route {request.method} {request.url.path}")
 
     async def bad_method(request: Request, exc: Exception) -> Response:
@@ -1230,6 +1263,38 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
 
     return Starlette(routes=routes, lifespan=lifespan,
                      exception_handlers={404: not_found, 405: bad_method})
+
+
+def _base_url(request: Request) -> str:
+    """The coordinator's URL as this client reached it (what it can reach again)."""
+    return str(request.base_url).rstrip("/")
+
+
+def _check_version(request: Request, worker_route: bool) -> None:
+    """Refuse (409 ``version_mismatch``) a gpumesh caller or worker of another version."""
+    agent = versions.parse_agent(request.headers.get("user-agent"))
+    if agent is None or agent[0] == __version__:
+        return  # not gpumesh's own client (curl, a test, a proxy's probe), or ours
+    role = "worker" if worker_route and request.url.path.startswith(("/v1/workers", "/v1/tasks")) \
+        else "caller"
+    raise HTTPError(409, "version_mismatch",
+                    versions.refusal(role, agent[0][:40], __version__, _base_url(request)))
+
+
+def _other_project(request: Request) -> Response:
+    """An answer for the unrelated gpumesh 3.x on PyPI, in the shape its workers relay.
+
+    Its worker first probes ``GET /api/workers`` and gives up with a network-sounding
+    error on anything but a 200, then registers, and prints the ``error`` of a 426 answer
+    as the reason. So the probe gets an empty list (no data of ours) and every other
+    request the 426 with our one line."""
+    line = (f"this is not the gpumesh this coordinator runs: PyPI's 'gpumesh' is another "
+            f"project (with another protocol), and the coordinator at {_base_url(request)} "
+            f"runs gpumesh {__version__}; install it on this machine with: "
+            f"{dist.install_command(_base_url(request))}")
+    if request.method == "GET" and request.url.path == "/api/workers":
+        return JSONResponse({"workers": [], "error": line})
+    return JSONResponse({"error": line, "message": line}, status_code=426)
 
 
 def _attempt_logs(coord: Coordinator, job_id: str, task: dict) -> list[dict]:

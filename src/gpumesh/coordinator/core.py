@@ -58,6 +58,10 @@ class UnknownWorker(Exception):
     """A worker id the coordinator does not know (e.g. it restarted): register again."""
 
 
+#: Modules remembered as missing on some worker (for ``gpumesh doctor``), newest kept.
+MAX_LACKING_MODULES = 100
+
+
 class UnknownJob(Exception):
     pass
 
@@ -142,6 +146,12 @@ class Job:
     owner: str | None = None  # the person who submitted it (None: from before people)
     submitted: float = 0.0  # coordinator clock when it was submitted (or recovered)
     preempted: int = 0  # tasks handed back by their workers' owners (see hand_back)
+    #: module -> workers whose run of this job failed with ModuleNotFoundError for it;
+    #: none of the job's tasks is granted to them again (see Coordinator._missing_module).
+    lacking: dict[str, set[str]] = field(default_factory=dict)
+
+    def excludes(self, worker_id: str) -> bool:
+        return any(worker_id in ws for ws in self.lacking.values())
     #: open task id -> workers whose run of it raised a retry_on exception (run it elsewhere)
     avoid: dict[str, set[str]] = field(default_factory=dict)
 
@@ -189,6 +199,8 @@ class Coordinator:
         self.retried: dict[str, int] = {}  # open task id -> re-runs after a retry_on exception
         self.preempted_runs: dict[str, int] = {}  # open task id -> attempts handed back
         self.stats = placement.SlotStats()
+        #: module -> workers a recent job found without it (``gpumesh doctor`` shows them)
+        self.lacking: dict[str, set[str]] = {}
         self._sessions = 0
         self.closing = False  # set by begin_shutdown()
         self.output = OutputHub(store.dir / "logs")
@@ -284,6 +296,14 @@ class Coordinator:
                          ", ".join(f"{k} score={v:.3f}" for k, v in info["scores"].items()), wid)
             w.info.update(info)
             w.views = None
+            if "packages" in info:  # something was installed: give its jobs another try
+                for job in self.jobs.values():
+                    for ws in job.lacking.values():
+                        ws.discard(wid)
+                for ws in self.lacking.values():
+                    ws.discard(wid)
+                if self.idle:
+                    self._wake_idle()
             if free:
                 changed = False
                 for g in w.info.get("gpus") or ():
@@ -503,6 +523,8 @@ class Coordinator:
         job = self.jobs.get(job_id)
         if job is None:
             return 0
+        if job.lacking and job.excludes(slot.worker):
+            return None  # it lacks a module this job's function needs
         if not job.vram_mb and not job.costs_vary and not job.avoid:
             return 0  # the common case: FIFO
         candidates = []
@@ -636,6 +658,26 @@ class Coordinator:
         return job, True
 
     def unsatisfiable_message(self, req: hardware.Requirements, hint: float | None) -> str:
+        alive = self.alive_workers()
+        if req.python and not any(s.python in ("", req.python) for w in alive for s in w.slot_views()):
+            # The one refusal that is about software: say so in its own words.
+            others = sorted({f"Python {w.info.get('python', '?')} ({w.info.get('hostname', w.id)})"
+                             for w in alive})
+            return (f"this call ships code by value (a function, lambda or class defined in "
+                    f"__main__, a notebook or a closure), whose bytecode only loads on the Python "
+                    f"that made it: the caller runs Python {req.python} and the alive workers run "
+                    f"{', '.join(others)}; join a worker running Python {req.python}, or run the "
+                    f"caller on the workers' Python")
+        if req.requires:
+            from ..packages import unmet
+            lacking = [(w, unmet(req.requires, w.info.get("packages") or {})) for w in alive
+                       if not w.info.get("allow_installs")]
+            if len(lacking) == len(alive) and all(missing for _, missing in lacking):
+                who = "; ".join(f"{w.info.get('hostname', '?')} ({w.id}) lacks {', '.join(missing)}"
+                                for w, missing in lacking)
+                return (f"no alive worker has {', '.join(req.requires)} or allows installs: {who}; "
+                        f"join a worker with `gpumesh join --allow-installs` (it builds the "
+                        f"environment with uv) or install them on a worker")
         wants = req.describe() if req else ""
         if hint:
             wants = (wants + ", " if wants else "") + f"gpu_memory_mb={hardware.format_mib(hint)}"
@@ -645,6 +687,9 @@ class Coordinator:
     def worker_view(self, w: Worker) -> dict:
         """A worker as ``GET /v1/workers`` lists it."""
         d = dict(w.info)
+        lacks = sorted(m for m, ws in self.lacking.items() if w.id in ws)
+        if lacks:  # modules recent jobs needed and did not find here
+            d["lacks"] = lacks
         d.update(id=w.id, alive=w.alive, slots=w.slots, running=len(w.leases), slot_list=w.slot_list,
                  busy_slots=sorted({lease.slot for tid in w.leases
                                     if (lease := self.leases.get(tid)) is not None
@@ -676,6 +721,10 @@ class Coordinator:
         if status == "retry":
             self._requeue([task_id], reason=(error or {}).get("message", "worker asked to retry"))
             return lease.worker_id if w and w.alive else None
+        if status == "error" and isinstance(error, dict) and isinstance(error.get("module"), str):
+            error = self._missing_module(lease, error)
+            if error is None:  # tried again on a worker that may have it
+                return lease.worker_id if w and w.alive else None
         if status == "error" and self._retry_raised(lease, error):
             return lease.worker_id if w and w.alive else None
         del self.leases[task_id]
@@ -693,6 +742,39 @@ class Coordinator:
         if self.max_running and self.idle:
             self._wake_idle()  # a person at their cap may have a task to start now
         return lease.worker_id if w and w.alive else None
+
+    def _missing_module(self, lease: Lease, error: dict) -> dict | None:
+        """The task failed on ``lease``'s worker with ModuleNotFoundError: none of the job's
+        tasks goes to that worker again. If another alive worker could run it, re-queue it
+        there and return None; otherwise return the task's final error, which names the
+        module and the workers that lack it."""
+        job = self.jobs.get(lease.job_id)
+        if job is None:
+            return error
+        module = error["module"][:200]
+        job.lacking.setdefault(module, set()).add(lease.worker_id)
+        self.lacking.setdefault(module, set()).add(lease.worker_id)
+        while len(self.lacking) > MAX_LACKING_MODULES:  # the oldest module first
+            del self.lacking[next(iter(self.lacking))]
+        others = [w for w in self.alive_workers() if not job.excludes(w.id)
+                  and any(_Placing.runs(job.lane, s) for s in w.slot_views())]
+        if others:
+            log.info("task %s: worker %s has no module %r; trying it on another worker",
+                     lease.task_id, lease.worker_id, module)
+            # Not a loss (like a retry_on re-run): the attempt goes into the task's history.
+            self.retried[lease.task_id] = self.retried.get(lease.task_id, 0) + 1
+            self._requeue([lease.task_id], reason=f"no module {module!r} on this worker",
+                          error=error)
+            return None
+        lacking = []
+        for wid in sorted(job.lacking[module]):
+            w = self.workers.get(wid)
+            name = w.info.get("hostname", "?") if w else "?"
+            lacking.append(f"{name} ({wid}, Python {w.info.get('python', '?') if w else '?'})")
+        return dict(error, kind="missing_module", message=(
+            f"No module named {module!r} on any worker that could run this task: "
+            f"{', '.join(lacking)} lack{'s' if len(lacking) == 1 else ''} it; install it "
+            f"there (or join a worker that has it) and call again"))
 
     def hand_back(self, task_id: str, lease_id: str, reason: str) -> None:
         """The worker gives a running task back (its owner paused it, wants the GPU, the

@@ -70,6 +70,9 @@ _HANDOFF_FILES = {"type": "object", "description": "frame number (0 = the first 
                   "empty (see GET /v1/handoff)",
                   "additionalProperties": {"type": "string", "pattern": "^[0-9a-f]{24}\\.part$"}}
 
+_PACKAGES = {"type": "object", "maxProperties": 5000, "description": "installed Python "
+             "distributions: normalised name -> version (gpumesh.packages)",
+             "additionalProperties": {"type": "string", "maxLength": 100}}
 #: The owner's rules as a worker reports them (gpumesh.availability).
 _OWNER_FIELDS = {
     "owner": {"type": ["object", "null"], "description": "the whole worker takes no new task: "
@@ -95,12 +98,16 @@ _SCHEMAS: dict[str, Any] = {
                           "one slot per GPU, then CPU slots: {id, kind: cuda|mps|cpu, gpu: index} "
                           "(see docs/hardware.md)", "items": {"type": "object"}},
             "scores": {"type": "object", "description": "benchmark score per device (cpu, cuda:N, mps)"},
+            "packages": _PACKAGES,
+            "allow_installs": {"type": "boolean", "description": "builds task environments for "
+                               "requires= (gpumesh join --allow-installs)"},
             **_OWNER_FIELDS,
         },
     },
     "Registered": {"type": "object", "properties": {"id": {"type": "string"},
                                                      "heartbeat_s": {"type": "number"},
-                                                     "ttl_s": {"type": "number"}}},
+                                                     "ttl_s": {"type": "number"},
+                                                     "version": {"type": "string"}}},
     "Heartbeat": {"type": "object", "properties": {
         "running": {"type": "array", "maxItems": MAX_HEARTBEAT_TASKS,
                     "items": {"type": "string", "pattern": HEX_ID}},
@@ -109,6 +116,7 @@ _SCHEMAS: dict[str, Any] = {
         "gpu_free_mb": {"type": "object", "description": "free GPU memory in MiB per GPU index"},
         "gpu_telemetry": {"type": "object", "description": "per GPU index: utilization_pct "
                           "(0-100) and temperature_c, shown on the dashboard and /metrics"},
+        "packages": _PACKAGES,
         **_OWNER_FIELDS}},
     "HandBack": {"type": "object", "properties": {
         "reason": {"type": "string", "maxLength": 200,
@@ -142,7 +150,9 @@ _SCHEMAS: dict[str, Any] = {
             "timeout": {"type": ["number", "null"], "minimum": 0.001, "maximum": 365 * 86400},
             "costs": {"type": "array", "items": {"type": "number", "minimum": 0, "exclusiveMaximum": 1e9}},
             "require": {"type": "object", "description": "hardware every task needs: gpu (kind or "
-                        "model), cores, memory and gpu_memory (bytes); see docs/hardware.md"},
+                        "model), cores, memory and gpu_memory (bytes); see docs/hardware.md; python "
+                        "('3.11': code shipped by value only runs on workers of that Python); requires "
+                        "(PEP 508 strings: workers that have them or allow installs)"},
             "gpu_memory_mb": {"type": "array", "description": "per task: free GPU memory it needs "
                               "(MiB) or null", "items": {"type": ["number", "null"], "minimum": 0}},
             "require_worker": {"type": "boolean"},
@@ -177,7 +187,7 @@ _DOC: dict[str, Any] = {
     "info": {
         "title": "gpumesh coordinator", "version": __version__,
         "description": (
-            "Every operation but /v1/health and /v1/openapi.json needs "
+            "Every operation but /v1/health, /v1/openapi.json and /v1/dist/{name} needs "
             "`Authorization: Bearer <token>`. The main token may do everything; a worker token "
             "(serve --worker-token) only the operations tagged 'worker'. Body limits: "
             f"{MAX_BODY_BYTES // 2**20} MiB for payload bodies (GPUMESH_MAX_BODY_MB), "
@@ -196,6 +206,18 @@ _DOC: dict[str, Any] = {
         "/v1/openapi.json": {"get": {
             "operationId": "openapi", "security": [], "summary": "this description (no auth)",
             "responses": {"200": {"description": "OpenAPI 3.1", **_json({"type": "object"})}}}},
+        "/v1/dist/{name}": {"get": {
+            "operationId": "wheel", "security": [],
+            "summary": "the wheel of the gpumesh this coordinator runs (no auth)",
+            "description": "pip install http://HOST:PORT/v1/dist/gpumesh-<version>-py3-none-any.whl "
+                           "installs it on another machine; any other name is a 404",
+            "parameters": [_path_param("name", "^[^/]{1,200}$", "gpumesh-<version>-py3-none-any.whl")],
+            "responses": {"200": {"description": "the wheel",
+                                  "content": {"application/zip": {"schema": {"type": "string",
+                                                                             "format": "binary"}}}},
+                          "404": {"description": "not this coordinator's wheel", **_json(_ref("Error"))},
+                          "503": {"description": "the wheel cannot be made here",
+                                  **_json(_ref("Error"))}}}},
         "/v1/workers": {
             "get": {"operationId": "listWorkers", "summary": "the pool",
                     "responses": {"200": {"description": "workers", **_json({"type": "array"})}, **_errors()}},

@@ -29,20 +29,20 @@ import logging
 import os
 import random
 import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-from .. import hardware, tracing, wire
+from .. import hardware, packages, tracing, versions, wire
 from ..handoff import Handoff, map_fd, new_name
 from .._version import __version__
 from ..errors import AuthError, RequestRejected
 from ..limits import (BACKOFF_BASE_S, BACKOFF_MAX_S, HEARTBEAT_INTERVAL_S, LONG_POLL_S,
                       OUTPUT_BODY_BYTES, OUTPUT_FLUSH_S, SESSION_PING_S)
 from ..transport import Transport, Unreachable
-from . import membody
+from . import membody, tempdirs
 from .device import GpuMonitor
+from .envs import EnvCache, InstallError
 from .executor import Executor, Outcome
 from .lending import OwnerRules
 from .owner import OwnerState, cap_free
@@ -112,11 +112,16 @@ class WorkerAgent(OwnerRules):
     def __init__(self, url: str, token: str, *, slots: int = 1, info: dict | None = None,
                  cache_dir: Path | None = None, worker_id: str | None = None,
                  on_event=None, fingerprint: str | None = None, bench: bool = True,
-                 owner: OwnerState | None = None):
+                 owner: OwnerState | None = None, allow_installs: bool = False, envs=None):
         self.url = url
         self.http = Transport(url, token, fingerprint=fingerprint)  # fingerprint: TLS pin
         self.info = dict(info or {})
         self.info.setdefault("version", __version__)
+        self._packages = packages.Inventory()  # reported at join, again when they change
+        self.info.setdefault("packages", self._packages.current)
+        # requires=: build task environments (gpumesh.worker.envs) only if the owner said so.
+        self.info["allow_installs"] = bool(allow_installs)
+        self.envs = (envs or EnvCache()) if allow_installs else None
         gpus = [g for g in self.info.get("gpus") or () if isinstance(g, dict)]
         self.slot_list = hardware.slot_list(gpus, slots, bool(self.info.get("mps")))
         if not self.slot_list:
@@ -130,7 +135,10 @@ class WorkerAgent(OwnerRules):
         self.id: str | None = worker_id
         self.on_event = on_event or (lambda kind, text: log.info(text))
         self._own_cache = cache_dir is None
-        self.cache = Path(cache_dir or tempfile.mkdtemp(prefix="gpumesh-worker-"))
+        self._cache_lock = None
+        if cache_dir is None:  # (and remove the directories of workers that were killed)
+            cache_dir, self._cache_lock = tempdirs.create()
+        self.cache = Path(cache_dir)
         (self.cache / "fn").mkdir(parents=True, exist_ok=True)
         self.stopping = threading.Event()
         self.executor = Executor(self.cache / "spool")
@@ -152,14 +160,16 @@ class WorkerAgent(OwnerRules):
     # ------------------------------------------------------------------ lifecycle ---
     def run(self) -> None:
         """Run until :meth:`stop`. Raises ``AuthError`` if the token is refused."""
-        self._register(first=True)
-        for target, name in ((self._heartbeat_loop, "heartbeat"), (self._session_loop, "session"),
-                             (self._output_loop, "output"), (self._owner_loop, "owner")):
-            threading.Thread(target=target, name=name, daemon=True).start()
-        if self.scorer is not None:
-            self.scorer.stopping = self.stopping
-            self.scorer.start()  # after joining: the first task never waits for it
+        # Everything inside the try: a Ctrl+C while it still waits for the coordinator, or
+        # just after joining, must clean up (its temporary directory) like a later one.
         try:
+            self._register(first=True)
+            for target, name in ((self._heartbeat_loop, "heartbeat"), (self._session_loop, "session"),
+                                 (self._output_loop, "output"), (self._owner_loop, "owner")):
+                threading.Thread(target=target, name=name, daemon=True).start()
+            if self.scorer is not None:
+                self.scorer.stopping = self.stopping
+                self.scorer.start()  # after joining: the first task never waits for it
             self._lease_loop()
         finally:
             self._shutdown()
@@ -184,6 +194,7 @@ class WorkerAgent(OwnerRules):
         self.http.close()
         if self._own_cache:
             shutil.rmtree(self.cache, ignore_errors=True)
+            self._cache_lock.release()
 
     # ------------------------------------------------------------------ registration -
     def _register(self, first: bool = False) -> None:
@@ -198,6 +209,7 @@ class WorkerAgent(OwnerRules):
                     if self.id:
                         body["id"] = self.id
                     resp = self.http.request("POST", "/v1/workers", json=body, timeout=10)
+                    self._check_version(resp.json())
                     self.id = resp.json()["id"]
                     self.handoff = Handoff.probe(self.http)  # the coordinator may have moved
                     self._registered.set()
@@ -208,9 +220,17 @@ class WorkerAgent(OwnerRules):
                     raise
                 except Unreachable as e:
                     if first:
-                        self.on_event("waiting", f"coordinator not reachable yet ({e}); retrying")
+                        self.on_event("waiting", f"coordinator unreachable ({e}), retrying")
                         first = False if self.id else first
                     self.stopping.wait(next(delays))
+
+    def _check_version(self, answer: dict) -> None:
+        """VersionMismatch unless the coordinator runs this gpumesh (one from before
+        registration answers named their version says it in /v1/health)."""
+        theirs = answer.get("version")
+        if theirs is None:
+            theirs = self.http.request("GET", "/v1/health", timeout=10).json().get("version")
+        versions.check_coordinator(theirs, self.url, "worker")
 
     def _lost_registration(self) -> None:
         self._registered.clear()
@@ -253,6 +273,9 @@ class WorkerAgent(OwnerRules):
         if self._scores:
             out["scores"] = self._scores
             out["score"] = self.info["score"]
+        changed = self._packages.changed()
+        if changed is not None:
+            out["packages"] = self.info["packages"] = changed
         return out
 
     def _on_scores(self, result: dict) -> None:
@@ -339,6 +362,7 @@ class WorkerAgent(OwnerRules):
     # ------------------------------------------------------------------ leasing -----
     def _lease_loop(self) -> None:
         delays = backoff_delays()
+        away = False  # the coordinator stopped answering (said once per outage)
         while not self.stopping.is_set():
             # Wait for a free slot, then ask for a task for each free slot (naming them:
             # the coordinator grants a slot only a task that slot can run).
@@ -356,7 +380,9 @@ class WorkerAgent(OwnerRules):
                           "handoff": self.handoff is not None},
                     timeout=LONG_POLL_S + 10, buffer_for=membody.buffer_for)
                 delays = backoff_delays()
+                away = False
             except RequestRejected as e:
+                away = False
                 self._release(free)
                 if getattr(e, "code", "") == "unknown_worker":
                     self._lost_registration()
@@ -366,7 +392,9 @@ class WorkerAgent(OwnerRules):
                 continue
             except Unreachable as e:
                 self._release(free)
-                log.info("coordinator unreachable (%s); retrying", e)
+                if not away and not self.stopping.is_set():
+                    self.on_event("waiting", f"coordinator unreachable ({e}), retrying")
+                away = True
                 self.stopping.wait(next(delays))
                 continue
             self._start(body, free)
@@ -476,12 +504,32 @@ class WorkerAgent(OwnerRules):
                 outcome = self.executor.run_script(task["task_id"], str(path), args,
                                                    task.get("timeout"), env=self._slot_env.get(slot))
             else:
+                env_key, sys_path = None, None
+                missing = packages.unmet(task.get("requires") or (), self._packages.current)
+                if missing:  # the coordinator sends these only to a worker allowing installs
+                    if self.envs is None:
+                        outcome = Outcome("error", {"kind": "requires", "type": "Unsatisfiable",
+                                                    "message": f"this worker lacks {missing} and "
+                                                               "does not allow installs"})
+                        return outcome
+                    try:
+                        env_key, site = self.envs.acquire(task["requires"])
+                    except InstallError as e:
+                        outcome = Outcome("error", {"kind": "requires", "type": "InstallError",
+                                                    "message": str(e)})
+                        return outcome
+                    sys_path = [site]
                 tracing.mark("agent.run")
-                outcome = self.executor.run(
-                    task["task_id"], task["fn"], str(path), args, task.get("timeout"),
-                    result_format=task.get("result_format", "pickle"), env=self._slot_env.get(slot),
-                    args_fd=args_fd, args_range=args_range,
-                    handoff_dir=str(drop.drop_dir) if drop else None, handoff_name=name)
+                try:
+                    outcome = self.executor.run(
+                        task["task_id"], task["fn"], str(path), args, task.get("timeout"),
+                        result_format=task.get("result_format", "pickle"),
+                        env=self._slot_env.get(slot), args_fd=args_fd, args_range=args_range,
+                        handoff_dir=str(drop.drop_dir) if drop else None, handoff_name=name,
+                        sys_path=sys_path)
+                finally:
+                    if env_key is not None:
+                        self.envs.release(env_key)
             return outcome
         finally:
             if name is not None and (outcome is None or outcome.handoff_file != name):

@@ -180,9 +180,13 @@ def describe_exception(exc: BaseException, kind: str, own_frames: int = 0) -> di
     for _ in range(own_frames):
         if tb is not None and tb.tb_next is not None:
             tb = tb.tb_next
-    return {"kind": kind, "type": type_name(t), "message": _safe_str(exc),
-            "mro": [type_name(c) for c in t.__mro__ if c is not object][:32],
-            "traceback": "".join(traceback.format_exception(t, exc, tb))[-32_000:]}
+    out = {"kind": kind, "type": type_name(t), "message": _safe_str(exc),
+           "mro": [type_name(c) for c in t.__mro__ if c is not object][:32],
+           "traceback": "".join(traceback.format_exception(t, exc, tb))[-32_000:]}
+    if isinstance(exc, ModuleNotFoundError) and isinstance(exc.name, str) and exc.name:
+        # A module this worker lacks: the coordinator tries the task on another worker.
+        out["module"] = exc.name[:200]
+    return out
 
 
 def _safe_str(exc: BaseException) -> str:
@@ -356,9 +360,14 @@ def _wakeup_pipe() -> int:
     return r
 
 
-def host_main(ctrl: socket.socket, blob_path: str) -> None:
-    """Load one function, then fork a child per task until the agent hangs up."""
+def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None) -> None:
+    """Load one function, then fork a child per task until the agent hangs up.
+    ``sys_path``: directories put first on ``sys.path`` before the function is loaded
+    (its task environment: gpumesh.worker.envs)."""
     from gpumesh import handoff, wire  # noqa: F401 - loaded once here, not in every child
+
+    if sys_path:
+        sys.path[0:0] = [p for p in sys_path if isinstance(p, str)]
 
     # Set once here, not in every child: the host runs no user code but the function's
     # own imports (unpickling, preloads), and those are the task's code too.
@@ -610,7 +619,7 @@ def zygote_main(ctrl: socket.socket) -> None:
                 host = socket.socket(fileno=fds[0])
                 code = 0
                 try:
-                    host_main(host, msg["path"])
+                    host_main(host, msg["path"], msg.get("sys_path"))
                 except BaseException:  # noqa: BLE001
                     code = 70
                 os._exit(code)
