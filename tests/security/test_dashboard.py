@@ -205,3 +205,16 @@ def test_behind_a_tls_tunnel_the_cookie_is_secure_and_the_forwarded_host_is_same
         assert r.status_code == (200 if fronted else 403), r.text
         c.close()
         store.close()
+
+
+def test_the_pool_says_which_workers_allow_installs(made):
+    # join --allow-installs is the owner's choice to let requires= build environments there:
+    # the dashboard shows it, as `gpumesh workers` does
+    client, coord, toks = made
+    yes = coord.register({"hostname": "lets", "allow_installs": True}, None, 1)
+    no = coord.register({"hostname": "keeps"}, None, 1)
+    c = client()
+    sign_in(c, toks["alice"])
+    pool = {w["id"]: w for w in c.get("/ui/api/state").json()["workers"]}
+    assert pool[yes.id]["allow_installs"] is True
+    assert pool[no.id]["allow_installs"] is False

@@ -319,6 +319,7 @@ def _worker(coord, w) -> dict:
             "alive", "slots", "running", "busy_slots", "slot_list", "gpus", "cores", "ram_mb",
             "state", "state_reason", "owner_state")
     out = {k: view[k] for k in keep if k in view}
+    out["allow_installs"] = bool(view.get("allow_installs"))  # join --allow-installs
     out["last_seen_s"] = max(0.0, coord.clock() - w.last_seen)
     out["owner_labels"] = availability.labels(view)  # paused, outside hours, yielding, hot
     return out
