@@ -21,32 +21,17 @@ import numpy as np
 import pytest
 
 from gpumesh import accelerate
-from gpumesh.limits import AUTH_FAIL_MAX, HANDOFF_MIN_BYTES
+from gpumesh.limits import AUTH_FAIL_MAX
 
 from ..conftest import Mesh, Proc, free_port, wait_for
 from ..proxies import Caddy, Nginx
+from .test_handoff import N, inc_and_say, origin  # pickled by value there too
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-N = HANDOFF_MIN_BYTES // 4 + 1000  # float32: just over the handoff threshold
-
-
-def origin(a) -> str:
-    """What the memory of array ``a`` belongs to ("mmap" for a handed-over file)."""
-    b = a
-    while True:
-        nxt = b.base if isinstance(b, np.ndarray) else getattr(b, "obj", None)
-        if nxt is None:
-            return type(b).__name__
-        b = nxt
 
 
 def square(x):
     return x * x
-
-
-def inc_and_say(a):
-    return a + 1, origin(a)
 
 
 @pytest.fixture(scope="module", params=[Nginx, Caddy], ids=["nginx", "caddy"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import time
+import warnings
 
 import httpx
 import pytest
@@ -13,6 +14,35 @@ import pytest
 from tests.conftest import START_TIMEOUT_S, TOKEN, Mesh, Proc
 
 WORKER_TOKEN = "worker-token-abcdefghijklmnopqrstuvwxyz012345"
+#: The main token of the in-process apps ``app_factory`` makes.
+APP_MAIN = "main-token-0123456789abcdefghij"
+
+
+@pytest.fixture
+def app_factory(tmp_path):
+    """``make(client=(host, port), **create_app_kwargs)``: a coordinator app with its own
+    store, answered in process by Starlette's TestClient as if ``client`` had connected."""
+    from gpumesh.coordinator.app import create_app
+    from gpumesh.coordinator.core import Coordinator
+    from gpumesh.coordinator.store import Store
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+    made = []
+
+    def make(client=("127.0.0.1", 40000), **kw):
+        store = Store(tmp_path / f"data{len(made)}")
+        app = create_app(Coordinator(store), APP_MAIN, **kw)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            c = TestClient(app, client=client)
+        made.append((c, store))
+        return c
+
+    yield make
+    for c, store in made:
+        c.close()
+        store.close()
 
 
 class SecureMesh(Mesh):

@@ -9,19 +9,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import warnings
 
 import pytest
 
 from gpumesh.coordinator import auth as auth_mod
-from gpumesh.coordinator.app import create_app
 from gpumesh.coordinator.auth import (ROLE_MAIN, ROLE_WORKER, Authenticator, FailureLimiter,
                                       TokenCheck, is_loopback)
-from gpumesh.coordinator.core import Coordinator
-from gpumesh.coordinator.store import Store
 from gpumesh.limits import AUTH_FAIL_MAX, AUTH_FAIL_WINDOW_S, AUTH_LOCKOUT_S
 
-MAIN = "main-token-0123456789abcdefghij"
+from .conftest import APP_MAIN as MAIN
 WORKER = "worker-token-0123456789abcdefgh"
 
 
@@ -136,29 +132,6 @@ def test_exemption_needs_loopback_bind_loopback_client_and_no_proxy_header():
 
 
 # ---------------------------------------------------------------- the app ------------
-
-@pytest.fixture
-def app_factory(tmp_path):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from starlette.testclient import TestClient
-    made = []
-
-    def make(client=("127.0.0.1", 40000), **kw):
-        store = Store(tmp_path / f"data{len(made)}")
-        coord = Coordinator(store)
-        app = create_app(coord, MAIN, **kw)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            c = TestClient(app, client=client)
-        made.append((c, store))
-        return c
-
-    yield make
-    for c, store in made:
-        c.close()
-        store.close()
-
 
 def bearer(tok):
     return {"authorization": f"Bearer {tok}"}

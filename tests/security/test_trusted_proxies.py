@@ -4,17 +4,13 @@ coordinator (``--public``, ``--tailscale``, a trusted proxy)."""
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 
-from gpumesh.coordinator.app import create_app
 from gpumesh.coordinator.auth import Authenticator, forwarded_client, parse_networks
-from gpumesh.coordinator.core import Coordinator
-from gpumesh.coordinator.store import Store
 from gpumesh.limits import AUTH_FAIL_MAX, MAX_FORWARDED_HOPS
 
-MAIN = "main-token-0123456789abcdefghij"
+from .conftest import APP_MAIN as MAIN
 WRONG = "wrong-token-0123456789abcdefgh"
 PROXY = parse_networks(["10.0.0.0/8", "127.0.0.1/32"])
 
@@ -80,27 +76,8 @@ def test_any_front_turns_the_loopback_exemption_off():
     assert proxied.fronted and not proxied.exempt("127.0.0.1", {})
 
 
-@pytest.fixture
-def app_factory(tmp_path):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from starlette.testclient import TestClient
-    made = []
-
-    def make(client, **kw):
-        store = Store(tmp_path / f"data{len(made)}")
-        app = create_app(Coordinator(store), MAIN,
-                         authenticator=Authenticator(MAIN, loopback_bound=True, **kw))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            c = TestClient(app, client=client)
-        made.append((c, store))
-        return c
-
-    yield make
-    for c, store in made:
-        c.close()
-        store.close()
+def proxies_auth(**kw) -> Authenticator:
+    return Authenticator(MAIN, loopback_bound=True, **kw)
 
 
 def get(c, token, xff=None):
@@ -111,7 +88,7 @@ def get(c, token, xff=None):
 
 
 def test_behind_a_trusted_proxy_each_client_is_locked_out_on_its_own(app_factory):
-    c = app_factory(("127.0.0.1", 40000), trusted_proxies=["127.0.0.1/32"])
+    c = app_factory(("127.0.0.1", 40000), authenticator=proxies_auth(trusted_proxies=["127.0.0.1/32"]))
     codes = [get(c, WRONG, "198.51.100.1").status_code for _ in range(AUTH_FAIL_MAX)]
     assert codes == [401] * (AUTH_FAIL_MAX - 1) + [429]
     r = get(c, MAIN, "198.51.100.1")
@@ -124,14 +101,14 @@ def test_behind_a_trusted_proxy_each_client_is_locked_out_on_its_own(app_factory
 
 def test_a_fronted_loopback_coordinator_locks_out_local_guessers(app_factory):
     # --tailscale/--public: the same loopback peer that used to be exempt is now counted
-    c = app_factory(("127.0.0.1", 40000), fronted=True)
+    c = app_factory(("127.0.0.1", 40000), authenticator=proxies_auth(fronted=True))
     codes = [get(c, WRONG).status_code for _ in range(AUTH_FAIL_MAX)]
     assert codes[-1] == 429
     assert get(c, MAIN).status_code == 429
 
 
 def test_an_untrusted_peer_is_judged_by_its_socket_whatever_it_claims(app_factory):
-    c = app_factory(("192.0.2.50", 40000), trusted_proxies=["10.0.0.0/8"])
+    c = app_factory(("192.0.2.50", 40000), authenticator=proxies_auth(trusted_proxies=["10.0.0.0/8"]))
     for i in range(AUTH_FAIL_MAX):  # a new X-Forwarded-For for every guess
         r = get(c, WRONG, f"198.51.100.{i}")
     assert r.status_code == 429 and "192.0.2.50" in r.json()["message"]
