@@ -94,7 +94,8 @@ def test_sign_in_sets_a_strict_http_only_cookie_secure_under_tls(made):
     r = sign_in(client(), toks["alice"])
     cookie = r.headers["set-cookie"]
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
-    assert "Path=/ui" in cookie and "Secure" not in cookie
+    # no Path: the browser scopes it to /ui/login's path, /ui (or /PREFIX/ui behind a proxy)
+    assert "path=" not in cookie.lower() and "Secure" not in cookie
     assert r.json()["name"] == "alice" and r.json()["role"] == "submit" and len(r.json()["csrf"]) > 30
     assert toks["alice"] not in cookie
     r = sign_in(client(https=True), toks["alice"])
@@ -205,3 +206,16 @@ def test_behind_a_tls_tunnel_the_cookie_is_secure_and_the_forwarded_host_is_same
         assert r.status_code == (200 if fronted else 403), r.text
         c.close()
         store.close()
+
+
+def test_the_pool_says_which_workers_allow_installs(made):
+    # join --allow-installs is the owner's choice to let requires= build environments there:
+    # the dashboard shows it, as `gpumesh workers` does
+    client, coord, toks = made
+    yes = coord.register({"hostname": "lets", "allow_installs": True}, None, 1)
+    no = coord.register({"hostname": "keeps"}, None, 1)
+    c = client()
+    sign_in(c, toks["alice"])
+    pool = {w["id"]: w for w in c.get("/ui/api/state").json()["workers"]}
+    assert pool[yes.id]["allow_installs"] is True
+    assert pool[no.id]["allow_installs"] is False

@@ -19,7 +19,8 @@ Routes (same port and TLS as the API)::
 **Sessions.** Signing in checks the token exactly like an API request (:mod:`.auth`:
 lockout included) and opens a session: a random 256-bit id in a cookie that is
 ``HttpOnly`` (no script reads it), ``SameSite=Strict`` (no other site's page sends it),
-``Path=/ui`` and, under TLS, ``Secure``. The token itself is never kept. A session of a
+scoped to the dashboard's path (no ``Path``: the browser's default, that of
+``/ui/login``, also right under a proxy's path prefix) and, under TLS, ``Secure``. The token itself is never kept. A session of a
 person's token ends the moment that token is revoked; every session ends after
 :data:`SESSION_TTL_S`.
 
@@ -161,6 +162,8 @@ def routes(coord, auth) -> list[Route]:
         return endpoint
 
     async def page(request: Request) -> Response:
+        if request.url.path.endswith("/"):  # the page's relative links are for .../ui
+            return Response(status_code=307, headers={"location": "../ui", **HEADERS})
         return Response(_static("index.html"), media_type="text/html; charset=utf-8", headers=HEADERS)
 
     async def static(request: Request) -> Response:
@@ -197,14 +200,15 @@ def routes(coord, auth) -> list[Route]:
         while len(sessions) > MAX_SESSIONS:
             sessions.popitem(last=False)
         resp = _json({"name": who.name, "role": who.role, "csrf": csrf})
-        resp.set_cookie(COOKIE, sid, max_age=int(SESSION_TTL_S), path="/ui", httponly=True,
+        # No Path: the browser takes that of /ui/login (/ui, or /PREFIX/ui behind a proxy)
+        resp.set_cookie(COOKIE, sid, max_age=int(SESSION_TTL_S), path=None, httponly=True,
                         samesite="strict", secure=secure(request))
         return resp
 
     async def logout(request: Request, s: Session) -> Response:
         sessions.pop(request.cookies.get(COOKIE, ""), None)
         resp = _json({"signed_out": True})
-        resp.delete_cookie(COOKIE, path="/ui")
+        resp.delete_cookie(COOKIE, path=None)
         return resp
 
     async def state(request: Request, s: Session) -> Response:
@@ -319,6 +323,7 @@ def _worker(coord, w) -> dict:
             "alive", "slots", "running", "busy_slots", "slot_list", "gpus", "cores", "ram_mb",
             "state", "state_reason", "owner_state")
     out = {k: view[k] for k in keep if k in view}
+    out["allow_installs"] = bool(view.get("allow_installs"))  # join --allow-installs
     out["last_seen_s"] = max(0.0, coord.clock() - w.last_seen)
     out["owner_labels"] = availability.labels(view)  # paused, outside hours, yielding, hot
     return out

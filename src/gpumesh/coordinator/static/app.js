@@ -4,6 +4,8 @@
 "use strict";
 
 const POLL_MS = 1000;
+// Where the coordinator's routes start: "" at the root, "/gpumesh" behind a proxy's prefix
+const BASE = location.pathname.replace(/\/ui\/?$/, "");
 let csrf = "";
 let me = null;
 let timer = null;
@@ -87,7 +89,7 @@ function showSignin(message) {
 async function signin(ev) {
   ev.preventDefault();
   const token = document.getElementById("token").value.trim();
-  const r = await fetch("/ui/login", { method: "POST", credentials: "same-origin",
+  const r = await fetch(BASE + "/ui/login", { method: "POST", credentials: "same-origin",
                                        headers: { "Content-Type": "application/json" },
                                        body: JSON.stringify({ token }) });
   const body = await r.json().catch(() => ({}));
@@ -99,7 +101,7 @@ async function signin(ev) {
 }
 
 async function signout() {
-  try { await api("/ui/logout", { method: "POST" }); } catch (e) { /* signed out anyway */ }
+  try { await api(BASE + "/ui/logout", { method: "POST" }); } catch (e) { /* signed out anyway */ }
   showSignin();
 }
 
@@ -121,7 +123,8 @@ function workerRow(w) {
        el("span", { class: "muted" }, " " + w.id.slice(0, 8)),
        el("div", { class: "muted" }, w.device_name || w.device || "")),
     el("td", {}, state(w.alive ? "alive" : "dead"),
-       owner ? el("div", { class: "muted owner-state" }, owner) : null),
+       owner ? el("div", { class: "muted owner-state" }, owner) : null,
+       w.allow_installs ? el("div", { class: "muted installs" }, "installs") : null),
     el("td", {}, (w.running || 0) + " / " + (w.slots || 0)),
     el("td", { class: "hide-narrow" }, (w.score || 0).toFixed(3)),
     el("td", {}, gpus.length ? gpus : el("span", { class: "muted" }, "CPU only")),
@@ -189,7 +192,7 @@ function taskRow(t, mayRead) {
 async function act(jobId, what) {
   const msg = document.getElementById("action-message");
   try {
-    const r = await api("/ui/api/jobs/" + jobId + "/" + what, { method: "POST" });
+    const r = await api(BASE + "/ui/api/jobs/" + jobId + "/" + what, { method: "POST" });
     msg.textContent = what === "cancel" ? "Cancelled " + r.cancelled + " task(s)."
                                         : "Re-queued " + r.retried + " task(s).";
   } catch (e) {
@@ -243,14 +246,14 @@ async function tick() {
   const view = document.getElementById("view");
   const m = location.hash.match(/^#\/job\/([0-9a-f]{4,64})$/);
   try {
-    const s = await api("/ui/api/state");
+    const s = await api(BASE + "/ui/api/state");
     me = s.me; csrf = s.me.csrf;
     document.getElementById("me").textContent = me.name + " (" + me.role + ")";
     document.getElementById("signout").hidden = false;
     document.getElementById("signin").hidden = true;
     if (m) {
-      const j = await api("/ui/api/jobs/" + m[1]);
-      const out = j.may_read ? await api("/ui/api/jobs/" + m[1] + "/output") : null;
+      const j = await api(BASE + "/ui/api/jobs/" + m[1]);
+      const out = j.may_read ? await api(BASE + "/ui/api/jobs/" + m[1] + "/output") : null;
       const msg = document.getElementById("action-message");
       const keep = msg ? msg.textContent : "";
       replace(view, jobPage(j, out));
