@@ -262,6 +262,22 @@ def test_hand_back_is_fenced_costs_no_attempt_and_marks_the_output(coord):
     assert "[gpumesh: the output above is from attempt 1 on lender, preempted (paused: owner);" in log
 
 
+def test_a_hand_back_marks_the_log_of_the_attempt_it_ends(coord):
+    # `gpumesh logs` shows each attempt apart, so the marker belongs with the output it
+    # is about: attempt 2's, not the first attempt's file
+    a = coord.register({"hostname": "lender"}, None, 1)
+    coord.submit("aaaa03", "fn", "function", "f" * 64, {"timeout": None}, [b"x"], [1.0], False)
+    for n in (1, 2):
+        (g,) = _lease(coord, a.id)
+        coord.post_output(g.task_id, g.lease_id, b"", f"partial {n}\n".encode())
+        coord.hand_back(g.task_id, g.lease_id, "paused: owner")
+    first = coord.output.task_log("aaaa03", g.task_id, "stderr", 1).decode()
+    second = coord.output.task_log("aaaa03", g.task_id, "stderr", 2).decode()
+    assert first.startswith("partial 1\n[gpumesh: the output above is from attempt 1 on lender")
+    assert "attempt 2" not in first
+    assert second.startswith("partial 2\n[gpumesh: the output above is from attempt 2 on lender")
+
+
 def test_closed_worker_gets_nothing_and_the_job_says_why(coord):
     a = coord.register({"hostname": "lender", "slot_list": [{"id": 0, "kind": "cpu"}]}, None, 1)
     coord.heartbeat(a.id, [], {"owner": {"state": "paused", "label": "paused: owner"}})
