@@ -174,7 +174,7 @@ def test_pause_now_hands_the_running_task_back(make_mesh, tmp_path):
         assert {t["worker_id"] for t in view["tasks"]} == {idf}
         logs = {t["index"]: t for t in c.logs(job["id"])}
         assert "item 0 started on slow" in logs[0]["stdout"] and "item 0 started on fast" in logs[0]["stdout"]
-        assert re.search(r"\[gpumesh: the output above is from attempt 1 on .+, preempted "
+        assert re.search(r"\[gpumesh: attempt 1 on .+ ended here, preempted "
                          r"\(paused: owner\); the task runs again\]", logs[0]["stderr"])
     assert "[worker] paused by the owner: no new tasks; running ones handed back" in slow.output()
     assert re.search(r"\[worker\] task [0-9a-f]+ handed back \(paused: owner\)", slow.output())

@@ -259,7 +259,7 @@ def test_hand_back_is_fenced_costs_no_attempt_and_marks_the_output(coord):
     rows = list(coord.store.results_after("aaaa01", -1, 10))
     assert len(rows) == 1 and coord.store.task_rows("aaaa01")[0]["attempts"] == MAX_ATTEMPTS + 3
     log = coord.output.task_log("aaaa01", g.task_id, "stderr").decode()
-    assert "[gpumesh: the output above is from attempt 1 on lender, preempted (paused: owner);" in log
+    assert "[gpumesh: attempt 1 on lender ended here, preempted (paused: owner);" in log
 
 
 def test_a_hand_back_marks_the_log_of_the_attempt_it_ends(coord):
@@ -273,9 +273,9 @@ def test_a_hand_back_marks_the_log_of_the_attempt_it_ends(coord):
         coord.hand_back(g.task_id, g.lease_id, "paused: owner")
     first = coord.output.task_log("aaaa03", g.task_id, "stderr", 1).decode()
     second = coord.output.task_log("aaaa03", g.task_id, "stderr", 2).decode()
-    assert first.startswith("partial 1\n[gpumesh: the output above is from attempt 1 on lender")
+    assert first.startswith("partial 1\n[gpumesh: attempt 1 on lender ended here")
     assert "attempt 2" not in first
-    assert second.startswith("partial 2\n[gpumesh: the output above is from attempt 2 on lender")
+    assert second.startswith("partial 2\n[gpumesh: attempt 2 on lender ended here")
 
 
 def test_closed_worker_gets_nothing_and_the_job_says_why(coord):

@@ -789,8 +789,8 @@ class Coordinator:
         host = (w.info.get("hostname") if w else None) or lease.worker_id
         idx, attempts = self.task_meta[task_id]
         self.output.append(lease.job_id, task_id, idx, host, "stderr",
-                           f"[gpumesh: the output above is from attempt {attempts} on {host}, "
-                           f"preempted ({reason}); the task runs again]\n".encode(), attempts)
+                           f"[gpumesh: attempt {attempts} on {host} ended here, preempted "
+                           f"({reason}); the task runs again]\n".encode(), attempts)
         job = self.jobs.get(lease.job_id)
         if job is not None:
             job.preempted += 1
