@@ -63,7 +63,7 @@ def test_submit_wait_prints_progress_and_results(script_mesh, tmp_path):
     assert lines[0] == f"[OK] Submitted job {job_id}"
     assert lines[1] == f"Job: squares ({job_id})"
     assert any("#################### 100%  4/4 done" in ln for ln in lines)
-    assert "  Status: finished" in lines and "  Counts: done=4" in lines
+    assert "  Status: finished" in lines and "  Counts: {'done': 4}" in lines
     results = [json.loads(ln.split("result: ", 1)[1]) for ln in lines if "result: " in ln]
     assert sorted(r["sq"] for r in results) == [0, 1, 4, 9]
     done = [ln for ln in lines if ln.startswith("  ✓ task ")]
@@ -108,7 +108,7 @@ if p["mode"] == "ok":
     payloads = write(tmp_path, "p.json", json.dumps([{"mode": m} for m in ("exit", "nojson", "ok")]))
     r = invoke(script_mesh, "submit", str(script), "--payloads", str(payloads), "--wait")
     assert r.exit_code == 1, r.output
-    assert "  Counts: done=1, failed=2" in r.output
+    assert "  Counts: {'done': 1, 'failed': 2}" in r.output
     assert "error: the script exited with status 3; stderr ends with: about to fail" in r.output
     assert "error: the script printed no JSON line on stdout" in r.output
     assert "result: [1, 2]" in r.output
@@ -262,7 +262,7 @@ def test_grid_search_example_prints_what_the_spec_shows(script_mesh):
     job_id = lines[0].split()[-1]
     assert lines[:2] == [f"[OK] Submitted job {job_id}", f"Job: examples/grid_search.py ({job_id})"]
     assert any(re.fullmatch(r"  #{20} 100%  6/6 done  \(\d+s\)", ln) for ln in lines), lines
-    assert "  Status: finished" in lines and "  Counts: done=6" in lines
+    assert "  Status: finished" in lines and "  Counts: {'done': 6}" in lines
     heads = [i for i, ln in enumerate(lines) if ln.startswith("  ✓ task ")]
     assert len(heads) == 6
     train = _example().train

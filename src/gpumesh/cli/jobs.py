@@ -8,7 +8,7 @@ import time
 import click
 
 from .common import endpoint_options, one_line_errors, resolve_endpoint
-from .views import color_enabled, counts_line, task_lines
+from .views import color_enabled, counts_dict, counts_line, task_lines
 
 
 def _mesh(url, token):
@@ -61,7 +61,7 @@ def status(job_id, url, token, as_json):
         click.echo(f"Job: {view['name']} ({view['id']})")
         click.echo(f"  Owner: {view.get('owner', '-')}")
         click.echo(f"  Status: {view['state']}")
-        click.echo(f"  Counts: {counts_line(view['counts'])}")
+        click.echo(f"  Counts: {counts_dict(view['counts'])}")
         if view.get("released"):
             click.echo("  Results: released (collected by the caller, or let go)")
         elif view.get("results_hidden"):

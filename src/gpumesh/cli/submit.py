@@ -9,7 +9,7 @@ import time
 import click
 
 from .common import endpoint_options, fail, one_line_errors, resolve_endpoint
-from .views import color_enabled, counts_line, task_lines
+from .views import color_enabled, counts_dict, task_lines
 
 
 def _mesh(url, token):
@@ -66,7 +66,7 @@ def submit(script, payloads_file, name, timeout, wait, url, token, as_json):
     else:
         click.echo("")
         click.echo(f"  Status: {view['state']}")
-        click.echo(f"  Counts: {counts_line(view['counts'])}")
+        click.echo(f"  Counts: {counts_dict(view['counts'])}")
         click.echo("")
         for line in task_lines(view, color_enabled()):
             click.echo(line)

@@ -47,5 +47,11 @@ def task_lines(view: dict, color: bool = False) -> list[str]:
 
 
 def counts_line(counts: dict) -> str:
-    """``done=4, failed=1`` (``-`` for none)."""
+    """``done=4, failed=1`` (``-`` for none): the COUNTS column of ``gpumesh jobs``."""
     return ", ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "-"
+
+
+def counts_dict(counts: dict) -> str:
+    """``{'done': 4, 'failed': 1}``: the ``Counts:`` line of ``status`` and ``submit --wait``,
+    written as the spec's README shows it."""
+    return repr(dict(sorted(counts.items())))
