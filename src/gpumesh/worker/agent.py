@@ -43,7 +43,7 @@ from ..limits import (BACKOFF_BASE_S, BACKOFF_MAX_S, HEARTBEAT_INTERVAL_S, LONG_
 from ..transport import Transport, Unreachable
 from . import membody
 from .device import GpuMonitor
-from .executor import Executor, Outcome
+from .executor import Outcome, make_executor
 from .scoring import Scorer, describe
 
 log = logging.getLogger("gpumesh.worker")
@@ -107,7 +107,8 @@ class WorkerAgent:
 
     def __init__(self, url: str, token: str, *, slots: int = 1, info: dict | None = None,
                  cache_dir: Path | None = None, worker_id: str | None = None,
-                 on_event=None, fingerprint: str | None = None, bench: bool = True):
+                 on_event=None, fingerprint: str | None = None, bench: bool = True,
+                 runtime: str | None = None):
         self.url = url
         self.http = Transport(url, token, fingerprint=fingerprint)  # fingerprint: TLS pin
         self.info = dict(info or {})
@@ -128,7 +129,8 @@ class WorkerAgent:
         self.cache = Path(cache_dir or tempfile.mkdtemp(prefix="gpumesh-worker-"))
         (self.cache / "fn").mkdir(parents=True, exist_ok=True)
         self.stopping = threading.Event()
-        self.executor = Executor(self.cache / "spool")
+        # runtime: fork or spawn (None: $GPUMESH_RUNTIME, else the platform's default)
+        self.executor = make_executor(runtime, self.cache / "spool")
         self._busy = {s["id"]: 0 for s in self.slot_list}  # tasks holding (or polls reserving) a slot
         self._free_cv = threading.Condition()
         self._reg_lock = threading.Lock()
@@ -455,7 +457,8 @@ class WorkerAgent:
                     task["task_id"], task["fn"], str(path), args, task.get("timeout"),
                     result_format=task.get("result_format", "pickle"), env=self._slot_env.get(slot),
                     args_fd=args_fd, args_range=args_range,
-                    handoff_dir=str(drop.drop_dir) if drop else None, handoff_name=name)
+                    handoff_dir=str(drop.drop_dir) if drop else None, handoff_name=name,
+                    isolation=task.get("isolation", "task"), job_id=task.get("job_id"), slot=slot)
             return outcome
         finally:
             if name is not None and (outcome is None or outcome.handoff_file != name):
