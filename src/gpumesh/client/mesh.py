@@ -258,9 +258,12 @@ class GPUMesh:
     # ------------------------------------------------------------------ calls ------
     def run_calls(self, fn: Callable, calls: list[_calls.Call], *, hints: list[dict] | None = None,
                   timeout: float | None = None, name: str | None = None,
-                  require: hardware.Requirements | None = None) -> list[Any]:
+                  require: hardware.Requirements | None = None,
+                  isolation: str | None = None) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` for each ``(args, kwargs)`` in ``calls``; values in
         order. Runs here when the mesh is unavailable (see the module docstring).
+        ``isolation``: ``"task"`` (None, the default: a fresh process per task) or ``"job"``
+        (each worker slot keeps one process for this job's tasks).
         ``require``: hardware every task needs; :class:`~gpumesh.errors.Unsatisfiable` if
         no alive worker (nor, when none is alive, this machine) can ever provide it."""
         if not calls:
@@ -277,7 +280,8 @@ class GPUMesh:
         collected = accepted = False
         try:
             first = self._submit(job_id, fn, calls, hints or [{}] * len(calls), timeout, name,
-                                 printer is not None, require=require)
+                                 printer is not None, require=require,
+                                 isolation=check_isolation(isolation))
             if first is None:
                 check_local(fn, require, hints, f"no worker is alive in the mesh at {self.url}")
                 notice(f"no live worker in the mesh at {self.url}; running locally")
@@ -304,7 +308,8 @@ class GPUMesh:
 
     def _submit(self, job_id: str, fn: Callable, calls: list[_calls.Call], hints: list[dict],
                 timeout: float | None, name: str | None, output: bool,
-                require: hardware.Requirements | None = None) -> bytearray | None:
+                require: hardware.Requirements | None = None,
+                isolation: str = "task") -> bytearray | None:
         """Submit the job and wait briefly for its first results in the same round trip.
         Returns that first results page, or None if the mesh has no live worker."""
         fn_payload = wire.dumps(fn, code=True)
@@ -320,6 +325,8 @@ class GPUMesh:
                 "output": output, "caller": {"host": _HOSTNAME, "pid": os.getpid()}}
         if self.strict:
             meta["result_format"] = "json"  # the task answers in JSON; nothing is unpickled
+        if isolation != "task":
+            meta["isolation"] = isolation
         if require:
             meta["require"] = require.to_meta()
         if any(h.get("gpu_memory_mb") for h in hints):
@@ -488,14 +495,21 @@ class GPUMesh:
             return self.__janitor
 
     # ------------------------------------------------------------------ API --------
-    def distribute(self, function: Callable, params: Iterable[Any], timeout: float | None = None) -> list[Any]:
+    def distribute(self, function: Callable, params: Iterable[Any], timeout: float | None = None,
+                   isolation: str | None = None) -> list[Any]:
         """Run ``function`` once per item of ``params`` (dicts are keyword arguments) across
         the mesh; returns the values in input order. ``timeout`` (seconds) applies to each
-        task. Raises what a task raised (see :mod:`gpumesh.errors`)."""
+        task; ``isolation`` is ``"task"`` or ``"job"`` as for ``@accelerate`` (default: the
+        decorated function's, else ``"task"``; anything else is a ``ValueError``). Raises
+        what a task raised (see :mod:`gpumesh.errors`)."""
         from .remote import unwrap
+        if isolation is None:
+            isolation = getattr(function, "options", {}).get("isolation")
+        isolation = check_isolation(isolation)
         fn = unwrap(function)
         calls, hints = _calls.map_items(fn, params)
-        return self.run_calls(fn, calls, hints=hints, timeout=_check_timeout(timeout))
+        return self.run_calls(fn, calls, hints=hints, timeout=_check_timeout(timeout),
+                              isolation=None if isolation == "task" else isolation)
 
     @staticmethod
     def start_coordinator(port: int = 8000, token: str | None = None, host: str = "127.0.0.1",
@@ -637,6 +651,20 @@ def _picklable(value: Any) -> bool:
 def run_locally(fn: Callable, calls: list[_calls.Call]) -> list[Any]:
     """The fallback path: the same calls, in this process, in order."""
     return [fn(*a, **kw) for a, kw in calls]
+
+
+#: What ``isolation=`` accepts: a fresh process per task (the default), or one process
+#: per worker slot for the job's tasks.
+ISOLATIONS = ("task", "job")
+
+
+def check_isolation(isolation: Any) -> str:
+    """``isolation`` checked (None is ``"task"``); ``ValueError`` for anything else."""
+    if isolation is None:
+        return "task"
+    if not isinstance(isolation, str) or isolation not in ISOLATIONS:
+        raise ValueError(f"isolation must be 'task' or 'job', got {isolation!r}")
+    return isolation
 
 
 def _check_timeout(timeout: Any) -> float | None:

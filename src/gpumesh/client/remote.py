@@ -17,13 +17,15 @@ from typing import Any
 
 from ..hardware import Requirements
 from . import calls as _calls
-from .mesh import GPUMesh, _check_timeout, run_locally
+from .mesh import GPUMesh, _check_timeout, check_isolation, run_locally
 
 #: Options ``@accelerate`` accepts. ``gpu`` (a kind: "cuda", "mps", "gpu", "cpu", or a
 #: model such as "A100"), ``cores``, ``memory`` (host RAM) and ``gpu_memory`` (the GPU's
 #: memory) describe the hardware every task of the function needs: only slots that meet
 #: them run it (see :mod:`gpumesh.hardware` for the exact rules).
-OPTIONS = ("timeout", "gpu", "cores", "memory", "gpu_memory")
+#: ``isolation``: ``"task"`` (default, a fresh process per task) or ``"job"`` (each worker
+#: slot keeps one process for the job's tasks; see docs/architecture.md).
+OPTIONS = ("timeout", "gpu", "cores", "memory", "gpu_memory", "isolation")
 
 
 def unwrap(fn: Callable) -> Callable:
@@ -46,6 +48,7 @@ class RemoteFunction:
         self._mesh = mesh
         self.options = dict(options)
         self.options["timeout"] = _check_timeout(options.get("timeout"))
+        self.options["isolation"] = check_isolation(options.get("isolation"))
         #: What the function's tasks need; bad values raise ValueError here, at decoration.
         self.require = Requirements.from_options(
             **{k: options[k] for k in ("gpu", "cores", "memory", "gpu_memory") if options.get(k) is not None})
@@ -78,7 +81,8 @@ class RemoteFunction:
         if self._inline():
             return fn(*args, **kwargs)
         return self.mesh.run_calls(fn, [(args, kwargs)], timeout=self.options["timeout"],
-                                   name=getattr(fn, "__qualname__", None), require=self.require)[0]
+                                   name=getattr(fn, "__qualname__", None), require=self.require,
+                                   **self._isolation())[0]
 
     def map(self, items: Iterable[Any]) -> list[Any]:
         """One task per item (a dict is keyword arguments, a tuple positional arguments,
@@ -89,7 +93,14 @@ class RemoteFunction:
         if self._inline():
             return run_locally(fn, calls)
         return self.mesh.run_calls(fn, calls, hints=hints, timeout=self.options["timeout"],
-                                   name=getattr(fn, "__qualname__", None), require=self.require)
+                                   name=getattr(fn, "__qualname__", None), require=self.require,
+                                   **self._isolation())
+
+    def _isolation(self) -> dict:
+        # Only a non-default isolation is passed on: an engine backend (dask...) refuses
+        # options it cannot express, and "task" is what every engine does anyway.
+        iso = self.options.get("isolation", "task")
+        return {} if iso == "task" else {"isolation": iso}
 
     def to(self, device: str) -> RemoteFunction:
         """The same function bound to a device kind or model (``"cuda"``, ``"mps"``,
