@@ -42,13 +42,18 @@ def _exit_with_parent() -> None:
 @click.option("--fingerprint", default=None, metavar="SHA256:HEX",
               help="Pin the coordinator's TLS certificate (what `gpumesh serve --tls` printed) "
                    "[default: $GPUMESH_FINGERPRINT, else the saved config].")
-def join(url, token, slots, fingerprint):
+@click.option("--runtime", type=click.Choice(["fork", "spawn"]), default=None,
+              help="How task processes start: fork (a warm host forks one per task; Linux) "
+                   "or spawn (fresh interpreters started ahead of need; Windows, macOS) "
+                   "[default: $GPUMESH_RUNTIME, else the platform's].")
+def join(url, token, slots, fingerprint, runtime):
     """Join the mesh whose coordinator is at URL (e.g. http://192.0.2.10:8000).
 
     Without URL, looks for coordinators on the LAN for a few seconds (mDNS, as
     `gpumesh radar` does) and joins the one found; several or none is an error."""
     from ..worker.agent import WorkerAgent
     from ..worker.device import detect
+    from ..worker.procs import choose_runtime
 
     if url is None:
         url = _discover_url()
@@ -75,6 +80,10 @@ def join(url, token, slots, fingerprint):
         if not url.startswith("https://"):
             fail(f"--fingerprint pins a TLS certificate, but {url} is not an https:// URL")
 
+    try:
+        runtime, runtime_why = choose_runtime(runtime)
+    except ValueError as e:
+        fail(str(e), code=2)
     info = detect()
     if slots == 0 and not (info["gpus"] or info["mps"]):
         fail("--cpu-slots 0 leaves this worker no slot: it has no GPU", code=2)
@@ -87,13 +96,15 @@ def join(url, token, slots, fingerprint):
     if slots:
         offered.append(f"{slots} CPU ({info['cpu']}, {info['cores']} cores)")
     click.echo(f"[worker] slots: {', '.join(offered)}")
+    click.echo(f"[worker] runtime: {runtime} ({runtime_why})")
 
     def on_event(kind: str, text: str) -> None:
         # "scored" lines (device=... score=...) come once the benchmark, which runs
         # after joining and only while no task runs, has measured every device.
         click.echo(f"[worker] {text}")
 
-    agent = WorkerAgent(url, token, slots=slots, info=info, on_event=on_event, fingerprint=fingerprint)
+    agent = WorkerAgent(url, token, slots=slots, info=info, on_event=on_event, fingerprint=fingerprint,
+                        runtime=runtime)
     advert = _advertise(url, info)
     if advert is not None:
         def and_advertise(kind: str, text: str) -> None:  # the radar shows the score too
