@@ -27,6 +27,9 @@ RUNTIMES = ("fork", "spawn")
 RUNTIME_ENV = "GPUMESH_RUNTIME"
 
 WINDOWS = sys.platform == "win32"
+#: What kills a process outright: SIGKILL, or where there is none (Windows) SIGTERM, which
+#: ``os.kill`` there turns into TerminateProcess.
+_HARD_KILL = getattr(signal, "SIGKILL", signal.SIGTERM)
 MACOS = sys.platform == "darwin"
 
 
@@ -98,15 +101,13 @@ def kill_tree(pid: int) -> None:
             tree = root.children(recursive=True) + [root]
         except psutil.Error:
             return
-        for p in tree:  # stop them all first, so no one starts anything new meanwhile
+        for p in reversed(tree):  # the parent first: it cannot start anything new then
             try:
-                p.suspend()
-            except psutil.Error:
-                pass
-        for p in tree:
-            try:
-                p.kill()
-            except psutil.Error:
+                if WINDOWS:
+                    p.kill()  # TerminateProcess
+                else:
+                    os.kill(p.pid, _HARD_KILL)
+            except (psutil.Error, OSError):
                 pass
         return
     if WINDOWS:
@@ -114,7 +115,7 @@ def kill_tree(pid: int) -> None:
                        stderr=subprocess.DEVNULL, check=False)
         return
     try:  # no tree to walk: at least the process itself
-        os.kill(pid, getattr(signal, "SIGKILL", signal.SIGTERM))
+        os.kill(pid, _HARD_KILL)
     except OSError:
         pass
 
