@@ -12,8 +12,8 @@ workers, task processes, caller) loses what CPython on Windows does not have:
 * ``fcntl``, ``resource``, ``pwd``, ``grp``, ``termios`` (and ``uvloop``, which has no
   Windows build) cannot be imported.
 
-The standard library's asyncio event loop keeps the full ``signal`` module (Windows runs
-another loop that needs none of it). And, as on Windows, ``os.kill(pid, SIGTERM)`` and ``Popen.kill()`` end a process outright
+The standard library's asyncio event loop keeps the full ``signal`` module, and psutil is imported first,
+with its Linux backend whole (on Windows both use other backends that need none of it). And, as on Windows, ``os.kill(pid, SIGTERM)`` and ``Popen.kill()`` end a process outright
 (TerminateProcess does not ask), so code cannot lean on SIGTERM being catchable.
 
 What it proves: gpumesh's code paths make no call Windows would refuse. What it does not:
@@ -36,6 +36,10 @@ _real_kill = os.kill
 _full_signal = types.ModuleType("signal")
 _full_signal.__dict__.update(signal.__dict__)
 asyncio.unix_events.signal = _full_signal
+try:  # psutil loads its Linux backend now, while it is whole (Windows has its own backend)
+    import psutil  # noqa: F401
+except ImportError:
+    pass
 
 for _name in ("fork", "forkpty", "killpg", "setsid", "getsid", "getpgid", "setpgid", "getuid",
               "geteuid", "getgid", "getegid", "memfd_create", "register_at_fork"):
