@@ -4,6 +4,8 @@
 #   make test      the test suite (dev extra)
 #   make test-engines  the conformance suite on the native mesh and the engines in ENGINES
 #                      (default "dask ray"; CI runs ENGINES=dask)
+#   make test-spawn    the integration, fault and conformance suites with every worker on
+#                      the spawn runtime (GPUMESH_RUNTIME=spawn; see docs/architecture.md)
 #   make bench     benchmarks/run.py
 #   make clean     build and cache files (make distclean also removes .venv)
 
@@ -12,7 +14,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: venv install demo test test-engines bench clean distclean
+.PHONY: venv install demo test test-engines test-spawn bench clean distclean
 
 venv: $(PY)
 
@@ -29,6 +31,11 @@ demo: install
 test: $(PY)
 	$(PIP) install -q -e '.[dev]'
 	$(PY) -m pytest
+
+# Workers started by these suites inherit GPUMESH_RUNTIME: the same tests, no fork.
+test-spawn: $(PY)
+	$(PIP) install -q -e '.[dev]'
+	GPUMESH_RUNTIME=spawn $(PY) -m pytest tests/integration tests/faults tests/conformance
 
 # The same decorator/.map tests on the native mesh, a Dask LocalCluster and a local Ray.
 ENGINES ?= dask ray
