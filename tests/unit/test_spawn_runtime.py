@@ -5,6 +5,7 @@ Each test drives a real SpawnExecutor: real interpreters, real sockets on 127.0.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import sys
 import threading
 import time
@@ -261,3 +262,53 @@ def test_choose_runtime(monkeypatch):
     monkeypatch.delenv("GPUMESH_RUNTIME")
     name, why = procs.choose_runtime()
     assert name == "spawn" and "os.fork" in why
+
+
+def test_task_processes_end_when_the_agent_is_killed(tmp_path):
+    """An agent killed outright (SIGKILL) cannot close its executor: its spares and a
+    running task (and what it started) end by themselves."""
+    import signal
+    import subprocess
+    import textwrap
+    script = tmp_path / "agent.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, threading
+        from pathlib import Path
+        from gpumesh import wire
+        from gpumesh.worker.spawn import SpawnExecutor
+
+        def hold():
+            import subprocess, sys, time
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+            print(child.pid, flush=True)
+            time.sleep(600)
+
+        payload = wire.dumps(hold, code=True)
+        blob = Path({str(tmp_path)!r}) / payload.sha256()
+        blob.write_bytes(b"".join(bytes(c) for c in payload.chunks))
+        args = b"".join(bytes(c) for c in wire.dumps(((), {{}})).chunks)
+        ex = SpawnExecutor(spool=Path({str(tmp_path)!r}) / "spool")
+
+        def run():
+            ex.new_output()
+            ex.run("t", payload.sha256(), str(blob), args, None)
+        threading.Thread(target=run).start()
+        threading.Event().wait()
+    """))
+    agent = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
+    try:
+        out = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not out:
+            outs = list((tmp_path / "spool").glob("*.out")) if (tmp_path / "spool").exists() else []
+            out = outs and outs[0].read_text().strip()
+            time.sleep(0.1)
+        assert out, "the task did not start"
+        import psutil
+        tree = [p.pid for p in psutil.Process(agent.pid).children(recursive=True)]
+        grandchild = int(out.split()[0])
+        assert grandchild in tree and len(tree) >= 3  # task, its child, spares
+    finally:
+        os.kill(agent.pid, signal.SIGKILL)
+        agent.wait()
+    assert all(_wait_gone(p) for p in tree)

@@ -157,7 +157,7 @@ class SpawnExecutor(Executor):
                                 stderr=subprocess.DEVNULL, env=env, **procs.group_kwargs())
         child = _Child(proc, fn_hash)
         self._connecting[token] = child
-        hello: dict = {"port": port, "token": token.hex()}
+        hello: dict = {"port": port, "token": token.hex(), "agent": os.getpid()}
         if fn_hash is not None:
             hello["load"] = self._load_msg(fn_hash, child)
         try:

@@ -74,6 +74,32 @@ def _run(fn, sock: socket.socket, msg: dict) -> None:
             os.close(args_fd)
 
 
+def _watch_agent(agent_pid: int) -> None:
+    """End this process (and what its task started) once the agent is gone: an agent
+    killed outright cannot close its executor, and its tasks must not run on unwatched."""
+    import threading
+    import time
+
+    def gone() -> bool:
+        if os.getppid() != agent_pid:  # POSIX: reparented
+            return True
+        if sys.platform == "win32":  # the parent pid stays; ask whether it still runs
+            try:
+                import psutil
+            except ImportError:
+                return False
+            return not psutil.pid_exists(agent_pid)
+        return False
+
+    def watch() -> None:
+        while not gone():
+            time.sleep(1.0)
+        from gpumesh.worker import procs
+        procs.kill_tree(os.getpid())
+        os._exit(70)
+    threading.Thread(target=watch, name="agent-watch", daemon=True).start()
+
+
 def main() -> int:
     # The agent decides when we stop; its Ctrl+C must not reach the task either.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -83,6 +109,7 @@ def main() -> int:
     os.environ[runner.IN_TASK_ENV] = "1"
     hello = json.loads(sys.stdin.readline())
     sys.stdin.close()
+    _watch_agent(int(hello.get("agent", os.getppid())))
     # Warm: what every function needs (a function blob is a cloudpickle stream).
     import cloudpickle  # noqa: F401
 
