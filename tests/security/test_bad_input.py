@@ -145,6 +145,9 @@ def submit_meta(job_id: str, n: int, **kw) -> dict:
     ({"caller": "me"}, "'caller'"),
     ({"kind": "shell"}, "'kind'"),
     ({"result_format": "xml"}, "'result_format'"),
+    ({"isolation": "process"}, "'isolation'"),
+    ({"isolation": 1}, "'isolation'"),
+    ({"kind": "script", "isolation": "job"}, "isolation='job' is for function jobs"),
     ({"n_tasks": 3}, "n_tasks"),
 ])
 def test_a_bad_submit_creates_no_job(mesh, extra, field):
