@@ -6,6 +6,8 @@
 #                      (default "dask ray"; CI runs ENGINES=dask)
 #   make test-spawn    the integration, fault and conformance suites with every worker on
 #                      the spawn runtime (GPUMESH_RUNTIME=spawn; see docs/architecture.md)
+#   make test-docker  the Dockerfile and docker-compose.yaml built and run with podman
+#                     (as root; apt-installs podman, podman-compose, debootstrap, runc)
 #   make bench     benchmarks/run.py
 #   make clean     build and cache files (make distclean also removes .venv)
 
@@ -14,7 +16,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: venv install demo test test-engines test-spawn bench clean distclean
+.PHONY: venv install demo test test-engines test-spawn test-docker bench clean distclean
 
 venv: $(PY)
 
@@ -45,6 +47,17 @@ space := $(empty) $(empty)
 test-engines: $(PY)
 	$(PIP) install -q -e '.[dev,$(subst $(space),$(comma),$(strip $(ENGINES)))]'
 	$(PY) -m pytest tests/conformance
+
+# A Debian base image from Debian packages (no Docker Hub needed), the image built on it,
+# a pod and the compose file run from it (tests/docker/test_image.py).
+CONTAINER_TOOLS := podman podman-compose debootstrap runc
+test-docker: $(PY)
+	$(PIP) install -q -e '.[dev]'
+	@missing=""; for t in $(CONTAINER_TOOLS); do command -v $$t >/dev/null 2>&1 || \
+		[ -x /usr/sbin/$$t ] || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
+	GPUMESH_TEST_DOCKER=1 $(PY) -m pytest tests/docker -x -q
 
 bench: $(PY)
 	$(PIP) install -q -e '.[notebook,bench]'

@@ -35,6 +35,16 @@ def no_lan_discovery():
         os.environ["GPUMESH_DISCOVERY"] = old
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_worker_directories_left():
+    """Workers the suite kills (-9) cannot remove their temporary directories; a worker
+    that starts later removes them, and so does the end of the session (never those of
+    workers still alive: see gpumesh.worker.tempdirs)."""
+    yield
+    from gpumesh.worker import tempdirs
+    tempdirs.sweep()
+
+
 def free_port() -> int:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

@@ -32,6 +32,7 @@ __all__ = [
     "MeshUnavailable",
     "WireError",
     "PayloadTooLarge",
+    "VersionMismatch",
     "Unsatisfiable",
     "TaskFailed",
     "RemoteError",

@@ -202,9 +202,19 @@ class Advertiser:
                 if self._closed:
                     return
                 self._zc = zeroconf.Zeroconf(interfaces=self.addresses, ip_version=version)
-                self._info = self._make_info()
-            self._zc.register_service(self._info, allow_name_change=True)
+                info = self._make_info()
+                sent = dict(self.properties)
+            zc = self._zc
+            zc.register_service(info, allow_name_change=True)
+            # Only now is there a record to update: an update() during the probing above
+            # would have published the name first, and the probe would then have renamed
+            # this record ("... -2"), leaving two services for one process.
+            with self._lock:
+                self._info = info
+                changed = self.properties != sent
             log.info("advertising %s on %s port %s", self.role, ", ".join(self.addresses), self.port)
+            if changed:
+                self.update()
         except DiscoveryUnavailable as e:
             log.info("not advertised: %s", e)
         except Exception as e:  # noqa: BLE001 - discovery must never stop a coordinator/worker
@@ -286,12 +296,16 @@ def entry(name: str, addresses: list[str], port: int, props: dict) -> dict:
 
 
 class Browser:
-    """Watches the LAN for gpumesh services; :meth:`snapshot` is what is seen now."""
+    """Watches the LAN for gpumesh services; :meth:`snapshot` is what is seen now.
+    Raises :class:`DiscoveryUnavailable`, or ``OSError`` when no interface can listen."""
 
     def __init__(self):
         zeroconf = _zeroconf()
         self._zc_mod = zeroconf
-        self.zc = zeroconf.Zeroconf()
+        try:
+            self.zc = zeroconf.Zeroconf()
+        except RuntimeError as e:  # zeroconf's word for "no interface to listen on"
+            raise OSError(str(e)) from None
         self._pending: set[str] = set()
         self._found: dict[str, dict] = {}
         self._lock = threading.Lock()

@@ -6,6 +6,8 @@
     ├── MeshUnavailable            the coordinator stopped answering after it accepted a job
     ├── WireError                  bytes that are not a gpumesh payload, or another wire version
     ├── PayloadTooLarge            a body over a documented size limit (names the limit)
+    ├── VersionMismatch            the other end runs another gpumesh version (names both
+    │                              and the command that installs the coordinator's)
     ├── Unsatisfiable              no alive worker (nor, with none alive, this machine) can
     │                              ever meet the call's hardware requirements
     ├── TaskFailed                 the task did not return a value
@@ -57,6 +59,14 @@ class PayloadTooLarge(MeshError):
     """A request or result is over a size limit; the message names the limit in MiB."""
 
 
+class VersionMismatch(MeshError):
+    """This process and the coordinator run different gpumesh versions (or the
+    coordinator is another program). The message names both versions and the
+    ``pip install`` command that installs the coordinator's version from the
+    coordinator. Never retried: the versions do not change while one waits.
+    """
+
+
 class Unsatisfiable(MeshError):
     """A call asks for hardware (``gpu=``, ``cores=``, ``memory=``, ``gpu_memory=``, a
     ``gpu_memory_mb`` hint) that no alive worker could ever provide; the message lists
@@ -69,7 +79,13 @@ class Unsatisfiable(MeshError):
 
 
 class TaskFailed(MeshError):
-    """A task did not produce a value. ``task_id`` and ``worker`` say where, when known."""
+    """A task did not produce a value. ``task_id`` and ``worker`` say where, when known;
+    so do ``index`` (the task's ``.map`` item), ``hostname`` (the worker's) and
+    ``attempt`` (1 for the first run), None when unknown."""
+
+    index: int | None = None
+    hostname: str | None = None
+    attempt: int | None = None
 
     def __init__(self, message: str, task_id: str | None = None, worker: str | None = None):
         super().__init__(message)
@@ -97,7 +113,9 @@ class TaskCrashed(TaskFailed):
 
 
 class WorkerLost(TaskFailed):
-    """The task was re-queued after worker losses until its attempts ran out."""
+    """The task was re-queued after worker losses until its attempts ran out; or, at the
+    caller, no worker was alive to run it for the call's ``timeout=`` (without one, for
+    ``GPUMESH_NO_WORKER_TIMEOUT`` seconds, default 600) and the job was cancelled."""
 
 
 class Cancelled(TaskFailed):
@@ -109,7 +127,17 @@ class TaskTimeout(MeshError, TimeoutError):
 
 
 class RemoteTraceback(Exception):
-    """Carries the worker-side traceback text; set as ``__cause__`` of a re-raised exception."""
+    """Carries the worker-side traceback text; set as ``__cause__`` of a re-raised exception.
+
+    Also says where the task ran, as far as known (else None): ``index`` (its ``.map``
+    item), ``task_id``, ``worker`` (id), ``hostname`` and ``attempt`` (1 for the first run).
+    """
+
+    index: int | None = None
+    task_id: str | None = None
+    worker: str | None = None
+    hostname: str | None = None
+    attempt: int | None = None
 
     def __init__(self, tb: str):
         super().__init__(tb)

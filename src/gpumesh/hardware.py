@@ -40,7 +40,9 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+
+from . import availability
 
 MiB = 2**20
 
@@ -54,6 +56,7 @@ _UNITS = {
 }
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]+)\s*$")
 _WORD = re.compile(r"[a-z0-9]+")
+_PYTHON = re.compile(r"[0-9]{1,2}\.[0-9]{1,3}\Z")
 #: Largest size anyone could mean (1 EiB); beyond it is a typo.
 _MAX_BYTES = 2**60
 
@@ -90,6 +93,11 @@ def format_bytes(n: float) -> str:
         if n >= size:
             return f"{n / size:.3f}".rstrip("0").rstrip(".") + f" {unit}"
     return f"{int(n)} B"
+
+
+def format_mib(mib: float) -> str:
+    """A number of MiB as written in messages: ``1000000.0`` -> ``"1000000"``, ``0.5`` -> ``"0.5"``."""
+    return str(int(mib)) if float(mib).is_integer() else f"{mib:g}"
 
 
 # ---------------------------------------------------------------- GPU names ----------
@@ -152,23 +160,32 @@ class Requirements:
 
     ``gpu``: a kind or a model (see :func:`normalise_gpu`); ``cores``: logical CPU cores
     of the machine; ``memory``: the machine's total RAM in bytes; ``gpu_memory``: the
-    GPU's total memory in bytes (implies a GPU).
+    GPU's total memory in bytes (implies a GPU); ``python``: the ``major.minor`` Python
+    version of the worker (set by the caller, not the user, for code shipped by value:
+    its bytecode only loads on the Python that made it; see :mod:`gpumesh.versions`).
     """
 
     gpu: str | None = None
     cores: int | None = None
     memory: int | None = None
     gpu_memory: int | None = None
+    python: str | None = None
+    #: ``requires=``: distributions the task needs (canonical PEP 508 strings, sorted); a
+    #: worker that lacks one must allow installs (``gpumesh join --allow-installs``).
+    requires: tuple[str, ...] = ()
 
     @classmethod
-    def from_options(cls, gpu=None, cores=None, memory=None, gpu_memory=None) -> Requirements:
+    def from_options(cls, gpu=None, cores=None, memory=None, gpu_memory=None,
+                     requires=None) -> Requirements:
         """From ``@accelerate`` options; ``ValueError`` names the argument that is wrong."""
         if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
             raise ValueError(f"cores must be a whole number >= 1, got {cores!r}")
+        from .packages import parse_requirements
         return cls(gpu=None if gpu is None else normalise_gpu(gpu, "gpu"),
                    cores=cores,
                    memory=None if memory is None else parse_memory(memory, "memory"),
-                   gpu_memory=None if gpu_memory is None else parse_memory(gpu_memory, "gpu_memory"))
+                   gpu_memory=None if gpu_memory is None else parse_memory(gpu_memory, "gpu_memory"),
+                   requires=() if requires is None else parse_requirements(requires))
 
     @classmethod
     def from_meta(cls, meta: Mapping | None, field: str = "require") -> Requirements:
@@ -177,21 +194,30 @@ class Requirements:
             return cls()
         if not isinstance(meta, Mapping):
             raise ValueError(f"field {field!r} must be an object")
-        unknown = set(meta) - {"gpu", "cores", "memory", "gpu_memory"}
+        unknown = set(meta) - {"gpu", "cores", "memory", "gpu_memory", "python", "requires"}
         if unknown:
             raise ValueError(f"field {field}.{sorted(unknown)[0]} is not a known requirement")
+        python = meta.get("python")
+        if python is not None and (not isinstance(python, str) or not _PYTHON.match(python)):
+            raise ValueError(f"field {field}.python must be a Python version like '3.11'")
         for key in ("cores", "memory", "gpu_memory"):
             v = meta.get(key)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise ValueError(f"field {field}.{key} must be an integer, got {type(v).__name__}")
         try:
-            return cls.from_options(**{k: v for k, v in meta.items() if v is not None})
+            req = cls.from_options(**{k: v for k, v in meta.items() if v is not None and k != "python"
+                                      and not (k == "requires" and not v)})
         except ValueError as e:
             raise ValueError(f"field {field}: {e}") from None
+        return replace(req, python=python) if python else req
 
     def to_meta(self) -> dict:
-        return {k: v for k, v in (("gpu", self.gpu), ("cores", self.cores), ("memory", self.memory),
-                                  ("gpu_memory", self.gpu_memory)) if v is not None}
+        out = {k: v for k, v in (("gpu", self.gpu), ("cores", self.cores), ("memory", self.memory),
+                                 ("gpu_memory", self.gpu_memory), ("python", self.python))
+               if v is not None}
+        if self.requires:
+            out["requires"] = list(self.requires)
+        return out
 
     def __bool__(self) -> bool:
         return bool(self.to_meta())
@@ -211,6 +237,10 @@ class Requirements:
             parts.append(f"memory={format_bytes(self.memory)}")
         if self.gpu_memory is not None:
             parts.append(f"gpu_memory={format_bytes(self.gpu_memory)}")
+        if self.requires:
+            parts.append(f"requires={list(self.requires)}")
+        if self.python is not None:
+            parts.append(f"Python {self.python} (code shipped by value)")
         return ", ".join(parts) or "no requirements"
 
 
@@ -236,6 +266,11 @@ class Slot:
     ram_mb: int = 0
     score: float = 0.0
     hostname: str = ""
+    python: str = ""  # the worker's Python, "major.minor" ("" if it did not say)
+    #: The worker builds environments for ``requires=`` (``join --allow-installs``).
+    allow_installs: bool = False
+    #: Its installed distributions (gpumesh.packages), for ``requires=``.
+    packages: Mapping = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -290,6 +325,9 @@ def slots_of(worker_id: str, info: Mapping, slots: list[Mapping] | None = None) 
     cpu_score = float(scores.get("cpu", info.get("score") or 0.0) or 0.0)
     cores, ram = int(info.get("cores") or 0), int(info.get("ram_mb") or 0)
     host = str(info.get("hostname") or "")
+    py = python_minor(info.get("python"))
+    installs = info.get("allow_installs") is True
+    pkgs = info.get("packages") if isinstance(info.get("packages"), Mapping) else {}
     out = []
     for s in slots:
         kind = s.get("kind", "cpu")
@@ -299,14 +337,14 @@ def slots_of(worker_id: str, info: Mapping, slots: list[Mapping] | None = None) 
             out.append(Slot(worker_id, int(s["id"]), "cuda", int(s.get("gpu", -1)),
                             str(g.get("name", "NVIDIA GPU")), int(g.get("memory_total_mb") or 0),
                             None if free is None else int(free), cores, ram,
-                            _score(scores, device_key(s), cpu_score), host))
+                            _score(scores, device_key(s), cpu_score), host, py, installs, pkgs))
         elif kind == "mps":
             # Apple GPUs share the machine's memory: their "VRAM" is its RAM.
             out.append(Slot(worker_id, int(s["id"]), "mps", None, str(info.get("cpu") or "Apple GPU"),
-                            ram, None, cores, ram, _score(scores, "mps", cpu_score), host))
+                            ram, None, cores, ram, _score(scores, "mps", cpu_score), host, py, installs, pkgs))
         else:
             out.append(Slot(worker_id, int(s["id"]), "cpu", None, str(info.get("cpu") or "CPU"),
-                            0, None, cores, ram, cpu_score, host))
+                            0, None, cores, ram, cpu_score, host, py, installs, pkgs))
     return out
 
 
@@ -319,6 +357,14 @@ def refusal(req: Requirements, slot: Slot, vram_hint_mb: float | None = None, *,
     ``ever=True`` asks whether it could at all: the hint is compared with the GPU's total
     memory instead of its last reported free memory.
     """
+    if req.python and slot.python and slot.python != req.python:
+        return f"runs Python {slot.python}, not {req.python}"
+    if req.requires and not slot.allow_installs:
+        from .packages import unmet
+        missing = unmet(req.requires, slot.packages)
+        if missing:
+            return (f"lacks {', '.join(missing)} and does not allow installs "
+                    "(gpumesh join --allow-installs)")
     gpu = req.gpu
     if gpu == "cpu" and slot.kind != "cpu":
         return f"is a {slot.kind} slot, not a CPU slot"
@@ -337,26 +383,39 @@ def refusal(req: Requirements, slot: Slot, vram_hint_mb: float | None = None, *,
         return f"has {slot.cores} cores, fewer than {req.cores}"
     if req.memory is not None and slot.ram_mb * MiB < req.memory:
         return f"has {slot.ram_mb} MiB of RAM, less than {format_bytes(req.memory)}"
-    if vram_hint_mb and slot.kind != "cpu":
+    if vram_hint_mb:
         return vram_refusal(slot, vram_hint_mb, ever=ever)
     return None
 
 
 def vram_refusal(slot: Slot, vram_hint_mb: float, *, ever: bool = False) -> str | None:
-    """Why a GPU ``slot`` cannot take a task hinting ``vram_hint_mb`` MiB (None: it can).
-    A CPU slot never refuses on this ground: the hint is about GPU memory."""
-    if slot.kind == "cpu" or not vram_hint_mb:
+    """Why ``slot`` cannot take a task hinting ``vram_hint_mb`` MiB (None: it can).
+
+    The hint says the task needs that much GPU memory, so a CPU slot always refuses it
+    (the task would run without a GPU); a GPU slot refuses it when its GPU is smaller
+    (``ever``) or, unless ``ever``, when its last reported free memory is less."""
+    if not vram_hint_mb:
         return None
+    if slot.kind == "cpu":
+        return "has no GPU"
     if slot.vram_total_mb and slot.vram_total_mb < vram_hint_mb:
-        return f"has {slot.vram_total_mb} MiB of GPU memory in all, less than the {vram_hint_mb:g} MiB hinted"
+        return f"has {slot.vram_total_mb} MiB of GPU memory in all, less than the {format_mib(vram_hint_mb)} MiB hinted"
     if not ever and slot.vram_free_mb is not None and slot.vram_free_mb < vram_hint_mb:
-        return f"has {slot.vram_free_mb} MiB of GPU memory free, less than the {vram_hint_mb:g} MiB hinted"
+        return f"has {slot.vram_free_mb} MiB of GPU memory free, less than the {format_mib(vram_hint_mb)} MiB hinted"
     return None
 
 
 def satisfiable(req: Requirements, slots: Iterable[Slot], vram_hint_mb: float | None = None) -> bool:
     """Whether any of ``slots`` could ever run a task needing ``req`` and the hint."""
     return any(refusal(req, s, vram_hint_mb, ever=True) is None for s in slots)
+
+
+def python_minor(version) -> str:
+    """``"3.11"`` from a worker's ``"3.11.7"``; ``""`` for anything else."""
+    if not isinstance(version, str):
+        return ""
+    parts = version.split(".")
+    return f"{parts[0]}.{parts[1]}" if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit() else ""
 
 
 # ---------------------------------------------------------------- the pool -----------
@@ -366,7 +425,9 @@ def pool_devices(workers: Iterable[Mapping]) -> list[dict]:
     Keys: ``worker``, ``hostname``, ``kind`` (``"cuda"``, ``"mps"``, ``"cpu"``),
     ``device`` (``"cuda:0"``...), ``index`` (NVML index or None), ``name``,
     ``memory_total_mb``/``memory_free_mb`` (GPU memory; RAM for a CPU), ``cores``,
-    ``score``, ``slots`` (slots on this device) and ``busy`` (of those, running a task).
+    ``score``, ``slots`` (slots on this device), ``busy`` (of those, running a task) and
+    ``state`` (``{"state", "label"}`` while the owner's rules close it, else None; see
+    :mod:`gpumesh.availability`).
     """
     out: list[dict] = []
     for w in workers:
@@ -382,7 +443,8 @@ def pool_devices(workers: Iterable[Mapping]) -> list[dict]:
                     "index": s.gpu, "name": s.name,
                     "memory_total_mb": s.vram_total_mb if s.kind != "cpu" else s.ram_mb,
                     "memory_free_mb": s.vram_free_mb, "cores": s.cores,
-                    "score": device_score(w, s.device), "slots": 0, "busy": 0}
+                    "score": device_score(w, s.device), "slots": 0, "busy": 0,
+                    "state": availability.device_state(w, s.device)}
             d["slots"] += 1
             d["busy"] += s.id in busy
         out.extend(by_device.values())

@@ -42,6 +42,10 @@ SWEEP_INTERVAL_S = 0.5
 #: Attempts a task gets when the worker running it is lost (not when the task raises).
 #: Override with ``GPUMESH_MAX_ATTEMPTS``.
 MAX_ATTEMPTS = int(os.environ.get("GPUMESH_MAX_ATTEMPTS", "3"))
+#: Most re-runs ``@accelerate(retries=N, retry_on=...)`` may ask for after the function
+#: raised, and most exception types one ``retry_on`` may name.
+MAX_RETRIES = 10
+MAX_RETRY_TYPES = 32
 
 # --- dead connections ---------------------------------------------------------------
 #: TCP keepalive on every client connection: a peer that vanished without a FIN (cable
@@ -57,6 +61,12 @@ BACKOFF_MAX_S = 2.0
 #: How long a caller keeps retrying an unreachable coordinator while it waits for
 #: results of an accepted job before raising MeshUnavailable.
 CALLER_RECONNECT_S = float(os.environ.get("GPUMESH_RECONNECT_TIMEOUT", "300"))
+
+#: Seconds a caller waits for a worker to (re)join while none that can run its tasks is
+#: alive and its call has no ``timeout=``; then the call raises WorkerLost (and its job is
+#: cancelled). A call with ``timeout=T`` waits T seconds instead. Override with
+#: ``GPUMESH_NO_WORKER_TIMEOUT``.
+NO_WORKER_WAIT_S = float(os.environ.get("GPUMESH_NO_WORKER_TIMEOUT", "600"))
 
 #: Hours a finished job (its tasks, payloads and results) is kept before it is deleted.
 #: Override with ``GPUMESH_RETENTION_HOURS``.
@@ -115,6 +125,14 @@ AUTH_TRACKED_ADDRESSES = 10_000
 #: loopback and no proxy header is present. ``GPUMESH_LOOPBACK_EXEMPT=0`` turns the
 #: exemption off (e.g. a loopback coordinator exposed through an SSH or TCP tunnel).
 AUTH_LOOPBACK_EXEMPT = os.environ.get("GPUMESH_LOOPBACK_EXEMPT", "1") != "0"
+#: Clock difference to a coordinator (seconds) that ``gpumesh doctor`` warns about: traces
+#: and logs of the two machines no longer line up.
+CLOCK_SKEW_WARN_S = 5.0
+#: ... and that it fails on: TLS certificates start to look not yet valid or expired.
+CLOCK_SKEW_FAIL_S = 300.0
+#: ``X-Forwarded-For`` hops read (from the right) behind trusted proxies; a longer chain
+#: is cut here, so a huge header costs no more than this.
+MAX_FORWARDED_HOPS = 32
 #: Seconds a new connection may take to send a complete request head (request line and
 #: headers), and a kept-alive one to finish the head of its next request once begun;
 #: slower clients are disconnected. (A TLS handshake is bounded separately by asyncio's

@@ -12,6 +12,7 @@ Every failure becomes a :mod:`gpumesh.errors` exception:
 * read timeout / connection dropped      -> :class:`Unreachable` (``sent=True``)
 * 401, 403 forbidden, 429 locked_out     -> :class:`~gpumesh.errors.AuthError`
 * 413                                    -> :class:`~gpumesh.errors.PayloadTooLarge`
+* 409 version_mismatch                   -> :class:`~gpumesh.errors.VersionMismatch`
 * other 4xx / 5xx                        -> :class:`~gpumesh.errors.RequestRejected`
 * a TLS certificate that cannot be verified, or that does not match the pinned
   fingerprint                           -> :class:`~gpumesh.errors.AuthError` (never a
@@ -43,7 +44,7 @@ from urllib3.connection import HTTPConnection
 from urllib3.exceptions import (ConnectTimeoutError, HTTPError, NewConnectionError,
                                 ProtocolError, ReadTimeoutError)
 
-from .errors import AuthError, MeshUnavailable, PayloadTooLarge, RequestRejected
+from .errors import AuthError, MeshUnavailable, PayloadTooLarge, RequestRejected, VersionMismatch
 from .limits import (CONNECT_TIMEOUT_S, READ_TIMEOUT_S, TCP_KEEPCNT, TCP_KEEPIDLE_S,
                      TCP_KEEPINTVL_S)
 
@@ -99,7 +100,8 @@ class Transport:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s):// URL: {url!r}")
         self._prefix = parts.path  # a coordinator behind a path prefix
-        self._headers = {}
+        from .versions import USER_AGENT
+        self._headers = {"user-agent": USER_AGENT}  # the coordinator refuses other versions
         if token is not None:
             # UTF-8 bytes: a token with non-Latin-1 characters is still sent (and refused
             # by the coordinator with a clear 401) instead of failing inside the client.
@@ -348,6 +350,8 @@ def check(resp: Response, url: str) -> None:
                         "check --token / $GPUMESH_TOKEN")
     if resp.status_code == 413:
         raise PayloadTooLarge(message or "request over the coordinator's size limit")
+    if code == "version_mismatch":
+        raise VersionMismatch(message)
     err = RequestRejected(f"{message} (HTTP {resp.status_code})", resp.status_code)
     err.code = code  # type: ignore[attr-defined]
     raise err

@@ -66,14 +66,17 @@ class Payload:
     """A serialized object as a list of chunks, ready to hash, send or join.
 
     ``chunks`` are the layout above in order; ``size`` is their total length in bytes.
+    ``by_value``: the pickle carries Python bytecode (a function, lambda or class shipped
+    by value), which only the Python minor version that made it can load safely.
     Nothing is copied until a caller asks for :meth:`to_bytes`.
     """
 
-    __slots__ = ("chunks", "size")
+    __slots__ = ("chunks", "size", "by_value")
 
-    def __init__(self, chunks: list[Chunk]):
+    def __init__(self, chunks: list[Chunk], by_value: bool = False):
         self.chunks = chunks
         self.size = sum(memoryview(c).nbytes for c in chunks)
+        self.by_value = by_value
 
     def sha256(self) -> str:
         # Imported here: hashlib maps OpenSSL's libcrypto (~3.5 MiB resident), and the
@@ -96,6 +99,48 @@ def _by_value_modules() -> bool:
         return False
     registry = getattr(getattr(cp, "cloudpickle", None), "_PICKLE_BY_VALUE_MODULES", None)
     return bool(registry)
+
+
+_CODE_PICKLER: type | None = None
+#: What cloudpickle writes in place of a code object's file name.
+_ANONYMOUS_FILE = "<dynamic-code>"
+
+
+def _code_pickler() -> type:
+    """cloudpickle's Pickler, except that code shipped by value keeps its real
+    ``co_filename``. cloudpickle replaces it with ``"<dynamic-code>"`` (so that a
+    notebook function pickles to the same bytes from any cell); a traceback on the
+    worker would then name no file, and the caller could not show the lines of its own
+    file or notebook cell (:func:`gpumesh.client.calls.with_source`). Its ``saw_code``
+    says afterwards whether any code object was pickled (:attr:`Payload.by_value`)."""
+    global _CODE_PICKLER
+    if _CODE_PICKLER is None:
+        import types
+        from collections import ChainMap
+
+        import cloudpickle
+
+        table = cloudpickle.Pickler.dispatch_table
+        anonymous = table[types.CodeType]
+
+        def reduce_code(code: types.CodeType):
+            rebuild, args = anonymous(code)[:2]
+            if _ANONYMOUS_FILE in args:
+                # The first such string is co_filename (co_name comes after it).
+                at = args.index(_ANONYMOUS_FILE)
+                args = args[:at] + (code.co_filename,) + args[at + 1:]
+            return rebuild, args
+
+        def reducer_override(self, obj):
+            # Bytecode is about to travel: note it (see Payload.by_value).
+            if type(obj) is types.CodeType:
+                self.saw_code = True
+            return cloudpickle.Pickler.reducer_override(self, obj)
+
+        _CODE_PICKLER = type("CodePickler", (cloudpickle.Pickler,),
+                             {"dispatch_table": ChainMap({types.CodeType: reduce_code}, table),
+                              "saw_code": False, "reducer_override": reducer_override})
+    return _CODE_PICKLER
 
 
 def dumps(obj: Any, *, code: bool = False) -> Payload:
@@ -128,9 +173,13 @@ def dumps(obj: Any, *, code: bool = False) -> Payload:
             stream = None  # by-reference to the caller's __main__: the worker has no such thing
         if stream is None:
             buffers.clear()
+    by_value = False
     if stream is None:
-        import cloudpickle
-        stream = cloudpickle.dumps(obj, protocol=PROTOCOL, buffer_callback=keep)
+        import io
+        with io.BytesIO() as fh:
+            pickler = _code_pickler()(fh, protocol=PROTOCOL, buffer_callback=keep)
+            pickler.dump(obj)
+            stream, by_value = fh.getvalue(), pickler.saw_code
     head = bytearray(PAYLOAD_MAGIC)
     head += struct.pack("<IQ", len(buffers), len(stream))
     for b in buffers:
@@ -144,7 +193,7 @@ def dumps(obj: Any, *, code: bool = False) -> Payload:
             off += pad
         chunks.append(part)
         off += memoryview(part).nbytes
-    return Payload(chunks)
+    return Payload(chunks, by_value)
 
 
 def loads(data: Chunk) -> Any:

@@ -74,6 +74,14 @@ def test_inexpressible_hint_is_a_clear_error_before_connecting():
         accelerate(m, gpu="A100")(f)(1)
 
 
+def test_retry_on_is_refused_by_engines_before_anything_runs():
+    m = GPUMesh(f"dask://127.0.0.1:{free_port()}")
+    f = accelerate(m, retries=1, retry_on=OSError)(abs)
+    for call in (lambda: f(-1), lambda: f.map([-1, -2]), lambda: f.imap([-1])):
+        with pytest.raises(EngineCannotExpress, match="retry_on"):
+            call()
+
+
 def test_native_only_features_say_so():
     m = GPUMesh("dask://127.0.0.1:1")
     with pytest.raises(EngineCannotExpress, match="native"):

@@ -34,9 +34,10 @@ def m(backend):
 
 @pytest.fixture(autouse=True)
 def engine_only(monkeypatch):
-    def refuse(fn, calls):
+    def refuse(fn, calls, *_):
         raise AssertionError(f"{fn!r} ran locally although the backend is up")
     monkeypatch.setattr(mesh_mod, "run_locally", refuse)
+    monkeypatch.setattr(mesh_mod, "iter_locally", refuse)  # the fallback of .map/.imap
     monkeypatch.delenv("GPUMESH_LOCAL", raising=False)
 
 
@@ -138,6 +139,42 @@ def test_map_first_failure_raises(m):
     assert f.map([0, 1]) == [0, 1]
 
 
+def test_map_return_exceptions_keeps_every_result(m):
+    @accelerate(m)
+    def f(x):
+        if x in (2, 5):
+            raise ValueError(f"bad {x}")
+        return x * 10
+
+    got = f.map(range(8), return_exceptions=True)
+    assert [v for i, v in enumerate(got) if i not in (2, 5)] == [0, 10, 30, 40, 60, 70]
+    for i in (2, 5):
+        assert type(got[i]) is ValueError and str(got[i]) == f"bad {i}"
+        assert isinstance(got[i].__cause__, RemoteTraceback) and got[i].__cause__.index == i
+    with pytest.raises(ValueError) as ei:  # the default: the first failure, saying how to keep going
+        f.map(range(8))
+    text = "\n".join(getattr(ei.value, "__notes__", [])) + str(ei.value.__cause__)
+    if sys.version_info >= (3, 11):
+        assert "return_exceptions=True" in text
+
+
+def test_imap_yields_each_index_once(m):
+    @accelerate(m)
+    def f(x):
+        if x == 4:
+            raise KeyError(x)
+        return x + 1
+
+    got = list(f.imap(range(10), return_exceptions=True))
+    assert sorted(i for i, _ in got) == list(range(10))
+    values = dict(got)
+    assert type(values.pop(4)) is KeyError
+    assert values == {i: i + 1 for i in range(10) if i != 4}
+    with f.imap(range(5, 10)) as it:  # closing early is fine (the rest is cancelled)
+        i, v = next(it)
+    assert 0 <= i < 5 and v == i + 6  # index i is item 5 + i
+
+
 def test_timeout(m):
     @accelerate(m, timeout=0.5)
     def sleepy():
@@ -182,7 +219,7 @@ def test_pool_calls(m):
     assert sum(d["slots"] for d in devices) >= 2
     assert m.gpu_count() == sum(1 for d in devices if d["kind"] != "cpu")
     assert isinstance(m.total_score(), float)
-    assert m.device_count() == len(devices)
+    assert m.device_count() == len({d["hostname"] or d["worker"] for d in devices})  # machines
 
 
 def test_impossible_requirement_is_unsatisfiable(m):

@@ -12,7 +12,7 @@ import pytest
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grid_search.py"
 
-pytest.importorskip("sklearn", reason="the example needs scikit-learn (the 'examples' extra)")
+pytest.importorskip("numpy", reason="the example needs NumPy (the 'examples' extra)")
 
 
 def _run(env_extra: dict, home: Path) -> subprocess.CompletedProcess:

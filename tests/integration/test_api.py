@@ -19,7 +19,7 @@ import pytest
 
 import gpumesh
 from gpumesh import (GPUMesh, MeshError, RemoteError, RemoteTraceback, TaskCrashed, TaskFailed,
-                     TaskTimeout, accelerate)
+                     TaskTimeout, Unsatisfiable, accelerate)
 from gpumesh.client import mesh as mesh_mod
 from gpumesh.client import remote as remote_mod
 from gpumesh.errors import RequestRejected
@@ -559,7 +559,9 @@ def test_bad_timeout_is_value_error(client):
 
 
 def test_unknown_option_is_type_error(client):
-    with pytest.raises(TypeError, match="retries"):
+    with pytest.raises(TypeError, match="retrys"):
+        accelerate(client, retrys=3)(lambda: 1)
+    with pytest.raises(ValueError, match="retry_on"):  # retries= alone: which exceptions?
         accelerate(client, retries=3)(lambda: 1)
 
 
@@ -601,8 +603,11 @@ def test_map_hint_keys_stripped_unless_named(client):
     def f(x):
         return x * 10
 
-    assert f.map([{"x": 1, "cost": 5}, {"x": 2, "gpu_memory_mb": 256},
+    assert f.map([{"x": 1, "cost": 5}, {"x": 2, "gpu_memory_mb": 0},
                   {"x": 3, "cost": 1, "gpu_memory_mb": 0}]) == [10, 20, 30]
+    # a GPU memory hint asks for a GPU, and this pool has none
+    with pytest.raises(Unsatisfiable, match="gpu_memory_mb=256"):
+        f.map([{"x": 2, "gpu_memory_mb": 256}])
 
     @accelerate(client)
     def g(x, cost):

@@ -107,7 +107,7 @@ def test_pool_api(client):
     assert [(d["name"], d["device"], d["score"]) for d in devices[:3]] == [
         (A100["name"], "cuda:0", 5000.0), (RTX["name"], "cuda:0", 3000.0), (RTX["name"], "cuda:1", 3000.0)]
     assert [d["kind"] for d in devices[3:]] == ["cpu", "cpu"]
-    assert client.device_count() == 5
+    assert client.device_count() == 1  # machines: both workers run on this one
     assert client.gpu_count() == 3
     cpu_scores = sum(d["score"] for d in devices if d["kind"] == "cpu")
     assert client.total_score() == pytest.approx(5000 + 3000 + 3000 + cpu_scores, abs=0.01)
@@ -236,6 +236,75 @@ def test_submit_validates_requirements_at_the_boundary(hw):
     assert r.status_code == 409 and r.json()["error"] == "unsatisfiable"
 
 
+def _hold_where(seconds):
+    """Sleep, then say where this task ran (a task that keeps its slot busy)."""
+    import time as _t
+    _t.sleep(seconds)
+    return where()
+
+
+def test_hinted_map_items_run_only_on_gpus(client):
+    # 5 free slots (3 GPUs, 2 CPUs) and 5 tasks that each fit every GPU: without the hint
+    # two would start on the CPU slots at once; with it they wait for a GPU.
+    got = accelerate(client)(_hold_where).map([{"seconds": 1.0, "gpu_memory_mb": 500}] * 5)
+    assert all(model != "cpu" for model, _ in got), got
+    assert {model for model, _ in got} <= {A100["name"], RTX["name"]}
+
+
+def test_hinted_single_call_waits_for_a_busy_gpu(client):
+    run = accelerate(client)(_hold_where)
+    busy: list = []
+    th = threading.Thread(target=lambda: busy.append(run.map([{"seconds": 5.0, "gpu_memory_mb": 500}] * 3)),
+                          daemon=True)
+    th.start()
+    deadline = time.monotonic() + 20
+    while sum(d["busy"] for d in client.devices() if d["kind"] == "cuda") < 3:
+        assert time.monotonic() < deadline, "the three GPUs never got busy"
+        time.sleep(0.1)
+    # every GPU is busy and both CPU slots are free: the call waits for a GPU
+    model, cvd = run(0.0, gpu_memory_mb=500)
+    assert model != "cpu" and cvd in ("0", "1")
+    th.join(30)
+    assert len(busy) == 1 and all(m != "cpu" for m, _ in busy[0])
+
+
+def test_hinted_single_call_larger_than_every_gpu_is_unsatisfiable(client):
+    t0 = time.monotonic()
+    with pytest.raises(Unsatisfiable) as e:
+        accelerate(client)(where)(gpu_memory_mb=90000)
+    assert time.monotonic() - t0 < 5
+    msg = str(e.value)
+    assert "gpu_memory_mb=90000" in msg and "the pool has 2 alive worker(s)" in msg
+    assert "NVIDIA A100-SXM4-80GB (81920 MiB, 80000 MiB free)" in msg
+
+
+ECHO = """\
+import json, os, sys
+p = json.load(sys.stdin)
+print(json.dumps({"payload": p, "cvd": os.environ.get("CUDA_VISIBLE_DEVICES")}))
+"""
+
+
+def test_script_payload_hints_place_tasks_and_reach_the_script(hw, client, tmp_path):
+    hw.rtx_file.write_text(rtx_gpus(20000, 1000))
+    script = tmp_path / "echo.py"
+    script.write_text(ECHO)
+    payloads = [{"x": 1, "gpu_memory_mb": 5000, "cost": 4}, {"x": 2, "gpu_memory_mb": 30000},
+                {"x": 3}]
+    job_id = client.submit(name="hinted", script=str(script), payloads=payloads)
+    got = client.wait(job_id, timeout=60)
+    assert [g["result"]["payload"] for g in got] == payloads          # unchanged
+    assert got[0]["result"]["cvd"] in ("0", "1")                      # a GPU with 5000 MiB free
+    a100 = worker_by_gpu(hw, A100["name"])["id"]
+    assert got[1]["worker"] == a100 and got[1]["result"]["cvd"] == "0"  # only the A100 has 30000
+    assert [t["cost"] for t in client.status(job_id)["tasks"]] == [4.0, 1.0, 1.0]
+    with pytest.raises(Unsatisfiable) as e:
+        client.submit(script=str(script), payloads=[{"gpu_memory_mb": 90000}])
+    assert "gpu_memory_mb=90000" in str(e.value) and "the pool has 2 alive worker(s)" in str(e.value)
+    with pytest.raises(ValueError, match="payload #1: 'cost' is a scheduling hint"):
+        client.submit(script=str(script), payloads=[{}, {"cost": "high"}])
+
+
 # ---------------------------------------------------------------- no worker alive ----
 
 def test_no_worker_alive_runs_locally_only_if_this_machine_can(make_mesh, capsys):
@@ -246,6 +315,21 @@ def test_no_worker_alive_runs_locally_only_if_this_machine_can(make_mesh, capsys
         accelerate(c, gpu="NoSuchGPU 9000")(where)()
     assert "no worker is alive in the mesh at" in str(e.value)
     assert "this machine cannot run where (gpu='NoSuchGPU 9000')" in str(e.value)
+    c.close()
+
+
+def test_no_worker_alive_a_hinted_call_runs_locally_only_on_a_gpu(make_mesh):
+    from gpumesh.worker.device import detect
+    if detect()["gpus"]:
+        pytest.skip("this machine has a GPU: a hinted call may run here")
+    m = make_mesh(workers=0)
+    c = m.client(output=False)
+    run = accelerate(c)(where)
+    with pytest.raises(Unsatisfiable) as e:
+        run(gpu_memory_mb=100)
+    assert "no worker is alive in the mesh at" in str(e.value)
+    assert "this machine cannot run where (gpu_memory_mb=100): its cpu has no GPU" in str(e.value)
+    assert run(gpu_memory_mb=0)[0] == "cpu"                    # 0 MiB is no hint
     c.close()
 
 

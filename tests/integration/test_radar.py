@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -191,3 +194,125 @@ def test_discovery_off_opens_no_socket_and_says_so(tmp_path):
                            text=True, timeout=30, stdin=subprocess.DEVNULL)
         assert r.returncode == 1
         assert r.stderr.strip().count("\n") == 0 and "GPUMESH_DISCOVERY=0" in r.stderr, r.stderr
+
+
+def test_piped_radar_runs_until_ctrl_c_and_prints_a_line_per_service(bridged, tmp_path):
+    """Like avahi-browse or dns-sd -B: with stdout a pipe, radar keeps browsing and writes
+    one tab-separated line as each service appears (+) or goes away (-)."""
+    ns_a, ns_b = bridged
+    port = 18010
+    url = f"http://{A_IP}:{port}"
+    procs: list[NsProc] = []
+    radar = subprocess.Popen(["ip", "netns", "exec", ns_b, sys.executable, "-m", "gpumesh", "radar"],
+                             env=_env(tmp_path, "r", discovery=True), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                             start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(ln.rstrip("\n")) for ln in radar.stdout],
+                     daemon=True).start()
+
+    def next_line(timeout: float) -> str:
+        try:
+            return lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no line from radar within {timeout}s; "
+                                 f"running={radar.poll() is None}") from None
+
+    try:
+        lan = NsProc(ns_a, ["serve", "--host", A_IP, "--port", str(port), "--no-self-worker",
+                            "--data-dir", str(tmp_path / "data")],
+                     _env(tmp_path, "a", discovery=True), tmp_path / "lan.log")
+        procs.append(lan)
+        _wait_health(ns_a, url, lan)
+        started = time.monotonic()
+        first = next_line(20).split("\t")
+        assert first[:2] == ["+", "coordinator"] and first[3] == url, first
+        assert len(first) == 7 and first[2] and first[4].split()[0] in ("CPU", "GPU"), first
+        # a snapshot would have ended by now (it listens 3 s): this one keeps browsing
+        time.sleep(max(0.0, 4.0 - (time.monotonic() - started)))
+        assert radar.poll() is None, "piped radar exited by itself"
+
+        worker = NsProc(ns_b, ["join", url], _env(tmp_path, "b", discovery=True),
+                        tmp_path / "worker.log")
+        procs.append(worker)
+        joined = next_line(25).split("\t")
+        assert joined[:2] == ["+", "worker"] and joined[3] == f"{B_IP} -> {url}", joined
+        worker.stop()  # leaves cleanly: its goodbye packet withdraws the service
+        gone = next_line(15).split("\t")
+        assert gone[:2] == ["-", "worker"] and gone[3] == f"{B_IP} -> {url}", gone
+
+        # `gpumesh radar | head -1`: once the reader has its line and exits, radar ends
+        head = subprocess.Popen(["ip", "netns", "exec", ns_b, sys.executable, "-m", "gpumesh",
+                                 "radar"], env=_env(tmp_path, "h", discovery=True),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            assert head.stdout.readline().startswith("+\tcoordinator\t")
+            head.stdout.close()
+            assert head.wait(10) == 0
+            assert "Traceback" not in head.stderr.read()
+        finally:
+            if head.poll() is None:
+                os.killpg(head.pid, signal.SIGKILL)
+                head.wait()
+
+        os.killpg(radar.pid, signal.SIGINT)  # Ctrl+C: ends quietly
+        assert radar.wait(10) == 0
+        err = radar.stderr.read()
+        assert "Traceback" not in err and "Ctrl+C to stop" in err, err
+        assert TOKEN not in err
+        assert lines.empty()
+    finally:
+        if radar.poll() is None:
+            os.killpg(radar.pid, signal.SIGKILL)
+            radar.wait()
+        for p in reversed(procs):
+            p.stop()
+
+
+def test_radar_without_a_network_interface_says_so_in_one_line(tmp_path):
+    """A fresh namespace, no interface up: nothing to listen on, so one line and exit 1
+    (not zeroconf's traceback), piped or not."""
+    ns = f"gmLo{os.getpid() % 100000}"
+    reason = netns_unavailable(ns)
+    if reason:
+        pytest.skip(reason)
+    _run("ip", "netns", "add", ns)
+    try:
+        for args in (["radar", "--once"], ["radar"]):
+            r = _in_ns(ns, args, _env(tmp_path, "lo", discovery=True))
+            assert r.returncode == 1, (r.stdout, r.stderr)
+            assert "Traceback" not in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+            assert "cannot listen for mDNS on this network" in r.stderr, r.stderr
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+ADVERTISE_THEN_UPDATE = """
+import sys, time
+from gpumesh import discovery
+ad = discovery.advertise("worker", [sys.argv[1]], 18020, hostname="box-b", score="pending",
+                         coordinator="http://10.214.8.1:18000")
+ad.update(score="12.5")  # at once: while the name is still being probed
+print("advertised", flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_score_update_during_registration_is_one_service(bridged, tmp_path):
+    """A worker whose score arrives while its mDNS name is still being probed stays one
+    service (with the new score), not two (the old record renamed "... -2")."""
+    ns_a, ns_b = bridged
+    env = _env(tmp_path, "b", discovery=True)
+    ad = subprocess.Popen(["ip", "netns", "exec", ns_b, sys.executable, "-c", ADVERTISE_THEN_UPDATE,
+                           B_IP], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert ad.stdout.readline().strip() == "advertised", ad.stderr.read()
+        time.sleep(3)  # probing and announcing are over
+        r = _in_ns(ns_a, ["radar", "--json", "--timeout", "4"], _env(tmp_path, "a", discovery=True))
+        workers = [e for e in json.loads(r.stdout) if e["role"] == "worker"]
+        assert [(w["host"], w["score"]) for w in workers] == [("box-b", "12.5")], workers
+    finally:
+        ad.kill()
+        ad.wait()

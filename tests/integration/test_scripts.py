@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -173,7 +175,17 @@ print(json.dumps({"n": p["n"]}))
     mesh = script_mesh.client()
     got = mesh.wait(job_id, timeout=60)
     assert [g["result"] for g in got] == [{"n": 0}, {"n": 1}, {"n": 2}]
-    assert mesh.status(job_id)["counts"] == {"done": 3}
+    view = mesh.status(job_id)
+    assert view["counts"] == {"done": 3}
+    # the re-run is attempt 2; the failed attempt 1 stays in the history, and logs show both apart
+    t1 = next(t for t in view["tasks"] if t["index"] == 1)
+    assert t1["attempts"] == 2
+    assert [(h["attempt"], h["ended"], h.get("retried")) for h in t1["history"]] == [
+        (1, "failed; re-run by gpumesh retry", True)]
+    (log1,) = [t for t in mesh.logs(job_id) if t["index"] == 1]
+    assert [a["attempt"] for a in log1["attempts"]] == [1, 2]
+    assert "first attempt fails" in log1["attempts"][0]["stderr"]
+    assert log1["attempts"][1]["stdout"].strip() == '{"n": 1}'
     r = invoke(script_mesh, "retry", job_id, "--json")
     assert json.loads(r.output) == {"job_id": job_id, "retried": 0}
     # unknown job: one line, exit 1
@@ -229,14 +241,36 @@ def test_safe_mode_accepts_script_jobs(make_mesh, tmp_path):
         m.stop()
 
 
-def test_grid_search_example_end_to_end(script_mesh):
-    """The README's command, verbatim: the example's payloads, its stdin mode."""
+def _example():
+    spec = importlib.util.spec_from_file_location("grid_search_example", REPO / "examples" / "grid_search.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_grid_search_example_prints_what_the_spec_shows(script_mesh):
+    """The spec's ``submit --wait`` command, verbatim: six payloads whose ``cost`` hints
+    show as ``cost=1.0`` ... ``cost=10.0``, each task followed by its ``result:`` line."""
     payloads = json.loads((REPO / "examples" / "payloads.json").read_text())
-    assert all(set(p) == {"C", "gamma"} for p in payloads)
+    assert payloads[0] == {"lr": 0.01, "epochs": 100, "l2": 0.0, "cost": 1.0}
+    assert payloads[-1] == {"lr": 0.3, "epochs": 1000, "l2": 0.01, "cost": 10.0}
+    assert len(payloads) == 6
     r = cli(script_mesh, "submit", "examples/grid_search.py", "--payloads", "examples/payloads.json",
             "--wait", timeout=110)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert f"{len(payloads)}/{len(payloads)} done" in r.stdout
-    results = [json.loads(ln.split("result: ", 1)[1]) for ln in r.stdout.splitlines() if "result: " in ln]
-    assert sorted((x["C"], x["gamma"]) for x in results) == sorted((p["C"], p["gamma"]) for p in payloads)
-    assert all(0.5 < x["val_accuracy"] <= 1.0 for x in results)
+    lines = r.stdout.splitlines()
+    job_id = lines[0].split()[-1]
+    assert lines[:2] == [f"[OK] Submitted job {job_id}", f"Job: examples/grid_search.py ({job_id})"]
+    assert any(re.fullmatch(r"  #{20} 100%  6/6 done  \(\d+s\)", ln) for ln in lines), lines
+    assert "  Status: finished" in lines and "  Counts: done=6" in lines
+    heads = [i for i, ln in enumerate(lines) if ln.startswith("  ✓ task ")]
+    assert len(heads) == 6
+    train = _example().train
+    for i, p in zip(heads, payloads):
+        assert re.fullmatch(r"  ✓ task [0-9a-f]{12} \[done\]  cost=%s  worker=[0-9a-f]{12}"
+                            % re.escape(repr(p["cost"])), lines[i]), lines[i]
+        assert lines[i + 1].startswith("    result: {")
+        value = json.loads(lines[i + 1].split("result: ", 1)[1])
+        assert list(value) == ["lr", "epochs", "l2", "val_accuracy", "weights"]
+        assert value == train(p["lr"], p["epochs"], p["l2"])  # the payload reached it whole
+    assert "cost=1.0" in lines[heads[0]] and "cost=10.0" in lines[heads[-1]]

@@ -291,4 +291,4 @@ def test_openapi_describes_every_route_and_nothing_else(app_factory):
     assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     open_ops = {(m.upper(), p) for p, ops in spec["paths"].items() for m, op in ops.items()
                 if op.get("security") == []}
-    assert open_ops == {("GET", "/v1/health"), ("GET", "/v1/openapi.json")}
+    assert open_ops == {("GET", "/v1/health"), ("GET", "/v1/openapi.json"), ("GET", "/v1/dist/{name}")}

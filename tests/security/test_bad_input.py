@@ -59,7 +59,7 @@ def test_heartbeat_with_a_string_score_is_refused_and_nothing_breaks(mesh):
     assert_400(mesh.request("POST", f"/v1/workers/{wid}/heartbeat", json={"running": "abcd"}), "'running'")
     listed = mesh.workers()
     probe = [w for w in listed if w["id"] == wid][0]
-    assert probe["score"] == 0.0  # unchanged
+    assert probe["score"] is None  # unchanged: still pending (never measured)
     assert mesh.request("GET", "/v1/jobs").status_code == 200
     assert mesh.request("DELETE", f"/v1/workers/{wid}").status_code == 200
 
@@ -149,6 +149,13 @@ def submit_meta(job_id: str, n: int, **kw) -> dict:
     ({"isolation": 1}, "'isolation'"),
     ({"kind": "script", "isolation": "job"}, "isolation='job' is for function jobs"),
     ({"n_tasks": 3}, "n_tasks"),
+    ({"retries": 2}, "'retry_on'"),
+    ({"retry_on": ["OSError"]}, "'retries'"),
+    ({"retries": 99, "retry_on": ["OSError"]}, "'retries'"),
+    ({"retries": True, "retry_on": ["OSError"]}, "'retries'"),
+    ({"retries": 1, "retry_on": "OSError"}, "'retry_on'"),
+    ({"retries": 1, "retry_on": ["os.system('x')"]}, "'retry_on'"),
+    ({"retries": 1, "retry_on": ["A"] * 40}, "'retry_on'"),
 ])
 def test_a_bad_submit_creates_no_job(mesh, extra, field):
     job_id = f"bad{abs(hash(field + json.dumps(extra))) % 10**9:09d}"

@@ -63,7 +63,7 @@ def this_machine(monkeypatch):
 
 @pytest.mark.parametrize("require, hints", [
     (None, None),
-    (Requirements(), [{"gpu_memory_mb": 10**6}]),          # the CPU can: hints are GPU-only
+    (Requirements(), [{"gpu_memory_mb": 5000}]),            # the GPU has 11000 MiB free
     (Requirements(gpu="cuda"), None),
     (Requirements(gpu="RTX 3060", memory=16 * 10**9), None),
     (Requirements(gpu="cuda"), [{"gpu_memory_mb": 11000}]),
@@ -79,6 +79,9 @@ def test_check_local_passes(this_machine, require, hints):
     (Requirements(memory=32 * 10**9), None, "less than 32 GB"),
     (Requirements(gpu="cuda"), [{"gpu_memory_mb": 12000}], "11000 MiB of GPU memory free"),
     (Requirements(gpu="mps"), None, "has no mps GPU"),
+    (Requirements(), [{"gpu_memory_mb": 10**6}],                 # a hint asks for a GPU
+     "(gpu_memory_mb=1000000): its cuda:0 has 12288 MiB of GPU memory in all, less than the "
+     "1000000 MiB hinted; its cpu has no GPU"),
 ])
 def test_check_local_refuses(this_machine, require, hints, words):
     with pytest.raises(Unsatisfiable) as e:

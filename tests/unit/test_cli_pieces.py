@@ -108,3 +108,48 @@ def test_results_to_dataframe(monkeypatch):
     monkeypatch.setitem(sys.modules, "pandas", None)
     with pytest.raises(ImportError, match="pip install pandas"):
         results_to_dataframe([{"a": 1}])
+
+
+def test_rerun_line_keeps_tls_and_safe_mode():
+    """The loopback banner's "re-run with" line must not drop a protection the user asked
+    for: following it to open the coordinator up keeps TLS (and safe mode)."""
+    from gpumesh.cli.serve import banner
+
+    def rerun(**kw) -> str:
+        (line,) = [x for x in banner("127.0.0.1", 8000, "t" * 20, False, **kw) if "re-run with" in x]
+        return line.split("re-run with: ", 1)[1]
+
+    assert rerun() == "gpumesh serve --host 0.0.0.0 --port 8000 --token=<your token>"
+    assert rerun(fingerprint="SHA256:ab", tls_flags="--tls") == \
+        "gpumesh serve --host 0.0.0.0 --port 8000 --tls --token=<your token>"
+    assert rerun(fingerprint="SHA256:ab", tls_flags="--tls-cert c.pem --tls-key k.pem", safe_mode=True) == \
+        "gpumesh serve --host 0.0.0.0 --port 8000 --tls-cert c.pem --tls-key k.pem --safe-mode --token=<your token>"
+
+
+def test_exposed_banner_says_reachability_is_not_tested():
+    """As the product README shows: a coordinator bound beyond loopback says that the
+    self-check (over loopback) proves nothing about other machines reaching it."""
+    from gpumesh.cli.serve import banner
+
+    lines = banner("192.0.2.10", 8000, "t" * 20, False)
+    assert "   Reachability of http://192.0.2.10:8000 from other machines is not tested here — " \
+           "a worker joining confirms it." in lines
+    assert not [x for x in banner("127.0.0.1", 8000, "t" * 20, False) if "Reachability" in x]
+
+
+def test_progress_elapsed_counts_from_the_batch_start(monkeypatch):
+    """The bar appears after its delay, but its elapsed time (like its rate) counts from
+    when the batch began: a batch 65 s old shows 0:01:05, not the bar's age."""
+    from rich.console import Console
+    now = [1000.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=120, color_system=None)
+    bar = progress.Progress(4, "square", enabled=False, keep=True, console=console)
+    now[0] += 65.0  # the batch has run 65 s when the bar is first drawn
+    bar.enabled = True
+    bar._show()
+    bar.update(2)
+    bar.close()
+    text = out.getvalue()
+    assert "0:01:05" in text and "2/4 done" in text, text

@@ -206,7 +206,7 @@ MAC = hw.slots_of("m", {"cpu": "Apple M2 Max", "cores": 12, "ram_mb": 32768,
     (Requirements(), "cuda:0", 80000, True),                     # hint vs free VRAM
     (Requirements(), "cuda:0", 80001, False),
     (Requirements(), "cuda:1", 2001, False),
-    (Requirements(), "cpu", 10**6, True),                        # a CPU slot ignores the hint
+    (Requirements(), "cpu", 10**6, False),                       # a hint asks for a GPU
     (Requirements(gpu="cuda"), "cuda:1", 1000, True),
 ])
 def test_refusal_table(req, device, hint, ok):
@@ -230,7 +230,7 @@ def test_satisfiable():
     assert not hw.satisfiable(Requirements(gpu="H100"), slots)
     assert hw.satisfiable(Requirements(gpu="cuda"), slots, 50000)      # the A100 has it
     assert not hw.satisfiable(Requirements(gpu="cuda"), slots, 90000)  # no card that big
-    assert hw.satisfiable(Requirements(), slots, 90000)                # the CPU slot can
+    assert not hw.satisfiable(Requirements(), slots, 90000)            # a CPU slot is no GPU
     assert not hw.satisfiable(Requirements(gpu="cuda"), [])
 
 

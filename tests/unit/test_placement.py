@@ -266,11 +266,39 @@ def test_heartbeat_with_more_free_memory_wakes_a_waiting_worker(coord):
     assert g.job_id == "aa0009" and g.slot == 0
 
 
-def test_hint_is_ignored_by_cpu_slots(coord):
-    cpu = register(coord, host="laptop")
-    submit(coord, "aa0010", n=1, vram={0: 100000})
-    (g,) = lease(coord, cpu.id, [0])
-    assert g.job_id == "aa0010"
+def test_a_hinted_task_never_runs_on_a_cpu_slot(coord):
+    box = register(coord, [RTX], cpu_slots=2, scores={"cpu": 10, "cuda:1": 3000})
+    submit(coord, "aa0010", n=2, vram={0: 1000, 1: 1000})      # every task hints: a GPU job
+    assert lease(coord, box.id, [1, 2]) == []                  # the CPU slots may not take them
+    (g,) = lease(coord, box.id, [0])
+    assert (g.job_id, g.slot) == ("aa0010", 0)
+    # mixed: a CPU slot takes the tasks without a hint and leaves the hinted one waiting
+    submit(coord, "aa0013", n=3, vram={1: 1000})
+    got = lease(coord, box.id, [1, 2])
+    assert sorted((g.job_id, g.index) for g in got) == [("aa0013", 0), ("aa0013", 2)]
+    assert lease(coord, box.id, [1]) == []
+
+
+def test_a_hinted_job_waits_for_a_busy_gpu(coord):
+    box = register(coord, [RTX], cpu_slots=1, scores={"cpu": 10, "cuda:1": 3000})
+    submit(coord, "aa0014", n=2, vram={0: 1500, 1: 1500})
+    (g,) = lease(coord, box.id, [0, 1])                        # one GPU: one task; CPU idle
+    assert g.slot == 0 and g.index == 0
+    assert lease(coord, box.id, [1]) == []                     # the GPU is busy: it waits
+    coord.post_result(g.task_id, g.lease_id, "ok", None, b"x")
+    (g,) = lease(coord, box.id, [0])
+    assert g.index == 1
+
+
+def test_a_hint_with_only_cpu_workers_is_unsatisfiable(coord):
+    register(coord, host="laptop")
+    with pytest.raises(Unsatisfiable) as e:
+        submit(coord, "aa0015", n=1, vram={0: 100})
+    assert "gpu_memory_mb=100" in str(e.value) and "laptop [CPU CPU; 8 cores" in str(e.value)
+    assert not coord.store.job_exists("aa0015")
+    register(coord, [A100], host="box")
+    with pytest.raises(Unsatisfiable):                          # gpu="cpu" and a GPU hint
+        submit(coord, "aa0016", n=1, require={"gpu": "cpu"}, vram={0: 100})
 
 
 def test_heavier_cost_to_stronger_slots(coord):

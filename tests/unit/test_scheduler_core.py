@@ -230,7 +230,7 @@ def test_submit_lease_result(coord, store):
                              {"kind": "raised", "message": "bad"}, b"E0") == w.id
     res = results(store, job.id)
     assert [(r.idx, r.state, r.seq, r.result) for r in res] == [(1, "done", 0, b"R1"), (0, "failed", 1, b"E0")]
-    assert res[1].error == {"kind": "raised", "message": "bad", "worker": w.id}
+    assert res[1].error == {"kind": "raised", "message": "bad", "worker": w.id, "hostname": "h", "attempt": 1}
     assert job.n_final == 2 and job.state == "active"
 
     (g3,) = lease(coord, w.id, slots=5)

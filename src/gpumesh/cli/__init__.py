@@ -36,10 +36,10 @@ def main(verbose: int, log_json: bool, no_color: bool) -> None:
 
 
 def _register() -> None:
-    from . import doctor, jobs, join, pool, radar, serve, setup, submit
+    from . import doctor, jobs, join, owner, pool, radar, serve, setup, submit
     for command in (serve.serve, join.join, pool.workers, pool.devices, submit.submit, jobs.jobs,
                     jobs.status, jobs.cancel, submit.retry, jobs.logs, doctor.doctor, radar.radar,
-                    setup.setup):
+                    setup.setup, owner.pause, owner.resume):
         main.add_command(command)
 
 

@@ -1,4 +1,9 @@
-"""``gpumesh doctor``: check this machine's install and its connection to a coordinator.
+"""``gpumesh doctor [URL]``: check this machine's install and its connection to a coordinator.
+
+Run on a worker machine with the coordinator's URL, it walks the path a worker takes, each
+step with its own fix: name resolution, TCP reach, TLS (CA-verified, or the pinned
+fingerprint), the coordinator's answer and version, the clock difference to it, and the
+token.
 
 Each check is ``ok``, ``warn`` (optional or worth knowing, never fails the run), ``fail``
 (with what to do) or ``skip``. Exit code 1 if any check failed. The token is never
@@ -7,18 +12,30 @@ printed: only whether one is set, where it came from and its length.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import platform
+import socket
+import ssl
 import stat
 import sys
+import time
 from dataclasses import asdict, dataclass
+from email.utils import parsedate_to_datetime
+from urllib.parse import urlsplit
 
 import click
 
 from .. import config
 from .._version import __version__
+from ..limits import CLOCK_SKEW_FAIL_S, CLOCK_SKEW_WARN_S, CONNECT_TIMEOUT_S
 from .common import endpoint_options
+
+#: The wall clock the coordinator's ``Date`` header is compared with (a seam for tests).
+wall_clock = time.time
+#: Tailscale's address range (CGNAT, RFC 6598): traffic there is already encrypted.
+TAILNET = ipaddress.ip_network("100.64.0.0/10")
 
 
 @dataclass
@@ -36,10 +53,12 @@ def _install() -> Check:
     except PackageNotFoundError:
         return Check("install", "warn", f"gpumesh {__version__} imported from "
                      f"{os.path.dirname(os.path.dirname(__file__))}, but not installed as a package",
-                     "pip install -e . (or pip install gpumesh)")
+                     "pip install . in the clone (another machine: the `pip install` line "
+                     "`gpumesh serve --host 0.0.0.0` prints)")
     if installed != __version__:
         return Check("install", "fail", f"installed metadata says {installed}, the code is {__version__}",
-                     "reinstall: pip install --force-reinstall gpumesh")
+                     "reinstall it the way it came: pip install --force-reinstall . in the clone, "
+                     "or the coordinator's wheel")
     return Check("install", "ok", f"gpumesh {__version__} ({os.path.dirname(os.path.dirname(__file__))})")
 
 
@@ -93,7 +112,7 @@ def _gpus() -> Check:
             import pynvml  # noqa: F401
             how = "NVML loaded, no NVIDIA GPU found"
         except ImportError:
-            how = "no NVIDIA GPU found (NVML not installed: pip install 'gpumesh[gpu]' on GPU machines)"
+            how = "no NVIDIA GPU found (NVML not installed: pip install nvidia-ml-py on GPU machines)"
         return Check("gpus", "skip", how + "; a worker here offers CPU slots")
     names = ", ".join(f"{g['index']}: {g['name']} ({g['memory_total_mb']} MiB)" for g in gpus)
     return Check("gpus", "ok", f"{len(gpus)} GPU(s): {names}")
@@ -136,37 +155,191 @@ def _saved() -> Check:
     return Check("config", "ok", detail)
 
 
-def _coordinator(url: str | None, token: str | None) -> list[Check]:
+def _network(url: str, fingerprint: str | None) -> tuple[list[Check], bool]:
+    """Name resolution, TCP reach and TLS of ``url`` from here; the bool says all passed."""
+    parts = urlsplit(url)
+    host, https = parts.hostname or "", parts.scheme == "https"
+    port = parts.port or (443 if https else 80)
+    try:
+        literal = ipaddress.ip_address(host)
+    except ValueError:
+        literal = None
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        fix = ("check the spelling, or use the coordinator's IP address (the `Join from ANOTHER "
+               "machine` line `gpumesh serve` printed)")
+        if host.endswith(".ts.net"):
+            fix = "a MagicDNS name resolves on the tailnet only: run `sudo tailscale up` here, then retry"
+        elif host.endswith(".local"):
+            fix = "mDNS (.local) names need Avahi/Bonjour here; use the coordinator's IP address instead"
+        return [Check("resolve", "fail", f"cannot resolve {host} ({getattr(e, 'strerror', None) or e})",
+                      fix)], False
+    addrs = list(dict.fromkeys(info[4][0] for info in infos))
+    checks = [Check("resolve", "ok", f"{host} is an IP address" if literal else
+                    f"{host} -> {', '.join(addrs[:4])}")]
+    loopback = all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs)
+    problem = None
+    for family, kind, proto, _, sockaddr in infos:
+        sock = socket.socket(family, kind, proto)
+        sock.settimeout(CONNECT_TIMEOUT_S)
+        try:
+            sock.connect(sockaddr)
+            problem = None
+            break
+        except ConnectionRefusedError:
+            problem = ("refused", sockaddr[0])
+        except (TimeoutError, socket.timeout):
+            problem = problem or ("timeout", sockaddr[0])
+        except OSError as e:
+            problem = problem or (e.strerror or str(e), sockaddr[0])
+        finally:
+            sock.close()
+    if problem is not None:
+        what, addr = problem
+        if what == "refused":
+            detail = f"{addr}:{port} refused the connection: nothing listens there"
+            fix = ("start `gpumesh serve` on the coordinator machine with --host 0.0.0.0 (or "
+                   "--tailscale), and check the port; a coordinator bound to 127.0.0.1 accepts "
+                   "its own machine only")
+            if loopback:
+                fix = (f"{host} is this machine: start `gpumesh serve` here, or, on a worker "
+                       "machine, use the coordinator's address (the `Join from ANOTHER machine` "
+                       "line `gpumesh serve` printed)")
+        elif what == "timeout":
+            detail = f"no answer from {addr}:{port} within {CONNECT_TIMEOUT_S:.0f}s"
+            fix = (f"a firewall drops the connection, or {addr} is on another network: allow TCP "
+                   f"port {port} on the coordinator's firewall (Windows: run `gpumesh serve` as "
+                   "Administrator once), or reach it through --tailscale or --public")
+        else:
+            detail = f"cannot connect to {addr}:{port} ({what})"
+            fix = "this machine has no route there: check its network, or use --tailscale or --public"
+        return checks + [Check("tcp", "fail", detail, fix)], False
+    checks.append(Check("tcp", "ok", f"{host}:{port} accepts connections"))
+    if not https:
+        ip = ipaddress.ip_address(addrs[0].split("%")[0])
+        if ip.is_loopback or ip in TAILNET or host.endswith(".ts.net"):
+            checks.append(Check("tls", "skip", "plain HTTP on loopback or a tailnet (already private)"))
+        else:
+            checks.append(Check("tls", "warn", "plain HTTP: the token and every payload cross the "
+                                "network unencrypted", "on a network you do not control use "
+                                "`gpumesh serve --tls`, --tailscale or --public"))
+        return checks, True
+    checks.append(_tls(url, host, port, fingerprint))
+    return checks, checks[-1].status != "fail"
+
+
+def _tls(url: str, host: str, port: int, fingerprint: str | None) -> Check:
+    from ..tls import fingerprint_der, normalise_fingerprint
+    from ..transport import Unreachable, fetch_certificate
+    if fingerprint:
+        try:
+            got = fingerprint_der(fetch_certificate(url))
+        except Unreachable as e:
+            return Check("tls", "fail", str(e), "the coordinator serves plain HTTP: use http:// "
+                         "(or start it with --tls)")
+        want = normalise_fingerprint(fingerprint)
+        if got != want:
+            return Check("tls", "fail", f"the certificate is {got}, not the pinned {want}",
+                         "use the fingerprint `gpumesh serve --tls` printed; if it made a new "
+                         "certificate, pin the new one; otherwise something intercepts the connection")
+        return Check("tls", "ok", f"certificate matches the pinned {want[:19]}...")
+    ctx = ssl.create_default_context()
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S) as raw:
+            with ctx.wrap_socket(raw, server_hostname=host) as tls:
+                cert = tls.getpeercert() or {}
+    except ssl.SSLCertVerificationError as e:
+        return Check("tls", "fail", f"the certificate of {host} is not trusted here ({e.verify_message})",
+                     "for a coordinator started with --tls pass the fingerprint it printed "
+                     "(--fingerprint, $GPUMESH_FINGERPRINT); for a CA-issued one check its name, "
+                     "expiry and this machine's clock")
+    except ssl.SSLError as e:
+        return Check("tls", "fail", f"no TLS handshake with {host}:{port} ({e.reason or e})",
+                     "the coordinator serves plain HTTP: use http:// (or start it with --tls)")
+    except OSError as e:
+        return Check("tls", "fail", f"the TLS connection to {host}:{port} failed ({e})",
+                     "retry; if it persists, check what listens on that port")
+    issuer = dict(x[0] for x in cert.get("issuer", ()) if x).get("organizationName", "a trusted CA")
+    return Check("tls", "ok", f"certificate for {host} verified (issued by {issuer})")
+
+
+def _clock(date: str | None, sent: float, answered: float) -> Check:
+    """The coordinator's ``Date`` header against this machine's clock."""
+    try:
+        theirs = parsedate_to_datetime(date).timestamp() if date else None
+    except (TypeError, ValueError):
+        theirs = None
+    if theirs is None:
+        return Check("clock", "skip", "the coordinator sent no Date header")
+    # Date has whole seconds: anything within the round trip plus one second is no skew
+    skew = theirs - (sent + answered) / 2
+    slack = (answered - sent) / 2 + 1.0
+    shown = f"{abs(skew):.0f}s {'behind' if skew < 0 else 'ahead of'} this machine"
+    fix = ("sync the clocks: `sudo timedatectl set-ntp true` on Linux; on Windows Settings > "
+           "Time & language > Sync now; on macOS System Settings > Date & Time, set automatically")
+    if abs(skew) > CLOCK_SKEW_FAIL_S:
+        return Check("clock", "fail", f"the coordinator's clock is {shown}: TLS certificates "
+                     "look expired or not yet valid to one side", fix)
+    if abs(skew) > max(CLOCK_SKEW_WARN_S, slack):
+        return Check("clock", "warn", f"the coordinator's clock is {shown}: logs and traces "
+                     "of the two machines will not line up", fix)
+    return Check("clock", "ok", f"within {max(CLOCK_SKEW_WARN_S, slack):.0f}s of the coordinator's")
+
+
+def _version(theirs: str, url: str) -> Check:
+    if theirs == __version__:
+        return Check("version", "ok", f"gpumesh {theirs} on both machines")
+    # The coordinator refuses every other version (gpumesh.versions); PyPI's "gpumesh" is
+    # another project, so the fix is the coordinator's own wheel.
+    from ..coordinator.dist import install_command
+    return Check("version", "fail", f"the coordinator runs gpumesh {theirs}, this machine "
+                 f"{__version__}: it refuses other versions",
+                 f"install the coordinator's here: {install_command(url, theirs)}")
+
+
+def _coordinator(url: str | None, token: str | None, fingerprint: str | None = None) -> list[Check]:
     from ..errors import AuthError, MeshError
     from ..transport import Transport, Unreachable
     try:
-        ep = config.resolve(url, token)
+        ep = config.resolve(url, token, fingerprint)
     except ValueError as e:
         return [Check("coordinator", "fail", str(e), "pass --url http://HOST:PORT")]
-    where = "from --url" if url else ("from $GPUMESH_URL" if os.environ.get("GPUMESH_URL")
+    where = "as given" if url else ("from $GPUMESH_URL" if os.environ.get("GPUMESH_URL")
                                       else "from the saved config" if config.load_saved().get("url")
                                       else "the default")
     try:
         http = Transport(ep.url, ep.token, fingerprint=ep.fingerprint)
     except ValueError as e:
         return [Check("coordinator", "fail", str(e), "use an https:// URL with --fingerprint")]
+    checks, reachable = _network(ep.url, ep.fingerprint)
+    if not reachable:  # the failed step above is the one to fix: what follows fails with it
+        return checks + [Check("coordinator", "skip", f"{ep.url} ({where}): not tried, the way "
+                               "there failed above"),
+                         Check("token", "skip", "coordinator not reachable")]
     try:
         try:
-            health = http.request("GET", "/v1/health", timeout=5).json()
+            sent = wall_clock()
+            resp = http.request("GET", "/v1/health", timeout=5)
+            answered = wall_clock()
+            health = resp.json()
         except Unreachable as e:
-            return [Check("coordinator", "fail", f"{ep.url} ({where}) is not reachable: {e}",
-                          "start it with `gpumesh serve`, check the URL and port, and that a "
-                          "firewall lets this machine in (a coordinator bound to 127.0.0.1 "
-                          "accepts this machine only)"),
-                    Check("token", "skip", "coordinator not reachable")]
-        except MeshError as e:
-            return [Check("coordinator", "fail", f"{ep.url}: {e}", "check the URL and --fingerprint"),
-                    Check("token", "skip", "coordinator not reachable")]
-        theirs = health.get("version", "?")
-        checks = [Check("coordinator", "ok" if theirs == __version__ else "warn",
-                        f"{ep.url} ({where}) answers, gpumesh {theirs}",
-                        "" if theirs == __version__ else
-                        f"this machine has gpumesh {__version__}: install the same version everywhere")]
+            return checks + [
+                Check("coordinator", "fail", f"{ep.url} ({where}) is not reachable: {e}",
+                      "start it with `gpumesh serve`, check the URL and port, and that a "
+                      "firewall lets this machine in (a coordinator bound to 127.0.0.1 "
+                      "accepts this machine only)"),
+                Check("token", "skip", "coordinator not reachable")]
+        except (MeshError, ValueError) as e:
+            return checks + [Check("coordinator", "fail", f"{ep.url}: {e}",
+                                   "check the URL (a path prefix included) and --fingerprint"),
+                             Check("token", "skip", "coordinator not reachable")]
+        theirs = str(health.get("version", "?")) if isinstance(health, dict) else "?"
+        checks += [Check("coordinator", "ok", f"{ep.url} ({where}) answers, gpumesh {theirs}"),
+                   _version(theirs, ep.url), _clock(resp.headers.get("date"), sent, answered)]
+        if theirs != __version__:  # every other request would be refused: say it once
+            return checks + [Check("token", "skip", "another gpumesh version: the coordinator "
+                                   "refuses this one")]
         if not ep.token:
             checks.append(Check("token", "fail", "no token set",
                                 "pass --token, set GPUMESH_TOKEN, or run `gpumesh serve` here "
@@ -192,24 +365,107 @@ def _coordinator(url: str | None, token: str | None) -> list[Check]:
         if not alive:
             checks.append(Check("workers", "warn", "no worker is connected: calls run locally",
                                 f"on each worker machine: gpumesh join {ep.url} --token ..."))
+        checks += pool_checks([w for w in workers if w.get("alive")], ep.url)
         return checks
     finally:
         http.close()
 
 
+#: Packages named per pool check at most (the rest are counted).
+POOL_LIST = 8
+
+
+def _who(w: dict) -> str:
+    return f"{w.get('hostname') or '?'} ({str(w.get('id', '?'))[:8]})"
+
+
+def pool_checks(workers: list[dict], url: str) -> list[Check]:
+    """Compare the alive workers with each other and with this machine: Python minor
+    versions (code shipped by value runs only on the caller's), gpumesh versions, and
+    the Python packages some have and others lack or have in another version."""
+    from ..coordinator.dist import install_command
+    from ..hardware import python_minor
+    if not workers:
+        return []
+    here = python_minor(platform.python_version())
+    by_python: dict[str, list[str]] = {}
+    by_version: dict[str, list[str]] = {}
+    for w in workers:
+        by_python.setdefault(python_minor(w.get("python")) or "?", []).append(_who(w))
+        by_version.setdefault(str(w.get("version") or "?"), []).append(_who(w))
+    py = "; ".join(f"Python {v}: {', '.join(ws)}" for v, ws in sorted(by_python.items()))
+    checks = [Check("pool python", "ok" if set(by_python) == {here} else "warn", py,
+                    "" if set(by_python) == {here} else
+                    f"functions defined in __main__, a notebook or a closure on this machine "
+                    f"(Python {here}) run only on workers of Python {here}; use the same Python "
+                    f"minor version on every machine")]
+    ver = "; ".join(f"gpumesh {v}: {', '.join(ws)}" for v, ws in sorted(by_version.items()))
+    checks.append(Check("pool gpumesh", "ok" if set(by_version) == {__version__} else "fail", ver,
+                        "" if set(by_version) == {__version__} else
+                        f"on each of the others: {install_command(url)}"))
+    lacking: dict[str, list[str]] = {}
+    for w in workers:
+        for module in w.get("lacks") or ():
+            lacking.setdefault(str(module), []).append(_who(w))
+    if lacking:
+        checks.append(Check("pool modules", "warn", "recent jobs imported modules some workers "
+                            "lack: " + "; ".join(f"{m} (not on {', '.join(ws)})"
+                                                 for m, ws in sorted(lacking.items())[:POOL_LIST]),
+                            "their tasks ran on the other workers; install the package that "
+                            "provides each module on these workers to use them too"))
+    reported = [w for w in workers if isinstance(w.get("packages"), dict)]
+    if len(reported) < 2:
+        return checks
+    names = set().union(*(w["packages"] for w in reported))
+    partial, versions = [], []
+    for name in sorted(names):
+        have = [w for w in reported if name in w["packages"]]
+        if len(have) < len(reported):
+            partial.append(f"{name} ({len(have)} of {len(reported)}: "
+                           f"{', '.join(_who(w) for w in have)})")
+        elif len({w["packages"][name] for w in have}) > 1:
+            versions.append(f"{name} " + "/".join(sorted({w['packages'][name] for w in have})))
+    if not partial and not versions:
+        checks.append(Check("pool packages", "ok", f"the {len(reported)} workers have the same "
+                            f"{len(names)} Python packages"))
+        return checks
+    parts = []
+    if partial:
+        parts.append(f"only on some workers: {'; '.join(partial[:POOL_LIST])}"
+                     + (f" and {len(partial) - POOL_LIST} more" if len(partial) > POOL_LIST else ""))
+    if versions:
+        parts.append(f"in different versions: {', '.join(versions[:POOL_LIST])}"
+                     + (f" and {len(versions) - POOL_LIST} more" if len(versions) > POOL_LIST else ""))
+    checks.append(Check("pool packages", "warn", ". ".join(parts),
+                        "a task whose function imports a package some workers lack runs on those "
+                        "that have it (tried there after a ModuleNotFoundError); install what your "
+                        "functions import on every worker"))
+    return checks
+
+
 @click.command()
+@click.argument("target", metavar="[URL]", required=False)
 @endpoint_options
+@click.option("--fingerprint", default=None, metavar="SHA256:HEX",
+              help="The coordinator's TLS certificate pin, as `serve --tls` printed it "
+                   "[default: $GPUMESH_FINGERPRINT, else the saved config].")
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON [default: text].")
-def doctor(url, token, as_json):
+def doctor(target, url, token, fingerprint, as_json):
     """Check this machine and its connection to the mesh; say how to fix each problem.
 
     Checks the install, Python, cloudpickle, torch/CUDA and NVIDIA GPUs (optional), the
-    saved connection (the token is never printed), and that the coordinator answers and
-    accepts the token. Exit code 1 if any check failed.
+    saved connection (the token is never printed), then the way to the coordinator at URL
+    (default: --url, $GPUMESH_URL, the saved config): name resolution, TCP reach, TLS,
+    that it answers, its version, the clock difference, and that it accepts the token;
+    then it compares the pool: the workers' Python and gpumesh versions and the packages
+    only some of them have. Run it on a worker machine or the coordinator's. Exit code 1 if any check failed.
     """
     from .secrecy import hide
+    if target and url and target.rstrip("/") != url.rstrip("/"):
+        raise click.UsageError(f"two different URLs: {target} and --url {url}; give one")
+    url = target or url
     checks = [_install(), _python(), _cloudpickle(), _torch(), _gpus(), _runtime(), _saved()]
-    checks += _coordinator(url, token)
+    checks += _coordinator(url, token, fingerprint)
     hide(token)
     failed = any(c.status == "fail" for c in checks)
     if as_json:

@@ -31,10 +31,18 @@ def jobs(url, token, limit, as_json):
     if not found:
         click.echo("no jobs yet")
         return
-    for j in found:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j["created"]))
-        click.echo(f"{j['id']}  {when}  {j['state']:<9}  {j['n_tasks']:>6} tasks  "
-                   f"{counts_line(j['counts'])}  {j['name']}")
+    rows = [(j["id"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j["created"])),
+             j["state"], plural(j["n_tasks"], "task"), counts_line(j["counts"]), j["name"])
+            for j in found]
+    header = ("JOB", "CREATED", "STATE", "TASKS", "COUNTS", "NAME")
+    widths = [max(len(r[k]) for r in [header, *rows]) for k in range(len(header) - 1)]
+    for r in [header, *rows]:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+
+
+def plural(n: int, noun: str) -> str:
+    """``1 task``, ``2 tasks``, ``0 tasks``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 @click.command()
@@ -43,15 +51,23 @@ def jobs(url, token, limit, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
 @one_line_errors
 def status(job_id, url, token, as_json):
-    """State of one job and its tasks. Exit code 1 if the job failed or is unknown."""
+    """State of one job and each task with its result. Exit code 1 if the job failed or
+    is unknown."""
+    from ..client.jobview import jsonable
     view = _mesh(url, token).status(job_id)
     if as_json:
-        click.echo(json.dumps(view, indent=2))
+        click.echo(json.dumps(jsonable(view), indent=2, ensure_ascii=False))
     else:
         click.echo(f"Job: {view['name']} ({view['id']})")
         click.echo(f"  Status: {view['state']}")
         click.echo(f"  Counts: {counts_line(view['counts'])}")
-        for line in task_lines(view, None, color_enabled()):
+        if view.get("released"):
+            click.echo("  Results: released (collected by the caller, or let go)")
+        if view.get("waiting"):  # every worker that could run it is closed by its owner
+            click.echo(f"  Waiting: {view['waiting'].removeprefix('waiting: ')}")
+        if view.get("preempted"):
+            click.echo(f"  Preempted: {view['preempted']} (handed back by a worker's owner; run again)")
+        for line in task_lines(view, color_enabled()):
             click.echo(line)
     if view["counts"].get("failed"):
         raise SystemExit(1)
@@ -91,8 +107,15 @@ def logs(job_id, task_id, url, token, as_json):
         return
     for t in tasks:
         click.echo(f"=== task {t['id']} (#{t['index']}, {t['state']})")
-        if t["stdout"]:
-            click.echo(t["stdout"], nl=not t["stdout"].endswith("\n"))
-        if t["stderr"]:
-            click.echo("--- stderr")
-            click.echo(t["stderr"], nl=not t["stderr"].endswith("\n"))
+        attempts = t.get("attempts") or [t]
+        for a in attempts:
+            if len(attempts) > 1:  # retried or handed back: each attempt's output apart
+                who = a.get("hostname") or a.get("worker") or "?"
+                if a.get("hostname") and a.get("worker"):
+                    who += f" ({a['worker']})"
+                click.echo(f"--- attempt {a['attempt']} on {who}: {a.get('ended') or '?'}")
+            if a["stdout"]:
+                click.echo(a["stdout"], nl=not a["stdout"].endswith("\n"))
+            if a["stderr"]:
+                click.echo("--- stderr")
+                click.echo(a["stderr"], nl=not a["stderr"].endswith("\n"))

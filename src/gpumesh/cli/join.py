@@ -8,8 +8,9 @@ import signal
 import click
 
 from .. import config
-from ..errors import AuthError
+from ..errors import AuthError, VersionMismatch
 from .common import fail
+from .owner import owner_options
 from .secrecy import hide
 
 
@@ -35,10 +36,9 @@ def _exit_with_parent() -> None:
 @click.option("--token", default=None, metavar="TOKEN",
               help="The coordinator's main or worker token [default: $GPUMESH_WORKER_TOKEN, "
                    "then $GPUMESH_TOKEN, else the saved config].")
-@click.option("--cpu-slots", "--slots", "slots", type=click.IntRange(0, 1024), default=1,
-              show_default=True,
+@click.option("--cpu-slots", "--slots", "slots", type=click.IntRange(0, 1024), default=None,
               help="CPU tasks this worker runs at once, besides one task per GPU "
-                   "(--slots is the same option).")
+                   "(--slots is the same option) [default: 1].")
 @click.option("--fingerprint", default=None, metavar="SHA256:HEX",
               help="Pin the coordinator's TLS certificate (what `gpumesh serve --tls` printed) "
                    "[default: $GPUMESH_FINGERPRINT, else the saved config].")
@@ -46,15 +46,30 @@ def _exit_with_parent() -> None:
               help="How task processes start: fork (a warm host forks one per task; Linux) "
                    "or spawn (fresh interpreters started ahead of need; Windows, macOS) "
                    "[default: $GPUMESH_RUNTIME, else the platform's].")
-def join(url, token, slots, fingerprint, runtime):
+@owner_options
+@click.option("--allow-installs", is_flag=True,
+              help="Let tasks with requires=[...] run here in environments that uv builds "
+                   "and caches ($GPUMESH_ENV_DIR, capped at $GPUMESH_ENV_CACHE_MB) "
+                   "[default: off: such a task runs here only if its packages are installed].")
+def join(url, token, slots, fingerprint, runtime, allow_installs, **owner_flags):
     """Join the mesh whose coordinator is at URL (e.g. http://192.0.2.10:8000).
 
     Without URL, looks for coordinators on the LAN for a few seconds (mDNS, as
-    `gpumesh radar` does) and joins the one found; several or none is an error."""
+    `gpumesh radar` does) and joins the one found; several or none is an error.
+
+    What is shared, when, and when the machine's owner comes first: the flags below or
+    ~/.gpumesh/worker.toml (docs/owner.md); `gpumesh pause` / `resume` at any time."""
     from ..worker.agent import WorkerAgent
     from ..worker.device import detect
     from ..worker.procs import choose_runtime
 
+    from . import owner as owner_cli
+    try:
+        policy, file_slots = owner_cli.build_policy(
+            dict(owner_flags, cpu_slots=slots), owner_cli.load_worker_config())
+    except ValueError as e:
+        fail(str(e), code=2)
+    slots = 1 if file_slots is None else file_slots
     if url is None:
         url = _discover_url()
     try:
@@ -84,7 +99,22 @@ def join(url, token, slots, fingerprint, runtime):
         runtime, runtime_why = choose_runtime(runtime)
     except ValueError as e:
         fail(str(e), code=2)
+    if allow_installs:
+        from ..worker.envs import find_uv
+        if find_uv() is None:
+            fail("--allow-installs builds environments with uv, which is not installed here: "
+                 "pip install uv")
     info = detect()
+    from ..worker.owner import share_gpus
+    try:
+        info["gpus"] = share_gpus(info["gpus"], policy, "--gpus" if owner_flags.get("gpus")
+                                  else f"gpus in {owner_cli.worker_config_path()}")
+    except ValueError as e:
+        fail(str(e), code=2)
+    if policy.gpus == ():  # "none": CPU slots only, the Apple GPU too stays the owner's
+        info["mps"] = False
+    if not info["gpus"] and not info["mps"]:
+        info["device"], info["device_name"] = "CPU", info["cpu"]
     if slots == 0 and not (info["gpus"] or info["mps"]):
         fail("--cpu-slots 0 leaves this worker no slot: it has no GPU", code=2)
     offered = []
@@ -103,8 +133,15 @@ def join(url, token, slots, fingerprint, runtime):
         # after joining and only while no task runs, has measured every device.
         click.echo(f"[worker] {text}")
 
+    for line in owner_cli.describe_policy(policy):
+        click.echo(f"[worker] {line}")
+    from ..worker.owner import OwnerState
     agent = WorkerAgent(url, token, slots=slots, info=info, on_event=on_event, fingerprint=fingerprint,
+                        owner=OwnerState(policy), allow_installs=allow_installs,
                         runtime=runtime)
+    if allow_installs:
+        click.echo(f"[worker] installs allowed: requires= environments in {agent.envs.root}")
+    control = _control_channel(agent)
     advert = _advertise(url, info)
     if advert is not None:
         def and_advertise(kind: str, text: str) -> None:  # the radar shows the score too
@@ -123,11 +160,26 @@ def join(url, token, slots, fingerprint, runtime):
         # join reads $GPUMESH_WORKER_TOKEN before $GPUMESH_TOKEN: say which one to check.
         fail(str(e).replace("check --token / $GPUMESH_TOKEN",
                             "check --token / $GPUMESH_WORKER_TOKEN / $GPUMESH_TOKEN"))
+    except VersionMismatch as e:
+        fail(str(e))
     except KeyboardInterrupt:
         click.echo("[worker] stopped")
     finally:
         if advert is not None:
             advert.close()
+        if control is not None:
+            control.close()
+
+
+def _control_channel(agent):
+    """Open the owner's local channel (gpumesh pause/resume); None, with a warning, when
+    its directory is not safe to use."""
+    from ..worker import control
+    try:
+        return control.ControlServer(agent.control).start()
+    except (control.ControlError, OSError) as e:
+        click.echo(f"[worker] warning: `gpumesh pause` cannot reach this worker: {e}", err=True)
+        return None
 
 
 DISCOVER_S = 3.0

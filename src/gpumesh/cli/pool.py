@@ -6,13 +6,16 @@ import json
 
 import click
 
+from ..availability import labels
 from .common import endpoint_options, one_line_errors, resolve_endpoint
 
 RULE = "  " + "-" * 54
 
 
 def format_workers(workers: list[dict]) -> str:
-    """The spec's table: kind, short id, host, score, state; one line per worker."""
+    """The spec's table: kind, short id, host, score, state; one line per worker, then
+    what the owner's rules close (``[paused: owner]``, ``[hot 83C]``...) and ``installs``
+    for a worker joined with --allow-installs."""
     if not workers:
         return "\n  WORKERS\n" + RULE + "\n  (no workers connected: run `gpumesh join URL --token ...`)"
     lines = ["", "  WORKERS", RULE]
@@ -21,8 +24,10 @@ def format_workers(workers: list[dict]) -> str:
         state = "alive" if w.get("alive") else "dead"
         score = float(w.get("score") or 0)
         shown = f"{score:<9.3f}" if score or w.get("scores") else "pending  "  # measured after joining
+        owner = "".join(f" [{label}]" for label in labels(w)) if w.get("alive") else ""
         lines.append(f"  {kind:<4} {str(w.get('id', ''))[:8]:<10}  {str(w.get('hostname', '?'))[:16]:<16}  "
-                     f"score={shown} [{state}]")
+                     f"score={shown} [{state}]{owner}"
+                     + ("  installs" if w.get("allow_installs") else ""))
     return "\n".join(lines)
 
 
@@ -44,7 +49,8 @@ def format_devices(devices: list[dict]) -> str:
         score = "pending" if d.get("score") is None else f"{float(d['score']):.3f}"
         lines.append(f"  {kind:<4} {d['device']:<7} {str(d.get('name', '?'))[:30]:<30} {memory:<26} "
                      f"score={score:<11} {str(d.get('hostname', '?'))[:14]} ({str(d.get('worker', ''))[:8]})  "
-                     f"[{d.get('busy', 0)}/{d.get('slots', 1)} busy]")
+                     f"[{d.get('busy', 0)}/{d.get('slots', 1)} busy]"
+                     + (f" [{d['state']['label']}]" if d.get("state") else ""))
     return "\n".join(lines)
 
 

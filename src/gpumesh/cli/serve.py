@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 import logging
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -51,10 +52,15 @@ def check_token(token: str, what: str = "token") -> None:
 
 
 def banner(host: str, port: int, token: str, show_token: bool, *, fingerprint: str | None = None,
-           worker_token: bool = False, safe_mode: bool = False) -> list[str]:
-    """The lines ``serve`` prints once it listens (wording kept from the product README)."""
+           worker_token: bool = False, safe_mode: bool = False, public: bool = False,
+           tls_flags: str = "") -> list[str]:
+    """The lines ``serve`` prints once it listens (wording kept from the product README).
+    ``public``: an ngrok tunnel will be announced below (``--public``). ``tls_flags``: how
+    TLS was asked for (``"--tls"``, ``"--tls-cert C --tls-key K"``), kept in the re-run line."""
     scheme = "https" if fingerprint else "http"
-    local = f"{scheme}://127.0.0.1:{port}"
+    loopback_answers = host in ("0.0.0.0", "::", "127.0.0.1", "localhost")
+    # bound to one address (--host 192.0.2.10, --tailscale), 127.0.0.1 answers nothing
+    local = f"{scheme}://127.0.0.1:{port}" if loopback_answers else f"{scheme}://{host}:{port}"
     tok = token if show_token else "<your token>"
     if worker_token:
         tok = "<your worker token>"
@@ -69,18 +75,28 @@ def banner(host: str, port: int, token: str, show_token: bool, *, fingerprint: s
     if safe_mode:
         lines.append("   Safe mode: function (pickle) jobs are refused")
     lines += ["", f"   Join from THIS machine:   gpumesh join {local}{pin} --token={tok}"]
-    if host in ("127.0.0.1", "localhost", "::1"):
+    if host in ("127.0.0.1", "localhost", "::1") and public:
+        lines.append("   Other machines reach it only through the public URL below, not directly.")
+    elif host in ("127.0.0.1", "localhost", "::1"):
         lines += [
             f"   Other machines CANNOT reach this coordinator (bound to {host} only).",
             "   That is the default now: a worker executes code as the user who started it.",
-            f"   To let other machines join, re-run with: gpumesh serve --host 0.0.0.0 --port {port} --token=<your token>",
+            # the re-run keeps TLS and safe mode: opening up must not also drop a protection
+            f"   To let other machines join, re-run with: gpumesh serve --host 0.0.0.0 --port {port}"
+            + (f" {tls_flags}" if tls_flags else "") + (" --safe-mode" if safe_mode else "")
+            + " --token=<your token>",
             "   (or set GPUMESH_HOST=0.0.0.0). Read the warning it prints before you do.",
         ]
     else:
         ip = _lan_ip() if host in ("0.0.0.0", "::") else host
         if ip:
+            from ..coordinator.dist import wheel_url
+            trust = f"--trusted-host {ip} " if fingerprint else ""  # pip cannot pin a certificate
+            lines.append(f"   Install on ANOTHER machine: pip install {trust}{wheel_url(f'{scheme}://{ip}:{port}')}")
             lines.append(f"   Join from ANOTHER machine: gpumesh join {scheme}://{ip}:{port}{pin} --token={tok}")
-        lines += ["   (127.0.0.1 always works locally; the LAN IP is for other machines)", ""]
+        if host in ("0.0.0.0", "::"):
+            lines.append("   (127.0.0.1 always works locally; the LAN IP is for other machines)")
+        lines.append("")
         bar = "  " + "!" * 62
         lines += [bar, "  !! NETWORK-EXPOSED COORDINATOR", bar,
                   f"   Bound to:      {host}:{port} (not loopback — other machines can connect)",
@@ -89,7 +105,12 @@ def banner(host: str, port: int, token: str, show_token: bool, *, fingerprint: s
                   "   Anyone who can reach this port AND has the token can run",
                   f"   arbitrary code on this machine as {getpass.getuser()}.",
                   "   Only do this on a network you trust, and keep the token secret.",
-                  f"   Loopback-only (the default) is: gpumesh serve --port {port}", bar]
+                  f"   Loopback-only (the default) is: gpumesh serve --port {port}", bar, ""]
+        # The self-check only tries 127.0.0.1: a firewall or NAT in the way shows up
+        # only when a worker from elsewhere joins (or does not).
+        where = f"{scheme}://{ip}:{port}" if ip else f"port {port}"
+        lines.append(f"   Reachability of {where} from other machines is not tested here"
+                     " — a worker joining confirms it.")
     lines.append("   Ctrl+C to stop")
     return lines
 
@@ -130,10 +151,21 @@ class _MeshLogFormat(logging.Formatter):
               help="Do not announce this coordinator on the LAN (mDNS, seen by `gpumesh radar`) "
                    "[default: announced when bound to a non-loopback address, unless "
                    "GPUMESH_DISCOVERY=0].")
+@click.option("--tailscale", is_flag=True,
+              help="Bind to this machine's Tailscale address only and print the tailnet join "
+                   "line; needs a logged-in `tailscale` [default: off].")
+@click.option("--public", is_flag=True,
+              help="Open a public https:// URL through an ngrok tunnel (pip install "
+                   "'gpumesh[tunnel]', authtoken in $NGROK_AUTHTOKEN) [default: off].")
+@click.option("--trusted-proxy", "trusted_proxy", multiple=True, metavar="CIDR",
+              help="A reverse proxy whose X-Forwarded-For names the client (repeatable); "
+                   "turns the loopback lockout exemption off [default: $GPUMESH_TRUSTED_PROXIES "
+                   "(comma-separated), else none: clients are judged by socket address].")
 def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls, tls_cert, tls_key,
-          safe_mode, no_advertise):
+          safe_mode, no_advertise, tailscale, public, trusted_proxy):
     """Run a coordinator: the job store and HTTP API of the mesh."""
     from ..coordinator.server import BindError, Server, bind
+    from . import reach
 
     host = host or os.environ.get("GPUMESH_HOST") or "127.0.0.1"
     token = token or os.environ.get("GPUMESH_TOKEN")
@@ -150,6 +182,12 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
             fail("the worker token must differ from the main token")
     if (tls_cert is None) != (tls_key is None):
         fail("--tls-cert and --tls-key go together")
+    if public and (tls or tls_cert is not None):
+        fail("--public serves https:// at ngrok's edge already; drop --tls (the tunnel "
+             "reaches this coordinator over loopback)", code=2)
+    trusted, net = reach.plan(host, tailscale, public, trusted_proxy)
+    if net is not None:
+        host = net.ip  # the tailnet address, not 0.0.0.0: the LAN stays out
     # The port first: a port in use must not leave an empty data directory behind.
     try:
         sock = bind(host, port)
@@ -167,7 +205,17 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
     except OSError as e:
         fail(f"cannot write to the data directory {data_dir} ({e.strerror or e}); "
              f"pass --data-dir with a writable directory")
+    # Before anything is written there or to the config: one coordinator per data dir.
+    from ..coordinator.datalock import DataDirLocked, acquire
+    try:
+        dir_lock = acquire(data_dir)  # noqa: F841 - held (file open) until this process exits
+    except DataDirLocked as e:
+        fail(str(e))
+    except OSError as e:
+        fail(f"cannot lock the data directory {data_dir} ({e.strerror or e})")
     fingerprint = None
+    tls_flags = (f"--tls-cert {shlex.quote(str(tls_cert))} --tls-key {shlex.quote(str(tls_key))}"
+                 if tls_cert is not None else "--tls" if tls else "")
     if tls or tls_cert is not None:
         from ..tls import TLSSetupError, check_pair, self_signed
         try:
@@ -197,13 +245,18 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
 
     try:
         server = Server(sock, data_dir, token, worker_token=worker_token, safe_mode=safe_mode,
-                        tls_cert=tls_cert, tls_key=tls_key)
+                        tls_cert=tls_cert, tls_key=tls_key, trusted_proxies=trusted,
+                        fronted=tailscale or public)
     except Exception as e:  # noqa: BLE001 - e.g. a corrupt or locked database
         fail(f"cannot open the job store in {data_dir}: {e}")
     for line in banner(host, port, token, show_token=generated, fingerprint=fingerprint,
-                       worker_token=worker_token is not None, safe_mode=safe_mode):
+                       worker_token=worker_token is not None, safe_mode=safe_mode, public=public,
+                       tls_flags=tls_flags):
         click.echo(line)
-    advert = None if no_advertise else _advertise(host, port, fingerprint is not None)
+    tok = "<your worker token>" if worker_token else (token if generated else "<your token>")
+    tunnel = reach.announce(net, public, host, port, fingerprint, tok)
+    # mDNS does not cross a tailnet, and announcing a tailnet address on the LAN says nothing useful
+    advert = None if (no_advertise or net is not None) else _advertise(host, port, fingerprint is not None)
     worker: list[subprocess.Popen] = []
     # The self-worker needs no more than a worker's rights: with a worker token it gets that.
     threading.Thread(target=_after_start,
@@ -225,6 +278,8 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
             _stop_child(proc)
         if advert is not None:
             advert.close()
+        if tunnel is not None:
+            tunnel.close()
     click.echo("[gpumesh] coordinator stopped")
 
 
@@ -253,7 +308,8 @@ def _after_start(server, url: str, token: str, self_worker: bool, slots: int, ou
     server.ready.wait()
     problem = _self_check(url, fingerprint)
     if problem is None:
-        click.echo("[OK] Self-check: server is up (tested on 127.0.0.1 only)")
+        from urllib.parse import urlsplit
+        click.echo(f"[OK] Self-check: server is up (tested on {urlsplit(url).hostname} only)")
     else:
         click.echo(f"[!!] Self-check failed: {problem}", err=True)
     if not self_worker:

@@ -56,39 +56,40 @@ def submit(script, payloads_file, name, timeout, wait, url, token, as_json):
         click.echo(f"[OK] Submitted job {job_id}")
         click.echo(f"Job: {name or script} ({job_id})")
         click.echo("")
-    results = _wait(mesh, job_id, len(payloads), quiet=as_json)
-    view = mesh.status(job_id)
+    _wait(mesh, job_id, len(payloads), quiet=as_json)
+    view = mesh.status(job_id)  # each task with its result
     ok = view["counts"].get("done", 0) == view["n_tasks"]
     if as_json:
         for t in view.get("tasks", []):
-            got = results.get(t["id"])
-            t["result"] = got["result"] if got else None
+            t.setdefault("result", None)
         click.echo(json.dumps(view, indent=2, ensure_ascii=False))
     else:
         click.echo("")
         click.echo(f"  Status: {view['state']}")
         click.echo(f"  Counts: {counts_line(view['counts'])}")
         click.echo("")
-        for line in task_lines(view, results, color_enabled()):
+        for line in task_lines(view, color_enabled()):
             click.echo(line)
     if not ok:
         sys.exit(1)
 
 
-def _wait(mesh, job_id: str, total: int, quiet: bool) -> dict[str, dict]:
+def _wait(mesh, job_id: str, total: int, quiet: bool) -> None:
     """Wait for every task; a live bar on a terminal, then the final bar line."""
     from ..client import scripts
     from ..client.progress import Progress, bar_text
     started = time.monotonic()
-    done = [0]
+    done = [0, {}]
     with Progress(total, "tasks", enabled=None if not quiet else False, delay=0) as bar:
-        def on_progress(n_final: int, n_tasks: int) -> None:
-            done[0] = n_final
-            bar.update(n_final, n_tasks)
-        results = scripts.wait(mesh, job_id, on_progress)
+        def on_progress(n_final: int, n_tasks: int, counts: dict) -> None:
+            done[:] = n_final, counts
+            bar.update(n_final, n_tasks, failed=counts.get("failed", 0),
+                       cancelled=counts.get("cancelled", 0))
+        scripts.wait(mesh, job_id, on_progress)
     if not quiet:
-        click.echo("  " + bar_text(done[0], total, time.monotonic() - started))
-    return results
+        click.echo("  " + bar_text(done[0], total, time.monotonic() - started,
+                                   failed=done[1].get("failed", 0),
+                                   cancelled=done[1].get("cancelled", 0)))
 
 
 @click.command()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -22,19 +21,26 @@ def color_enabled() -> bool:
 MARKS = {"done": ("✓", "green"), "failed": ("✗", "red"), "cancelled": ("-", "yellow")}
 
 
-def task_lines(view: dict, results: dict[str, dict] | None = None, color: bool = False) -> list[str]:
-    """One job's tasks as the spec shows them: ``✓ task ID [done]  cost=1.0  worker=W``,
-    then ``result: {...}`` (or ``error: ...``)."""
+def task_lines(view: dict, color: bool = False) -> list[str]:
+    """One job's tasks (a ``GPUMesh.status`` view) as the spec shows them:
+    ``✓ task ID [done]  cost=1.0  worker=W``, then ``result: {...}`` (or ``error: ...``)."""
+    from ..client.jobview import result_text
     lines = []
     for t in view.get("tasks", []):
         mark, fg = MARKS.get(t["state"], ("…", None))
         if color and fg:
             mark = click.style(mark, fg=fg)
         lines.append(f"  {mark} task {t['id']} [{t['state']}]  cost={t['cost']}  "
-                     f"worker={t['worker_id'] or '-'}")
-        got = (results or {}).get(t["id"])
-        if got is not None and got["state"] == "done":
-            lines.append("    result: " + json.dumps(got["result"], ensure_ascii=False))
+                     f"worker={t['worker_id'] or '-'}"
+                     + (f"  attempts={t['attempts']}" if (t.get("attempts") or 0) > 1 else ""))
+        for h in t.get("history") or ():  # attempts that ended without a result
+            who = h.get("hostname") or h.get("worker") or "?"
+            err = h.get("error") or {}
+            what = f"{err.get('type')}: {err.get('message', '')}; " if err.get("type") else ""
+            lines.append(f"    attempt {h.get('attempt', '?')} on {who}: {what}{h.get('ended', '')}")
+        text = result_text(t, view.get("released", False))
+        if text is not None:
+            lines.append("    result: " + text)
         if t.get("error"):
             lines.append(f"    error: {t['error'].get('message', '')}")
     return lines

@@ -7,6 +7,8 @@ thing wherever it runs.
 from __future__ import annotations
 
 import inspect
+import linecache
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -47,29 +49,90 @@ def map_items(fn: Callable, items: Iterable[Any]) -> tuple[list[Call], list[dict
     for item in items:
         hint: dict = {}
         if isinstance(item, Mapping):
-            kwargs = dict(item)
-            for key in HINT_KEYS:
-                if key in kwargs and key not in named:
-                    value = kwargs.pop(key)
-                    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                        raise TypeError(f".map item hint {key!r} must be a number >= 0, got {value!r}")
-                    hint[key] = float(value)
-                elif key in kwargs:
-                    hint[key] = kwargs[key] if isinstance(kwargs[key], (int, float)) else None
+            kwargs, hint = split_hints(named, item, ".map item")
             calls.append(((), kwargs))
         elif isinstance(item, tuple):
             calls.append((item, {}))
         else:
             calls.append(((item,), {}))
-        hints.append({k: v for k, v in hint.items() if v is not None})
+        hints.append(hint)
     return calls, hints
 
 
-def decode_result(item: dict, payload: memoryview | None, strict: bool = False) -> Any:
+def split_hints(named: set[str], kwargs: Mapping, what: str = "call") -> tuple[dict, dict]:
+    """``(kwargs without the hint keys, hints)`` for one call's keyword arguments.
+
+    A hint key the function names as a parameter stays an argument (and still counts
+    as a hint when it is a number). Raises ``TypeError`` for a hint that is not a
+    number >= 0. A single call ``f(x, gpu_memory_mb=6000)`` and a ``.map`` item
+    ``{"x": x, "gpu_memory_mb": 6000}`` mean the same thing.
+    """
+    kwargs = dict(kwargs)
+    hint: dict = {}
+    for key in HINT_KEYS:
+        if key in kwargs and key not in named:
+            value = kwargs.pop(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise TypeError(f"{what} hint {key!r} must be a number >= 0, got {value!r}")
+            hint[key] = float(value)
+        elif key in kwargs and isinstance(kwargs[key], (int, float)) and not isinstance(kwargs[key], bool):
+            hint[key] = float(kwargs[key])
+    return kwargs, hint
+
+
+#: How much of a failed item's arguments its error quotes (characters).
+ARGS_TEXT_CHARS = 160
+
+
+def keep_going(via: str = ".map()", stopped: str = "the batch's other tasks were cancelled") -> str:
+    """The hint on the error that stopped a batch: what happened to the other items, and
+    how to keep their results instead."""
+    return (f"{stopped}; pass return_exceptions=True to {via} to run every item and get each "
+            "failure in its place in the results")
+
+
+def describe_call(call: Call | None, limit: int = ARGS_TEXT_CHARS) -> str:
+    """A call's arguments as a short text: ``lr=0.5, epochs=10`` (reprs shortened)."""
+    if call is None:
+        return ""
+    import reprlib
+    r = reprlib.Repr()
+    r.maxstring, r.maxother, r.maxlist, r.maxdict, r.maxlevel = 40, 40, 4, 4, 2
+    args, kwargs = call
+    text = ", ".join([r.repr(a) for a in args] + [f"{k}={r.repr(v)}" for k, v in kwargs.items()])
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def where(item: dict, call: Call | None = None, n: int = 1, name: str | None = None) -> str:
+    """Where a task failed, for its error: the ``.map`` item (index, the call with its
+    arguments), the worker (hostname and id), the attempt and the task id, as far as
+    they are known: ``.map item 7 of 20, train(lr=0.5), on worker laptop-a (0afecb2d),
+    attempt 1, task 1f2be03a5020``."""
+    err = item.get("error") or {}
+    index, task_id = item.get("index"), item.get("task_id")
+    worker, host = err.get("worker") or item.get("worker"), err.get("hostname")
+    shown = f"{name or 'the function'}({describe_call(call)})" if call is not None else ""
+    if n > 1 and index is not None:
+        what = f".map item {index} of {n}" + (f", {shown}," if shown else "")
+    elif call is not None:
+        what = shown
+    else:
+        what, task_id = f"task {task_id}", None  # named once, first
+    if worker:
+        what += f" on worker {host} ({worker})" if host and host != worker else f" on worker {worker}"
+    if err.get("attempt"):
+        what += f", attempt {err['attempt']}"
+    return what + (f", task {task_id}" if task_id else "")
+
+
+def decode_result(item: dict, payload: memoryview | None, strict: bool = False, *,
+                  call: Call | None = None, n: int = 1, hint: str = "", name: str | None = None) -> Any:
     """A result entry from the coordinator -> the value, or raise what the task raised.
 
     ``strict``: the payload is JSON (see :mod:`gpumesh.strict`) and nothing is unpickled;
-    a payload that is not JSON raises :class:`~gpumesh.errors.TaskFailed`.
+    a payload that is not JSON raises :class:`~gpumesh.errors.TaskFailed`. ``call``
+    (the item's arguments), ``n`` (the batch size), ``hint`` and ``name`` (the
+    function's) only word the error (see :func:`failure`).
     """
     if item["state"] == "done":
         if strict:
@@ -80,20 +143,29 @@ def decode_result(item: dict, payload: memoryview | None, strict: bool = False) 
                 raise TaskFailed(f"{e} (task {item.get('task_id')} on worker {item.get('worker')})",
                                  item.get("task_id"), item.get("worker")) from None
         return wire.loads(payload)
-    raise failure(item, None if strict else payload)
+    raise failure(item, None if strict else payload, call=call, n=n, hint=hint, name=name)
 
 
-def failure(item: dict, payload: memoryview | None) -> BaseException:
+def failure(item: dict, payload: memoryview | None, *, call: Call | None = None, n: int = 1,
+            hint: str = "", name: str | None = None) -> BaseException:
     """The exception that stands for a failed task at the caller (``payload``: the
-    pickled exception, or None to build a :class:`RemoteError` from its description)."""
+    pickled exception, or None to build a :class:`RemoteError` from its description).
+
+    Its text (a note, for the function's own exception) names the ``.map`` item of
+    ``n`` with its arguments (``call``), the worker, the attempt and the task, then
+    ``hint``; the item's index, worker, hostname and attempt are also attributes of a
+    :class:`~gpumesh.errors.TaskFailed` and of the :class:`RemoteTraceback` cause.
+    """
     err = item.get("error") or {}
     kind = err.get("kind", "")
     message = err.get("message", "the task failed")
-    tb = err.get("traceback", "")
+    tb = with_source(err.get("traceback", ""))
     task_id, worker = item.get("task_id"), err.get("worker") or item.get("worker")
-    where = f" (task {task_id} on worker {worker})" if worker else f" (task {task_id})"
+    place = where(item, call, n, name)
+    tail = f" ({place})" + (f"; {hint}" if hint else "")
     if err.get("stderr_tail") and kind != "raised":
-        where += "\n--- last lines the task wrote to stderr ---\n" + err["stderr_tail"].rstrip()
+        tail += "\n--- last lines the task wrote to stderr ---\n" + err["stderr_tail"].rstrip()
+    exc = None
     if kind == "raised" and payload is not None and payload.nbytes:
         try:
             exc = wire.loads(payload)
@@ -102,20 +174,74 @@ def failure(item: dict, payload: memoryview | None) -> BaseException:
         if isinstance(exc, BaseException):
             cause = RemoteTraceback(tb)
             exc.__cause__ = cause
+            text = f"[gpumesh] raised by {place}; remote traceback above"
+            if hint:
+                text += f"\n[gpumesh] {hint}"
             if sys.version_info >= (3, 11):
-                exc.add_note(f"[gpumesh] raised on the mesh{where}; remote traceback above")
-            return exc
+                exc.add_note(text)
+            else:  # no notes before 3.11: the cause, printed above the exception, says it
+                cause.tb = text + "\n" + tb
+            return _located(exc, cause, item, err)
+        exc = None
+    if kind == "missing_module":  # no worker had it: raised as itself, naming them
+        exc = ModuleNotFoundError(message + tail, name=err.get("module"))
+        cause = RemoteTraceback(tb) if tb else None
+        exc.__cause__ = cause
+        return _located(exc, cause, item, err)
     if kind == "timeout":
-        return TaskTimeout(message + where)
-    if kind == "crashed":
-        return TaskCrashed(message + where, task_id, worker)
-    if kind == "lost":
-        return WorkerLost(message + where, task_id, worker)
-    if kind == "cancelled":
-        return Cancelled(message + where, task_id, worker)
-    if kind in ("raised", "unpickle", "result_unpicklable", "exit", "result_not_json"):
-        exc = RemoteError(err.get("type", "Exception"), message, tb, task_id, worker)
-        if tb:
-            exc.__cause__ = RemoteTraceback(tb)
-        return exc
-    return TaskFailed(f"{message}{where}", task_id, worker)
+        exc = TaskTimeout(message + tail)
+    elif kind == "crashed":
+        exc = TaskCrashed(message + tail, task_id, worker)
+    elif kind == "lost":
+        exc = WorkerLost(message + tail, task_id, worker)
+    elif kind == "cancelled":
+        exc = Cancelled(message + tail, task_id, worker)
+    elif kind in ("raised", "unpickle", "result_unpicklable", "exit", "result_not_json"):
+        exc = RemoteError(err.get("type", "Exception"), message + tail, tb, task_id, worker)
+        exc.remote_message = message
+    else:
+        exc = TaskFailed(f"{message}{tail}", task_id, worker)
+    cause = RemoteTraceback(tb) if tb else None
+    if cause is not None:
+        exc.__cause__ = cause
+    return _located(exc, cause, item, err)
+
+
+def _located(exc: BaseException, cause: RemoteTraceback | None, item: dict, err: dict) -> BaseException:
+    """Give ``exc`` (a TaskFailed) and its remote traceback where the task ran."""
+    facts = {"index": item.get("index"), "task_id": item.get("task_id"),
+             "worker": err.get("worker") or item.get("worker"), "hostname": err.get("hostname"),
+             "attempt": err.get("attempt")}
+    for target in (cause, exc if isinstance(exc, TaskFailed) else None):
+        if target is not None:
+            for k, v in facts.items():
+                if v is not None or not hasattr(target, k):
+                    setattr(target, k, v)
+    return exc
+
+
+_FRAME = re.compile(r'^(\s*)File "(.+)", line (\d+), in ')
+
+
+def with_source(tb: str) -> str:
+    """Worker traceback text with the source lines the worker could not show filled in
+    from this process: a frame whose file exists here (the caller's own script or
+    module) or is a notebook cell this kernel ran (IPython keeps those in
+    ``linecache``) gets its line, as a local traceback would show it."""
+    if "File " not in tb:
+        return tb
+    lines = tb.splitlines(keepends=True)
+    out: list[str] = []
+    for k, line in enumerate(lines):
+        out.append(line)
+        m = _FRAME.match(line)
+        if m is None:
+            continue
+        indent, filename, lineno = m.group(1), m.group(2), int(m.group(3))
+        following = lines[k + 1] if k + 1 < len(lines) else ""
+        if following.startswith(indent + "  ") and not _FRAME.match(following):
+            continue  # the worker had the line
+        source = linecache.getline(filename, lineno).strip()
+        if source:
+            out.append(f"{indent}  {source}\n")
+    return "".join(out)

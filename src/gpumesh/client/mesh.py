@@ -14,14 +14,19 @@ The life of a call (``f(x)`` or ``f.map(items)``)::
     GET /v1/jobs/{id}/results?after=seq  long-poll; pages of results stream in
       ▼
     values in input order; the first failure cancels the rest and is raised as itself
+    (return_exceptions=True: every call runs, failures stand in their place; iter_calls
+    and .imap(): (index, value) as they finish, closing early cancels the rest)
 
 Once the coordinator has accepted a job the call never silently re-runs locally (that
 would run side effects twice): losing the coordinator then means waiting for it (up to
-``CALLER_RECONNECT_S``) and then :class:`~gpumesh.errors.MeshUnavailable`.
+``CALLER_RECONNECT_S``) and then :class:`~gpumesh.errors.MeshUnavailable`. Losing every
+worker means waiting for one to (re)join, for the call's ``timeout=`` or, without one,
+``NO_WORKER_WAIT_S``, and then :class:`~gpumesh.errors.WorkerLost`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -33,11 +38,12 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .. import config, hardware, tracing, wire
+from .. import config, hardware, retries, tracing, versions, wire
 from ..handoff import Handoff, worth_it
-from ..errors import MeshUnavailable, RequestRejected, Unsatisfiable
-from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, PROBE_CACHE_S,
-                      PROBE_DOWN_CACHE_S, PROBE_TIMEOUT_S, RELEASE_BATCH_MAX, RELEASE_BATCH_S)
+from ..errors import MeshUnavailable, RequestRejected, Unsatisfiable, WorkerLost
+from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, NO_WORKER_WAIT_S,
+                      PROBE_CACHE_S, PROBE_DOWN_CACHE_S, PROBE_TIMEOUT_S, RELEASE_BATCH_MAX,
+                      RELEASE_BATCH_S)
 from ..transport import Transport, Unreachable
 from . import calls as _calls
 from .console import OutputPrinter
@@ -149,7 +155,11 @@ class GPUMesh:
     # ------------------------------------------------------------------ pool -------
     def workers(self) -> list[dict]:
         """Every worker the coordinator knows: dicts with ``id, device, device_name,
-        hostname, score, alive`` (plus ``slots``, ``running``, ``cpu``, ``gpus``...).
+        hostname, score, alive`` (plus ``slots``, ``running``, ``cpu``, ``gpus``...), and
+        what its owner's rules close: ``owner`` (``{"state", "label", "until"?}`` or None)
+        and ``gpu_states`` (``{"0": {"state", "label"}}``; see docs/owner.md).
+        ``score`` is the worker's best device score, None while its benchmark is pending
+        (as in :meth:`devices`); ``scores`` has one per device once measured.
 
         Raises :class:`~gpumesh.errors.MeshUnavailable` if the coordinator does not
         answer, :class:`~gpumesh.errors.AuthError` if it refuses the token.
@@ -161,9 +171,17 @@ class GPUMesh:
         return self.http.request("GET", "/v1/jobs", params={"limit": limit}, timeout=10).json()
 
     def status(self, job_id: str) -> dict:
-        """One job: its state, per-state task ``counts`` and ``tasks`` (index, state,
-        attempts, worker, error). Raises RequestRejected (404) for an unknown job."""
-        return self.http.request("GET", job_path(job_id), timeout=10).json()
+        """One job: ``id, name, kind, state, n_tasks, counts`` (tasks per state),
+        ``released`` and ``tasks``, one dict per task in index order: ``id, index, state,
+        attempts, worker_id, cost, error`` and, for a done task, ``result``: the JSON
+        value a script printed, or the value a function returned, decoded as the call
+        would (unpickled; JSON when ``strict``). ``result_error`` says why a result could
+        not be decoded here. ``released: True``: the job's results were collected by its
+        caller (or let go) and deleted, so no task has ``result``. Works after a
+        coordinator restart (results are stored). Raises RequestRejected (404) for an
+        unknown job."""
+        from .jobview import job_status
+        return job_status(self, job_id)
 
     def logs(self, job_id: str, task_id: str | None = None) -> list[dict]:
         """What each task of a job printed: ``[{"id", "index", "state", "stdout", "stderr"}]``."""
@@ -190,9 +208,13 @@ class GPUMesh:
                timeout: float | None = None) -> str:
         """Submit a script job: ``python script`` runs once per payload on the mesh, the
         payload arriving as JSON on its stdin; each task's result is the last line of its
-        stdout that parses as JSON. ``script``: a path (or the source as bytes). Returns
-        the job id at once (see :meth:`status`, :meth:`wait`). Raises ``ValueError`` for
-        an unreadable script or a payload that is not JSON."""
+        stdout that parses as JSON. ``script``: a path (or the source as bytes). A payload
+        that is a JSON object may carry the ``.map`` hints ``cost`` and ``gpu_memory_mb``
+        (it still reaches the script whole). Returns the job id at once (see
+        :meth:`status`, :meth:`wait`). Raises ``ValueError`` for an unreadable script, a
+        payload that is not JSON or a hint that is not a number, and
+        :class:`~gpumesh.errors.Unsatisfiable` for a ``gpu_memory_mb`` hint no alive
+        worker's GPU could ever meet."""
         from . import scripts
         if script is None:
             raise ValueError("submit() needs script= (the path of a Python script)")
@@ -218,20 +240,27 @@ class GPUMesh:
         alive worker's CPU. Dicts with ``worker, hostname, kind`` (``"cuda"``, ``"mps"``,
         ``"cpu"``), ``device`` (``"cuda:0"``...), ``index, name, memory_total_mb,
         memory_free_mb`` (GPU memory; RAM for a CPU), ``cores, score`` (None until
-        measured), ``slots`` and ``busy`` (slots on it, and how many run a task)."""
+        measured), ``slots`` and ``busy`` (slots on it, and how many run a task), ``state``
+        (``{"state", "label"}`` while its owner's rules close it, else None)."""
         return hardware.pool_devices(self.workers())
 
     def device_count(self) -> int:
-        """How many devices the alive workers contribute (each GPU and each CPU once)."""
-        return len(self.devices())
+        """How many machines contribute compute: alive workers counted once per host
+        (a PC with a GPU and a CPU is one; two workers started on one host are one)."""
+        return len({w.get("hostname") or w.get("id") for w in self.workers()
+                    if w.get("alive", True)})
 
     def gpu_count(self) -> int:
-        """How many GPUs (CUDA and MPS) the alive workers contribute."""
-        return sum(1 for d in self.devices() if d["kind"] != "cpu")
+        """How many GPUs (CUDA and MPS) the alive workers contribute; a GPU that two
+        workers of one host both offer counts once."""
+        return len({(d["hostname"] or d["worker"], d["kind"], d["index"], d["name"])
+                    for d in self.devices() if d["kind"] != "cpu"})
 
     def total_score(self) -> float:
-        """The sum of the alive devices' benchmark scores (unmeasured ones count 0)."""
-        return round(sum(float(d["score"] or 0) for d in self.devices()), 3)
+        """The sum of the alive devices' measured benchmark scores, as a float; devices
+        still pending (score None) add nothing, and an empty pool gives 0.0."""
+        return float(round(sum(float(d["score"]) for d in self.devices()
+                               if d["score"] is not None), 3))
 
     def auto_device(self) -> dict | None:
         """The alive device with the highest score (as in :meth:`devices`); None if the
@@ -247,81 +276,130 @@ class GPUMesh:
         if now < self._probe_down_until:  # a frozen coordinator costs one probe timeout, not one per call
             return False
         try:
-            self.http.request("GET", "/v1/health", timeout=PROBE_TIMEOUT_S)
+            health = self.http.request("GET", "/v1/health", timeout=PROBE_TIMEOUT_S)
         except Unreachable:
             notice(f"coordinator at {self.url} is unreachable; running locally")
             self._probe_down_until = time.monotonic() + PROBE_DOWN_CACHE_S
             return False
+        try:
+            theirs = health.json().get("version")
+        except (ValueError, AttributeError):
+            theirs = None
+        # Another version is a refusal, never a silent local run (like a refused token).
+        versions.check_coordinator(theirs, self.url, "caller")
         self._probe_ok_until = now + PROBE_CACHE_S
         return True
 
     # ------------------------------------------------------------------ calls ------
     def run_calls(self, fn: Callable, calls: list[_calls.Call], *, hints: list[dict] | None = None,
                   timeout: float | None = None, name: str | None = None,
-                  require: hardware.Requirements | None = None,
+                  require: hardware.Requirements | None = None, return_exceptions: bool = False,
+                  retry: tuple[int, tuple] | None = None,
                   isolation: str | None = None) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` for each ``(args, kwargs)`` in ``calls``; values in
         order. Runs here when the mesh is unavailable (see the module docstring).
         ``isolation``: ``"task"`` (None, the default: a fresh process per task) or ``"job"``
         (each worker slot keeps one process for this job's tasks).
         ``require``: hardware every task needs; :class:`~gpumesh.errors.Unsatisfiable` if
-        no alive worker (nor, when none is alive, this machine) can ever provide it."""
+        no alive worker (nor, when none is alive, this machine) can ever provide it.
+        ``return_exceptions``: every call runs, and a failed one's exception takes its
+        place in the list (default: the first failure is raised and the rest cancelled).
+        ``retry``: ``(retries, exception types)`` (see :mod:`gpumesh.retries`).
+        :class:`~gpumesh.errors.WorkerLost` once no worker that can run the calls has been
+        alive for ``timeout`` seconds (without one, ``NO_WORKER_WAIT_S``:
+        ``$GPUMESH_NO_WORKER_TIMEOUT``); the job is cancelled (with ``return_exceptions``,
+        each unfinished call's place holds that WorkerLost).
+        """
+        values: list[Any] = [_MISSING] * len(calls)
+        for index, value in self.iter_calls(fn, calls, hints=hints, timeout=timeout, name=name,
+                                            require=require, return_exceptions=return_exceptions,
+                                            retry=retry, isolation=isolation):
+            values[index] = value
+        return values
+
+    def iter_calls(self, fn: Callable, calls: list[_calls.Call], *, hints: list[dict] | None = None,
+                   timeout: float | None = None, name: str | None = None,
+                   require: hardware.Requirements | None = None, return_exceptions: bool = False,
+                   retry: tuple[int, tuple] | None = None, handle: Any = None,
+                   isolation: str | None = None):
+        """As :meth:`run_calls`, yielding ``(index, value)`` as each call finishes. Closing
+        the generator before the end cancels the calls still running. With ``handle``
+        (a dict, see :class:`~gpumesh.client.sweep.Results`), the job is submitted
+        without waiting for a first result, ``handle["job_id"]`` is set, and the generator
+        yields ``None`` once the calls are under way (before any result)."""
         if not calls:
-            return []
+            if handle is not None:
+                yield None
+            return
         if os.environ.get("GPUMESH_LOCAL") == "1":
             notice("GPUMESH_LOCAL=1: running locally")
-            return run_locally(fn, calls)
+            yield from _started(handle, iter_locally(fn, calls, return_exceptions, retry))
+            return
         if not self._mesh_reachable():
             check_local(fn, require, hints, f"the coordinator at {self.url} is unreachable")
-            return run_locally(fn, calls)
+            yield from _started(handle, iter_locally(fn, calls, return_exceptions, retry))
+            return
         job_id = secrets.token_hex(6)
         printer = OutputPrinter(single=len(calls) == 1) if self.output else None
         bar = None
         collected = accepted = False
         try:
             first = self._submit(job_id, fn, calls, hints or [{}] * len(calls), timeout, name,
-                                 printer is not None, require=require,
+                                 printer is not None, require=require, retry=retry,
+                                 wait=0 if handle is not None else LONG_POLL_S,
                                  isolation=check_isolation(isolation))
             if first is None:
                 check_local(fn, require, hints, f"no worker is alive in the mesh at {self.url}")
                 notice(f"no live worker in the mesh at {self.url}; running locally")
                 collected = True  # nothing was stored
-                return run_locally(fn, calls)
+                yield from _started(handle, iter_locally(fn, calls, return_exceptions, retry))
+                return
             accepted = True
+            if handle is not None:
+                first = bytearray()  # (a submit that did not wait answers JSON, not a page)
             if not self._announced:  # said once the mesh took a job: token and workers are fine
                 self._announced = True
                 notice(f"connected to coordinator at {self.url}")
+            if handle is not None:
+                handle["job_id"] = job_id
+                yield None
             if len(calls) > 1:  # a batch: a bar once it takes over a second (terminal/notebook)
                 bar = Progress(len(calls), name or getattr(fn, "__qualname__", "tasks"))
-            values = self._collect(job_id, len(calls), first, printer, bar)
+            yield from self._collect(job_id, calls, first, printer, bar, return_exceptions,
+                                     ".imap()" if handle is not None else ".map()",
+                                     getattr(fn, "__qualname__", None), timeout=timeout)
             collected = True
-            return values
         finally:
             if bar is not None:
                 bar.close()
             if printer is not None:
                 printer.flush()
-            if not collected:  # Ctrl+C, a task failure, a lost coordinator: stop the rest
+            if not collected:  # Ctrl+C, a task failure, a lost coordinator, a closed iterator
                 self._cancel_quietly(job_id)
                 if accepted:  # and free its stored arguments and results: nobody will read them
                     self._janitor.release(job_id)
 
     def _submit(self, job_id: str, fn: Callable, calls: list[_calls.Call], hints: list[dict],
                 timeout: float | None, name: str | None, output: bool,
-                require: hardware.Requirements | None = None,
-                isolation: str = "task") -> bytearray | None:
-        """Submit the job and wait briefly for its first results in the same round trip.
-        Returns that first results page, or None if the mesh has no live worker."""
+                require: hardware.Requirements | None = None, retry: tuple[int, tuple] | None = None,
+                wait: float = LONG_POLL_S, isolation: str = "task") -> bytearray | None:
+        """Submit the job and wait briefly (up to ``wait`` s) for its first results in the
+        same round trip. Returns that first results page, or None if the mesh has no live
+        worker."""
         fn_payload = wire.dumps(fn, code=True)
         fn_hash = fn_payload.sha256()
         args = [_dump_call(fn, c, i, len(calls)) for i, c in enumerate(calls)]
+        if fn_payload.by_value or any(a.by_value for a in args):
+            # Bytecode travels: only workers of this Python minor version can load it safely.
+            require = dataclasses.replace(require or hardware.Requirements(),
+                                          python=versions.python_minor())
         inline = fn_hash not in self._known_blobs and fn_payload.size <= INLINE_FUNCTION_BYTES
         if fn_hash not in self._known_blobs and not inline:
             self._upload_blob(fn_hash, fn_payload)
         meta = {"job_id": job_id, "kind": "function", "fn": fn_hash, "fn_inline": inline,
                 "n_tasks": len(calls), "timeout": timeout, "require_worker": True,
                 "name": name or getattr(fn, "__qualname__", "function"),
-                "costs": [h.get("cost", 1.0) for h in hints], "wait": LONG_POLL_S,
+                "costs": [h.get("cost", 1.0) for h in hints], "wait": wait,
                 "output": output, "caller": {"host": _HOSTNAME, "pid": os.getpid()}}
         if self.strict:
             meta["result_format"] = "json"  # the task answers in JSON; nothing is unpickled
@@ -329,6 +407,8 @@ class GPUMesh:
             meta["isolation"] = isolation
         if require:
             meta["require"] = require.to_meta()
+        if retry:
+            meta.update(retries.to_meta(*retry))
         if any(h.get("gpu_memory_mb") for h in hints):
             meta["gpu_memory_mb"] = [h.get("gpu_memory_mb") for h in hints]
         handoff = self.handoff
@@ -415,19 +495,44 @@ class GPUMesh:
                           headers={"content-length": str(payload.size)}, timeout=600)
         self._known_blobs.add(h)
 
-    def _collect(self, job_id: str, n: int, body: bytearray | None,
-                 printer: OutputPrinter | None, bar: Progress | None = None) -> list[Any]:
-        """Read result pages (the first came with the submit) until all ``n`` are in."""
-        results: list[Any] = [_MISSING] * n
+    def _collect(self, job_id: str, calls: list[_calls.Call], body: bytearray | None,
+                 printer: OutputPrinter | None, bar: Progress | None = None,
+                 return_exceptions: bool = False, via: str = ".map()", name: str | None = None,
+                 timeout: float | None = None):
+        """Read result pages (the first came with the submit) until all calls' results are
+        in; yields ``(index, value)`` as they come. A failure is yielded as its exception
+        with ``return_exceptions``, else raised (its text says how to keep going).
+        Once pages have said "no worker can run it" for ``timeout`` seconds (None:
+        NO_WORKER_WAIT_S), WorkerLost is raised (the caller then cancels the job), or with
+        ``return_exceptions`` the job is cancelled here and each unfinished call gets it."""
+        n = len(calls)
+        seen = bytearray(n)  # 1 once an index's result was delivered: never twice
+        hint = _calls.keep_going(via) if n > 1 and not return_exceptions else ""
+        tally = {"done": 0, "failed": 0, "cancelled": 0}
         got, after, out_after, attempt = 0, -1, -1, 0
         last_contact = time.monotonic()
         handoff = self.handoff
+        # Nothing runs the job's tasks while the pool is empty: a task's timeout never
+        # starts, so the wait for a worker to (re)join is bounded here instead.
+        alone_limit = NO_WORKER_WAIT_S if timeout is None else timeout
+        alone_since: float | None = None
+        nobody = "no worker"  # or, with workers alive that cannot run the tasks, which one
         while True:
             if body:
                 page, frames = self._read_page(body)
-                if page.get("workers_alive") == 0 and not page["results"]:
-                    notice(f"no live worker in the mesh at {self.url}; job {job_id} is waiting "
-                           "for one to (re)join")
+                able = page.get("workers_able", page.get("workers_alive"))
+                if able == 0:
+                    alone_since = alone_since or time.monotonic()
+                    if page.get("workers_alive"):  # e.g. the only GPU box went, CPUs remain
+                        nobody = "no worker that can run its tasks"
+                        notice(f"no live worker in the mesh at {self.url} can run job {job_id}'s "
+                               f"tasks; waiting for one to (re)join (for up to {alone_limit:g}s)")
+                    elif not page["results"]:
+                        nobody = "no worker"
+                        notice(f"no live worker in the mesh at {self.url}; job {job_id} is "
+                               f"waiting for one to (re)join (for up to {alone_limit:g}s)")
+                elif able is not None:
+                    alone_since = None
                 k = 1 + sum(1 for item in page["results"] if item["has_payload"])
                 if printer is not None:
                     # Output first: a task's prints come before its result (and its error).
@@ -447,25 +552,55 @@ class GPUMesh:
                             handoff = None
                             break  # re-read from this result on
                     idx = item["index"]
-                    if results[idx] is _MISSING:  # never deliver a result twice
-                        results[idx] = _calls.decode_result(item, payload, self.strict)  # raises a failure
-                        got += 1
                     after = max(after, item["seq"])
-                if bar is not None:
-                    bar.update(got)
+                    if seen[idx]:  # never deliver a result twice
+                        continue
+                    seen[idx] = 1
+                    got += 1
+                    tally[item["state"] if item["state"] in tally else "failed"] += 1
+                    try:
+                        value = _calls.decode_result(item, payload, self.strict, call=calls[idx],
+                                                     n=n, hint=hint, name=name)
+                    except Exception as e:  # noqa: BLE001 - what the task raised
+                        if not return_exceptions:
+                            raise
+                        value = e
+                    if bar is not None:
+                        bar.update(got, failed=tally["failed"], cancelled=tally["cancelled"])
+                    yield idx, value
                 del frames, page
             if got >= n:
                 break
-            params = {"after": after, "wait": LONG_POLL_S}
+            wait = LONG_POLL_S
+            if alone_since is not None:
+                alone = time.monotonic() - alone_since
+                if alone >= alone_limit:
+                    why = (f"the call's timeout={timeout:g}s" if timeout is not None else
+                           f"the wait without a timeout=, GPUMESH_NO_WORKER_TIMEOUT="
+                           f"{alone_limit:g}s")
+                    lost = WorkerLost(f"{nobody} has been alive in the mesh at {self.url} for "
+                                      f"{alone:.0f}s ({why}); {n - got} of {n} task(s) of job "
+                                      f"{job_id} did not finish and were cancelled")
+                    if not return_exceptions:
+                        raise lost
+                    self._cancel_quietly(job_id)  # no task of it may run later
+                    for idx in range(n):
+                        if not seen[idx]:
+                            seen[idx] = 1
+                            yield idx, lost
+                    break
+                wait = min(wait, max(0.05, alone_limit - alone))  # wake up when the time is up
+            params = {"after": after, "wait": wait}
             if handoff is not None:
                 params["handoff"] = 1
             if printer is not None:
                 params["out_after"] = out_after
             try:
                 body = self.http.stream_into("GET", f"/v1/jobs/{job_id}/results", params=params,
-                                             timeout=LONG_POLL_S + 15)
+                                             timeout=wait + 15)
                 last_contact, attempt = time.monotonic(), 0
             except Unreachable as e:
+                alone_since = None  # the pool is unknown until the coordinator answers again
                 if time.monotonic() - last_contact > CALLER_RECONNECT_S:
                     raise MeshUnavailable(
                         f"lost the coordinator at {self.url} for over {CALLER_RECONNECT_S:.0f}s "
@@ -474,7 +609,6 @@ class GPUMesh:
                 attempt += 1
                 body = None
         self._janitor.release(job_id)
-        return results
 
     @staticmethod
     def _read_page(body: bytearray) -> tuple[dict, list[memoryview]]:
@@ -496,20 +630,23 @@ class GPUMesh:
 
     # ------------------------------------------------------------------ API --------
     def distribute(self, function: Callable, params: Iterable[Any], timeout: float | None = None,
-                   isolation: str | None = None) -> list[Any]:
+                   return_exceptions: bool = False, isolation: str | None = None) -> list[Any]:
         """Run ``function`` once per item of ``params`` (dicts are keyword arguments) across
         the mesh; returns the values in input order. ``timeout`` (seconds) applies to each
-        task; ``isolation`` is ``"task"`` or ``"job"`` as for ``@accelerate`` (default: the
-        decorated function's, else ``"task"``; anything else is a ``ValueError``). Raises
-        what a task raised (see :mod:`gpumesh.errors`)."""
+        task. Raises what a task raised (see :mod:`gpumesh.errors`), and cancels the rest;
+        with ``return_exceptions=True`` every item runs and a failed item's exception
+        stands in its place in the list. ``isolation``: ``"task"`` or ``"job"`` as for
+        ``@accelerate`` (default: the decorated function's, else ``"task"``; anything else
+        is a ``ValueError``)."""
         from .remote import unwrap
         if isolation is None:
             isolation = getattr(function, "options", {}).get("isolation")
         isolation = check_isolation(isolation)
         fn = unwrap(function)
         calls, hints = _calls.map_items(fn, params)
+        extra = {} if isolation == "task" else {"isolation": isolation}
         return self.run_calls(fn, calls, hints=hints, timeout=_check_timeout(timeout),
-                              isolation=None if isolation == "task" else isolation)
+                              return_exceptions=bool(return_exceptions), **extra)
 
     @staticmethod
     def start_coordinator(port: int = 8000, token: str | None = None, host: str = "127.0.0.1",
@@ -609,6 +746,9 @@ def check_local(fn: Callable, require: hardware.Requirements | None, hints: list
         from ..worker.device import detect  # NVML or nvidia-smi; never a CUDA context
         _this_machine = detect()
     info = _this_machine
+    if require is not None and require.requires:  # this process runs it: its own packages
+        from ..packages import installed
+        info = dict(info, packages=installed())
     slots = hardware.slots_of("local", info, hardware.slot_list(info["gpus"], 1, info["mps"]))
     reasons = []
     for slot in slots:
@@ -616,7 +756,7 @@ def check_local(fn: Callable, require: hardware.Requirements | None, hints: list
         if reason is None:
             return
         reasons.append(f"its {slot.device} {reason}")
-    wants = (require.describe() if require else "") + (f", gpu_memory_mb={hint:g}" if hint else "")
+    wants = (require.describe() if require else "") + (f", gpu_memory_mb={hardware.format_mib(hint)}" if hint else "")
     raise Unsatisfiable(f"{why}, and this machine cannot run {getattr(fn, '__qualname__', 'the function')} "
                         f"({wants.strip(', ')}): " + "; ".join(reasons))
 
@@ -651,6 +791,34 @@ def _picklable(value: Any) -> bool:
 def run_locally(fn: Callable, calls: list[_calls.Call]) -> list[Any]:
     """The fallback path: the same calls, in this process, in order."""
     return [fn(*a, **kw) for a, kw in calls]
+
+
+def iter_locally(fn: Callable, calls: list[_calls.Call], return_exceptions: bool = False,
+                 retry: tuple[int, tuple] | None = None):
+    """The fallback path, item by item: yields ``(index, value)`` in order, with the mesh's
+    semantics (``return_exceptions``: a raised exception is yielded in its item's place;
+    ``retry``: re-runs as :func:`gpumesh.retries.call_with_retries`)."""
+    n = len(calls)
+    for i, (a, kw) in enumerate(calls):
+        try:
+            value = retries.call_with_retries(fn, a, kw, *retry) if retry else fn(*a, **kw)
+        except Exception as e:  # noqa: BLE001 - the function's own exception
+            if not return_exceptions:
+                if n > 1 and sys.version_info >= (3, 11):
+                    e.add_note(f"[gpumesh] raised by .map item {i} of {n}, "
+                               f"{getattr(fn, '__qualname__', 'the function')}"
+                               f"({_calls.describe_call((a, kw))}), on this machine; "
+                               + _calls.keep_going(stopped="the items after it did not run"))
+                raise
+            value = e
+        yield i, value
+
+
+def _started(handle: Any, results):
+    """``results``, preceded by the one ``None`` an iterator with a handle waits for."""
+    if handle is not None:
+        yield None
+    yield from results
 
 
 #: What ``isolation=`` accepts: a fresh process per task (the default), or one process

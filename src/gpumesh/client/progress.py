@@ -48,27 +48,47 @@ def wanted() -> bool:
         return False
 
 
-def bar_text(done: int, total: int, elapsed: float, width: int = 20) -> str:
-    """The plain-text bar the CLI prints: ``#####...  50%  3/6 done  (4s)``."""
+def outcome_text(final: int, total: int, failed: int = 0, cancelled: int = 0) -> str:
+    """How many of ``total`` tasks ended, and how: ``6/6 done`` when every final task
+    succeeded, else each outcome counted apart: ``4/4 final: 3 done, 1 failed``."""
+    if not failed and not cancelled:
+        return f"{final}/{total} done"
+    parts = [f"{final - failed - cancelled} done"]
+    if failed:
+        parts.append(f"{failed} failed")
+    if cancelled:
+        parts.append(f"{cancelled} cancelled")
+    return f"{final}/{total} final: " + ", ".join(parts)
+
+
+def bar_text(done: int, total: int, elapsed: float, width: int = 20, *, failed: int = 0,
+             cancelled: int = 0) -> str:
+    """The plain-text bar the CLI prints: ``#####...  50%  3/6 done  (4s)``; ``done`` is
+    the number of final tasks, of which ``failed`` and ``cancelled`` did not succeed
+    (then ``4/4 final: 3 done, 1 failed``)."""
     frac = done / total if total else 1.0
     filled = int(round(frac * width))
-    return f"{'#' * filled}{'.' * (width - filled)} {frac * 100:3.0f}%  {done}/{total} done  ({elapsed:.0f}s)"
+    return (f"{'#' * filled}{'.' * (width - filled)} {frac * 100:3.0f}%  "
+            f"{outcome_text(done, total, failed, cancelled)}  ({elapsed:.0f}s)")
 
 
 class Progress:
-    """A live bar for ``total`` tasks: done/total, rate, elapsed and ETA (rich).
+    """A live bar for ``total`` tasks: final/total, rate, elapsed and ETA (rich).
 
     ``enabled``: draw at all (default :func:`wanted`). ``delay``: seconds before the bar
     appears (a timer shows it even while no result arrives). Thread-safe; call
-    :meth:`update` with the number of final tasks and :meth:`close` at the end (the bar
-    disappears; ``keep=True`` leaves its last state on screen).
+    :meth:`update` with the number of final tasks (and how many of them failed or were
+    cancelled: the bar then counts each apart, see :func:`outcome_text`) and
+    :meth:`close` at the end (the bar disappears; ``keep=True`` leaves its last state on
+    screen).
     """
 
     def __init__(self, total: int, description: str = "tasks", *, enabled: bool | None = None,
                  delay: float = DELAY_S, keep: bool = False, console=None) -> None:
         self.total, self.description, self.keep = total, description, keep
         self.enabled = wanted() if enabled is None else enabled
-        self.done = 0
+        self.done = 0  # final tasks, whatever their outcome
+        self.failed = self.cancelled = 0
         self.started = time.monotonic()
         self._lock = threading.Lock()
         self._bar = None
@@ -89,20 +109,21 @@ class Progress:
             if self._closed or self._bar is not None:
                 return
             from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn,
-                                       TimeElapsedColumn, TimeRemainingColumn)
+            from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeRemainingColumn
             console = self._console or Console(stderr=True)
             # rich's live display in a notebook needs ipywidgets (without it: a warning
             # and no bar); the notebook bar needs only IPython's display
             make = (functools.partial(NotebookBar, started=self.started)
                     if self._console is None and in_notebook() else Bar)
             self._bar = make(TextColumn("[progress.description]{task.description}"), BarColumn(),
-                             MofNCompleteColumn(), TextColumn("done"),
-                             TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+                             TextColumn("{task.fields[outcome]}"),
+                             TextColumn("{task.fields[rate]}"), _elapsed_column(self.started),
                              TextColumn("ETA"), TimeRemainingColumn(),
                              console=console, transient=not self.keep)
             self._task = self._bar.add_task(self.description, total=self.total,
-                                            completed=self.done, rate=self._rate())
+                                            completed=self.done, rate=self._rate(),
+                                            outcome=self._outcome(), failed=self.failed,
+                                            cancelled=self.cancelled)
             try:
                 self._bar.start()
             except Exception:  # noqa: BLE001 - a console that cannot draw: no bar
@@ -112,13 +133,20 @@ class Progress:
         elapsed = time.monotonic() - self.started
         return f"{self.done / elapsed:.1f}/s" if elapsed > 0 and self.done else "-/s"
 
-    def update(self, done: int, total: int | None = None) -> None:
+    def _outcome(self) -> str:
+        return outcome_text(self.done, self.total, self.failed, self.cancelled)
+
+    def update(self, done: int, total: int | None = None, *, failed: int = 0,
+               cancelled: int = 0) -> None:
+        """``done`` tasks of ``total`` are final; ``failed`` and ``cancelled`` of them
+        did not succeed."""
         with self._lock:
-            self.done = done
+            self.done, self.failed, self.cancelled = done, failed, cancelled
             if total is not None:
                 self.total = total
             if self._bar is not None:
-                self._bar.update(self._task, completed=done, total=self.total, rate=self._rate())
+                self._bar.update(self._task, completed=done, total=self.total, rate=self._rate(),
+                                 outcome=self._outcome(), failed=failed, cancelled=cancelled)
 
     @property
     def shown(self) -> bool:
@@ -142,13 +170,29 @@ class Progress:
         self.close()
 
 
+def _elapsed_column(started: float):
+    """A rich column of the time since ``started`` (``time.monotonic()``), the batch's
+    start. rich's own elapsed column counts from when the bar appears, :data:`DELAY_S`
+    later, which would disagree with the rate beside it."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class SinceStart(ProgressColumn):
+        def render(self, task) -> Text:
+            s = int(max(time.monotonic() - started, 0))
+            return Text(f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}", style="progress.elapsed")
+
+    return SinceStart()
+
+
 class NotebookBar:
     """The bar in a Jupyter notebook: one output updated in place, an HTML ``<progress>``
     with the counts beside it (and the same line as text for plain front ends), e.g.
     ``slow ##########..........  50%  2/4 done  (1s)  1.9/s  ETA 1s``.
 
     Driven like rich's ``Progress`` (``add_task``, ``update``, ``start``, ``stop``); rich's
-    column arguments and task fields are accepted and not used. ``started``: when the
+    column arguments are accepted and not used, and of the task fields only ``failed``
+    and ``cancelled`` (counted apart from the done ones, as :func:`bar_text` does). ``started``: when the
     batch began (``time.monotonic()``), from which elapsed time, rate and ETA count.
     Redrawn at most every :data:`NOTEBOOK_REFRESH_S` by a daemon thread, so the elapsed
     time moves between results. Unlike the terminal bar it stays in the cell's output,
@@ -157,6 +201,7 @@ class NotebookBar:
 
     def __init__(self, *columns, started: float | None = None, **_rich_options) -> None:
         self.description, self.total, self.completed = "", 0, 0
+        self.failed = self.cancelled = 0
         self.started = time.monotonic() if started is None else started
         self._handle = None
         self._drawn: str | None = None
@@ -165,18 +210,21 @@ class NotebookBar:
         self._thread: threading.Thread | None = None
 
     def add_task(self, description: str, total: int | None = None, completed: int = 0,
-                 **_fields) -> int:
+                 **fields) -> int:
         with self._lock:
             self.description, self.total, self.completed = description, total or 0, completed
+            self.failed, self.cancelled = fields.get("failed", 0), fields.get("cancelled", 0)
         return 0
 
     def update(self, task_id: int, *, completed: int | None = None, total: int | None = None,
-               **_fields) -> None:
+               **fields) -> None:
         with self._lock:
             if completed is not None:
                 self.completed = completed
             if total is not None:
                 self.total = total
+            self.failed = fields.get("failed", self.failed)
+            self.cancelled = fields.get("cancelled", self.cancelled)
 
     def start(self) -> None:
         from IPython.display import display
@@ -207,8 +255,9 @@ class NotebookBar:
         """The bar as one line of text."""
         with self._lock:
             done, total, description = self.completed, self.total, self.description
+            failed, cancelled = self.failed, self.cancelled
         elapsed = time.monotonic() - self.started
-        line = f"{description} {bar_text(done, total, elapsed)}"
+        line = f"{description} {bar_text(done, total, elapsed, failed=failed, cancelled=cancelled)}"
         if done and elapsed > 0:
             rate = done / elapsed
             line += f"  {rate:.1f}/s"

@@ -15,17 +15,22 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .. import retries as _retries
 from ..hardware import Requirements
 from . import calls as _calls
-from .mesh import GPUMesh, _check_timeout, check_isolation, run_locally
+from .mesh import GPUMesh, _check_timeout, _started, check_isolation, iter_locally, run_locally
+from .sweep import Results
 
 #: Options ``@accelerate`` accepts. ``gpu`` (a kind: "cuda", "mps", "gpu", "cpu", or a
 #: model such as "A100"), ``cores``, ``memory`` (host RAM) and ``gpu_memory`` (the GPU's
 #: memory) describe the hardware every task of the function needs: only slots that meet
-#: them run it (see :mod:`gpumesh.hardware` for the exact rules).
+#: them run it (see :mod:`gpumesh.hardware` for the exact rules). ``retries`` and
+#: ``retry_on`` re-run an item whose function raised one of those exception types
+#: (see :mod:`gpumesh.retries`); by default a raised exception is the item's answer.
 #: ``isolation``: ``"task"`` (default, a fresh process per task) or ``"job"`` (each worker
 #: slot keeps one process for the job's tasks; see docs/architecture.md).
-OPTIONS = ("timeout", "gpu", "cores", "memory", "gpu_memory", "isolation")
+OPTIONS = ("timeout", "gpu", "cores", "memory", "gpu_memory", "retries", "retry_on", "requires",
+           "isolation")
 
 
 def unwrap(fn: Callable) -> Callable:
@@ -51,7 +56,11 @@ class RemoteFunction:
         self.options["isolation"] = check_isolation(options.get("isolation"))
         #: What the function's tasks need; bad values raise ValueError here, at decoration.
         self.require = Requirements.from_options(
-            **{k: options[k] for k in ("gpu", "cores", "memory", "gpu_memory") if options.get(k) is not None})
+            **{k: options[k] for k in ("gpu", "cores", "memory", "gpu_memory", "requires")
+               if options.get(k) is not None})
+        #: ``(retries, exception types)``, or None; bad values raise here, at decoration.
+        retries, types = _retries.check(options.get("retries"), options.get("retry_on"))
+        self.retry = (retries, types) if types else None
         functools.update_wrapper(self, self.__gpumesh_wrapped__)
 
     def __reduce__(self):
@@ -78,29 +87,63 @@ class RemoteFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fn = self.__gpumesh_wrapped__
+        hints = None
+        if any(k in kwargs for k in _calls.HINT_KEYS):  # f(x, gpu_memory_mb=...) as in .map
+            kwargs, hint = _calls.split_hints(_calls.explicit_params(fn), kwargs)
+            hints = [hint]
         if self._inline():
             return fn(*args, **kwargs)
-        return self.mesh.run_calls(fn, [(args, kwargs)], timeout=self.options["timeout"],
-                                   name=getattr(fn, "__qualname__", None), require=self.require,
-                                   **self._isolation())[0]
+        return self.mesh.run_calls(fn, [(args, kwargs)], hints=hints, **self._call_options())[0]
 
-    def map(self, items: Iterable[Any]) -> list[Any]:
+    def _call_options(self) -> dict:
+        fn = self.__gpumesh_wrapped__
+        options = {"timeout": self.options["timeout"], "name": getattr(fn, "__qualname__", None),
+                   "require": self.require}
+        if self.retry is not None:  # (an engine refuses what it cannot express)
+            options["retry"] = self.retry
+        if self.options["isolation"] != "task":  # (likewise; "task" is what engines do)
+            options["isolation"] = self.options["isolation"]
+        return options
+
+    def map(self, items: Iterable[Any], *, return_exceptions: bool = False,
+            ordered: bool = True) -> list[Any] | Results:
         """One task per item (a dict is keyword arguments, a tuple positional arguments,
         anything else the single argument), spread over the mesh; values in input order.
-        ``[]`` for no items. Raises the first failure."""
+        ``[]`` for no items.
+
+        By default the first failure is raised (as the function's own exception, its
+        remote traceback attached, its text naming the item, worker and attempt) and the
+        other tasks are cancelled. ``return_exceptions=True``: every item runs, and a
+        failed item's exception stands in its place in the list. ``ordered=False``: the
+        same as :meth:`imap` (an iterator of ``(index, value)`` as tasks finish)."""
+        if not ordered:
+            return self.imap(items, return_exceptions=return_exceptions)
         fn = self.__gpumesh_wrapped__
         calls, hints = _calls.map_items(fn, list(items))
         if self._inline():
-            return run_locally(fn, calls)
-        return self.mesh.run_calls(fn, calls, hints=hints, timeout=self.options["timeout"],
-                                   name=getattr(fn, "__qualname__", None), require=self.require,
-                                   **self._isolation())
+            if not return_exceptions and self.retry is None:
+                return run_locally(fn, calls)
+            return [v for _, v in iter_locally(fn, calls, return_exceptions, self.retry)]
+        return self.mesh.run_calls(fn, calls, hints=hints, return_exceptions=bool(return_exceptions),
+                                   **self._call_options())
 
-    def _isolation(self) -> dict:
-        # Only a non-default isolation is passed on: an engine backend (dask...) refuses
-        # options it cannot express, and "task" is what every engine does anyway.
-        iso = self.options.get("isolation", "task")
-        return {} if iso == "task" else {"isolation": iso}
+    def imap(self, items: Iterable[Any], *, return_exceptions: bool = False) -> Results:
+        """One task per item (as :meth:`map`), submitted at once; returns an iterator of
+        ``(index, value)`` pairs in the order the tasks finish, each index once.
+
+        Stop early with ``break`` inside ``with f.imap(items) as it:``, ``it.close()``, or
+        by dropping the iterator: the tasks not finished yet are cancelled. A failure is
+        raised from ``next()`` (and the rest cancelled) unless ``return_exceptions=True``,
+        which yields ``(index, exception)`` instead. Without a mesh the items run here,
+        one per ``next()``, in input order."""
+        fn = self.__gpumesh_wrapped__
+        calls, hints = _calls.map_items(fn, list(items))
+        flag = bool(return_exceptions)
+        if self._inline():
+            return Results(lambda h: _started(h, iter_locally(fn, calls, flag, self.retry)), len(calls))
+        mesh = self.mesh
+        return Results(lambda h: mesh.iter_calls(fn, calls, hints=hints, return_exceptions=flag,
+                                                 handle=h, **self._call_options()), len(calls))
 
     def to(self, device: str) -> RemoteFunction:
         """The same function bound to a device kind or model (``"cuda"``, ``"mps"``,

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import wire
+from ..errors import RequestRejected, Unsatisfiable
 from ..limits import INLINE_FUNCTION_BYTES, MAX_TASKS_PER_JOB
+from .calls import HINT_KEYS
 from .paths import job_path
 
 #: Seconds one results long-poll may wait.
@@ -82,14 +84,45 @@ def read_script(script: str | os.PathLike | bytes) -> tuple[bytes, str]:
     return source, str(script)
 
 
+def payload_hints(payloads: list) -> list[dict]:
+    """The scheduling hints of each payload: ``{"cost": float, "gpu_memory_mb": float}``
+    (keys present only when given), read from the keys ``cost`` and ``gpu_memory_mb`` of
+    a payload that is a JSON object, as for a ``.map`` item. The payload itself is not
+    changed: the script still receives those keys. Raises ``ValueError`` naming the
+    payload whose hint is not a number >= 0."""
+    out = []
+    for i, p in enumerate(payloads):
+        hint: dict = {}
+        if isinstance(p, dict):
+            for key in HINT_KEYS:
+                if key not in p or p[key] is None:
+                    continue
+                v = p[key]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e9:
+                    raise ValueError(f"payload #{i}: {key!r} is a scheduling hint and must be a "
+                                     f"number >= 0, got {v!r}")
+                hint[key] = float(v)
+        out.append(hint)
+    return out
+
+
 def submit(mesh, script, payloads: Iterable[Any], *, name: str | None = None,
            timeout: float | None = None, costs: list[float] | None = None) -> str:
     """Submit a script job on ``mesh`` (a :class:`~gpumesh.client.mesh.GPUMesh`); returns
-    its job id. The job waits in the queue when no worker is connected yet."""
+    its job id. The job waits in the queue when no worker is connected yet.
+
+    A payload's ``cost`` and ``gpu_memory_mb`` keys are scheduling hints, as in ``.map``
+    items (:func:`payload_hints`); ``costs`` overrides the costs. Raises
+    :class:`~gpumesh.errors.Unsatisfiable` when a ``gpu_memory_mb`` hint is more than
+    any alive worker's GPU has (the message lists the pool)."""
     source, default_name = read_script(script)
+    payloads = list(payloads) if not isinstance(payloads, (str, bytes, dict)) else payloads
     args = encode_payloads(payloads)
+    hints = payload_hints(payloads)
     if costs is not None and len(costs) != len(args):
         raise ValueError(f"{len(costs)} costs for {len(args)} payloads")
+    if costs is None:
+        costs = [h.get("cost", 1.0) for h in hints]
     h = hashlib.sha256(source).hexdigest()
     inline = len(source) <= INLINE_FUNCTION_BYTES
     if not inline:
@@ -97,15 +130,22 @@ def submit(mesh, script, payloads: Iterable[Any], *, name: str | None = None,
     job_id = secrets.token_hex(6)
     meta = {"job_id": job_id, "kind": "script", "fn": h, "fn_inline": inline,
             "n_tasks": len(args), "timeout": timeout, "name": (name or default_name)[:200],
-            "result_format": "json", "costs": costs or [1.0] * len(args)}
+            "result_format": "json", "costs": costs}
+    if any(h.get("gpu_memory_mb") for h in hints):
+        meta["gpu_memory_mb"] = [h.get("gpu_memory_mb") for h in hints]
     frames: list = [json.dumps(meta).encode()]
     if inline:
         frames.append(source)
     frames.extend(args)
     chunks, size = wire.pack_frames(frames)
-    mesh.http.request("POST", "/v1/jobs", content=wire.iter_chunks(chunks),
-                      headers={"content-type": "application/x-gpumesh-frames",
-                               "content-length": str(size)}, timeout=600)
+    try:
+        mesh.http.request("POST", "/v1/jobs", content=wire.iter_chunks(chunks),
+                          headers={"content-type": "application/x-gpumesh-frames",
+                                   "content-length": str(size)}, timeout=600)
+    except RequestRejected as e:
+        if getattr(e, "code", "") == "unsatisfiable":  # nothing was stored; it lists the pool
+            raise Unsatisfiable(str(e).rsplit(" (HTTP", 1)[0]) from None
+        raise
     return job_id
 
 
@@ -114,11 +154,12 @@ class _Blob:
         self.chunks, self.size = [data], len(data)
 
 
-def wait(mesh, job_id: str, on_progress: Callable[[int, int], None] | None = None,
+def wait(mesh, job_id: str, on_progress: Callable[[int, int, dict], None] | None = None,
          timeout: float | None = None) -> dict[str, dict]:
     """Wait until every task of ``job_id`` is final; returns ``{task_id: {"index",
     "state", "worker", "error", "result"}}`` (``result``: the decoded JSON value, or None).
-    ``on_progress(n_final, n_tasks)`` is called after every page. The job's results are
+    ``on_progress(n_final, n_tasks, counts)`` is called after every page (``counts``: the
+    final tasks so far per state, ``{"done": 3, "failed": 1}``). The job's results are
     kept on the coordinator (``gpumesh status``, ``retry`` still work)."""
     from ..strict import NotJSON, decode
     out: dict[str, dict] = {}
@@ -146,7 +187,10 @@ def wait(mesh, job_id: str, on_progress: Callable[[int, int], None] | None = Non
                                         "worker": item.get("worker"), "error": item.get("error"),
                                         "result": value}
             if on_progress is not None:
-                on_progress(page["n_final"], page["n_tasks"])
+                counts: dict[str, int] = {}
+                for got in out.values():
+                    counts[got["state"]] = counts.get(got["state"], 0) + 1
+                on_progress(page["n_final"], page["n_tasks"], counts)
             if page["n_final"] >= page["n_tasks"]:
                 return out
         if deadline is not None and time.monotonic() > deadline:

@@ -1,6 +1,6 @@
 """HTTP routes of the coordinator: validate at the boundary, then call :class:`Coordinator`.
 
-Every route but ``GET /v1/health`` and ``GET /v1/openapi.json`` needs
+Every route but ``GET /v1/health``, ``GET /v1/openapi.json`` and ``GET /v1/dist/...`` needs
 ``Authorization: Bearer <token>`` (see :mod:`.auth`: roles, lockout). Errors are JSON
 ``{"error": code, "message": text}`` with a 4xx status naming what was wrong; a malformed
 request never changes state. The API is described in :mod:`.openapi`. Payload bodies are the ``frames`` layout of
@@ -8,6 +8,7 @@ request never changes state. The API is described in :mod:`.openapi`. Payload bo
 
     GET    /v1/health                          liveness (no auth)
     GET    /v1/openapi.json                    this API as OpenAPI 3.1 (no auth)
+    GET    /v1/dist/gpumesh-<version>-py3-none-any.whl  this gpumesh's wheel (no auth)
     GET    /v1/workers                         the pool
     GET    /v1/workers/{id}/session            the worker's pulse (held open; closing = gone)
     POST   /v1/workers                         register         {hostname, ..., slots, id?}
@@ -16,6 +17,7 @@ request never changes state. The API is described in :mod:`.openapi`. Payload bo
     POST   /v1/workers/{id}/lease              long-poll for up to {slots} tasks
     POST   /v1/tasks/{id}/result?lease=L       a result, fenced by lease id
     POST   /v1/tasks/{id}/output?lease=L       what a running task printed
+    POST   /v1/tasks/{id}/release?lease=L      hand a running task back (preempted)
     GET    /v1/handoff                         same-machine payload files (gpumesh.handoff)
     HEAD   /v1/blobs/{sha256}                  is this function blob here?
     PUT    /v1/blobs/{sha256}                  upload a function blob (hash verified)
@@ -50,8 +52,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .. import tracing, wire
+from .. import packages, tracing, versions, wire
 from .._version import __version__
+from . import dist
 from ..limits import (HANDOFF_TTL_S, INLINE_BLOB_BYTES, LONG_POLL_MAX_S, OUTPUT_BODY_BYTES, MAX_BODY_BYTES, MAX_TASKS_PER_JOB, MiB,
                       PURGE_INTERVAL_S, RESULT_PAGE_BYTES, RESULT_PAGE_COUNT, RETENTION_S,
                       SESSION_PING_S, SWEEP_INTERVAL_S)
@@ -63,7 +66,7 @@ from .core import (Coordinator, NoWorkers, StaleLease, UnknownJob, UnknownWorker
 from .core import JobReleased
 from .core import Unsatisfiable
 from .store import Incoming
-from .. import hardware
+from .. import hardware, retries
 
 log = logging.getLogger("gpumesh.coordinator")
 
@@ -545,11 +548,14 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
     def route(path: str, methods: list[str], auth_required: bool = True, worker: bool = False,
               action: str = ""):
         """Register ``fn`` at ``path``. ``worker``: the worker token may call it too;
-        ``action`` names what the worker token may not do, for its 403."""
+        ``action`` names what the worker token may not do, for its 403. Routes that need
+        no token answer every gpumesh version (a caller learns ours from health, and the
+        wheel is how another version gets this one); the others refuse other versions."""
         def deco(fn):
             async def endpoint(request: Request) -> Response:
                 try:
                     if auth_required:
+                        _check_version(request, worker)
                         client = request.client.host if request.client else None
                         role = await auth.role(client, request.headers)
                         if role != ROLE_MAIN and not worker:
@@ -613,6 +619,23 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         from .openapi import spec
         return JSONResponse(spec())
 
+    # The wheel of this gpumesh, for other machines to install (no token: public code).
+    wheels = dist.WheelCache(coord.store.dir / "dist")
+
+    @route(dist.DIST_PATH + "/{name}", ["GET"], auth_required=False)
+    async def wheel(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name != dist.wheel_name():
+            raise HTTPError(404, "not_found", f"no file {name[:100]!r} here: this coordinator "
+                                              f"serves {dist.wheel_name()} (the gpumesh it runs)")
+        try:
+            data = await asyncio.to_thread(wheels.get)
+        except (dist.DistUnavailable, OSError) as e:
+            log.warning("cannot serve the wheel: %s", e)
+            raise HTTPError(503, "dist_unavailable", f"cannot make the wheel: {e}") from None
+        return Response(data, media_type="application/zip",
+                        headers={"content-disposition": f'attachment; filename="{name}"'})
+
     @route("/v1/workers", ["GET"], action="list the workers")
     async def list_workers(request: Request) -> Response:
         return JSONResponse([coord.worker_view(w) for w in coord.workers.values()])
@@ -647,11 +670,17 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             info["slot_list"] = hardware.check_slot_list(data.get("slot_list"), slots, info.get("gpus"))
             if data.get("scores") is not None:
                 info["scores"] = hardware.check_scores(data["scores"])
+            if data.get("packages") is not None:  # its Python distributions (gpumesh.packages)
+                info["packages"] = packages.check(data["packages"])
+            if data.get("allow_installs") is not None:  # join --allow-installs
+                info["allow_installs"] = _field(data, "allow_installs", bool)
+            _owner_fields(data, info)
         except ValueError as e:
             raise HTTPError(400, "bad_request", str(e)) from None
         w = coord.register(info, wid, slots)
         from ..limits import HEARTBEAT_INTERVAL_S, WORKER_TTL_S
-        return JSONResponse({"id": w.id, "heartbeat_s": HEARTBEAT_INTERVAL_S, "ttl_s": WORKER_TTL_S})
+        return JSONResponse({"id": w.id, "heartbeat_s": HEARTBEAT_INTERVAL_S, "ttl_s": WORKER_TTL_S,
+                             "version": __version__})
 
     @route("/v1/workers/{wid}/heartbeat", ["POST"], worker=True)
     async def heartbeat(request: Request) -> Response:
@@ -670,6 +699,9 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
                 info["scores"] = hardware.check_scores(data["scores"])
             if data.get("gpu_free_mb") is not None:
                 info["gpu_free_mb"] = hardware.check_gpu_free(data["gpu_free_mb"])
+            if data.get("packages") is not None:  # something was installed or removed
+                info["packages"] = packages.check(data["packages"])
+            _owner_fields(data, info)
         except ValueError as e:
             raise HTTPError(400, "bad_request", str(e)) from None
         return JSONResponse(coord.heartbeat(wid, running, info))
@@ -745,6 +777,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
                           "name": job.meta.get("name", ""), "slot": g.slot,
                           "result_format": job.meta.get("result_format", "pickle"),
                           "isolation": job.meta.get("isolation", "task")})
+            if job.require.requires:  # built into a task environment if the worker lacks them
+                tasks[-1]["requires"] = list(job.require.requires)
             if g.task_id in files:
                 tasks[-1]["args_file"] = files[g.task_id]
         if not grants:
@@ -785,6 +819,25 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             return lease_response(coord.grant_now(wid, 1, None if slot is None else int(slot)),
                                   request.query_params.get("handoff") == "1")
         return lease_response([])
+
+    @route("/v1/tasks/{tid}/release", ["POST"], worker=True)
+    async def hand_back(request: Request) -> Response:
+        """The worker hands a running task back (its owner's rules): re-queued as
+        preempted, the attempt not counted; fenced by the lease like a result."""
+        tid = _id(request.path_params["tid"], "task id")
+        lease_id = request.query_params.get("lease", "")
+        _id(lease_id or "-", "lease id")
+        data = await _json_body(request)
+        reason = _field(data, "reason", str, "handed back by its worker")
+        _check_str(reason, "reason")
+        if len(reason) > 200 or not reason.isprintable():
+            raise HTTPError(400, "bad_request",
+                            "field 'reason' must be a printable line of at most 200 characters")
+        try:
+            coord.hand_back(tid, lease_id, reason)
+        except StaleLease:
+            return _err(409, "stale_lease", "this lease is no longer current")
+        return JSONResponse({"requeued": True})
 
     @route("/v1/tasks/{tid}/output", ["POST"], worker=True)
     async def task_output(request: Request) -> Response:
@@ -884,6 +937,10 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             vram = hardware.check_vram_hints(meta.get("gpu_memory_mb"), n)
         except ValueError as e:
             raise HTTPError(400, "bad_request", str(e)) from None
+        try:  # re-runs of items whose function raised one of these types (gpumesh.retries)
+            retry = retries.check_meta(meta.get("retries"), meta.get("retry_on"))
+        except ValueError as e:
+            raise HTTPError(400, "bad_request", str(e)) from None
         require_worker = _field(meta, "require_worker", bool, False)
         caller = _field(meta, "caller", dict, {})
         wait = _field(meta, "wait", (int, float), 0, lo=0, hi=LONG_POLL_MAX_S)
@@ -909,6 +966,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             job_meta["result_format"] = result_format
         if isolation != "task":
             job_meta["isolation"] = isolation
+        if retry is not None:
+            job_meta["retries"], job_meta["retry_on"] = retry
         try:
             job, created = coord.submit(job_id, name, kind, fn, job_meta, list(args),
                                         [float(c) for c in costs], require_worker)
@@ -982,7 +1041,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             elif t.result_file is not None:
                 parts.append(Part(path=coord.store.file_path(t.result_file), size=t.result_size))
         meta = dict(extra, results=items, n_tasks=job.n_tasks, n_final=job.n_final,
-                    state=job.state, workers_alive=len(coord.alive_workers()))
+                    state=job.state, workers_alive=len(coord.alive_workers()),
+                    workers_able=coord.able_workers(job))
         if out_after is not None:  # the caller also wants what tasks printed
             chunks, skipped = coord.output.since(job.id, out_after)
             meta["output"] = [{"seq": c.seq, "task_id": c.task_id, "index": c.index,
@@ -1005,9 +1065,11 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         for t in rows:
             if task is not None and t["id"] != task:
                 continue
+            attempts = _attempt_logs(coord, jid, t)
             out.append({"id": t["id"], "index": t["index"], "state": t["state"],
-                        "stdout": coord.output.task_log(jid, t["id"], "stdout").decode("utf-8", "replace"),
-                        "stderr": coord.output.task_log(jid, t["id"], "stderr").decode("utf-8", "replace")})
+                        "stdout": "".join(a["stdout"] for a in attempts),
+                        "stderr": "".join(a["stderr"] for a in attempts),
+                        "attempts": attempts})
         if task is not None and not out:
             raise HTTPError(404, "unknown_task", f"job {jid} has no task {task}")
         return JSONResponse({"job_id": jid, "tasks": out})
@@ -1082,6 +1144,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             task.cancel()
 
     async def not_found(request: Request, exc: Exception) -> Response:
+        if request.url.path.startswith("/api/"):  # PyPI's other gpumesh (3.x) speaks /api/...
+            return _other_project(request)
         return _err(404, "not_found", f"no route {request.method} {request.url.path}")
 
     async def bad_method(request: Request, exc: Exception) -> Response:
@@ -1091,13 +1155,88 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
                      exception_handlers={404: not_found, 405: bad_method})
 
 
+def _base_url(request: Request) -> str:
+    """The coordinator's URL as this client reached it (what it can reach again)."""
+    return str(request.base_url).rstrip("/")
+
+
+def _check_version(request: Request, worker_route: bool) -> None:
+    """Refuse (409 ``version_mismatch``) a gpumesh caller or worker of another version."""
+    agent = versions.parse_agent(request.headers.get("user-agent"))
+    if agent is None or agent[0] == __version__:
+        return  # not gpumesh's own client (curl, a test, a proxy's probe), or ours
+    role = "worker" if worker_route and request.url.path.startswith(("/v1/workers", "/v1/tasks")) \
+        else "caller"
+    raise HTTPError(409, "version_mismatch",
+                    versions.refusal(role, agent[0][:40], __version__, _base_url(request)))
+
+
+def _other_project(request: Request) -> Response:
+    """An answer for the unrelated gpumesh 3.x on PyPI, in the shape its workers relay.
+
+    Its worker first probes ``GET /api/workers`` and gives up with a network-sounding
+    error on anything but a 200, then registers, and prints the ``error`` of a 426 answer
+    as the reason. So the probe gets an empty list (no data of ours) and every other
+    request the 426 with our one line."""
+    line = (f"this is not the gpumesh this coordinator runs: PyPI's 'gpumesh' is another "
+            f"project (with another protocol), and the coordinator at {_base_url(request)} "
+            f"runs gpumesh {__version__}; install it on this machine with: "
+            f"{dist.install_command(_base_url(request))}")
+    if request.method == "GET" and request.url.path == "/api/workers":
+        return JSONResponse({"workers": [], "error": line})
+    return JSONResponse({"error": line, "message": line}, status_code=426)
+
+
+def _attempt_logs(coord: Coordinator, job_id: str, task: dict) -> list[dict]:
+    """A task's output attempt by attempt: ``[{"attempt", "worker", "hostname", "ended",
+    "stdout", "stderr"}]``; ``ended`` says why an earlier attempt ended without a result
+    (from the task's history), and is the task's state for its last attempt."""
+    history = {h.get("attempt"): h for h in task.get("history") or ()}
+    out = []
+    def text(stream: str, k: int) -> str:
+        return coord.output.task_log(job_id, task["id"], stream, k).decode("utf-8", "replace")
+
+    for k in range(1, max(int(task["attempts"] or 0), 1) + 1):
+        h = history.get(k)
+        last = h is None and k == task["attempts"]
+        worker = h.get("worker") if h else (task["worker_id"] if last else None)
+        if h:
+            hostname = h.get("hostname")
+        else:  # the current attempt has no history entry: name its worker as history would
+            w = coord.workers.get(worker) if worker else None
+            hostname = str(w.info["hostname"])[:200] if w is not None and w.info.get("hostname") else None
+        out.append({"attempt": k, "worker": worker, "hostname": hostname,
+                    "ended": h.get("ended") if h else task["state"],
+                    "stdout": text("stdout", k), "stderr": text("stderr", k)})
+    return out
+
+
 def _job_view(coord: Coordinator, job_id: str, with_tasks: bool) -> dict | None:
     row = coord.store.job_row(job_id)
     if row is None:
         return None
     counts = coord.store.task_counts(job_id)
     view = {"id": row["id"], "name": row["name"], "kind": row["kind"], "state": row["state"],
-            "n_tasks": row["n_tasks"], "counts": counts, "created": row["created"]}
+            "n_tasks": row["n_tasks"], "counts": counts, "created": row["created"],
+            # released: the results were collected (or let go) and their payloads deleted
+            "released": bool(row["released"]),
+            "result_format": (row["meta"] or {}).get("result_format", "pickle")}
     if with_tasks:
         view["tasks"] = coord.store.task_rows(job_id)
+    job = coord.jobs.get(job_id)
+    if job is not None and job.preempted:
+        view["preempted"] = job.preempted
+    waiting = coord.waiting_reason(job_id)
+    if waiting:
+        view["waiting"] = waiting
     return view
+
+
+def _owner_fields(data: dict, info: dict) -> None:
+    """The owner's rules as a worker reports them (gpumesh.availability): ``owner`` and
+    ``gpu_states``, each replaced whole when present. ValueError names the field."""
+    from .. import availability
+    if "owner" in data:
+        info["owner"] = availability.check_owner(data["owner"])
+    if "gpu_states" in data:
+        info["gpu_states"] = availability.check_gpu_states(data["gpu_states"])

@@ -30,13 +30,23 @@ list or read jobs, results or logs, nor upload blobs: a 403 names the action.
 **Lockout.** ``AUTH_FAIL_MAX`` refused tokens from one client address within
 ``AUTH_FAIL_WINDOW_S`` lock that address out for ``AUTH_LOCKOUT_S`` (429 with
 ``Retry-After``); a success clears the count. Loopback clients are exempt only while the
-coordinator is bound to loopback *and* the request carries no proxy header
-(``Forwarded``, ``X-Forwarded-For``, ...): a proxy or tunnel agent on the same machine
-makes remote clients look local, so its requests are counted like anyone's. A plain TCP
-tunnel adds no header: set ``GPUMESH_LOOPBACK_EXEMPT=0`` when you use one. The address is
-always the socket's peer, never a header (uvicorn's proxy-header rewriting is off): behind
-a proxy all clients share the proxy's address, which can lock them out together but lets
-no guesser dodge the count by inventing a new ``X-Forwarded-For`` per request.
+coordinator is bound to loopback, *no* tunnel or proxy is declared to front it
+(``serve --public``, ``--tailscale`` or ``--trusted-proxy``: ``fronted``), *and* the
+request carries no proxy header (``Forwarded``, ``X-Forwarded-For``, ...): a proxy or
+tunnel agent on the same machine makes remote clients look local, so its requests are
+counted like anyone's. A plain TCP tunnel adds no header: set
+``GPUMESH_LOOPBACK_EXEMPT=0`` when you use one.
+
+**Which address is counted.** The socket's peer, unless that peer is a *trusted proxy*
+(``serve --trusted-proxy CIDR``; ``--public`` trusts loopback, where the in-process ngrok
+agent connects from). Then ``X-Forwarded-For`` is read from the right: each proxy appends
+the address it saw, so the first hop, from the right, that is not itself a trusted proxy
+is the client. Entries to its left were written by the client and are never believed, so
+a guesser cannot dodge the count by inventing a new ``X-Forwarded-For`` per request; a
+malformed entry ends the walk at the last trusted hop. uvicorn's own proxy-header
+rewriting stays off: this is the one place a header may name the client. Behind an
+untrusted proxy all clients share the proxy's address, which can lock them out together
+but never lets one escape the count.
 """
 
 from __future__ import annotations
@@ -52,7 +62,7 @@ import time
 from collections import OrderedDict, deque
 
 from ..limits import (AUTH_FAIL_MAX, AUTH_FAIL_WINDOW_S, AUTH_LOCKOUT_S, AUTH_LOOPBACK_EXEMPT,
-                      AUTH_TRACKED_ADDRESSES, MAX_TOKEN_CHARS)
+                      AUTH_TRACKED_ADDRESSES, MAX_FORWARDED_HOPS, MAX_TOKEN_CHARS)
 
 ROLE_MAIN = "main"
 ROLE_WORKER = "worker"
@@ -208,23 +218,89 @@ def is_loopback(host: str | None) -> bool:
     return ip.is_loopback
 
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def parse_networks(values) -> tuple[Network, ...]:
+    """``values`` (CIDR strings such as ``10.0.0.0/8``, or single addresses) as networks.
+    Raises ``ValueError`` naming the first one that is not an address or a CIDR range."""
+    out = []
+    for v in values:
+        v = str(v).strip()
+        try:
+            out.append(ipaddress.ip_network(v, strict=False))
+        except ValueError:
+            raise ValueError(f"{v!r} is not an IP address or CIDR range (e.g. 10.0.0.0/8, "
+                             "127.0.0.1/32, fd00::/8)") from None
+    return tuple(out)
+
+
+def _address(text: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``text`` as an IP address (IPv4-mapped IPv6 as IPv4); None if it is not one. Some
+    proxies write a port too: ``192.0.2.1:4711`` and ``[2001:db8::1]:4711`` are read."""
+    if not text:
+        return None
+    text = text.strip()
+    if text.startswith("["):
+        text = text[1:].partition("]")[0]
+    elif text.count(":") == 1:
+        text = text.partition(":")[0]
+    try:
+        ip = ipaddress.ip_address(text.split("%")[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip
+
+
+def forwarded_client(peer: str | None, headers, trusted: tuple[Network, ...]) -> str | None:
+    """The address a request is judged by: ``peer`` (the socket's), or, when ``peer`` is in
+    ``trusted``, the rightmost ``X-Forwarded-For`` hop that is not (module docstring)."""
+    here = _address(peer)
+    if here is None or not any(here in net for net in trusted):
+        return peer
+    getlist = getattr(headers, "getlist", None)
+    lines = getlist("x-forwarded-for") if getlist else [headers.get("x-forwarded-for", "")]
+    hops = [h for line in lines for h in line.split(",") if h.strip()]
+    for hop in reversed(hops[-MAX_FORWARDED_HOPS:]):
+        ip = _address(hop)
+        if ip is None:  # not written by a proxy we trust: stop at the last one that was
+            break
+        here = ip
+        if not any(ip in net for net in trusted):
+            break
+    return str(here)
+
+
 class Authenticator:
     """Checks every request's bearer token: role, lockout, loopback exemption.
 
     ``token`` is the main token, ``worker_token`` the optional worker-only one;
     ``loopback_bound`` says the coordinator listens on a loopback address only.
+    ``trusted_proxies``: networks whose ``X-Forwarded-For`` is believed; ``fronted``: a
+    tunnel or proxy fronts the coordinator (either turns the loopback exemption off).
     """
 
     def __init__(self, token: str, worker_token: str | None = None, *, loopback_bound: bool = False,
-                 limiter: FailureLimiter | None = None, loopback_exempt: bool = AUTH_LOOPBACK_EXEMPT):
+                 limiter: FailureLimiter | None = None, loopback_exempt: bool = AUTH_LOOPBACK_EXEMPT,
+                 trusted_proxies=(), fronted: bool = False):
         tokens = {ROLE_MAIN: token}
         if worker_token:
             tokens[ROLE_WORKER] = worker_token
         self.tokens = TokenCheck(tokens)
         self.limiter = limiter or FailureLimiter()
         self.loopback_bound = loopback_bound
-        self.loopback_exempt = loopback_exempt
+        self.trusted_proxies = parse_networks(trusted_proxies)
+        self.fronted = fronted or bool(self.trusted_proxies)
+        self.loopback_exempt = loopback_exempt and not self.fronted
         self._kdf_gate: asyncio.Semaphore | None = None
+
+    def client(self, peer: str | None, headers) -> str | None:
+        """The address this request's failures are counted against (module docstring)."""
+        if not self.trusted_proxies:
+            return peer
+        return forwarded_client(peer, headers, self.trusted_proxies)
 
     def exempt(self, client_host: str | None, headers) -> bool:
         """Whether failures from this client are not counted (see the module docstring)."""
@@ -233,9 +309,10 @@ class Authenticator:
         return not any(h in headers for h in PROXY_HEADERS)
 
     async def role(self, client_host: str | None, headers) -> str:
-        """The caller's role; raises :class:`AuthRefused` (401 or 429)."""
-        addr = client_host or "unknown"
+        """The caller's role; raises :class:`AuthRefused` (401 or 429). ``client_host`` is
+        the socket's peer address."""
         exempt = self.exempt(client_host, headers)
+        addr = self.client(client_host, headers) or "unknown"
         if not exempt:
             left = self.limiter.locked_for(addr)
             if left > 0:

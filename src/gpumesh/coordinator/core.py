@@ -16,7 +16,10 @@ The life of a task::
   accepted one. Each final result gets the next ``seq`` of its job, and callers read
   results by ``seq`` cursor, so each caller sees each result exactly once.
 * **requeue** puts a task back at the front of its job's queue; after ``MAX_ATTEMPTS``
-  losses it fails with kind ``lost``. A task whose *code* failed is never retried.
+  losses it fails with kind ``lost``. A task whose *code* failed is retried only when
+  its job names the exception's type in ``retry_on`` (``@accelerate(retries=N,
+  retry_on=...)``), at most ``retries`` times, on another worker when one can run it;
+  each attempt that ended without a result is kept in the task's history.
 
 Everything here runs on the event loop thread; there is no locking.
 """
@@ -24,13 +27,14 @@ Everything here runs on the event loop thread; there is no locking.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
-from .. import hardware
+from .. import availability, hardware
 from ..limits import HEARTBEAT_INTERVAL_S, MAX_ATTEMPTS, WORKER_TTL_S
 from . import placement
 from .output import OutputHub
@@ -52,6 +56,10 @@ class NoWorkers(Exception):
 
 class UnknownWorker(Exception):
     """A worker id the coordinator does not know (e.g. it restarted): register again."""
+
+
+#: Modules remembered as missing on some worker (for ``gpumesh doctor``), newest kept.
+MAX_LACKING_MODULES = 100
 
 
 class UnknownJob(Exception):
@@ -131,11 +139,27 @@ class Job:
     require: hardware.Requirements = field(default_factory=hardware.Requirements)
     vram_mb: dict[int, float] = field(default_factory=dict)  # task index -> gpu_memory_mb hint
     costs_vary: bool = False  # tasks have different costs: choose by cost, not FIFO alone
+    #: The run queue lane: ``require``, plus "a GPU" when every task hints GPU memory
+    #: (such a job needs a GPU as surely as one that says ``gpu=``: CPU slots never look
+    #: at it, and GPU slots serve it first).
+    lane: hardware.Requirements = field(default_factory=hardware.Requirements)
+    preempted: int = 0  # tasks handed back by their workers' owners (see hand_back)
+    #: module -> workers whose run of this job failed with ModuleNotFoundError for it;
+    #: none of the job's tasks is granted to them again (see Coordinator._missing_module).
+    lacking: dict[str, set[str]] = field(default_factory=dict)
+
+    def excludes(self, worker_id: str) -> bool:
+        return any(worker_id in ws for ws in self.lacking.values())
+    #: open task id -> workers whose run of it raised a retry_on exception (run it elsewhere)
+    avoid: dict[str, set[str]] = field(default_factory=dict)
 
     def prepare(self) -> None:
         """Requirements and hints from ``meta`` (validated at submit)."""
         self.require = hardware.Requirements.from_meta(self.meta.get("require"))
         self.vram_mb = {int(k): float(v) for k, v in (self.meta.get("gpu_memory_mb") or {}).items()}
+        self.lane = self.require
+        if self.n_tasks and len(self.vram_mb) == self.n_tasks and self.require.gpu is None:
+            self.lane = dataclasses.replace(self.require, gpu="gpu")
 
     def notify(self) -> None:
         for f in self.waiters:
@@ -170,7 +194,11 @@ class Coordinator:
         self.task_meta: dict[str, tuple[int, int]] = {}  # open task id -> (index, attempts)
         self.idle: OrderedDict[str, tuple[asyncio.Future, int, list[int] | None]] = OrderedDict()
         self.task_cost: dict[str, float] = {}  # open task id -> cost, for jobs whose costs vary
+        self.retried: dict[str, int] = {}  # open task id -> re-runs after a retry_on exception
+        self.preempted_runs: dict[str, int] = {}  # open task id -> attempts handed back
         self.stats = placement.SlotStats()
+        #: module -> workers a recent job found without it (``gpumesh doctor`` shows them)
+        self.lacking: dict[str, set[str]] = {}
         self._sessions = 0
         self.closing = False  # set by begin_shutdown()
         self.output = OutputHub(store.dir / "logs")
@@ -195,6 +223,11 @@ class Coordinator:
             if t.job_id not in self.jobs:
                 continue
             self.task_meta[t.id] = (t.idx, t.attempts)
+            if t.preempted:
+                self.preempted_runs[t.id] = t.preempted
+            if t.retried:
+                self.retried[t.id] = t.retried
+                self.jobs[t.job_id].avoid[t.id] = set(t.raised_on)
             if t.cost != 1.0:
                 self.task_cost[t.id] = t.cost
                 self.jobs[t.job_id].costs_vary = True
@@ -204,7 +237,7 @@ class Coordinator:
                 self.leases[t.id] = Lease(t.id, t.job_id, t.lease_id, t.worker_id, now,
                                           delivered=now)
             else:
-                self.queue.add(t.job_id, [t.id], lane=self.jobs[t.job_id].require)
+                self.queue.add(t.job_id, [t.id], lane=self.jobs[t.job_id].lane)
         if self.jobs:
             log.info("recovered %d unreleased jobs from the store: %d tasks pending, %d leased "
                      "(kept for workers that come back)", len(self.jobs), len(self.queue), len(self.leases))
@@ -240,12 +273,21 @@ class Coordinator:
         w = self._worker(wid)
         w.last_seen = self.clock()
         if info:
+            closed = availability.closed_slots(w.info, w.slot_list)
             free = info.pop("gpu_free_mb", None)
             if info.get("scores") and not w.info.get("scores"):
                 log.info("worker scored: %s (%s, id %s)", w.info.get("hostname", "?"),
                          ", ".join(f"{k} score={v:.3f}" for k, v in info["scores"].items()), wid)
             w.info.update(info)
             w.views = None
+            if "packages" in info:  # something was installed: give its jobs another try
+                for job in self.jobs.values():
+                    for ws in job.lacking.values():
+                        ws.discard(wid)
+                for ws in self.lacking.values():
+                    ws.discard(wid)
+                if self.idle:
+                    self._wake_idle()
             if free:
                 changed = False
                 for g in w.info.get("gpus") or ():
@@ -254,6 +296,8 @@ class Coordinator:
                         g["memory_free_mb"], changed = new, True
                 if changed and self.idle:
                     self._wake_idle()  # a task waiting for GPU memory may fit now
+            if availability.closed_slots(w.info, w.slot_list) < closed and self.idle:
+                self._wake_idle()  # the owner let it (or one of its GPUs) work again
         cancel: list[str] = []
         if running is not None:
             held = set(running)
@@ -318,6 +362,15 @@ class Coordinator:
     def alive_workers(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.alive]
 
+    def able_workers(self, job: Job) -> int:
+        """How many alive workers could ever run every task of ``job`` (its requirements
+        and largest ``gpu_memory_mb`` hint): callers stop waiting when none can."""
+        alive = self.alive_workers()
+        hint = max(job.vram_mb.values(), default=None)
+        if not (job.require or hint):
+            return len(alive)
+        return sum(1 for w in alive if hardware.satisfiable(job.require, w.slot_views(), hint))
+
     def sweep(self) -> None:
         """Declare silent workers dead, requeue orphaned leases, forget long-dead workers."""
         now = self.clock()
@@ -363,6 +416,10 @@ class Coordinator:
 
     def _free_slots(self, w: Worker, slots: int, free: list[int] | None) -> list[int]:
         ids = [s["id"] for s in w.slot_list] or list(range(w.slots))
+        closed = availability.closed_slots(w.info, w.slot_list)  # the owner's rules
+        if closed:
+            ids = [i for i in ids if i not in closed]
+            free = None if free is None else [i for i in free if i not in closed]
         if free is not None:
             known = set(ids)
             return [i for i in dict.fromkeys(free) if i in known]
@@ -426,11 +483,15 @@ class Coordinator:
         job = self.jobs.get(job_id)
         if job is None:
             return 0
-        if not job.vram_mb and not job.costs_vary:
+        if job.lacking and job.excludes(slot.worker):
+            return None  # it lacks a module this job's function needs
+        if not job.vram_mb and not job.costs_vary and not job.avoid:
             return 0  # the common case: FIFO
         candidates = []
         for pos in range(min(len(q), placement.HEAD_WINDOW)):
             tid = q[pos]
+            if job.avoid and slot.worker in job.avoid.get(tid, ()) and self._elsewhere(job, tid):
+                continue  # its function raised here: another worker tries it
             hint = job.vram_mb.get(self.task_meta[tid][0]) if job.vram_mb else None
             if hint and hardware.vram_refusal(slot, hint) is not None:
                 continue
@@ -469,8 +530,14 @@ class Coordinator:
         scores = w.info.get("scores") or {}
         return max([float(v) for v in scores.values()] + [float(w.info.get("score") or 0)])
 
-    def _requeue(self, task_ids: list[str], reason: str) -> None:
-        back, lost = [], []
+    def _requeue(self, task_ids: list[str], reason: str, error: dict | None = None,
+                 preempted: bool = False) -> None:
+        """Put leased tasks back in line (or fail them as lost after ``MAX_ATTEMPTS``
+        losses); each attempt that ended so is added to its task's history, with
+        ``error`` when it raised a ``retry_on`` exception. A ``preempted`` attempt (its
+        worker handed it back) keeps its number, so logs and history tell the runs apart,
+        but is not a loss: like a ``retry_on`` re-run it does not count towards the limit."""
+        back, lost, history = [], [], {}
         for tid in task_ids:
             lease = self.leases.pop(tid, None)
             if lease is None:
@@ -479,15 +546,28 @@ class Coordinator:
             if w:
                 w.leases.discard(tid)
             idx, attempts = self.task_meta[tid]
-            if attempts >= MAX_ATTEMPTS:
+            entry = {"attempt": attempts, "worker": lease.worker_id, "ended": reason}
+            if w is not None and w.info.get("hostname"):
+                entry["hostname"] = str(w.info["hostname"])[:200]
+            if error is not None:
+                entry["retried"] = True  # a raised retry_on exception, not a loss
+                entry["error"] = {k: error[k] for k in ("type", "message") if isinstance(error.get(k), str)}
+            if preempted:
+                entry["preempted"] = True
+                self.preempted_runs[tid] = self.preempted_runs.get(tid, 0) + 1
+            history[tid] = entry
+            losses = attempts - self.retried.get(tid, 0) - self.preempted_runs.get(tid, 0)
+            if losses >= MAX_ATTEMPTS:  # losses only
                 lost.append((lease.job_id, tid, attempts))
             else:
                 back.append((lease.job_id, tid))
+        if history:
+            self.store.add_history(history)
         if back:
             self.store.requeue([tid for _, tid in back])
             for job_id, tid in reversed(back):
                 job = self.jobs.get(job_id)
-                self.queue.push_front(job_id, tid, lane=job.require if job else None)
+                self.queue.push_front(job_id, tid, lane=job.lane if job else None)
         for job_id, tid, attempts in lost:
             self._finalize(job_id, tid, "failed", {
                 "kind": "lost", "type": "WorkerLost",
@@ -530,24 +610,49 @@ class Coordinator:
         if not args:
             job.state = "finished"
             self.store.set_job_state(job_id, "finished")
-        self.queue.add(job_id, task_ids, lane=job.require)
+        self.queue.add(job_id, task_ids, lane=job.lane)
         self._wake_idle()
         return job, True
 
     def unsatisfiable_message(self, req: hardware.Requirements, hint: float | None) -> str:
+        alive = self.alive_workers()
+        if req.python and not any(s.python in ("", req.python) for w in alive for s in w.slot_views()):
+            # The one refusal that is about software: say so in its own words.
+            others = sorted({f"Python {w.info.get('python', '?')} ({w.info.get('hostname', w.id)})"
+                             for w in alive})
+            return (f"this call ships code by value (a function, lambda or class defined in "
+                    f"__main__, a notebook or a closure), whose bytecode only loads on the Python "
+                    f"that made it: the caller runs Python {req.python} and the alive workers run "
+                    f"{', '.join(others)}; join a worker running Python {req.python}, or run the "
+                    f"caller on the workers' Python")
+        if req.requires:
+            from ..packages import unmet
+            lacking = [(w, unmet(req.requires, w.info.get("packages") or {})) for w in alive
+                       if not w.info.get("allow_installs")]
+            if len(lacking) == len(alive) and all(missing for _, missing in lacking):
+                who = "; ".join(f"{w.info.get('hostname', '?')} ({w.id}) lacks {', '.join(missing)}"
+                                for w, missing in lacking)
+                return (f"no alive worker has {', '.join(req.requires)} or allows installs: {who}; "
+                        f"join a worker with `gpumesh join --allow-installs` (it builds the "
+                        f"environment with uv) or install them on a worker")
         wants = req.describe() if req else ""
         if hint:
-            wants = (wants + ", " if wants else "") + f"gpu_memory_mb={hint:g}"
+            wants = (wants + ", " if wants else "") + f"gpu_memory_mb={hardware.format_mib(hint)}"
         pool = [self.worker_view(w) for w in self.alive_workers()]
         return f"no alive worker can ever run this job ({wants}); {hardware.describe_pool(pool)}"
 
     def worker_view(self, w: Worker) -> dict:
         """A worker as ``GET /v1/workers`` lists it."""
         d = dict(w.info)
+        lacks = sorted(m for m, ws in self.lacking.items() if w.id in ws)
+        if lacks:  # modules recent jobs needed and did not find here
+            d["lacks"] = lacks
         d.update(id=w.id, alive=w.alive, slots=w.slots, running=len(w.leases), slot_list=w.slot_list,
                  busy_slots=sorted({lease.slot for tid in w.leases
                                     if (lease := self.leases.get(tid)) is not None
                                     and lease.slot is not None}))
+        if not d.get("scores") and not d.get("score"):
+            d["score"] = None  # not measured yet: "pending", as devices() and the CLI say
         return d
 
     def job(self, job_id: str) -> Job:
@@ -573,6 +678,12 @@ class Coordinator:
         if status == "retry":
             self._requeue([task_id], reason=(error or {}).get("message", "worker asked to retry"))
             return lease.worker_id if w and w.alive else None
+        if status == "error" and isinstance(error, dict) and isinstance(error.get("module"), str):
+            error = self._missing_module(lease, error)
+            if error is None:  # tried again on a worker that may have it
+                return lease.worker_id if w and w.alive else None
+        if status == "error" and self._retry_raised(lease, error):
+            return lease.worker_id if w and w.alive else None
         del self.leases[task_id]
         if w:
             w.leases.discard(task_id)
@@ -584,6 +695,111 @@ class Coordinator:
         state = "done" if status == "ok" else "failed"
         self._finalize(lease.job_id, task_id, state, error, payload, worker_id=lease.worker_id)
         return lease.worker_id if w and w.alive else None
+
+    def _missing_module(self, lease: Lease, error: dict) -> dict | None:
+        """The task failed on ``lease``'s worker with ModuleNotFoundError: none of the job's
+        tasks goes to that worker again. If another alive worker could run it, re-queue it
+        there and return None; otherwise return the task's final error, which names the
+        module and the workers that lack it."""
+        job = self.jobs.get(lease.job_id)
+        if job is None:
+            return error
+        module = error["module"][:200]
+        job.lacking.setdefault(module, set()).add(lease.worker_id)
+        self.lacking.setdefault(module, set()).add(lease.worker_id)
+        while len(self.lacking) > MAX_LACKING_MODULES:  # the oldest module first
+            del self.lacking[next(iter(self.lacking))]
+        others = [w for w in self.alive_workers() if not job.excludes(w.id)
+                  and any(_Placing.runs(job.lane, s) for s in w.slot_views())]
+        if others:
+            log.info("task %s: worker %s has no module %r; trying it on another worker",
+                     lease.task_id, lease.worker_id, module)
+            # Not a loss (like a retry_on re-run): the attempt goes into the task's history.
+            self.retried[lease.task_id] = self.retried.get(lease.task_id, 0) + 1
+            self._requeue([lease.task_id], reason=f"no module {module!r} on this worker",
+                          error=error)
+            return None
+        lacking = []
+        for wid in sorted(job.lacking[module]):
+            w = self.workers.get(wid)
+            name = w.info.get("hostname", "?") if w else "?"
+            lacking.append(f"{name} ({wid}, Python {w.info.get('python', '?') if w else '?'})")
+        return dict(error, kind="missing_module", message=(
+            f"No module named {module!r} on any worker that could run this task: "
+            f"{', '.join(lacking)} lack{'s' if len(lacking) == 1 else ''} it; install it "
+            f"there (or join a worker that has it) and call again"))
+
+    def hand_back(self, task_id: str, lease_id: str, reason: str) -> None:
+        """The worker gives a running task back (its owner paused it, wants the GPU, the
+        hours ended): fenced by ``lease_id`` like a result (``StaleLease`` otherwise).
+        The task is *preempted*, not failed: it goes back to the front of its queue, the
+        attempt does not count towards the loss limit, and what the killed copy printed is
+        marked as such."""
+        lease = self.leases.get(task_id)
+        if lease is None or lease.lease_id != lease_id:
+            raise StaleLease(task_id)
+        w = self.workers.get(lease.worker_id)
+        host = (w.info.get("hostname") if w else None) or lease.worker_id
+        idx, attempts = self.task_meta[task_id]
+        self.output.append(lease.job_id, task_id, idx, host, "stderr",
+                           f"[gpumesh: the output above is from attempt {attempts} on {host}, "
+                           f"preempted ({reason}); the task runs again]\n".encode())
+        job = self.jobs.get(lease.job_id)
+        if job is not None:
+            job.preempted += 1
+        log.info("task %s handed back by worker %s (%s); re-queued as preempted",
+                 task_id, lease.worker_id, reason)
+        self._requeue([task_id], reason=f"preempted: {reason}", preempted=True)
+
+    def waiting_reason(self, job_id: str) -> str | None:
+        """Why the job's pending tasks wait although workers that could run them are
+        alive: every such worker (or GPU) is closed by its owner's rules. None otherwise."""
+        job = self.jobs.get(job_id)
+        if job is None or not self.queue.pending(job_id):
+            return None
+        capable, why = False, []
+        for w in self.alive_workers():
+            closed = availability.closed_slots(w.info, w.slot_list)
+            fits = [v for v in w.slot_views() if not job.lane
+                    or hardware.refusal(job.lane, v, ever=True) is None]
+            if not fits:
+                continue
+            capable = True
+            if any(v.id not in closed for v in fits):
+                return None  # somewhere to run: it only waits its turn
+            why.append(f"{w.info.get('hostname') or w.id} [{', '.join(availability.labels(w.info))}]")
+        if not capable:
+            return None
+        return "waiting: every worker that can run it is unavailable: " + "; ".join(why)
+
+    def _retry_raised(self, lease: Lease, error: dict | None) -> bool:
+        """If the function raised an exception its job retries (``retry_on``: the type or
+        one of its bases, by name) and retries are left, re-queue the task, to run on
+        another worker when one can (see :meth:`_choose`). Returns whether it did."""
+        job = self.jobs.get(lease.job_id)
+        names = job.meta.get("retry_on") if job is not None else None
+        if not names or not isinstance(error, dict) or error.get("kind") != "raised":
+            return False
+        mro = error.get("mro") if isinstance(error.get("mro"), list) else [error.get("type")]
+        if not any(isinstance(t, str) and t in names for t in mro):
+            return False
+        done = self.retried.get(lease.task_id, 0)
+        if done >= int(job.meta.get("retries") or 0):
+            return False
+        self.retried[lease.task_id] = done + 1
+        job.avoid.setdefault(lease.task_id, set()).add(lease.worker_id)
+        name = error.get("type") if isinstance(error.get("type"), str) else "an exception"
+        self._requeue([lease.task_id], reason=f"raised {name}, which the job retries "
+                                               f"(retry {done + 1} of {job.meta.get('retries')})",
+                      error=error)
+        return True
+
+    def _elsewhere(self, job: Job, task_id: str) -> bool:
+        """Whether an alive worker the task has not failed on could run it."""
+        tried = job.avoid.get(task_id, ())
+        return any(w.alive and w.id not in tried
+                   and any(_Placing.runs(job.require, s) for s in w.slot_views())
+                   for w in self.workers.values())
 
     def lease_delivered(self, leases: list[tuple[str, str]], ok: bool) -> None:
         """The answer carrying these ``(task_id, lease_id)`` grants finished sending (``ok``)
@@ -623,11 +839,19 @@ class Coordinator:
         job = self.jobs[job_id]
         if error is not None and worker_id:
             error.setdefault("worker", worker_id)
+            w = self.workers.get(worker_id)
+            if w is not None and w.info.get("hostname"):
+                error["hostname"] = str(w.info["hostname"])[:200]
+        if error is not None and task_id in self.task_meta:
+            error["attempt"] = self.task_meta[task_id][1]  # ours, whatever the worker said
         self.store.finish(task_id, state, job.next_seq, error, payload, job_id)
         job.next_seq += 1
         job.n_final += 1
         self.task_meta.pop(task_id, None)
         self.task_cost.pop(task_id, None)
+        self.retried.pop(task_id, None)
+        self.preempted_runs.pop(task_id, None)
+        job.avoid.pop(task_id, None)
         if job.n_final >= job.n_tasks and job.state == "active":
             job.state = "finished"
             self.store.set_job_state(job_id, "finished")
@@ -652,6 +876,9 @@ class Coordinator:
             job.n_final += 1
             self.task_meta.pop(tid, None)
             self.task_cost.pop(tid, None)
+            self.retried.pop(tid, None)
+            self.preempted_runs.pop(tid, None)
+        job.avoid.clear()
         self.store.finish_many(rows)
         if job.state == "active":
             job.state = "cancelled"
@@ -660,8 +887,8 @@ class Coordinator:
         return len(rows)
 
     def retry(self, job_id: str) -> int:
-        """Re-queue every failed task of ``job_id`` (fresh attempts; their old results and
-        errors are dropped). Returns how many. Raises ``UnknownJob`` for an unknown job and
+        """Re-queue every failed task of ``job_id`` (their old results and errors are
+        dropped; the failed attempt stays in the history as a re-run, not a loss). Returns how many. Raises ``UnknownJob`` for an unknown job and
         ``JobReleased`` when its arguments were already released (nothing to re-run)."""
         job = self.jobs.get(job_id)
         if job is None:
@@ -676,15 +903,16 @@ class Coordinator:
         if not failed:
             return 0
         ids = [tid for tid, _ in failed]
-        self.store.retry_tasks(job_id, ids)
+        attempts = self.store.retry_tasks(job_id, ids)
         job.n_final -= len(ids)
         job.state = "active"
         costs = {t["id"]: t["cost"] for t in self.store.task_rows(job_id)} if job.costs_vary else {}
         for tid, idx in failed:
-            self.task_meta[tid] = (idx, 0)
+            self.task_meta[tid] = (idx, attempts.get(tid, 0))
+            self.retried[tid] = self.retried.get(tid, 0) + 1  # a re-run: not a loss
             if costs.get(tid, 1.0) != 1.0:
                 self.task_cost[tid] = costs[tid]
-        self.queue.add(job_id, ids, lane=job.require)
+        self.queue.add(job_id, ids, lane=job.lane)
         self._wake_idle()
         return len(ids)
 
@@ -723,9 +951,9 @@ class Coordinator:
             raise StaleLease(task_id)
         w = self.workers.get(lease.worker_id)
         host = (w.info.get("hostname") if w else None) or lease.worker_id
-        idx = self.task_meta.get(task_id, (-1, 0))[0]
+        idx, attempt = self.task_meta.get(task_id, (-1, 1))
         for stream, data in (("stdout", stdout), ("stderr", stderr)):
-            self.output.append(lease.job_id, task_id, idx, host, stream, data)
+            self.output.append(lease.job_id, task_id, idx, host, stream, data, attempt)
         job = self.jobs.get(lease.job_id)
         if job is not None and (stdout or stderr):
             job.notify()
@@ -777,6 +1005,6 @@ class _Placing:
         fn = job.fn_hash or ""
         st = self.stragglers(fn)
         if job.id not in self._best:
-            fit = [s for s in self._all_slots() if not job.require or hardware.refusal(job.require, s) is None]
+            fit = [s for s in self._all_slots() if not job.lane or hardware.refusal(job.lane, s) is None]
             self._best[job.id] = max((placement.strength(s, st) for s in fit), default=0.0)
         return placement.relative(placement.strength(slot, st), self._best[job.id])

@@ -17,6 +17,7 @@ from typing import Any
 from .._version import __version__
 from ..limits import (LONG_POLL_MAX_S, MAX_BODY_BYTES, MAX_HEARTBEAT_TASKS, MAX_JSON_BODY_BYTES,
                       MAX_STRING_CHARS, MAX_TASKS_PER_JOB, OUTPUT_BODY_BYTES)
+from ..limits import MAX_RETRIES, MAX_RETRY_TYPES
 
 FRAMES = "application/x-gpumesh-frames"
 HEX_ID = "^[0-9a-f]{4,64}$"
@@ -68,6 +69,17 @@ _HANDOFF_FILES = {"type": "object", "description": "frame number (0 = the first 
                   "empty (see GET /v1/handoff)",
                   "additionalProperties": {"type": "string", "pattern": "^[0-9a-f]{24}\\.part$"}}
 
+_PACKAGES = {"type": "object", "maxProperties": 5000, "description": "installed Python "
+             "distributions: normalised name -> version (gpumesh.packages)",
+             "additionalProperties": {"type": "string", "maxLength": 100}}
+#: The owner's rules as a worker reports them (gpumesh.availability).
+_OWNER_FIELDS = {
+    "owner": {"type": ["object", "null"], "description": "the whole worker takes no new task: "
+              "{state: paused|outside_hours, label, until?}; null: it does"},
+    "gpu_states": {"type": "object", "description": "GPU index -> {state: yielding|hot|power, "
+                   "label}: the GPUs that take no new task"},
+}
+
 _SCHEMAS: dict[str, Any] = {
     "Error": {"type": "object", "required": ["error", "message"],
               "properties": {"error": {"type": "string"}, "message": {"type": "string"}}},
@@ -85,17 +97,27 @@ _SCHEMAS: dict[str, Any] = {
                           "one slot per GPU, then CPU slots: {id, kind: cuda|mps|cpu, gpu: index} "
                           "(see docs/hardware.md)", "items": {"type": "object"}},
             "scores": {"type": "object", "description": "benchmark score per device (cpu, cuda:N, mps)"},
+            "packages": _PACKAGES,
+            "allow_installs": {"type": "boolean", "description": "builds task environments for "
+                               "requires= (gpumesh join --allow-installs)"},
+            **_OWNER_FIELDS,
         },
     },
     "Registered": {"type": "object", "properties": {"id": {"type": "string"},
                                                      "heartbeat_s": {"type": "number"},
-                                                     "ttl_s": {"type": "number"}}},
+                                                     "ttl_s": {"type": "number"},
+                                                     "version": {"type": "string"}}},
     "Heartbeat": {"type": "object", "properties": {
         "running": {"type": "array", "maxItems": MAX_HEARTBEAT_TASKS,
                     "items": {"type": "string", "pattern": HEX_ID}},
         "score": {"type": "number", "minimum": 0, "maximum": 1e12},
         "scores": {"type": "object", "description": "benchmark score per device (cpu, cuda:N, mps)"},
-        "gpu_free_mb": {"type": "object", "description": "free GPU memory in MiB per GPU index"}}},
+        "gpu_free_mb": {"type": "object", "description": "free GPU memory in MiB per GPU index"},
+        "packages": _PACKAGES,
+        **_OWNER_FIELDS}},
+    "HandBack": {"type": "object", "properties": {
+        "reason": {"type": "string", "maxLength": 200,
+                   "description": "why the worker gives the task back, e.g. 'paused: owner'"}}},
     "LeaseRequest": {"type": "object", "properties": {
         "slots": {"type": "integer", "minimum": 1, "maximum": 1024},
         "free": {"type": "array", "maxItems": 1024, "description": "the free slots' ids",
@@ -125,7 +147,9 @@ _SCHEMAS: dict[str, Any] = {
             "timeout": {"type": ["number", "null"], "minimum": 0.001, "maximum": 365 * 86400},
             "costs": {"type": "array", "items": {"type": "number", "minimum": 0, "exclusiveMaximum": 1e9}},
             "require": {"type": "object", "description": "hardware every task needs: gpu (kind or "
-                        "model), cores, memory and gpu_memory (bytes); see docs/hardware.md"},
+                        "model), cores, memory and gpu_memory (bytes); see docs/hardware.md; python "
+                        "('3.11': code shipped by value only runs on workers of that Python); requires "
+                        "(PEP 508 strings: workers that have them or allow installs)"},
             "gpu_memory_mb": {"type": "array", "description": "per task: free GPU memory it needs "
                               "(MiB) or null", "items": {"type": ["number", "null"], "minimum": 0}},
             "require_worker": {"type": "boolean"},
@@ -137,6 +161,11 @@ _SCHEMAS: dict[str, Any] = {
                           "job's tasks (function jobs only)"},
             "result_format": {"enum": ["pickle", "json"],
                               "description": "json: the task returns its value as JSON (strict results)"},
+            "retries": {"type": "integer", "minimum": 1, "maximum": MAX_RETRIES,
+                        "description": "with retry_on: re-runs of a task whose function raised"},
+            "retry_on": {"type": "array", "maxItems": MAX_RETRY_TYPES, "items": _STR,
+                         "description": "exception type names (module.Qualname, builtins bare) "
+                                        "whose raising re-runs the task"},
             "handoff_files": _HANDOFF_FILES,
             "handoff": {"type": "boolean", "description": "with wait: name result files by path "
                         "(as results?handoff=1)"},
@@ -158,7 +187,7 @@ _DOC: dict[str, Any] = {
     "info": {
         "title": "gpumesh coordinator", "version": __version__,
         "description": (
-            "Every operation but /v1/health and /v1/openapi.json needs "
+            "Every operation but /v1/health, /v1/openapi.json and /v1/dist/{name} needs "
             "`Authorization: Bearer <token>`. The main token may do everything; a worker token "
             "(serve --worker-token) only the operations tagged 'worker'. Body limits: "
             f"{MAX_BODY_BYTES // 2**20} MiB for payload bodies (GPUMESH_MAX_BODY_MB), "
@@ -177,6 +206,18 @@ _DOC: dict[str, Any] = {
         "/v1/openapi.json": {"get": {
             "operationId": "openapi", "security": [], "summary": "this description (no auth)",
             "responses": {"200": {"description": "OpenAPI 3.1", **_json({"type": "object"})}}}},
+        "/v1/dist/{name}": {"get": {
+            "operationId": "wheel", "security": [],
+            "summary": "the wheel of the gpumesh this coordinator runs (no auth)",
+            "description": "pip install http://HOST:PORT/v1/dist/gpumesh-<version>-py3-none-any.whl "
+                           "installs it on another machine; any other name is a 404",
+            "parameters": [_path_param("name", "^[^/]{1,200}$", "gpumesh-<version>-py3-none-any.whl")],
+            "responses": {"200": {"description": "the wheel",
+                                  "content": {"application/zip": {"schema": {"type": "string",
+                                                                             "format": "binary"}}}},
+                          "404": {"description": "not this coordinator's wheel", **_json(_ref("Error"))},
+                          "503": {"description": "the wheel cannot be made here",
+                                  **_json(_ref("Error"))}}}},
         "/v1/workers": {
             "get": {"operationId": "listWorkers", "summary": "the pool",
                     "responses": {"200": {"description": "workers", **_json({"type": "array"})}, **_errors()}},
@@ -216,6 +257,13 @@ _DOC: dict[str, Any] = {
                                   "the slot the task ran in")],
             "requestBody": {"required": True, "content": {FRAMES: {"schema": _ref("ResultMeta")}}},
             "responses": {"200": _FRAMES_ANSWER, **_errors(409, 413)}}},
+        "/v1/tasks/{tid}/release": {"post": {
+            "operationId": "handBack", "tags": ["worker"], "parameters": [_TID, _LEASE],
+            "summary": "hand a running task back (its owner's rules): re-queued as preempted, "
+                       "the attempt not counted",
+            "requestBody": {"required": False, **_json(_ref("HandBack"))},
+            "responses": {"200": {"description": "re-queued", **_json({"type": "object"})},
+                          **_errors(409, 413)}}},
         "/v1/tasks/{tid}/output": {"post": {
             "operationId": "postOutput", "tags": ["worker"], "parameters": [_TID, _LEASE],
             "requestBody": {"required": True, "content": {FRAMES: {"schema": _ref("OutputMeta")}}},
@@ -259,7 +307,8 @@ _DOC: dict[str, Any] = {
         },
         "/v1/jobs/{jid}": {"get": {
             "operationId": "jobStatus", "parameters": [_JID],
-            "responses": {"200": {"description": "the job", **_json({"type": "object"})}, **_errors(404)}}},
+            "responses": {"200": {"description": "the job: state, counts, released, result_format and its tasks",
+                                  **_json({"type": "object"})}, **_errors(404)}}},
         "/v1/jobs/{jid}/results": {"get": {
             "operationId": "results",
             "parameters": [_JID,
@@ -276,7 +325,7 @@ _DOC: dict[str, Any] = {
         "/v1/jobs/{jid}/logs": {"get": {
             "operationId": "jobLogs",
             "parameters": [_JID, _query("task", {"type": "string", "pattern": HEX_ID}, "one task only")],
-            "responses": {"200": {"description": "stdout and stderr per task", **_json({"type": "object"})},
+            "responses": {"200": {"description": "stdout and stderr per task, and per attempt (attempts: attempt, worker, hostname, ended, stdout, stderr)", **_json({"type": "object"})},
                           **_errors(404)}}},
         "/v1/jobs/release": {"post": {
             "operationId": "releaseMany",

@@ -3,8 +3,11 @@
 Workers post output in chunks while a task runs (and a last one before its result).
 Each chunk is
 
-* appended to ``<data_dir>/logs/<job>/<task>.out|.err``, up to ``TASK_LOG_CAP_BYTES``
-  per stream (what comes after is counted, not kept, and the log says so), and
+* appended to ``<data_dir>/logs/<job>/<task>.out|.err`` (a task's second and later
+  attempts, after a lost worker, a hand-back or a ``retry_on`` exception, to
+  ``<task>.<attempt>.out|.err``: ``gpumesh logs`` shows each attempt apart), up to
+  ``TASK_LOG_CAP_BYTES`` per stream and attempt (what comes after is counted, not kept,
+  and the log says so), and
 * kept in a per-job ring of recent chunks (``JOB_RING_BYTES``) with a sequence number,
   which callers read by cursor together with results (one long-poll wakes for either).
   A caller that falls behind the ring is told how many chunks it missed instead of
@@ -51,10 +54,10 @@ class OutputHub:
         self._sizes: dict[tuple[str, str, str], int] = {}
 
     def append(self, job_id: str, task_id: str, index: int, worker: str, stream: str,
-               data: bytes) -> None:
+               data: bytes, attempt: int = 1) -> None:
         if not data or stream not in STREAMS:
             return
-        self._to_file(job_id, task_id, stream, data)
+        self._to_file(job_id, task_id, stream, data, attempt)
         out = self._jobs.setdefault(job_id, _JobOutput())
         out.ring.append(Chunk(out.next_seq, task_id, index, stream, worker, data))
         out.next_seq += 1
@@ -62,9 +65,13 @@ class OutputHub:
         while out.ring_bytes > JOB_RING_BYTES and len(out.ring) > 1:
             out.ring_bytes -= len(out.ring.popleft().data)
 
-    def _to_file(self, job_id: str, task_id: str, stream: str, data: bytes) -> None:
-        key = (job_id, task_id, stream)
-        path = self.dir / job_id / f"{task_id}.{'out' if stream == 'stdout' else 'err'}"
+    def _path(self, job_id: str, task_id: str, stream: str, attempt: int = 1) -> Path:
+        ext = "out" if stream == "stdout" else "err"
+        return self.dir / job_id / (f"{task_id}.{ext}" if attempt <= 1 else f"{task_id}.{attempt}.{ext}")
+
+    def _to_file(self, job_id: str, task_id: str, stream: str, data: bytes, attempt: int = 1) -> None:
+        key = (job_id, task_id, f"{stream}.{attempt}")
+        path = self._path(job_id, task_id, stream, attempt)
         have = self._sizes.get(key)
         if have is None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -94,8 +101,9 @@ class OutputHub:
         skipped = chunks[0].seq - after - 1 if chunks and chunks[0].seq > after + 1 else 0
         return chunks, skipped
 
-    def task_log(self, job_id: str, task_id: str, stream: str) -> bytes:
-        path = self.dir / job_id / f"{task_id}.{'out' if stream == 'stdout' else 'err'}"
+    def task_log(self, job_id: str, task_id: str, stream: str, attempt: int = 1) -> bytes:
+        """What attempt ``attempt`` of a task wrote to ``stream`` (kept part; b"" if none)."""
+        path = self._path(job_id, task_id, stream, attempt)
         try:
             return path.read_bytes()
         except OSError:

@@ -5,7 +5,7 @@ The coordinator asks this module three questions whenever a slot is free:
 1. **Can this slot run the task at all?** Hard filters, in :func:`gpumesh.hardware.refusal`:
    ``gpu=`` kind or model, ``cores=``, ``memory=`` (host RAM), ``gpu_memory=`` (the GPU's
    total memory) and the task's ``gpu_memory_mb`` hint against the GPU's last reported
-   free memory. A CPU slot ignores the hint (it is about GPU memory).
+   free memory. A hint asks for a GPU: a CPU slot never takes a hinted task.
 2. **Which of the runnable tasks?** :func:`pick`: a slot's *relative strength* ``p`` is
    its device's benchmark score divided by the best score among the alive slots that
    could run the job (1.0 for the strongest). Among the first :data:`HEAD_WINDOW`

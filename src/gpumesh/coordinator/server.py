@@ -18,7 +18,7 @@ import uvicorn
 
 from ..limits import REQUEST_HEAD_TIMEOUT_S
 from .app import create_app
-from .auth import is_loopback
+from .auth import Authenticator, is_loopback
 from .core import Coordinator
 from .store import Store
 
@@ -183,18 +183,22 @@ class Server:
 
     ``token``/``worker_token``: see :func:`~.app.create_app` (only hashes are kept).
     ``safe_mode``: refuse function jobs. ``tls_cert``/``tls_key``: serve HTTPS with this
-    PEM pair (see :mod:`gpumesh.tls`).
+    PEM pair (see :mod:`gpumesh.tls`). ``trusted_proxies`` (CIDR strings) and ``fronted``
+    (a tunnel or proxy is in front): see :mod:`.auth`.
     """
 
     def __init__(self, sock: socket.socket, data_dir: Path, token: str, *,
                  worker_token: str | None = None, safe_mode: bool = False,
-                 tls_cert: Path | None = None, tls_key: Path | None = None):
+                 tls_cert: Path | None = None, tls_key: Path | None = None,
+                 trusted_proxies=(), fronted: bool = False):
         self.sock = sock
         self.store = Store(data_dir)
         self.coord = Coordinator(self.store)
         bound = sock.getsockname()[0]
+        auth = Authenticator(token, worker_token, loopback_bound=is_loopback(bound),
+                             trusted_proxies=trusted_proxies, fronted=fronted)
         app = create_app(self.coord, token, worker_token=worker_token, safe_mode=safe_mode,
-                         loopback_bound=is_loopback(bound))
+                         authenticator=auth)
         try:
             import uvloop  # noqa: F401
             loop = "uvloop"
@@ -207,9 +211,9 @@ class Server:
         self.uvicorn = _Uvicorn(self.coord, uvicorn.Config(
             app, loop=loop, http=http, log_level="warning", access_log=False,
             timeout_keep_alive=120, lifespan="on",
-            # The client address is the socket's peer, never a header: X-Forwarded-For
-            # from a tunnel could otherwise name a new address per guess and dodge the
-            # failed-auth lockout (see auth.py).
+            # uvicorn must not rewrite the client address from headers: X-Forwarded-For
+            # could then name a new address per guess and dodge the failed-auth lockout.
+            # auth.py alone reads it, and only from trusted proxies.
             proxy_headers=False,
             # long-polls and worker pulses never "finish": don't wait for them on Ctrl+C
             timeout_graceful_shutdown=2, **tls))

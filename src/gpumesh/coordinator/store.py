@@ -67,6 +67,7 @@ CREATE TABLE IF NOT EXISTS tasks (
     error       TEXT,                     -- JSON describing a failure
     seq         INTEGER,                  -- order in which results became final, per job
     finished    REAL,
+    history     TEXT,                     -- JSON lines: attempts that ended without a result
     UNIQUE (job_id, idx)
 );
 CREATE TABLE IF NOT EXISTS blobs (
@@ -78,7 +79,7 @@ CREATE TABLE IF NOT EXISTS blobs (
 
 #: Columns added after the first schema: (table, column, SQL type). Added in place on
 #: start-up, so a data directory written by an older gpumesh keeps working.
-MIGRATIONS = [("jobs", "finished", "REAL")]
+MIGRATIONS = [("jobs", "finished", "REAL"), ("tasks", "history", "TEXT")]
 
 INDEXES = """
 CREATE INDEX IF NOT EXISTS tasks_open ON tasks (state) WHERE state IN ('pending', 'leased');
@@ -162,6 +163,9 @@ class OpenTask:
     cost: float
     lease_id: str | None
     worker_id: str | None
+    retried: int = 0  # re-runs after a retry_on exception (see Coordinator._retry_raised)
+    raised_on: tuple[str, ...] = ()  # the workers where those attempts raised
+    preempted: int = 0  # attempts its workers handed back (not losses)
 
 
 @dataclass
@@ -409,9 +413,16 @@ class Store:
     def open_tasks(self) -> list[OpenTask]:
         """Pending and leased tasks, in job-creation then index order (uses tasks_open)."""
         rows = self.db.execute(
-            "SELECT id, job_id, idx, state, attempts, cost, lease_id, worker_id FROM tasks"
+            "SELECT id, job_id, idx, state, attempts, cost, lease_id, worker_id, history FROM tasks"
             " WHERE state IN ('pending', 'leased') ORDER BY rowid").fetchall()
-        return [OpenTask(*r) for r in rows]
+        out = []
+        for r in rows:
+            history = _history(r[8])
+            raised = [e for e in history if e.get("retried")]
+            out.append(OpenTask(*r[:8], retried=len(raised),
+                                raised_on=tuple(str(e.get("worker")) for e in raised),
+                                preempted=sum(1 for e in history if e.get("preempted"))))
+        return out
 
     def max_seq(self, job_id: str) -> int:
         row = self.db.execute("SELECT MAX(seq) FROM tasks WHERE job_id=?", (job_id,)).fetchone()
@@ -446,10 +457,18 @@ class Store:
                 "UPDATE tasks SET state='leased', lease_id=?, worker_id=?, attempts=attempts+1"
                 " WHERE id=?", [(lid, wid, tid) for tid, lid, wid in grants])
 
+    def add_history(self, entries: dict[str, dict]) -> None:
+        """Append an ended attempt to each task's history: ``{task_id: entry}`` (JSON)."""
+        with self._tx():
+            self.db.executemany(
+                "UPDATE tasks SET history = COALESCE(history, '') || ? WHERE id=?",
+                [(json.dumps(e) + "\n", tid) for tid, e in entries.items()])
+
     def requeue(self, task_ids: list[str]) -> None:
         with self._tx():
             self.db.executemany(
-                "UPDATE tasks SET state='pending', lease_id=NULL WHERE id=? AND state='leased'",
+                "UPDATE tasks SET state='pending', lease_id=NULL, worker_id=NULL"
+                " WHERE id=? AND state='leased'",
                 [(t,) for t in task_ids])
 
     def finish(self, task_id: str, state: str, seq: int, error: dict | None,
@@ -477,19 +496,34 @@ class Store:
         return [(r[0], r[1]) for r in self.db.execute(
             "SELECT id, idx FROM tasks WHERE job_id=? AND state='failed' ORDER BY idx", (job_id,))]
 
-    def retry_tasks(self, job_id: str, task_ids: list[str]) -> None:
-        """Make failed tasks pending again (fresh attempts, no result), and the job active."""
-        files = self.db.execute(
-            f"SELECT result_file FROM tasks WHERE id IN ({','.join('?' * len(task_ids))})",
-            task_ids).fetchall() if task_ids else []
+    def retry_tasks(self, job_id: str, task_ids: list[str]) -> dict[str, int]:
+        """Make failed tasks pending again (no result), and the job active. The failed
+        attempt stays in each task's history (marked ``retried``: a re-run, not a loss) and
+        the next run gets the next attempt number, so ``logs`` shows the runs apart.
+        Returns ``{task_id: attempts so far}``."""
+        marks = ",".join("?" * len(task_ids))
+        rows = self.db.execute(
+            f"SELECT id, attempts, worker_id, error, result_file FROM tasks"
+            f" WHERE id IN ({marks}) AND state='failed'", task_ids).fetchall() if task_ids else []
+        history = {}
+        for tid, attempts, wid, err, _ in rows:
+            entry = {"attempt": attempts, "worker": wid, "ended": "failed; re-run by gpumesh retry",
+                     "retried": True}
+            error = json.loads(err) if err else None
+            if isinstance(error, dict):
+                entry["error"] = {k: error[k] for k in ("type", "message") if isinstance(error.get(k), str)}
+            history[tid] = entry
         with self._tx():
             self.db.executemany(
-                "UPDATE tasks SET state='pending', attempts=0, lease_id=NULL, worker_id=NULL,"
-                " result=NULL, result_file=NULL, error=NULL, seq=NULL, finished=NULL"
-                " WHERE id=? AND state='failed'", [(t,) for t in task_ids])
+                "UPDATE tasks SET state='pending', lease_id=NULL, worker_id=NULL,"
+                " result=NULL, result_file=NULL, error=NULL, seq=NULL, finished=NULL,"
+                " history = COALESCE(history, '') || ?"
+                " WHERE id=? AND state='failed'",
+                [(json.dumps(e) + "\n", t) for t, e in history.items()])
             self.db.execute("UPDATE jobs SET state='active', finished=NULL WHERE id=?", (job_id,))
-        for (r,) in files:
+        for *_, r in rows:
             self._remove_file(r)
+        return {tid: attempts for tid, attempts, *_ in rows}
 
     def results_after(self, job_id: str, after: int, limit: int) -> Iterator[FinalTask]:
         """Final tasks of ``job_id`` with ``seq > after``, in seq order (uses tasks_seq)."""
@@ -509,12 +543,27 @@ class Store:
 
     def task_rows(self, job_id: str) -> list[dict]:
         rows = self.db.execute(
-            "SELECT id, idx, state, attempts, worker_id, error, cost FROM tasks WHERE job_id=?"
-            " ORDER BY idx", (job_id,)).fetchall()
-        keys = ("id", "index", "state", "attempts", "worker_id", "error", "cost")
+            "SELECT id, idx, state, attempts, worker_id, error, cost, history FROM tasks"
+            " WHERE job_id=? ORDER BY idx", (job_id,)).fetchall()
+        keys = ("id", "index", "state", "attempts", "worker_id", "error", "cost", "history")
         out = []
         for r in rows:
             d = dict(zip(keys, r))
             d["error"] = json.loads(d["error"]) if d["error"] else None
+            d["history"] = _history(d["history"])  # earlier attempts, oldest first
             out.append(d)
         return out
+
+
+def _history(text: str | None) -> list[dict]:
+    """A task's history column: one JSON object per line (lines that do not parse are
+    skipped: a history is information, never a reason to fail a listing)."""
+    out = []
+    for line in (text or "").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            out.append(entry)
+    return out

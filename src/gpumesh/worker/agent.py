@@ -29,21 +29,23 @@ import logging
 import os
 import random
 import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-from .. import hardware, tracing, wire
+from .. import hardware, packages, tracing, versions, wire
 from ..handoff import Handoff, map_fd, new_name
 from .._version import __version__
 from ..errors import AuthError, RequestRejected
 from ..limits import (BACKOFF_BASE_S, BACKOFF_MAX_S, HEARTBEAT_INTERVAL_S, LONG_POLL_S,
                       OUTPUT_BODY_BYTES, OUTPUT_FLUSH_S, SESSION_PING_S)
 from ..transport import Transport, Unreachable
-from . import membody
+from . import membody, tempdirs
 from .device import GpuMonitor
+from .envs import EnvCache, InstallError
 from .executor import Outcome, make_executor
+from .lending import OwnerRules
+from .owner import OwnerState, cap_free
 from .scoring import Scorer, describe
 
 log = logging.getLogger("gpumesh.worker")
@@ -95,7 +97,7 @@ def backoff_delays(base: float = BACKOFF_BASE_S, cap: float = BACKOFF_MAX_S):
         k = min(k + 1, 30)
 
 
-class WorkerAgent:
+class WorkerAgent(OwnerRules):
     """One worker process's agent.
 
     ``url``/``token``: the coordinator. ``slots``: CPU slots (tasks run at once besides
@@ -103,16 +105,24 @@ class WorkerAgent:
     :func:`gpumesh.worker.device.detect`); its ``gpus`` and ``mps`` decide the GPU slots.
     ``bench``: measure the devices' scores after joining (off: scores stay 0).
     ``on_event(kind, text)`` receives user-facing lines (``joined``, ``reconnected``...).
+    ``owner``: the machine owner's rules (:class:`gpumesh.worker.owner.OwnerState`;
+    default: share everything, always); ``gpumesh pause`` reaches them via :meth:`control`.
     """
 
     def __init__(self, url: str, token: str, *, slots: int = 1, info: dict | None = None,
                  cache_dir: Path | None = None, worker_id: str | None = None,
                  on_event=None, fingerprint: str | None = None, bench: bool = True,
+                 owner: OwnerState | None = None, allow_installs: bool = False, envs=None,
                  runtime: str | None = None):
         self.url = url
         self.http = Transport(url, token, fingerprint=fingerprint)  # fingerprint: TLS pin
         self.info = dict(info or {})
         self.info.setdefault("version", __version__)
+        self._packages = packages.Inventory()  # reported at join, again when they change
+        self.info.setdefault("packages", self._packages.current)
+        # requires=: build task environments (gpumesh.worker.envs) only if the owner said so.
+        self.info["allow_installs"] = bool(allow_installs)
+        self.envs = (envs or EnvCache()) if allow_installs else None
         gpus = [g for g in self.info.get("gpus") or () if isinstance(g, dict)]
         self.slot_list = hardware.slot_list(gpus, slots, bool(self.info.get("mps")))
         if not self.slot_list:
@@ -126,7 +136,10 @@ class WorkerAgent:
         self.id: str | None = worker_id
         self.on_event = on_event or (lambda kind, text: log.info(text))
         self._own_cache = cache_dir is None
-        self.cache = Path(cache_dir or tempfile.mkdtemp(prefix="gpumesh-worker-"))
+        self._cache_lock = None
+        if cache_dir is None:  # (and remove the directories of workers that were killed)
+            cache_dir, self._cache_lock = tempdirs.create()
+        self.cache = Path(cache_dir)
         (self.cache / "fn").mkdir(parents=True, exist_ok=True)
         self.stopping = threading.Event()
         # runtime: fork or spawn (None: $GPUMESH_RUNTIME, else the platform's default)
@@ -144,18 +157,21 @@ class WorkerAgent:
         #: The coordinator's payload directories when it shares this machine and user
         #: (big arguments and results then change hands as files; gpumesh.handoff).
         self.handoff: Handoff | None = None
+        self._init_owner(owner or OwnerState(), gpus)  # the owner's rules (gpumesh.worker.lending)
 
     # ------------------------------------------------------------------ lifecycle ---
     def run(self) -> None:
         """Run until :meth:`stop`. Raises ``AuthError`` if the token is refused."""
-        self._register(first=True)
-        for target, name in ((self._heartbeat_loop, "heartbeat"), (self._session_loop, "session"),
-                             (self._output_loop, "output")):
-            threading.Thread(target=target, name=name, daemon=True).start()
-        if self.scorer is not None:
-            self.scorer.stopping = self.stopping
-            self.scorer.start()  # after joining: the first task never waits for it
+        # Everything inside the try: a Ctrl+C while it still waits for the coordinator, or
+        # just after joining, must clean up (its temporary directory) like a later one.
         try:
+            self._register(first=True)
+            for target, name in ((self._heartbeat_loop, "heartbeat"), (self._session_loop, "session"),
+                                 (self._output_loop, "output"), (self._owner_loop, "owner")):
+                threading.Thread(target=target, name=name, daemon=True).start()
+            if self.scorer is not None:
+                self.scorer.stopping = self.stopping
+                self.scorer.start()  # after joining: the first task never waits for it
             self._lease_loop()
         finally:
             self._shutdown()
@@ -175,10 +191,12 @@ class WorkerAgent:
         if self.scorer is not None:
             self.scorer.close()
         self._gpus.close()
+        self._owner_gpus.close()
         self.executor.close()  # no orphans: every task's process group is killed
         self.http.close()
         if self._own_cache:
             shutil.rmtree(self.cache, ignore_errors=True)
+            self._cache_lock.release()
 
     # ------------------------------------------------------------------ registration -
     def _register(self, first: bool = False) -> None:
@@ -188,10 +206,12 @@ class WorkerAgent:
             delays = backoff_delays()
             while not self.stopping.is_set():
                 try:
-                    body = dict(self.info, slots=self.slots, slot_list=self.slot_list)
+                    body = dict(self.info, slots=self.slots, slot_list=self.slot_list,
+                                **self._owner_report())
                     if self.id:
                         body["id"] = self.id
                     resp = self.http.request("POST", "/v1/workers", json=body, timeout=10)
+                    self._check_version(resp.json())
                     self.id = resp.json()["id"]
                     self.handoff = Handoff.probe(self.http)  # the coordinator may have moved
                     self._registered.set()
@@ -202,9 +222,17 @@ class WorkerAgent:
                     raise
                 except Unreachable as e:
                     if first:
-                        self.on_event("waiting", f"coordinator not reachable yet ({e}); retrying")
+                        self.on_event("waiting", f"coordinator unreachable ({e}), retrying")
                         first = False if self.id else first
                     self.stopping.wait(next(delays))
+
+    def _check_version(self, answer: dict) -> None:
+        """VersionMismatch unless the coordinator runs this gpumesh (one from before
+        registration answers named their version says it in /v1/health)."""
+        theirs = answer.get("version")
+        if theirs is None:
+            theirs = self.http.request("GET", "/v1/health", timeout=10).json().get("version")
+        versions.check_coordinator(theirs, self.url, "worker")
 
     def _lost_registration(self) -> None:
         self._registered.clear()
@@ -219,7 +247,8 @@ class WorkerAgent:
             try:
                 resp = self.http.request("POST", f"/v1/workers/{self.id}/heartbeat",
                                          json={"running": sorted(self._held),
-                                               **self._device_state()}, timeout=5)
+                                               **self._device_state(), **self._owner_report()},
+                                         timeout=5)
                 for task_id in resp.json().get("cancel", []):
                     self.executor.cancel(task_id)
                 delays = backoff_delays()
@@ -234,7 +263,7 @@ class WorkerAgent:
     def _device_state(self) -> dict:
         """What the heartbeat says about the devices: free GPU memory, scores once known."""
         out: dict = {}
-        free = self._gpus.free_mb()
+        free = cap_free(self._gpus.free_mb(), self.owner.policy.max_gpu_memory_mb)
         if free:
             out["gpu_free_mb"] = {str(i): mb for i, mb in free.items()}
             for g in self.info.get("gpus") or ():
@@ -243,6 +272,9 @@ class WorkerAgent:
         if self._scores:
             out["scores"] = self._scores
             out["score"] = self.info["score"]
+        changed = self._packages.changed()
+        if changed is not None:
+            out["packages"] = self.info["packages"] = changed
         return out
 
     def _on_scores(self, result: dict) -> None:
@@ -329,11 +361,12 @@ class WorkerAgent:
     # ------------------------------------------------------------------ leasing -----
     def _lease_loop(self) -> None:
         delays = backoff_delays()
+        away = False  # the coordinator stopped answering (said once per outage)
         while not self.stopping.is_set():
             # Wait for a free slot, then ask for a task for each free slot (naming them:
             # the coordinator grants a slot only a task that slot can run).
             with self._free_cv:
-                free = [k for k, n in self._busy.items() if n == 0]
+                free = [k for k, n in self._busy.items() if n == 0 and self._slot_open(k)]
                 if not free:
                     self._free_cv.wait(0.5)
                     continue
@@ -346,7 +379,9 @@ class WorkerAgent:
                           "handoff": self.handoff is not None},
                     timeout=LONG_POLL_S + 10, buffer_for=membody.buffer_for)
                 delays = backoff_delays()
+                away = False
             except RequestRejected as e:
+                away = False
                 self._release(free)
                 if getattr(e, "code", "") == "unknown_worker":
                     self._lost_registration()
@@ -356,7 +391,9 @@ class WorkerAgent:
                 continue
             except Unreachable as e:
                 self._release(free)
-                log.info("coordinator unreachable (%s); retrying", e)
+                if not away and not self.stopping.is_set():
+                    self.on_event("waiting", f"coordinator unreachable ({e}), retrying")
+                away = True
                 self.stopping.wait(next(delays))
                 continue
             self._start(body, free)
@@ -407,16 +444,30 @@ class WorkerAgent:
             while task is not None:
                 held = task["task_id"]
                 self._held.add(held)  # reported by heartbeats until its result is delivered
-                try:
-                    path = self._function_blob(task["fn"])
-                except Exception as e:  # noqa: BLE001
-                    outcome = Outcome("retry", {"kind": "fetch",
-                                                "message": f"could not fetch the function: {e}"})
-                else:
-                    outcome = self._run_one(task, path, args, slot)
+                self._slot_task[slot] = held
+                if not self._slot_open(slot):  # granted just as the owner closed the slot
+                    self._handing_back.setdefault(held, self._closed_reason(slot))
+                outcome = None
+                if held not in self._handing_back:
+                    try:
+                        path = self._function_blob(task["fn"])
+                    except Exception as e:  # noqa: BLE001
+                        outcome = Outcome("retry", {"kind": "fetch",
+                                                    "message": f"could not fetch the function: {e}"})
+                    else:
+                        if held not in self._handing_back:
+                            outcome = self._run_one(task, path, args, slot)
                 args = None  # a big one is shared memory: free it now, not after the post
+                self._slot_task.pop(slot, None)
+                why = self._handing_back.pop(held, None)
                 try:
-                    task, args = self._post_result(task, outcome, slot)
+                    killed = outcome is None or (outcome.error or {}).get("kind") == "cancelled"
+                    if why is not None and killed:
+                        # killed (or never started) for the owner: preempted, not failed
+                        self._hand_back(task, why, backoff_delays())
+                        task, args = None, None
+                    else:  # it finished first: its result stands
+                        task, args = self._post_result(task, outcome, slot)
                 finally:
                     self._held.discard(held)
                     outcome = None  # (its result may be a memory file too)
@@ -452,13 +503,33 @@ class WorkerAgent:
                 outcome = self.executor.run_script(task["task_id"], str(path), args,
                                                    task.get("timeout"), env=self._slot_env.get(slot))
             else:
+                env_key, sys_path = None, None
+                missing = packages.unmet(task.get("requires") or (), self._packages.current)
+                if missing:  # the coordinator sends these only to a worker allowing installs
+                    if self.envs is None:
+                        outcome = Outcome("error", {"kind": "requires", "type": "Unsatisfiable",
+                                                    "message": f"this worker lacks {missing} and "
+                                                               "does not allow installs"})
+                        return outcome
+                    try:
+                        env_key, site = self.envs.acquire(task["requires"])
+                    except InstallError as e:
+                        outcome = Outcome("error", {"kind": "requires", "type": "InstallError",
+                                                    "message": str(e)})
+                        return outcome
+                    sys_path = [site]
                 tracing.mark("agent.run")
-                outcome = self.executor.run(
-                    task["task_id"], task["fn"], str(path), args, task.get("timeout"),
-                    result_format=task.get("result_format", "pickle"), env=self._slot_env.get(slot),
-                    args_fd=args_fd, args_range=args_range,
-                    handoff_dir=str(drop.drop_dir) if drop else None, handoff_name=name,
-                    isolation=task.get("isolation", "task"), job_id=task.get("job_id"), slot=slot)
+                try:
+                    outcome = self.executor.run(
+                        task["task_id"], task["fn"], str(path), args, task.get("timeout"),
+                        result_format=task.get("result_format", "pickle"),
+                        env=self._slot_env.get(slot), args_fd=args_fd, args_range=args_range,
+                        handoff_dir=str(drop.drop_dir) if drop else None, handoff_name=name,
+                        sys_path=sys_path, isolation=task.get("isolation", "task"),
+                        job_id=task.get("job_id"), slot=slot)
+                finally:
+                    if env_key is not None:
+                        self.envs.release(env_key)
             return outcome
         finally:
             if name is not None and (outcome is None or outcome.handoff_file != name):
@@ -516,7 +587,7 @@ class WorkerAgent:
         deadline = time.monotonic() + 3600
         while time.monotonic() < deadline:
             params = {"lease": task["lease_id"]}
-            if not self.stopping.is_set():
+            if not self.stopping.is_set() and self._slot_open(slot):
                 params["next"] = "1"
                 if slot is not None:
                     params["slot"] = str(slot)

@@ -17,7 +17,11 @@ A100-SXM4-80GB", "memory_total_mb": 81920, "memory_free_mb": 80000,
 "score": 5000}]``, or ``@/path/to.json`` naming a file that is re-read at
 every refresh (so a test can change free memory while a worker runs).
 ``score`` (or ``gflops`` and ``bandwidth_gbps``) stands in for the
-benchmark of that GPU.
+benchmark of that GPU. For the owner's rules (:mod:`gpumesh.worker.owner`) an entry
+may also give what NVML would report at run time: ``other_util_pct`` (utilisation by
+processes that are not gpumesh's, %), ``other_memory_mb`` (their memory, MiB),
+``temperature_c`` and ``power_w``; with ``@path`` a test changes them while a worker
+runs.
 """
 
 from __future__ import annotations
@@ -140,6 +144,7 @@ class GpuMonitor:
     def __init__(self, indices: list[int]):
         self.indices = list(indices)
         self._nvml = None
+        self._util_seen: dict[int, int] = {}  # GPU index -> newest utilisation sample (us)
 
     def free_mb(self) -> dict[int, int]:
         """``{gpu index: free MiB}`` for the watched GPUs; ``{}`` if none can be read."""
@@ -175,6 +180,79 @@ class GpuMonitor:
             out[i] = int(mem.free // _MIB)
         return out
 
+    def readings(self, ours=None) -> dict:
+        """``{gpu index: owner.GpuReading}`` for the watched GPUs: other processes' use
+        (``ours(pid)`` says whether a process is gpumesh's own, excluded), temperature and
+        power; ``{}`` if nothing can be read. Never raises."""
+        from .owner import GpuReading
+        if not self.indices:
+            return {}
+        try:
+            fake = fake_entries()
+        except (OSError, ValueError):
+            log.debug("cannot read %s", FAKE_GPUS_ENV, exc_info=True)
+            return {}
+        if fake is not None:
+            out = {}
+            for i, g in enumerate(fake):
+                if i in self.indices and isinstance(g, dict):
+                    out[i] = GpuReading(i, _num(g.get("other_util_pct")), _num(g.get("other_memory_mb")),
+                                        _num(g.get("temperature_c")), _num(g.get("power_w")))
+            return out
+        try:
+            return self._nvml_readings(ours or (lambda pid: False))
+        except Exception:
+            log.debug("NVML readings failed", exc_info=True)
+            self.close()
+            return {}
+
+    def _nvml_readings(self, ours) -> dict:
+        from .owner import GpuReading
+        if self._nvml is None:
+            import pynvml
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+        nv = self._nvml
+        out = {}
+        for i in self.indices:
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            procs = []
+            for query in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+                try:
+                    procs.extend(getattr(nv, query)(h))
+                except Exception:  # not supported on this GPU/driver
+                    pass
+            other_mb = sum((p.usedGpuMemory or 0) for p in procs if not ours(p.pid)) / _MIB
+            util = self._other_util(h, i, ours)
+            try:
+                temp = float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+            except Exception:
+                temp = None
+            try:
+                power = nv.nvmlDeviceGetPowerUsage(h) / 1000.0  # milliwatts
+            except Exception:
+                power = None
+            out[i] = GpuReading(i, util, other_mb, temp, power)
+        return out
+
+    def _other_util(self, handle, index: int, ours) -> float | None:
+        """SM utilisation (%) of the processes that are not ours, from the samples NVML
+        took since the last look (the newest one per process); None if unsupported."""
+        since = self._util_seen.get(index, 0)
+        try:
+            samples = self._nvml.nvmlDeviceGetProcessUtilization(handle, since)
+        except Exception as e:
+            # NotFound: no process used the GPU since the last look
+            return 0.0 if type(e).__name__ == "NVMLError_NotFound" else None
+        newest: dict[int, tuple[int, float]] = {}
+        for smp in samples:
+            stamp = int(getattr(smp, "timeStamp", 0) or 0)
+            if smp.pid not in newest or stamp >= newest[smp.pid][0]:
+                newest[smp.pid] = (stamp, float(smp.smUtil))
+            since = max(since, stamp)
+        self._util_seen[index] = since
+        return sum(u for pid, (_, u) in newest.items() if not ours(pid))
+
     def close(self) -> None:
         if self._nvml is not None:
             try:
@@ -182,6 +260,26 @@ class GpuMonitor:
             except Exception:
                 log.debug("nvmlShutdown failed", exc_info=True)
             self._nvml = None
+
+
+def _num(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    """Whether process ``pid`` is ``ancestor`` or one of its descendants (Linux /proc;
+    False where that cannot be read)."""
+    for _ in range(64):
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                pid = int(fh.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
 
 
 def _user() -> str:

@@ -98,6 +98,7 @@ class Host:
         self.tasks: dict[str, _Pending] = {}
         self.ready = threading.Event()
         self.load_error: dict | None = None
+        self.key = fn_hash  # its key among the executor's hosts
         self.dead = False
         self.last_used = time.monotonic()
         self.preloaded: set[str] = set()
@@ -195,19 +196,26 @@ class Executor:
         assert self._zygote_ctrl is not None
         return self._zygote_ctrl
 
-    def _host(self, fn_hash: str, blob_path: str) -> Host:
+    def _host(self, fn_hash: str, blob_path: str, sys_path: list[str] | None = None) -> Host:
+        # A function run in a task environment (requires=) has a host of its own, whose
+        # sys.path starts with that environment: keyed by both.
+        key = fn_hash if not sys_path else "|".join([fn_hash, *sys_path])
         with self._lock:
-            host = self._hosts.get(fn_hash)
+            host = self._hosts.get(key)
             if host is not None and not host.dead:
-                self._hosts.move_to_end(fn_hash)
+                self._hosts.move_to_end(key)
                 host.last_used = time.monotonic()
                 return host
             zygote = self._zygote_socket()
             mine, theirs = runner.control_pair()
-            runner.send_msg(zygote, {"op": "host", "path": blob_path}, [theirs.fileno()])
+            msg = {"op": "host", "path": blob_path}
+            if sys_path:
+                msg["sys_path"] = list(sys_path)
+            runner.send_msg(zygote, msg, [theirs.fileno()])
             theirs.close()
             host = Host(fn_hash, mine)
-            self._hosts[fn_hash] = host
+            host.key = key
+            self._hosts[key] = host
             self._evict()
         return host
 
@@ -220,10 +228,10 @@ class Executor:
                 del self._hosts[h]
                 host.close()
 
-    def forget(self, fn_hash: str) -> None:
+    def forget(self, key: str) -> None:
         """Drop a host (e.g. its function failed to load) so the next task starts afresh."""
         with self._lock:
-            host = self._hosts.pop(fn_hash, None)
+            host = self._hosts.pop(key, None)
         if host is not None and not host.tasks:
             host.close()
 
@@ -232,7 +240,8 @@ class Executor:
             timeout: float | None, result_format: str = "pickle", env: dict | None = None,
             args_fd: int | None = None, args_range: tuple[int, int] | None = None,
             handoff_dir: str | None = None, handoff_name: str | None = None,
-            isolation: str = "task", job_id: str | None = None, slot=None) -> Outcome:
+            sys_path: list[str] | None = None, isolation: str = "task",
+            job_id: str | None = None, slot=None) -> Outcome:
         """Run one task to completion; never raises for anything the task does.
         ``result_format="json"``: the task sends its value as JSON (strict results).
         ``env``: variables set in the task's process (its slot's GPU, for one).
@@ -240,23 +249,26 @@ class Executor:
         task maps (the caller keeps ownership of the descriptor); ``args_range``: only
         ``(offset, length)`` bytes of that file are the arguments. ``handoff_dir``: let
         the task leave a big result there, named ``handoff_name`` (see gpumesh.handoff;
-        ``Outcome.handoff_file``). ``isolation="job"``: run it in the process ``slot``
-        keeps for ``job_id`` (tasks of one job share it; see gpumesh.worker.spawn)."""
+        ``Outcome.handoff_file``). ``sys_path``: directories put in front of the function's
+        ``sys.path`` (a task environment, see gpumesh.worker.envs). ``isolation="job"``: run it in the
+        process ``slot`` keeps for ``job_id`` (tasks of one job share it; gpumesh.worker.spawn)."""
         if isolation == "job" and job_id is not None:
             return self._jobs_executor().run(
-                task_id, fn_hash, blob_path, args, timeout, result_format, env, args_fd,
-                args_range, handoff_dir, handoff_name, isolation, job_id, slot)
+                task_id, fn_hash, blob_path, args, timeout, result_format=result_format, env=env,
+                args_fd=args_fd, args_range=args_range, handoff_dir=handoff_dir,
+                handoff_name=handoff_name, sys_path=sys_path, isolation=isolation,
+                job_id=job_id, slot=slot)
         try:
-            host = self._host(fn_hash, blob_path)
+            host = self._host(fn_hash, blob_path, sys_path)
         except OSError as e:  # the zygote could not be started, or we are closing
             return Outcome("retry", {"kind": "host_died",
                                      "message": f"could not start the function's host: {e}"})
         host.ready.wait()
         if host.load_error is not None:
-            self.forget(fn_hash)
+            self.forget(host.key)
             return Outcome("error", dict(host.load_error))
         if host.dead:
-            self.forget(fn_hash)
+            self.forget(host.key)
             return Outcome("retry", {"kind": "host_died", "message": "the function's host process died"})
         mine, theirs = socket.socketpair()
         pending = _Pending()

@@ -45,6 +45,7 @@ import sys
 import traceback
 
 from gpumesh import tracing
+from gpumesh.retries import type_name
 
 #: Whether marks are written (gpumesh.tracing): one global read in a task process, where
 #: every object touched costs a copy-on-write fault.
@@ -168,12 +169,24 @@ def recv_blob_fds(sock: socket.socket) -> tuple[bytearray, list[int]]:
 
 
 # ---------------------------------------------------------------- errors --------------
-def describe_exception(exc: BaseException, kind: str) -> dict:
-    """JSON-safe description of an exception: kind, type, message, traceback text."""
+def describe_exception(exc: BaseException, kind: str, own_frames: int = 0) -> dict:
+    """JSON-safe description of an exception: kind, type, message, traceback text, and
+    ``mro``: the type names of the exception's classes, most derived first (what a
+    ``retry_on=`` is matched against). ``own_frames``: how many frames at the top of the
+    traceback are gpumesh's (the task runner's call of the function), left out so that
+    the traceback starts in the user's code."""
     t = type(exc)
-    return {"kind": kind, "type": f"{t.__module__}.{t.__qualname__}" if t.__module__ != "builtins"
-            else t.__qualname__, "message": _safe_str(exc),
-            "traceback": "".join(traceback.format_exception(t, exc, exc.__traceback__))[-32_000:]}
+    tb = exc.__traceback__
+    for _ in range(own_frames):
+        if tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+    out = {"kind": kind, "type": type_name(t), "message": _safe_str(exc),
+           "mro": [type_name(c) for c in t.__mro__ if c is not object][:32],
+           "traceback": "".join(traceback.format_exception(t, exc, tb))[-32_000:]}
+    if isinstance(exc, ModuleNotFoundError) and isinstance(exc.name, str) and exc.name:
+        # A module this worker lacks: the coordinator tries the task on another worker.
+        out["module"] = exc.name[:200]
+    return out
 
 
 def _safe_str(exc: BaseException) -> str:
@@ -278,7 +291,7 @@ def run_task(fn, data: socket.socket, result_format: str | None = None,
             # like the caller's own Ctrl+C. They arrive as a RemoteError naming them.
             reply({"status": "error", "error": describe_exception(e, "exit")})
             return
-        err = describe_exception(e, "raised")
+        err = describe_exception(e, "raised", own_frames=1)  # from the function's own frame
         try:
             payload = None if as_json else wire.dumps(e)  # strict callers never unpickle
         except BaseException:  # noqa: BLE001 - the exception itself cannot travel
@@ -347,9 +360,14 @@ def _wakeup_pipe() -> int:
     return r
 
 
-def host_main(ctrl: socket.socket, blob_path: str) -> None:
-    """Load one function, then fork a child per task until the agent hangs up."""
+def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None) -> None:
+    """Load one function, then fork a child per task until the agent hangs up.
+    ``sys_path``: directories put first on ``sys.path`` before the function is loaded
+    (its task environment: gpumesh.worker.envs)."""
     from gpumesh import handoff, wire  # noqa: F401 - loaded once here, not in every child
+
+    if sys_path:
+        sys.path[0:0] = [p for p in sys_path if isinstance(p, str)]
 
     # Set once here, not in every child: the host runs no user code but the function's
     # own imports (unpickling, preloads), and those are the task's code too.
@@ -601,7 +619,7 @@ def zygote_main(ctrl: socket.socket) -> None:
                 host = socket.socket(fileno=fds[0])
                 code = 0
                 try:
-                    host_main(host, msg["path"])
+                    host_main(host, msg["path"], msg.get("sys_path"))
                 except BaseException:  # noqa: BLE001
                     code = 70
                 os._exit(code)

@@ -87,7 +87,9 @@ def run(script_path: str, payload: bytes, timeout: float | None, out: str, err: 
     child_env.update({runner.IN_TASK_ENV: "1", SCRIPT_ENV: "1", "PYTHONUNBUFFERED": "1"})
     if env:
         child_env.update({str(k): str(v) for k, v in env.items()})
-    workdir = tempfile.mkdtemp(prefix="gpumesh-script-")
+    # Beside the output files, in the worker's own directory: a worker killed mid-task
+    # leaves nothing behind that the next worker's start does not remove (tempdirs).
+    workdir = tempfile.mkdtemp(prefix="gpumesh-script-", dir=os.path.dirname(out) or None)
     try:
         with open(out, "ab") as fo, open(err, "ab") as fe:  # emptied by Executor.new_output
             try:

@@ -105,6 +105,7 @@ class SpawnExecutor(Executor):
         self._imports: dict[str, tuple[list, list]] = {}  # fn -> (modules, sys.path) tasks added
         self._blob_paths: dict[str, str] = {}
         self._fn_used: dict[str, float] = {}
+        self._front_paths: dict[str, list[str]] = {}  # key -> its task environment's sys.path
 
     # ------------------------------------------------------------------ processes ---
     def _listen(self) -> int:
@@ -171,7 +172,7 @@ class SpawnExecutor(Executor):
         modules, path = self._imports.get(fn_hash, ([], []))
         child.preloaded.update(modules)
         return {"op": "load", "path": self._blob_paths[fn_hash], "modules": list(modules),
-                "sys_path": list(path)}
+                "sys_path": list(path), "front_path": self._front_paths.get(fn_hash, [])}
 
     def _take(self, fn_hash: str) -> _Child:
         """A process for a task of ``fn_hash``, and a replacement spare for the next one.
@@ -231,11 +232,14 @@ class SpawnExecutor(Executor):
     def run(self, task_id: str, fn_hash: str, blob_path: str, args, timeout: float | None,
             result_format: str = "pickle", env: dict | None = None, args_fd: int | None = None,
             args_range: tuple[int, int] | None = None, handoff_dir: str | None = None,
-            handoff_name: str | None = None, isolation: str = "task", job_id: str | None = None,
-            slot=None) -> Outcome:
+            handoff_name: str | None = None, sys_path: list[str] | None = None,
+            isolation: str = "task", job_id: str | None = None, slot=None) -> Outcome:
         """As :meth:`Executor.run`. ``isolation="job"``: the task runs in the process this
         ``slot`` keeps for ``job_id`` (started on the job's first task there, replaced
         after a crash, timeout or cancel, never given another job's task)."""
+        if sys_path:  # a task environment (requires=): processes of its own, keyed by both
+            fn_hash = "|".join([fn_hash, *sys_path])
+            self._front_paths[fn_hash] = list(sys_path)
         keep = isolation == "job" and job_id is not None
         key = (job_id, slot if slot is not None else threading.get_ident(), None)
         with self._lock:

@@ -45,6 +45,9 @@ def _recv(sock: socket.socket) -> dict | None:
 def _load(msg: dict):
     from gpumesh import wire
     from gpumesh.worker import runner
+    front = [p for p in msg.get("front_path") or () if isinstance(p, str)]
+    if front:  # the function's task environment (gpumesh.worker.envs) comes first
+        sys.path[0:0] = front
     with open(msg["path"], "rb") as fh:
         fn = wire.loads(bytearray(fh.read()))
     fn = getattr(fn, "__gpumesh_wrapped__", fn)  # a decorated function: run the original

@@ -99,20 +99,31 @@ exec(compile(_TASK_SRC, "<gpumesh task wrapper>", "exec"), _ns)
 run_task: Callable = _ns["run_task"]
 
 
-def outcome_value(outcome: tuple, index: int, where: str) -> Any:
-    """What :data:`run_task` returned -> the value, or raise what the task raised."""
+def outcome_value(outcome: tuple, index: int, where: str, call: _calls.Call | None = None,
+                  n: int = 1, hint: str = "", name: str | None = None) -> Any:
+    """What :data:`run_task` returned -> the value, or raise what the task raised (its
+    text names the ``.map`` item of ``n`` and the call of function ``name`` with its
+    arguments ``call``, then ``hint``)."""
     kind = outcome[0]
     if kind == "ok":
         return outcome[1]
     if kind == "raised":
         exc, type_name, message, tb = outcome[1:]
+        tb = _calls.with_source(tb)
+        shown = f"{name or 'the function'}({_calls.describe_call(call)})" if call is not None else "the task"
+        place = (f".map item {index} of {n}, {shown}," if n > 1 else shown) + f" on {where}"
+        cause = RemoteTraceback(tb)
+        cause.index = index
         if isinstance(exc, BaseException):
-            exc.__cause__ = RemoteTraceback(tb)
+            exc.__cause__ = cause
             if sys.version_info >= (3, 11):
-                exc.add_note(f"[gpumesh] raised on {where} (task #{index}); remote traceback above")
+                exc.add_note(f"[gpumesh] raised by {place}; remote traceback above"
+                             + (f"\n[gpumesh] {hint}" if hint else ""))
             raise exc
-        err = RemoteError(type_name, message, tb, str(index), where)
-        err.__cause__ = RemoteTraceback(tb)
+        err = RemoteError(type_name, f"{message} ({place})" + (f"; {hint}" if hint else ""),
+                          tb, str(index), where)
+        err.remote_message, err.index = message, index
+        err.__cause__ = cause
         raise err
     if kind == "timeout":
         raise TaskTimeout(f"the task ran past its timeout of {outcome[1]:g} s "
@@ -255,30 +266,39 @@ class EngineMesh(GPUMesh, metaclass=abc.ABCMeta):
         return self._engine_workers()
 
     # ------------------------------------------------------------ calls ---------------
-    def run_calls(self, fn: Callable, calls: list[_calls.Call], *, hints: list[dict] | None = None,
-                  timeout: float | None = None, name: str | None = None,
-                  require: hardware.Requirements | None = None, **options: Any) -> list[Any]:
-        """As :meth:`GPUMesh.run_calls`, on the engine."""
+    def iter_calls(self, fn: Callable, calls: list[_calls.Call], *, hints: list[dict] | None = None,
+                   timeout: float | None = None, name: str | None = None,
+                   require: hardware.Requirements | None = None, return_exceptions: bool = False,
+                   handle: Any = None, **options: Any):
+        """As :meth:`GPUMesh.iter_calls`, on the engine (``run_calls`` collects it)."""
         if not calls:
-            return []
+            if handle is not None:
+                yield None
+            return
         unknown = sorted(k for k, v in options.items() if v is not None)
+        if "retry" in unknown:
+            raise EngineCannotExpress(f"retries=/retry_on= are a native-mesh feature; {self.engine} "
+                                      f"retries lost tasks on its own, never raised exceptions")
         if unknown:
             raise EngineCannotExpress(f"the option(s) {unknown} have no {self.engine} equivalent")
         if os.environ.get("GPUMESH_LOCAL") == "1":
             notice("GPUMESH_LOCAL=1: running locally")
-            return _mesh.run_locally(fn, calls)
+            yield from _mesh._started(handle, _mesh.iter_locally(fn, calls, return_exceptions))
+            return
         if any(h.get("gpu_memory_mb") for h in hints or ()):
             raise EngineCannotExpress(f"{self.engine} cannot reserve GPU memory per task: drop the "
                                       f"gpu_memory_mb hint, or use the native mesh")
         resources = self._resources(require)
         if not self._reachable():
             _mesh.check_local(fn, require, hints, f"the {self.engine} cluster at {self.url} is unreachable")
-            return _mesh.run_locally(fn, calls)
+            yield from _mesh._started(handle, _mesh.iter_locally(fn, calls, return_exceptions))
+            return
         workers = self._engine_workers()
         if not any(w.get("alive", True) for w in workers):
             _mesh.check_local(fn, require, hints, f"no worker is alive in the {self.engine} cluster at {self.url}")
             notice(f"no live worker in the mesh at {self.url}; running locally")
-            return _mesh.run_locally(fn, calls)
+            yield from _mesh._started(handle, _mesh.iter_locally(fn, calls, return_exceptions))
+            return
         why = self._unsatisfiable(resources, workers)
         if why:
             raise Unsatisfiable(f"no {self.engine} worker at {self.url} can run "
@@ -286,9 +306,13 @@ class EngineMesh(GPUMesh, metaclass=abc.ABCMeta):
                                 f"({require.describe() if require else resources}): {why}")
         label = f"{name or getattr(fn, '__qualname__', 'function')}-{secrets.token_hex(4)}"
         where = f"{self.engine} at {self.url}"
-        results: list[Any] = [_MISSING] * len(calls)
+        n = len(calls)
+        hint = _calls.keep_going(".imap()" if handle is not None else ".map()") \
+            if n > 1 and not return_exceptions else ""
         run = self._run(fn, calls, resources, timeout, label)
         try:
+            if handle is not None:
+                yield None
             while True:
                 try:
                     index, outcome = next(run)
@@ -298,7 +322,13 @@ class EngineMesh(GPUMesh, metaclass=abc.ABCMeta):
                     raise
                 except Exception as e:  # the engine's own failure (worker died, result unpicklable...)
                     raise TaskFailed(f"{self.engine} could not run the task: {type(e).__name__}: {e}") from e
-                results[index] = outcome_value(outcome, index, where)  # raises what the task raised
+                try:
+                    value = outcome_value(outcome, index, where, calls[index], n, hint,
+                                          getattr(fn, "__qualname__", None))
+                except Exception as e:  # noqa: BLE001 - what the task raised
+                    if not return_exceptions:
+                        raise
+                    value = e
+                yield index, value
         finally:
-            run.close()  # a failure or Ctrl+C: the generator cancels what is left
-        return results
+            run.close()  # a failure, Ctrl+C or a closed iterator: the generator cancels what is left

@@ -30,6 +30,9 @@ def dask_resources(require: hardware.Requirements | None) -> dict:
     """``@accelerate`` requirements -> Dask worker resources (see the module docstring)."""
     if not require:
         return {}
+    if require.requires:
+        raise EngineCannotExpress("requires=: gpumesh builds no environments on a Dask cluster; "
+                                  "install the packages on its workers, or use the native mesh")
     out: dict = {}
     if require.gpu is not None and require.gpu != "cpu":
         if require.gpu not in ("cuda", "gpu"):

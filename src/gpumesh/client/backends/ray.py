@@ -38,6 +38,9 @@ def ray_options(require: hardware.Requirements | None) -> dict:
     out: dict = {}
     if not require:
         return out
+    if require.requires:
+        raise EngineCannotExpress("requires=: gpumesh builds no environments on a Ray cluster; "
+                                  "use Ray's runtime_env on the cluster, or the native mesh")
     if require.gpu is not None:
         if require.gpu == "cpu":
             out["num_gpus"] = 0

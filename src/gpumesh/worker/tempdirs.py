@@ -1,0 +1,72 @@
+"""The worker's temporary directory, and removing those of workers that died.
+
+A worker keeps its function blobs, task output files and script working directories in
+one directory of its own under the system's temporary directory
+(``gpumesh-worker-XXXXXXXX``). A worker that stops removes it; one that is killed
+(``kill -9``, a power cut, a crash) cannot, so every worker that starts first removes the
+directories of workers that are gone.
+
+Gone is decided by a lock, not a pid: each directory holds ``.owner.lock``, locked
+(:mod:`gpumesh.oslock`) by its worker for its whole life. A directory whose lock can be
+taken belongs to nobody any more, even if its old pid now names another process; one
+whose lock cannot be taken is a live worker's and is left alone. A directory without the
+lock file (made a moment ago, not locked yet, or by another program) is never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .. import oslock
+
+log = logging.getLogger("gpumesh.worker")
+
+PREFIX = "gpumesh-worker-"
+LOCK_NAME = ".owner.lock"
+
+
+def create(root: Path | None = None) -> tuple[Path, oslock.FileLock]:
+    """Remove dead workers' directories under ``root`` (default: the system's temporary
+    directory), then make this worker's (mode 0700) and lock it. Returns the directory
+    and its lock; remove the directory, then release the lock, when the worker stops."""
+    sweep(root)
+    path = Path(tempfile.mkdtemp(prefix=PREFIX, dir=root))
+    return path, oslock.acquire(path / LOCK_NAME)
+
+
+def sweep(root: Path | None = None) -> list[Path]:
+    """Remove the directories of workers that are gone; returns those removed."""
+    root = Path(root or tempfile.gettempdir())
+    removed = []
+    try:
+        entries = [e for e in os.scandir(root) if e.name.startswith(PREFIX)]
+    except OSError:
+        return removed
+    for entry in entries:
+        path = Path(entry.path)
+        try:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            if hasattr(os, "getuid") and entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue  # another user's worker: not ours to judge
+            if not (path / LOCK_NAME).is_file():
+                continue
+            lock = oslock.acquire(path / LOCK_NAME)
+        except oslock.Held:
+            continue  # a live worker's
+        except OSError:
+            continue
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+        finally:
+            lock.release()
+        if not path.exists():
+            removed.append(path)
+    if removed:
+        log.info("removed %d temporary director%s of workers that are gone",
+                 len(removed), "y" if len(removed) == 1 else "ies")
+    return removed

@@ -1,0 +1,183 @@
+"""``GPUMesh.status(job_id)`` and ``gpumesh status JOB`` show each finished task's result:
+script jobs the JSON value the script printed, function jobs the returned value decoded as
+the call decodes it; after a coordinator restart too, and marked once results are
+released. Also the spec's "Job management" block, as written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpumesh import GPUMesh
+
+from ..conftest import Mesh
+
+REPO = Path(__file__).resolve().parents[2]
+
+SQUARE = """\
+import json, sys
+p = json.load(sys.stdin)
+print("working on", p["x"])
+print(json.dumps({"x": p["x"], "sq": p["x"] ** 2}))
+"""
+
+
+def cli(m: Mesh, *args: str) -> subprocess.CompletedProcess:
+    env = dict(m.env, GPUMESH_URL=m.url)
+    return subprocess.run([sys.executable, "-m", "gpumesh", *args], env=env, capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL, cwd=REPO)
+
+
+def result_lines(stdout: str) -> list[str]:
+    return [ln.split("result: ", 1)[1] for ln in stdout.splitlines() if ln.startswith("    result: ")]
+
+
+def test_script_job_status_shows_results_also_after_a_restart(make_mesh, tmp_path):
+    m = make_mesh(workers=1, slots=2)
+    script = tmp_path / "square.py"
+    script.write_text(SQUARE)
+    mesh = m.client(output=False)
+    job_id = mesh.submit(name="squares", script=str(script),
+                         payloads=[{"x": 3}, {"x": 4, "cost": 2}, {"x": "bad"}])
+    mesh.wait(job_id, timeout=60)
+    for attempt in ("before", "after"):
+        st = mesh.status(job_id)
+        assert st["released"] is False and st["state"] == "finished", attempt
+        assert [(t["index"], t["state"]) for t in st["tasks"]] == [(0, "done"), (1, "done"), (2, "failed")]
+        assert [t.get("result") for t in st["tasks"]] == [{"x": 3, "sq": 9}, {"x": 4, "sq": 16}, None]
+        assert "result" not in st["tasks"][2] and st["tasks"][2]["error"]["type"] == "ScriptFailed"
+        r = cli(m, "status", job_id)
+        assert r.returncode == 1, r.stderr                    # a task failed
+        assert result_lines(r.stdout) == ['{"x": 3, "sq": 9}', '{"x": 4, "sq": 16}']
+        assert "  ✓ task " in r.stdout and "cost=2.0" in r.stdout
+        j = json.loads(cli(m, "status", job_id, "--json").stdout)
+        assert [t.get("result") for t in j["tasks"]] == [{"x": 3, "sq": 9}, {"x": 4, "sq": 16}, None]
+        assert j["released"] is False and j["kind"] == "script"
+        if attempt == "before":
+            mesh.close()
+            m.restart()                                       # results are in the store
+            mesh = m.client(output=False)
+
+
+class Point:
+    """Not JSON: status gives the object itself; --json gives its repr."""
+
+    def __init__(self, x):
+        self.x = x
+
+    def __eq__(self, other):
+        return isinstance(other, Point) and other.x == self.x
+
+    def __repr__(self):
+        return f"Point({self.x})"
+
+
+def slow_point(i):
+    import time as _t
+    if i:
+        _t.sleep(6)
+    return {"i": i, "point": Point(i), "tags": {"a", "b"}} if i == 0 else i
+
+
+def test_function_job_status_decodes_results_and_marks_release(make_mesh):
+    m = make_mesh(workers=1, slots=2)
+    mesh = m.client(output=False)
+    out: list = []
+    th = threading.Thread(target=lambda: out.append(mesh.distribute(slow_point, [0, 1])), daemon=True)
+    th.start()
+    deadline = time.monotonic() + 30
+    while not mesh.jobs(limit=1) or mesh.jobs(limit=1)[0]["counts"].get("done") != 1:
+        assert time.monotonic() < deadline, "the first task never finished"
+        time.sleep(0.1)
+    job_id = mesh.jobs(limit=1)[0]["id"]
+    st = mesh.status(job_id)                                  # the job is still running
+    assert st["kind"] == "function" and st["released"] is False and st["state"] == "active"
+    first, second = st["tasks"]
+    assert first["state"] == "done" and first["result"] == {"i": 0, "point": Point(0), "tags": {"a", "b"}}
+    assert second["state"] == "leased" and "result" not in second
+    j = json.loads(cli(m, "status", job_id, "--json").stdout)  # not JSON: its repr, marked
+    assert j["tasks"][0]["result_repr"] is True
+    assert j["tasks"][0]["result"].startswith("{'i': 0, 'point': Point(0), 'tags': {")
+    th.join(30)
+    assert out == [[{"i": 0, "point": Point(0), "tags": {"a", "b"}}, 1]]
+    # the caller collected its results: they are released, and status says so
+    deadline = time.monotonic() + 15
+    while not mesh.status(job_id)["released"]:
+        assert time.monotonic() < deadline, "the job was never released"
+        time.sleep(0.1)
+    st = mesh.status(job_id)
+    assert [t["state"] for t in st["tasks"]] == ["done", "done"]
+    assert all("result" not in t for t in st["tasks"])
+    r = cli(m, "status", job_id)
+    assert r.returncode == 0
+    assert "  Results: released (collected by the caller, or let go)" in r.stdout
+    assert result_lines(r.stdout) == ["(released: its caller collected the results, or let them go)"] * 2
+
+
+def test_strict_mesh_does_not_unpickle_a_status_result(make_mesh):
+    m = make_mesh(workers=1, slots=2)
+    mesh = m.client(output=False)
+    th = threading.Thread(target=lambda: mesh.distribute(slow_point, [0, 1]), daemon=True)
+    th.start()
+    deadline = time.monotonic() + 30
+    while not mesh.jobs(limit=1) or mesh.jobs(limit=1)[0]["counts"].get("done") != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    job_id = mesh.jobs(limit=1)[0]["id"]
+    strict = m.client(output=False, strict=True)
+    first = strict.status(job_id)["tasks"][0]
+    assert "result" not in first and "strict" in first["result_error"]
+    th.join(30)
+
+
+def train_model(lr, epochs):
+    return {"lr": lr, "epochs": epochs, "accuracy": round(0.90 + lr, 3)}
+
+
+def test_the_spec_job_management_block_as_written(make_mesh, tmp_path, monkeypatch):
+    pytest.importorskip("pandas")
+    m = make_mesh(workers=1, slots=2)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "data.csv").write_text("a,b\n1,2\n3,4\n5,6\n")
+    monkeypatch.chdir(tmp_path)                                 # script="process.py" is relative
+    (tmp_path / "process.py").write_text(f"""\
+import csv, json, os, sys
+p = json.load(sys.stdin)
+with open(os.path.join({str(data)!r}, p["file"])) as fh:
+    rows = list(csv.DictReader(fh))
+print(json.dumps({{"file": p["file"], "rows": len(rows), "sum_a": sum(int(r["a"]) for r in rows)}}))
+""")
+    TOKEN = m.token
+    mesh = GPUMesh(m.url, token=TOKEN)
+    results = mesh.distribute(
+        function=train_model,
+        params=[{"lr": 0.01, "epochs": 100}, {"lr": 0.05, "epochs": 200}],
+        timeout=600,
+    )
+    # -- the spec's block, verbatim --
+    job_id = mesh.submit(name="preprocess", script="process.py",
+                         payloads=[{"file": "data.csv"}])
+    status = mesh.status(job_id)
+    df     = mesh.results_to_dataframe(results)   # requires pandas
+    # --
+    assert list(df.columns) == ["lr", "epochs", "accuracy"]
+    assert df.to_dict("records") == [{"lr": 0.01, "epochs": 100, "accuracy": 0.91},
+                                     {"lr": 0.05, "epochs": 200, "accuracy": 0.95}]
+    assert status["id"] == job_id and status["name"] == "preprocess" and status["kind"] == "script"
+    assert status["n_tasks"] == 1 and status["state"] in ("active", "finished")
+    deadline = time.monotonic() + 60
+    while status["state"] != "finished":
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+        status = mesh.status(job_id)
+    assert status["tasks"][0]["result"] == {"file": "data.csv", "rows": 3, "sum_a": 9}
+    frame = mesh.results_to_dataframe(status)                   # a status view works too
+    assert frame[["index", "state", "file", "rows", "sum_a"]].to_dict("records") == [
+        {"index": 0, "state": "done", "file": "data.csv", "rows": 3, "sum_a": 9}]

@@ -1,0 +1,123 @@
+"""Package-aware routing: a task that fails with ModuleNotFoundError on a worker is tried
+on another; when none has the module the error names it and the workers that lack it."""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib import metadata
+
+import pytest
+from click.testing import CliRunner
+
+from gpumesh import accelerate, packages
+from gpumesh.cli import main
+
+from ..conftest import Proc
+
+MODULE = "gm_only_on_one_worker"
+
+
+def _worker(mesh, name: str, extra_path=None) -> Proc:
+    env = dict(mesh.env, GM_WORKER_NAME=name)
+    if extra_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(extra_path)] + [p for p in [env.get("PYTHONPATH")] if p])
+    n = len(mesh.procs)
+    before = mesh.alive()
+    proc = Proc(["join", mesh.url], env, mesh.root / f"worker{n}-{name}.log")
+    mesh.procs.append(proc)
+    mesh.wait_alive(before + 1, proc)
+    return proc
+
+
+@pytest.fixture
+def module_dir(tmp_path):
+    d = tmp_path / "only-here"
+    d.mkdir()
+    (d / f"{MODULE}.py").write_text("VALUE = 40\n")
+    return d
+
+
+def test_workers_report_python_and_packages(make_mesh):
+    mesh = make_mesh(workers=1)
+    (w,) = mesh.workers()
+    assert w["python"].count(".") == 2
+    assert w["packages"]["cloudpickle"] == metadata.version("cloudpickle")
+    assert w["packages"]["gpumesh"] == metadata.version("gpumesh")
+
+
+def test_a_map_needing_a_module_one_worker_lacks_completes_on_the_other(make_mesh, module_dir):
+    mesh = make_mesh(workers=0)
+    _worker(mesh, "has-it", module_dir)
+    _worker(mesh, "lacks-it")
+    ids = {w["id"] for w in mesh.workers()}
+    m = mesh.client()
+
+    @accelerate(m)
+    def uses_it(i):
+        import time as _t
+        _t.sleep(0.2)  # long enough that both idle workers are handed a task
+        import gm_only_on_one_worker as mod
+        return i + mod.VALUE, os.environ["GM_WORKER_NAME"]
+
+    got = uses_it.map(list(range(8)))
+    assert got == [(i + 40, "has-it") for i in range(8)]
+    log = mesh.coordinator.output()
+    # the worker without it was tried (and then never again for this job)
+    tried = [ln for ln in log.splitlines() if f"has no module {MODULE!r}" in ln]
+    assert len(tried) == 1, log
+    assert any(wid in tried[0] for wid in ids)
+    # and the pool remembers it, for `gpumesh doctor`
+    lacks = {w["hostname"] + w["id"]: w.get("lacks") for w in mesh.workers()}
+    assert sorted(lacks.values(), key=str) == [None, [MODULE]]
+    r = CliRunner().invoke(main, ["doctor", "--json"], env={
+        "GPUMESH_URL": mesh.url, "GPUMESH_TOKEN": mesh.token,
+        "GPUMESH_CONFIG": mesh.env["GPUMESH_CONFIG"], "NO_COLOR": None})
+    checks = {c["name"]: c for c in json.loads(r.output)["checks"]}
+    assert checks["pool modules"]["status"] == "warn"
+    assert f"{MODULE} (not on " in checks["pool modules"]["detail"]
+
+
+def test_no_worker_has_the_module_names_it_and_the_workers(make_mesh):
+    mesh = make_mesh(workers=2)
+    ids = sorted(w["id"] for w in mesh.workers())
+    m = mesh.client()
+
+    @accelerate(m)
+    def needs_it(i):
+        import gm_nowhere_to_be_found  # noqa: F401
+        return i
+
+    with pytest.raises(ModuleNotFoundError) as e:
+        needs_it.map([1, 2])
+    assert e.value.name == "gm_nowhere_to_be_found"
+    msg = str(e.value)
+    assert "No module named 'gm_nowhere_to_be_found' on any worker" in msg
+    for wid in ids:  # both were tried, and both are named
+        assert wid in msg
+    assert "lack it" in msg
+    # a call without the import still runs: the exclusion is per job
+    assert accelerate(m)(lambda: 7)() == 7
+
+
+def test_inventory_reports_a_change_only_when_due(monkeypatch):
+    now = [0.0]
+    state = [{"a": "1"}]
+    monkeypatch.setattr(packages, "installed", lambda: dict(state[0]))
+    inv = packages.Inventory(rescan_s=60, clock=lambda: now[0])
+    assert inv.current == {"a": "1"}
+    state[0] = {"a": "1", "b": "2"}
+    now[0] = 30
+    assert inv.changed() is None  # not due yet
+    now[0] = 61
+    assert inv.changed() == {"a": "1", "b": "2"}
+    now[0] = 130
+    assert inv.changed() is None  # due, but nothing changed
+
+
+def test_package_sets_are_validated_and_normalised():
+    assert packages.check({"Scikit_Learn": "1.4.0", "numpy": "1.26"}) == \
+        {"scikit-learn": "1.4.0", "numpy": "1.26"}
+    for bad in ([], {"x": 1}, {"": "1"}, {"n" * 300: "1"}):
+        with pytest.raises(ValueError, match="packages"):
+            packages.check(bad)

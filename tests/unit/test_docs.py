@@ -1,0 +1,47 @@
+"""The README's Quickstart installs what its own examples need."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _names(reqs: list[str], extras: dict[str, list[str]]) -> set[str]:
+    out: set[str] = set()
+    for r in reqs:
+        m = re.match(r"\s*([A-Za-z0-9_.-]+)(\[([^\]]*)\])?", r)
+        if m.group(1) == "gpumesh":  # an extra naming other extras
+            for e in (m.group(3) or "").split(","):
+                out |= _names(extras[e.strip()], extras)
+        else:
+            out.add(m.group(1).lower().replace("-", "_"))
+    return out
+
+
+def test_quickstart_install_covers_the_examples_imports():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    m = re.search(r"pip install -e '?\.(?:\[([^\]]*)\])?'?", (ROOT / "README.md").read_text())
+    assert m, "the Quickstart has no `pip install -e .` line"
+    installed = _names(project["dependencies"], extras)
+    for e in (m.group(1) or "").split(","):
+        if e.strip():
+            installed |= _names(extras[e.strip()], extras)
+    for script in sorted((ROOT / "examples").glob("*.py")):
+        for node in ast.walk(ast.parse(script.read_text())):
+            mods = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            for mod in mods:
+                top = mod.split(".")[0]
+                if top in sys.stdlib_module_names or top == "gpumesh":
+                    continue
+                assert top.lower() in installed, f"{script.name} imports {top}, which the Quickstart does not install"

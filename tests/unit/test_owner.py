@@ -1,0 +1,551 @@
+"""The machine owner's rules without a worker: windows, durations, thresholds, the
+decisions over (fake) time and GPU readings, the config file, the coordinator's side of a
+hand-back, and the control channel's refusal of another OS user."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from gpumesh import availability
+from gpumesh.cli import owner as owner_cli
+from gpumesh.coordinator.core import Coordinator, StaleLease
+from gpumesh.coordinator.store import Store
+from gpumesh.limits import MAX_ATTEMPTS
+from gpumesh.worker import control
+from gpumesh.worker.owner import (GpuReading, OwnerState, Policy, Threshold, Window, cap_memory,
+                                  parse_duration, share_gpus)
+
+
+class Clock:
+    def __init__(self, t: float = 1_000_000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+# 2026-12-07 is a Monday; the fake clock's seconds are read as that day plus seconds.
+MONDAY = datetime(2026, 12, 7)
+
+
+def local(t: float) -> datetime:
+    return datetime.fromtimestamp(MONDAY.timestamp() + t)
+
+
+def at(day: int, hh: int, mm: int) -> float:
+    return day * 86400 + hh * 3600 + mm * 60
+
+
+# ---------------------------------------------------------------- parsing ------------
+
+@pytest.mark.parametrize("text, seconds", [("2h", 7200), ("30m", 1800), ("1h30m", 5400), ("45s", 45),
+                                           ("1d", 86400), ("90", 90), ("1.5h", 5400)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["", "2x", "h", "-5", "0", "0s", "2 hours", "400d"])
+def test_bad_durations_name_the_setting(bad):
+    with pytest.raises(ValueError, match="--for="):
+        parse_duration(bad, "--for")
+
+
+def test_windows_same_day_overnight_and_weekdays():
+    evening = Window.parse("mon-fri 19:00-23:30")
+    assert evening.contains(local(at(0, 19, 0))) and evening.contains(local(at(4, 23, 29)))
+    assert not evening.contains(local(at(0, 23, 30))) and not evening.contains(local(at(0, 18, 59)))
+    assert not evening.contains(local(at(5, 20, 0)))                 # Saturday
+    night = Window.parse("22:00-08:00")
+    assert night.contains(local(at(0, 23, 0))) and night.contains(local(at(1, 7, 59)))
+    assert not night.contains(local(at(1, 8, 0))) and not night.contains(local(at(1, 12, 0)))
+    friday_night = Window.parse("fri 22:00-06:00")                   # belongs to Friday
+    assert friday_night.contains(local(at(5, 3, 0)))                 # Saturday 03:00
+    assert not friday_night.contains(local(at(4, 3, 0)))             # Friday 03:00 (Thursday's night)
+    weekend = Window.parse("sat,sun 00:00-24:00")
+    assert weekend.contains(local(at(6, 23, 59))) and not weekend.contains(local(at(0, 0, 0)))
+    wrap = Window.parse("sat-mon 10:00-11:00")
+    assert wrap.days == frozenset({5, 6, 0})
+
+
+@pytest.mark.parametrize("bad, why", [("25:00-08:00", "not a time of day"), ("10:00", "not a time window"),
+                                      ("mon-fry 10:00-11:00", "not a day"), ("10:00-10:00", "is empty"),
+                                      ("24:00-08:00", "cannot start"), ("a b 10:00-11:00", "not a time window")])
+def test_bad_windows(bad, why):
+    with pytest.raises(ValueError, match=why) as e:
+        Window.parse(bad, "--hours")
+    assert "--hours=" in str(e.value)
+
+
+def test_thresholds():
+    assert Threshold.parse("10%").exceeded(GpuReading(0, other_util_pct=10))
+    assert not Threshold.parse("10%").exceeded(GpuReading(0, other_util_pct=9.5))
+    mib = Threshold.parse("500MiB")
+    assert mib.mib == 500 and mib.exceeded(GpuReading(0, other_mb=600))
+    assert not mib.exceeded(GpuReading(0, other_util_pct=100, other_mb=10))
+    for bad in ("0%", "101%", "ten%", "500"):
+        with pytest.raises(ValueError, match="busy_threshold="):
+            Threshold.parse(bad)
+
+
+def test_what_is_shared():
+    gpus = [{"index": i, "name": "g", "memory_total_mb": 24000, "memory_free_mb": 20000} for i in range(3)]
+    assert [g["index"] for g in share_gpus(gpus, Policy(gpus=(0, 2)))] == [0, 2]
+    assert share_gpus(gpus, Policy(gpus=())) == []
+    assert share_gpus(gpus, Policy()) == gpus
+    with pytest.raises(ValueError, match="no GPU 5"):
+        share_gpus(gpus, Policy(gpus=(5,)))
+    capped = share_gpus(gpus, Policy(gpus=(1,), max_gpu_memory_mb=8000))
+    assert capped == [{"index": 1, "name": "g", "memory_total_mb": 8000, "memory_free_mb": 8000}]
+    assert cap_memory({"memory_total_mb": 24000, "memory_free_mb": 3000}, 8000)["memory_free_mb"] == 3000
+
+
+# ---------------------------------------------------------------- decisions ----------
+
+def test_pause_finish_now_and_for():
+    clock = Clock()
+    s = OwnerState(Policy(), clock=clock)
+    assert s.decide().open(None) and s.decide().worker is None
+    s.pause()
+    d = s.decide()
+    assert d.worker == {"state": "paused", "label": "paused: owner"}
+    assert not d.open(None) and not d.open(0) and not d.hand_back(None)   # running ones finish
+    s.pause(now=True, for_s=7200)
+    d = s.decide()
+    assert d.hand_back(None) and d.hand_back(1) and d.worker["until"] == clock.t + 7200
+    clock.t += 7199
+    assert not s.decide().open(None)
+    clock.t += 1
+    assert s.decide().open(None) and not s.paused                        # resumed by itself
+    s.pause()
+    assert s.resume() is True and s.resume() is False and s.decide().open(0)
+
+
+def test_hours_and_window_end():
+    clock = Clock(at(0, 21, 59))
+    policy = Policy(hours=(Window.parse("22:00-08:00"),), at_window_end="finish")
+    s = OwnerState(policy, clock=clock, localtime=local)
+    d = s.decide()
+    assert d.worker == {"state": "outside_hours", "label": "outside hours"} and not d.hand_back(None)
+    clock.t = at(0, 22, 0)
+    assert s.decide().open(None)
+    clock.t = at(1, 8, 0)
+    d = s.decide()
+    assert not d.open(None) and not d.hand_back(None)                    # finish
+    s.policy = Policy(hours=policy.hours, at_window_end="requeue")
+    assert s.decide().hand_back(None)                                    # requeue
+    s.pause()
+    assert s.decide().worker["state"] == "paused"                        # the pause names itself first
+
+
+def test_yield_gpu_grace_and_quiet_spell():
+    clock = Clock()
+    s = OwnerState(Policy(yield_gpu=True, yield_grace_s=10), clock=clock)
+    quiet = {0: GpuReading(0, other_util_pct=0), 1: GpuReading(1, other_util_pct=0)}
+    game = {0: GpuReading(0, other_util_pct=85), 1: GpuReading(1, other_util_pct=3)}
+    assert s.decide(quiet).open(0)
+    d = s.decide(game)
+    assert d.gpus == {0: {"state": "yielding", "label": "yielding: GPU busy"}}
+    assert not d.open(0) and d.open(1) and d.open(None) and not d.hand_back(0)
+    clock.t += 9.9
+    assert not s.decide(game).hand_back(0)
+    clock.t += 0.1
+    d = s.decide(game)
+    assert d.hand_back(0) and not d.hand_back(1) and not d.hand_back(None)
+    clock.t += 1
+    assert not s.decide(quiet).open(0)                                  # quiet, but not for long
+    clock.t += 9
+    assert not s.decide(quiet).open(0)
+    clock.t += 1
+    assert s.decide(quiet).open(0)                                      # 10 s of quiet: reopened
+    assert s.decide(game).gpus and not s.decide(game).hand_back(0)      # a new grace starts
+
+
+def test_yield_by_memory_threshold():
+    s = OwnerState(Policy(yield_gpu=True, busy_threshold=Threshold.parse("2GiB")), clock=Clock())
+    assert s.decide({0: GpuReading(0, other_util_pct=99, other_mb=100)}).open(0)
+    assert not s.decide({0: GpuReading(0, other_util_pct=0, other_mb=2048)}).open(0)
+
+
+def test_hot_and_power_with_hysteresis():
+    s = OwnerState(Policy(max_temp_c=80, max_power_w=250), clock=Clock())
+    def temp(c, w=100):
+        return s.decide({0: GpuReading(0, temp_c=c, power_w=w)})
+    assert temp(79).open(0)
+    d = temp(83)
+    assert d.gpus == {0: {"state": "hot", "label": "hot 83C"}} and not d.hand_back(0)
+    assert temp(78).gpus[0]["label"] == "hot 78C"                      # cooling, not cool enough
+    assert not temp(75.5).open(0)
+    assert temp(75).open(0)                                             # 5C below the limit
+    assert temp(79.9).open(0)                                           # no flapping below it
+    d = temp(60, 260)
+    assert d.gpus == {0: {"state": "power", "label": "power 260W"}}
+    assert not temp(60, 230).open(0) and temp(60, 224).open(0)         # 90% of 250 W
+
+
+def test_unknown_readings_change_nothing():
+    s = OwnerState(Policy(yield_gpu=True, max_temp_c=80), clock=Clock())
+    assert s.decide({0: GpuReading(0)}).open(0)
+    assert s.decide({}).open(0)
+
+
+# ---------------------------------------------------------------- availability -------
+
+def test_availability_checks_and_labels():
+    assert availability.check_owner(None) is None
+    assert availability.check_owner({"state": "paused", "label": "paused: owner", "until": 5}) == {
+        "state": "paused", "label": "paused: owner", "until": 5.0}
+    for bad in ({"state": "asleep", "label": "x"}, {"state": "paused", "label": ""}, "paused",
+                {"state": "paused", "label": "x", "extra": 1}, {"state": "paused", "label": "a\nb"}):
+        with pytest.raises(ValueError, match="owner"):
+            availability.check_owner(bad)
+    assert availability.check_gpu_states({"1": {"state": "hot", "label": "hot 83C"}}) == {
+        "1": {"state": "hot", "label": "hot 83C"}}
+    for bad in ({"x": {"state": "hot", "label": "h"}}, {"0": {"state": "paused", "label": "p"}}, []):
+        with pytest.raises(ValueError, match="gpu_states"):
+            availability.check_gpu_states(bad)
+    slots = [{"id": 0, "kind": "cuda", "gpu": 0}, {"id": 1, "kind": "cuda", "gpu": 1}, {"id": 2, "kind": "cpu"}]
+    w = {"gpus": [{"index": 0}, {"index": 1}], "gpu_states": {"1": {"state": "hot", "label": "hot 83C"}}}
+    assert availability.closed_slots(w, slots) == {1}
+    assert availability.labels(w) == ["cuda:1 hot 83C"]
+    assert availability.device_state(w, "cuda:1")["label"] == "hot 83C"
+    assert availability.device_state(w, "cpu") is None
+    w["owner"] = {"state": "paused", "label": "paused: owner"}
+    assert availability.closed_slots(w, slots) == {0, 1, 2}
+    assert availability.labels(w) == ["paused: owner", "cuda:1 hot 83C"]
+
+
+# ---------------------------------------------------------------- the coordinator ----
+
+@pytest.fixture
+def coord(tmp_path):
+    store = Store(tmp_path / "data")
+    yield Coordinator(store, clock=Clock())
+    store.close()
+
+
+def _lease(coord, wid, free=None):
+    return asyncio.run(coord.lease(wid, 1, 0, free))
+
+
+def test_hand_back_is_fenced_costs_no_attempt_and_marks_the_output(coord):
+    a = coord.register({"hostname": "lender"}, None, 1)
+    b = coord.register({"hostname": "other"}, None, 1)
+    coord.submit("aaaa01", "fn", "function", "f" * 64, {"timeout": None}, [b"x"], [1.0], False)
+    for n in range(1, MAX_ATTEMPTS + 3):                   # far more hand-backs than attempts
+        (g,) = _lease(coord, a.id)
+        assert g.attempt == n  # each run its own number; none of them counts as a loss
+        coord.post_output(g.task_id, g.lease_id, b"partial\n", b"")
+        coord.hand_back(g.task_id, g.lease_id, "paused: owner")
+        with pytest.raises(StaleLease):
+            coord.hand_back(g.task_id, g.lease_id, "again")
+        with pytest.raises(StaleLease):
+            coord.post_result(g.task_id, g.lease_id, "ok", None, b"late")
+    assert coord.jobs["aaaa01"].preempted == MAX_ATTEMPTS + 2
+    row = coord.store.task_rows("aaaa01")[0]
+    assert (row["state"], row["attempts"]) == ("pending", MAX_ATTEMPTS + 2)
+    (g,) = _lease(coord, b.id)
+    coord.post_result(g.task_id, g.lease_id, "ok", None, b"value")
+    rows = list(coord.store.results_after("aaaa01", -1, 10))
+    assert len(rows) == 1 and coord.store.task_rows("aaaa01")[0]["attempts"] == MAX_ATTEMPTS + 3
+    log = coord.output.task_log("aaaa01", g.task_id, "stderr").decode()
+    assert "[gpumesh: the output above is from attempt 1 on lender, preempted (paused: owner);" in log
+
+
+def test_closed_worker_gets_nothing_and_the_job_says_why(coord):
+    a = coord.register({"hostname": "lender", "slot_list": [{"id": 0, "kind": "cpu"}]}, None, 1)
+    coord.heartbeat(a.id, [], {"owner": {"state": "paused", "label": "paused: owner"}})
+    coord.submit("aaaa02", "fn", "function", "f" * 64, {"timeout": None}, [b"x"], [1.0], False)
+    assert _lease(coord, a.id) == [] and _lease(coord, a.id, [0]) == []
+    assert coord.waiting_reason("aaaa02") == (
+        "waiting: every worker that can run it is unavailable: lender [paused: owner]")
+    coord.heartbeat(a.id, [], {"owner": None})
+    assert coord.waiting_reason("aaaa02") is None
+    (g,) = _lease(coord, a.id, [0])
+    assert g.job_id == "aaaa02"
+
+
+def test_a_closed_gpu_leaves_the_others_open(coord):
+    gpus = [{"index": 0, "name": "NVIDIA RTX 4090", "memory_total_mb": 24000},
+            {"index": 1, "name": "NVIDIA RTX 4090", "memory_total_mb": 24000}]
+    slots = [{"id": 0, "kind": "cuda", "gpu": 0}, {"id": 1, "kind": "cuda", "gpu": 1}]
+    a = coord.register({"hostname": "box", "gpus": gpus, "slot_list": slots}, None, 2)
+    coord.heartbeat(a.id, [], {"gpu_states": {"0": {"state": "yielding", "label": "yielding: GPU busy"}}})
+    coord.submit("aaaa03", "fn", "function", "f" * 64, {"timeout": None, "require": {"gpu": "cuda"}},
+                 [b"x", b"y"], [1.0, 1.0], False)
+    got = asyncio.run(coord.lease(a.id, 2, 0, [0, 1]))
+    assert [g.slot for g in got] == [1]
+    assert coord.waiting_reason("aaaa03") is None          # GPU 1 can take it in turn
+
+
+# ---------------------------------------------------------------- config file --------
+
+def _write(path, text, mode=0o600):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    os.chmod(path, mode)
+    return path
+
+
+def test_config_file_and_flags_over_it(tmp_path):
+    path = _write(tmp_path / "worker.toml", 'gpus = "0,2"\ncpu_slots = 3\nmax_gpu_memory = "8GB"\n'
+                  'hours = ["mon-fri 19:00-23:30", "sat,sun 00:00-24:00"]\nat_window_end = "requeue"\n'
+                  'yield_gpu = true\nbusy_threshold = "500MiB"\nyield_grace = "1m"\nmax_temp = 80\n'
+                  'max_power = 250\n')
+    settings = owner_cli.load_worker_config(path)
+    policy, slots = owner_cli.build_policy({}, settings)
+    assert policy.gpus == (0, 2) and slots == 3 and policy.max_gpu_memory_mb == 7629
+    assert [w.text for w in policy.hours] == ["mon-fri 19:00-23:30", "sat,sun 00:00-24:00"]
+    assert policy.at_window_end == "requeue" and policy.yield_gpu and policy.busy_threshold.mib == 500
+    assert (policy.yield_grace_s, policy.max_temp_c, policy.max_power_w) == (60, 80, 250)
+    flags = {"gpus": "none", "cpu_slots": None, "hours": ("22:00-08:00",), "max_temp": "70",
+             "yield_gpu": None, "max_power": None}
+    policy, slots = owner_cli.build_policy(flags, settings)
+    assert policy.gpus == () and slots == 3 and [w.text for w in policy.hours] == ["22:00-08:00"]
+    assert policy.max_temp_c == 70 and policy.yield_gpu
+    assert owner_cli.build_policy({}, {}) == (Policy(), None)
+
+
+@pytest.mark.parametrize("text, named", [("max_temp = \"hot\"\n", "max_temp="), ("gpus = \"a,b\"\n", "gpus="),
+                                         ("hours = [\"9-5\"]\n", "hours="), ("cpu_slots = -1\n", "cpu_slots="),
+                                         ("yield_gpu = \"yes\"\n", "yield_gpu"), ("colour = 1\n", "'colour'"),
+                                         ("at_window_end = \"later\"\n", "at_window_end="),
+                                         ("max_gpu_memory = \"8G\"\n", "max_gpu_memory=")])
+def test_bad_config_values_name_the_setting(tmp_path, text, named):
+    path = _write(tmp_path / "worker.toml", text)
+    with pytest.raises(ValueError, match=named):
+        owner_cli.build_policy({}, owner_cli.load_worker_config(path))
+
+
+def test_config_file_others_can_write_is_refused(tmp_path):
+    path = _write(tmp_path / "worker.toml", "max_temp = 80\n", mode=0o666)
+    with pytest.raises(ValueError, match="writable by other users"):
+        owner_cli.load_worker_config(path)
+    path.write_text("max_temp = [\n")
+    os.chmod(path, 0o600)
+    with pytest.raises(ValueError, match="worker.toml"):
+        owner_cli.load_worker_config(path)
+    assert owner_cli.load_worker_config(tmp_path / "absent.toml") == {}
+
+
+def test_join_usage_errors_exit_2_naming_the_setting(tmp_path):
+    env = dict(os.environ, HOME=str(tmp_path), GPUMESH_TOKEN="t" * 32, GPUMESH_FAKE_GPUS="[]")
+    r = subprocess.run([sys.executable, "-m", "gpumesh", "join", "http://127.0.0.1:9", "--max-temp", "hot"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--max-temp='hot'" in r.stderr
+    _write(tmp_path / ".gpumesh" / "worker.toml", "busy_threshold = \"lots\"\n")
+    r = subprocess.run([sys.executable, "-m", "gpumesh", "join", "http://127.0.0.1:9"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "busy_threshold='lots'" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "gpumesh", "join", "http://127.0.0.1:9", "--gpus", "1",
+                        "--busy-threshold", "5%"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--gpus: this machine has no GPU 1 (it has none)" in r.stderr
+
+
+# ---------------------------------------------------------------- control channel ----
+
+NOBODY = 65534
+
+
+def _as_nobody(path) -> dict:
+    """Connect to ``path`` as another OS user (a forked child that drops to ``nobody``:
+    that user could not run this venv's interpreter) and ask for a pause."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(r)
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(5)
+            try:
+                s.connect(str(path))
+                s.sendall(b'{"op": "pause", "now": true}\n')
+                out = s.recv(4096).decode().strip() or '{"closed": true}'
+            except OSError as e:
+                out = json.dumps({"connect": type(e).__name__})
+            os.write(w, out.encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as fh:
+        out = fh.read()
+    os.waitpid(pid, 0)
+    return json.loads(out)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another OS user")
+def test_control_channel_refuses_another_os_user():
+    calls = []
+    base = tempfile.mkdtemp(prefix="gpumesh-control-")  # not under pytest's 0700 tree
+    os.chmod(base, 0o755)                                # only the channel's own dir guards it
+    d = Path(base) / "run"
+    server = control.ControlServer(lambda req: calls.append(req) or {"ok": True, "worker": "w1"}, d).start()
+    try:
+        assert oct(d.stat().st_mode & 0o777) == "0o700"
+        assert oct(server.path.stat().st_mode & 0o777) == "0o600"
+        assert control.send({"op": "status"}, d) == [{"ok": True, "worker": "w1"}]
+        # another user cannot even reach the socket ...
+        assert _as_nobody(server.path) == {"connect": "PermissionError"}
+        # ... and were the directory and socket opened by mistake, the peer check refuses it
+        os.chmod(d, 0o755)
+        os.chmod(server.path, 0o666)
+        answer = _as_nobody(server.path)
+        assert answer["ok"] is False and "refused" in answer["error"]
+        assert calls == [{"op": "status"}]                 # nothing reached the worker
+        # and the client will not use a directory others can open
+        with pytest.raises(control.ControlError, match="open to other users"):
+            control.send({"op": "status"}, d)
+    finally:
+        server.close()
+        shutil.rmtree(base, ignore_errors=True)
+    assert not server.path.exists()
+
+
+def test_control_channel_without_workers_and_stale_sockets(tmp_path):
+    d = tmp_path / "run"
+    with pytest.raises(control.NoWorkerRunning):
+        control.send({"op": "status"}, d)
+    d.mkdir(mode=0o700)
+    stale = d / "worker-999999.sock"                       # what a worker killed with -9 leaves
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(stale))
+    s.close()
+    with pytest.raises(control.NoWorkerRunning):
+        control.send({"op": "status"}, d)
+    assert not stale.exists() and not d.exists()           # the stale socket was removed
+    server = control.ControlServer(lambda req: {"ok": True, "worker": "w"}, d).start()
+    try:
+        assert control.send({"op": "status"}, d) == [{"ok": True, "worker": "w"}]
+    finally:
+        server.close()
+
+
+# ---------------------------------------------------------------- GPU readings -------
+
+def test_fake_gpu_hook_drives_the_readings_at_run_time(tmp_path, monkeypatch):
+    from gpumesh.worker import device
+    path = tmp_path / "gpus.json"
+    path.write_text(json.dumps([{"name": "A"}, {"name": "B", "other_util_pct": 40, "temperature_c": 70}]))
+    monkeypatch.setenv(device.FAKE_GPUS_ENV, f"@{path}")
+    mon = device.GpuMonitor([0, 1])
+    assert mon.readings() == {0: GpuReading(0), 1: GpuReading(1, other_util_pct=40.0, temp_c=70.0)}
+    path.write_text(json.dumps([{"name": "A", "other_memory_mb": 3000, "power_w": 310}, {"name": "B"}]))
+    assert mon.readings() == {0: GpuReading(0, other_mb=3000.0, power_w=310.0), 1: GpuReading(1)}
+    assert device.GpuMonitor([1]).readings() == {1: GpuReading(1)}
+    path.write_text("not json")
+    assert mon.readings() == {}
+
+
+def test_nvml_readings_leave_out_gpumesh_processes(monkeypatch):
+    from types import SimpleNamespace as NS
+
+    from gpumesh.worker import device
+    monkeypatch.delenv(device.FAKE_GPUS_ENV, raising=False)
+    seen = []
+
+    def samples(since):
+        seen.append(since)
+        if since >= 30:
+            raise type("NVMLError_NotFound", (Exception,), {})()   # nothing new since
+        return [NS(pid=100, smUtil=70, timeStamp=10), NS(pid=100, smUtil=50, timeStamp=20),
+                NS(pid=300, smUtil=30, timeStamp=30), NS(pid=200, smUtil=99, timeStamp=25)]
+
+    procs = {"compute": [NS(pid=100, usedGpuMemory=2 * 2**30), NS(pid=200, usedGpuMemory=6 * 2**30)],
+             "graphics": [NS(pid=300, usedGpuMemory=2**30)]}
+    fake = NS(nvmlInit=lambda: None, nvmlShutdown=lambda: None, NVML_TEMPERATURE_GPU=0,
+              nvmlDeviceGetHandleByIndex=lambda i: i,
+              nvmlDeviceGetComputeRunningProcesses=lambda h: procs["compute"],
+              nvmlDeviceGetGraphicsRunningProcesses=lambda h: procs["graphics"],
+              nvmlDeviceGetProcessUtilization=lambda h, since: samples(since),
+              nvmlDeviceGetTemperature=lambda h, sensor: 71,
+              nvmlDeviceGetPowerUsage=lambda h: 215_500)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    mon = device.GpuMonitor([0])
+    got = mon.readings(lambda pid: pid == 200)              # 200 is one of our tasks
+    # newest sample per process (100: 50%, not 70%), ours (200) left out
+    assert got == {0: GpuReading(0, other_util_pct=80.0, other_mb=3072.0, temp_c=71.0, power_w=215.5)}
+    assert mon.readings(lambda pid: pid == 200)[0].other_util_pct == 0.0   # no samples since
+    assert seen == [0, 30]
+
+
+def test_descends_from():
+    from gpumesh.worker.device import descends_from
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert descends_from(child.pid, os.getpid()) and descends_from(os.getpid(), os.getpid())
+        assert not descends_from(os.getpid(), child.pid) and not descends_from(1, os.getpid())
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_every_capable_gpu_closed_says_why(coord):
+    gpus = [{"index": 0, "name": "NVIDIA RTX 4090", "memory_total_mb": 24000},
+            {"index": 1, "name": "NVIDIA RTX 4090", "memory_total_mb": 24000}]
+    slots = [{"id": 0, "kind": "cuda", "gpu": 0}, {"id": 1, "kind": "cuda", "gpu": 1}, {"id": 2, "kind": "cpu"}]
+    a = coord.register({"hostname": "box", "gpus": gpus, "slot_list": slots}, None, 3)
+    coord.heartbeat(a.id, [], {"gpu_states": {"0": {"state": "yielding", "label": "yielding: GPU busy"},
+                                              "1": {"state": "hot", "label": "hot 83C"}}})
+    coord.submit("aaaa04", "fn", "function", "f" * 64, {"timeout": None, "require": {"gpu": "cuda"}},
+                 [b"x"], [1.0], False)
+    assert asyncio.run(coord.lease(a.id, 3, 0, [0, 1, 2])) == []      # the CPU slot cannot run it
+    assert coord.waiting_reason("aaaa04") == ("waiting: every worker that can run it is unavailable: "
+                                              "box [cuda:0 yielding: GPU busy, cuda:1 hot 83C]")
+    coord.heartbeat(a.id, [], {"gpu_states": {"0": {"state": "yielding", "label": "yielding: GPU busy"}}})
+    (g,) = asyncio.run(coord.lease(a.id, 3, 0, [0, 1, 2]))              # GPU 1 cooled down
+    assert g.slot == 1
+
+
+def test_agent_control_requests(tmp_path):
+    from gpumesh.worker.agent import WorkerAgent
+    events = []
+    agent = WorkerAgent("http://127.0.0.1:9", "t" * 32, slots=2, info={"gpus": [], "hostname": "h"},
+                        bench=False, cache_dir=tmp_path / "cache", worker_id="abcdef123456",
+                        on_event=lambda kind, text: events.append(text))
+    try:
+        for bad, why in (({"op": "pause", "now": "yes"}, "'now'"), ({"op": "pause", "for_s": -1}, "'for_s'"),
+                         ({"op": "pause", "for_s": True}, "'for_s'"), ({"op": "explode"}, "unknown op"),
+                         ({"op": "pause", "worker": 5}, "'worker'")):
+            with pytest.raises(ValueError, match=why):
+                agent.control(bad)
+        assert agent._slot_open(0) and agent._slot_open(1)
+        assert agent.control({"op": "status", "worker": "ffff"}) == {"ok": True, "skipped": True,
+                                                                     "worker": "abcdef123456"}
+        got = agent.control({"op": "pause", "worker": "abcd", "for_s": 60})  # a prefix names it
+        assert (got["ok"], got["worker"], got["state"], got["running"]) == (True, "abcdef123456", "paused: owner", 0)
+        assert not agent._slot_open(0) and not agent._slot_open(1)
+        assert agent._owner_report()["owner"]["state"] == "paused"
+        assert events[-1].startswith("paused by the owner until ") and events[-1].endswith(
+            ": no new tasks; running ones finish")
+        assert agent.control({"op": "resume"})["state"] == "open"
+        assert agent._slot_open(0) and events[-1] == "taking tasks again"
+        assert agent._owner_report() == {"owner": None, "gpu_states": {}}
+    finally:
+        agent.executor.close()
+
+
+def test_control_server_answers_bad_requests(tmp_path):
+    def handler(req):
+        raise ValueError("'now' must be true or false")
+    server = control.ControlServer(handler, tmp_path / "run").start()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(str(server.path))
+            s.sendall(b"[1, 2\n")
+            assert json.loads(s.recv(4096))["error"].startswith("bad request:")
+        assert control.send({"op": "pause", "now": "x"}, tmp_path / "run") == [
+            {"ok": False, "error": "'now' must be true or false"}]
+    finally:
+        server.close()
