@@ -10,7 +10,7 @@ workers, task processes, caller) loses what CPython on Windows does not have:
 * ``signal``: SIGKILL, SIGSTOP, SIGCONT, SIGALRM, SIGCHLD, SIGHUP, SIGQUIT, SIGUSR1/2,
   alarm, setitimer, getitimer, siginterrupt, pause;
 * ``fcntl``, ``resource``, ``pwd``, ``grp``, ``termios`` (and ``uvloop``, which has no
-  Windows build) cannot be imported.
+  Windows build) cannot be imported; ``msvcrt.locking`` exists (over flock).
 
 The standard library's asyncio event loop keeps the full ``signal`` module, and psutil is imported first,
 with its Linux backend whole (on Windows both use other backends that need none of it). And, as on Windows, ``os.kill(pid, SIGTERM)`` and ``Popen.kill()`` end a process outright
@@ -95,6 +95,28 @@ socket.socketpair = _socketpair
 
 #: POSIX-only modules, and uvloop (not built for Windows; uvicorn[standard] skips it there).
 _MISSING = {"fcntl", "resource", "pwd", "grp", "termios", "uvloop"}
+
+import fcntl as _fcntl  # noqa: E402 - kept privately, for the msvcrt stand-in below
+
+#: Windows' msvcrt.locking, which gpumesh.oslock uses there: a stand-in over flock (a lock
+#: held by the open file, dropped when it closes or the process ends, as on Windows).
+msvcrt = types.ModuleType("msvcrt")
+msvcrt.LK_UNLCK, msvcrt.LK_LOCK, msvcrt.LK_NBLCK, msvcrt.LK_RLCK, msvcrt.LK_NBRLCK = 0, 1, 2, 3, 4
+
+
+def _locking(fd, mode, nbytes):
+    if mode == msvcrt.LK_UNLCK:
+        _fcntl.flock(fd, _fcntl.LOCK_UN)
+        return
+    flags = _fcntl.LOCK_EX | (_fcntl.LOCK_NB if mode in (msvcrt.LK_NBLCK, msvcrt.LK_NBRLCK) else 0)
+    try:
+        _fcntl.flock(fd, flags)
+    except BlockingIOError:
+        raise PermissionError(13, "Permission denied") from None  # what msvcrt raises
+
+
+msvcrt.locking = _locking
+sys.modules["msvcrt"] = msvcrt
 
 
 class _NotOnWindows:
