@@ -5,6 +5,7 @@ Each test drives a real SpawnExecutor: real interpreters, real sockets on 127.0.
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 import sys
 import threading
@@ -312,3 +313,28 @@ def test_task_processes_end_when_the_agent_is_killed(tmp_path):
         os.kill(agent.pid, signal.SIGKILL)
         agent.wait()
     assert all(_wait_gone(p) for p in tree)
+
+
+def test_a_task_cancelled_before_its_process_connected_ends_at_once(ex, tmp_path):
+    """A cancel that kills a process still starting must not leave the slot waiting for a
+    connection that never comes."""
+    h, path = _blob(tmp_path, _pid)
+    body = b"".join(bytes(c) for c in wire.dumps(((), {})).chunks)
+    got = {}
+    real = ex._spawn
+
+    def slow_spawn(fn_hash=None):  # every process is stopped before it can connect
+        child = real(fn_hash)
+        os.kill(child.pid, signal.SIGSTOP)
+        return child
+    ex._spawn = slow_spawn
+    t = threading.Thread(target=lambda: got.update(out=ex.run("t-early", h, path, body, 60)))
+    t.start()
+    deadline = time.monotonic() + 10
+    while "t-early" not in ex.running() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    assert ex.cancel("t-early")
+    t.join(30)
+    assert not t.is_alive() and time.monotonic() - t0 < 20
+    assert got["out"].error["kind"] == "cancelled"

@@ -270,7 +270,7 @@ class SpawnExecutor(Executor):
         result_name = None
         args_path = None
         try:
-            if not child.connected.wait(CONNECT_TIMEOUT_S) or child.sock is None:
+            if not self._connected(child, pending):
                 return self._lost(child, pending, "the task process did not start")
             if not child.ready:
                 outcome = self._await_ready(child, fn_hash, blob_path, pending)
@@ -317,6 +317,16 @@ class SpawnExecutor(Executor):
                         self._jobs[key] = child
             if not keep or not child.alive() or pending.killed_for or self._closed:
                 child.close()  # and whatever the task left running
+
+    @staticmethod
+    def _connected(child: _Child, pending: _Pending) -> bool:
+        """Wait for a new process to connect back; False once it died, was killed (a
+        cancel before it started) or took CONNECT_TIMEOUT_S."""
+        deadline = time.monotonic() + CONNECT_TIMEOUT_S
+        while not child.connected.wait(0.05):
+            if pending.killed_for or not child.alive() or time.monotonic() > deadline:
+                return False
+        return child.sock is not None
 
     def _await_ready(self, child: _Child, fn_hash: str, blob_path: str,
                      pending: _Pending) -> Outcome | None:
