@@ -39,10 +39,12 @@ def no_lan_discovery():
 def no_worker_directories_left():
     """Workers the suite kills (-9) cannot remove their temporary directories; a worker
     that starts later removes them, and so does the end of the session (never those of
-    workers still alive: see gpumesh.worker.tempdirs)."""
+    workers still alive: see gpumesh.worker.tempdirs); the same for the control sockets
+    they leave in the temp dir (gpumesh.worker.control.sweep_stale)."""
     yield
-    from gpumesh.worker import tempdirs
+    from gpumesh.worker import control, tempdirs
     tempdirs.sweep()
+    control.sweep_stale()
 
 
 def free_port() -> int:

@@ -76,16 +76,18 @@ def resolve(url: str | None = None, token: str | None = None,
             fingerprint: str | None = None) -> Endpoint:
     """Fill in whatever was not given from the environment, then the saved config.
 
-    Falls back to ``http://127.0.0.1:8000`` when nothing names a coordinator.
+    Falls back to ``http://127.0.0.1:8000`` when nothing names a coordinator. An empty
+    ``GPUMESH_URL`` or ``GPUMESH_TOKEN`` counts as unset (``export GPUMESH_TOKEN=`` in a
+    shell profile must not hide the saved token).
     """
     saved: dict | None = None
     if url is None:
-        url = os.environ.get("GPUMESH_URL")
+        url = os.environ.get("GPUMESH_URL") or None
     if url is None:
         saved = load_saved()
         url = saved.get("url")
     if token is None:
-        token = os.environ.get("GPUMESH_TOKEN")
+        token = os.environ.get("GPUMESH_TOKEN") or None
     if token is None:
         if saved is None:
             saved = load_saved()

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json as _json
+import re
 import socket
 import ssl
 from collections.abc import Iterable, Iterator
@@ -340,8 +341,10 @@ def check(resp: Response, url: str) -> None:
     try:
         body = resp.json()
         code, message = body.get("error", ""), body.get("message", resp.text)
-    except ValueError:
-        code, message = "", resp.text[:500]
+    except ValueError:  # not our API's JSON: a proxy's or another server's page, in one line
+        words = " ".join(re.sub(r"<[^>]*>", " ", resp.text[:2000]).split())[:200]
+        code, message = "", (f"the server at {url} answered with a page that is not gpumesh's"
+                             f" ({words or 'empty'}): check the URL, path prefix included")
     if resp.status_code == 401 or (resp.status_code == 403 and code in ("", "forbidden")):
         raise AuthError(f"the coordinator at {url} refused the token ({resp.status_code}: {message}); "
                         "check --token / $GPUMESH_TOKEN")

@@ -462,3 +462,34 @@ def test_a_reader_that_leaves_early_is_not_an_error(cli_env, shared_mesh):
     _, err = p.communicate(timeout=60)
     assert p.returncode == 0, err
     assert b"error" not in err and b"Traceback" not in err, err
+
+
+def test_join_a_url_that_is_not_a_coordinator_says_so_in_one_line(cli_env):
+    # e.g. a proxy's URL without its path prefix: nginx answers an HTML 404 page
+    import http.server
+    import threading
+
+    class NotGpumesh(http.server.BaseHTTPRequestHandler):
+        def _page(self):
+            body = b"<html>\n<head><title>404 Not Found</title></head>\n<body>\n" \
+                   b"<center><h1>404 Not Found</h1></center>\n<hr><center>nginx/1.22.1</center>\n</body>\n</html>\n"
+            self.send_response(404)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        do_GET = do_POST = _page
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotGpumesh)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    try:
+        r = run_cli(["join", url, "--token=some-token-0123456789"], cli_env, timeout=30)
+    finally:
+        server.shutdown()
+        server.server_close()
+    line = assert_one_line_error(r, "HTTP 404", "nginx/1.22.1", "path prefix")
+    assert "<" not in line

@@ -12,6 +12,7 @@ on other networks; the coordinator only ever sees the proxy's 127.0.0.1.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import cloudpickle
@@ -156,3 +157,28 @@ def test_refused_tokens_through_the_proxy_lock_out_that_client_only(fronted):
     # another client behind the same proxy, and the worker, are still served
     assert through(proxy, "127.0.0.4", mesh.token).status_code == 200
     assert wait_for(lambda: mesh.alive() == 1, 5, "the worker to stay alive")
+
+
+def test_the_dashboard_signs_in_and_out_through_the_prefix(fronted):
+    # the page, its script and its API calls all live under /gpumesh/ui, and so must its
+    # session cookie and the same-origin check of a state change (here: sign out)
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    from .test_dashboard_browser import ARGS, CHROMIUM
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("needs Debian's chromium")
+    mesh, proxy, url = fronted
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(f"{url}ui/")  # the trailing slash lands on the page too
+            page.wait_for_selector("#signin:not([hidden])", timeout=15_000)
+            page.fill("#token", mesh.token)
+            page.click("#signin-btn")
+            wait_for(lambda: page.locator("tr.worker").count() == 1, 15, "the worker listed")
+            assert [c["path"] for c in page.context.cookies()] == ["/gpumesh/ui"]
+            page.click("#signout")
+            page.wait_for_selector("#signin:not([hidden])", timeout=15_000)
+            wait_for(lambda: page.context.cookies() == [], 10, "the session cookie cleared")
+        finally:
+            browser.close()

@@ -314,7 +314,7 @@ def test_jobs_has_a_header_and_says_1_task(mesh2):
     assert one.map([1, 2]) == [1, 2]
     r = invoke(mesh2, "jobs")
     lines = r.output.splitlines()
-    assert lines[0].split() == ["JOB", "CREATED", "STATE", "TASKS", "COUNTS", "NAME"]
+    assert lines[0].split() == ["JOB", "CREATED", "STATE", "TASKS", "COUNTS", "OWNER", "NAME"]
     assert "  1 task  " in lines[2] and "1 tasks" not in r.output
     assert "  2 tasks  " in lines[1]
     assert lines[0].index("TASKS") == lines[1].index("2 tasks") == lines[2].index("1 task")

@@ -41,6 +41,13 @@ def test_resolve_saved_file(clean_env):
     assert ep.token == "saved-tok"
 
 
+def test_resolve_empty_env_counts_as_unset(clean_env, monkeypatch):
+    write_cfg(clean_env, url="http://10.0.0.5:9000", token="saved-tok")
+    monkeypatch.setenv("GPUMESH_URL", "")
+    monkeypatch.setenv("GPUMESH_TOKEN", "")
+    assert config.resolve() == config.Endpoint("http://10.0.0.5:9000", "saved-tok")
+
+
 def test_resolve_env_beats_saved(clean_env, monkeypatch):
     write_cfg(clean_env, url="http://10.0.0.5:9000", token="saved-tok")
     monkeypatch.setenv("GPUMESH_URL", "http://env-host:1234")

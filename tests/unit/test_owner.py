@@ -549,3 +549,24 @@ def test_control_server_answers_bad_requests(tmp_path):
             {"ok": False, "error": "'now' must be true or false"}]
     finally:
         server.close()
+
+
+def test_stale_fallback_control_dirs_are_swept_but_a_live_workers_stays(tmp_path):
+    import subprocess
+    from gpumesh.worker import control
+    uid = os.getuid()
+    dead = subprocess.Popen(["true"])
+    dead.wait()                                             # a pid that no longer exists
+    gone = tmp_path / f"gpumesh-{uid}-aaaaaaaaaaaa"
+    live = tmp_path / f"gpumesh-{uid}-bbbbbbbbbbbb"
+    other = tmp_path / f"gpumesh-{uid}-cccccccccccc"
+    for d in (gone, live, other):
+        d.mkdir(mode=0o700)
+    (gone / f"worker-{dead.pid}.sock").touch()
+    (live / f"worker-{os.getpid()}.sock").touch()           # this process: alive
+    (other / f"worker-{dead.pid}.sock").touch()
+    (other / "notes.txt").write_text("not ours to remove")
+    assert control.sweep_stale(tmp_path) == [gone]
+    assert not gone.exists()
+    assert (live / f"worker-{os.getpid()}.sock").exists()
+    assert sorted(p.name for p in other.iterdir()) == ["notes.txt"]

@@ -36,10 +36,10 @@ def main(verbose: int, log_json: bool, no_color: bool) -> None:
 
 
 def _register() -> None:
-    from . import doctor, jobs, join, owner, pool, radar, serve, setup, submit
+    from . import doctor, jobs, join, owner, pool, radar, serve, setup, submit, tokens
     for command in (serve.serve, join.join, pool.workers, pool.devices, submit.submit, jobs.jobs,
                     jobs.status, jobs.cancel, submit.retry, jobs.logs, doctor.doctor, radar.radar,
-                    setup.setup, owner.pause, owner.resume):
+                    setup.setup, owner.pause, owner.resume, tokens.token):
         main.add_command(command)
 
 

@@ -32,9 +32,9 @@ def jobs(url, token, limit, as_json):
         click.echo("no jobs yet")
         return
     rows = [(j["id"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j["created"])),
-             j["state"], plural(j["n_tasks"], "task"), counts_line(j["counts"]), j["name"])
+             j["state"], plural(j["n_tasks"], "task"), counts_line(j["counts"]), j.get("owner") or "-", j["name"])
             for j in found]
-    header = ("JOB", "CREATED", "STATE", "TASKS", "COUNTS", "NAME")
+    header = ("JOB", "CREATED", "STATE", "TASKS", "COUNTS", "OWNER", "NAME")
     widths = [max(len(r[k]) for r in [header, *rows]) for k in range(len(header) - 1)]
     for r in [header, *rows]:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
@@ -59,10 +59,13 @@ def status(job_id, url, token, as_json):
         click.echo(json.dumps(jsonable(view), indent=2, ensure_ascii=False))
     else:
         click.echo(f"Job: {view['name']} ({view['id']})")
+        click.echo(f"  Owner: {view.get('owner', '-')}")
         click.echo(f"  Status: {view['state']}")
         click.echo(f"  Counts: {counts_line(view['counts'])}")
         if view.get("released"):
             click.echo("  Results: released (collected by the caller, or let go)")
+        elif view.get("results_hidden"):
+            click.echo(f"  Results: {view.get('owner')}'s (only they or an admin may read them)")
         if view.get("waiting"):  # every worker that could run it is closed by its owner
             click.echo(f"  Waiting: {view['waiting'].removeprefix('waiting: ')}")
         if view.get("preempted"):

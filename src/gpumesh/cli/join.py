@@ -8,7 +8,7 @@ import signal
 import click
 
 from .. import config
-from ..errors import AuthError, VersionMismatch
+from ..errors import AuthError, RequestRejected, VersionMismatch
 from .common import fail
 from .owner import owner_options
 from .secrecy import hide
@@ -160,7 +160,7 @@ def join(url, token, slots, fingerprint, runtime, allow_installs, **owner_flags)
         # join reads $GPUMESH_WORKER_TOKEN before $GPUMESH_TOKEN: say which one to check.
         fail(str(e).replace("check --token / $GPUMESH_TOKEN",
                             "check --token / $GPUMESH_WORKER_TOKEN / $GPUMESH_TOKEN"))
-    except VersionMismatch as e:
+    except (VersionMismatch, RequestRejected) as e:
         fail(str(e))
     except KeyboardInterrupt:
         click.echo("[worker] stopped")

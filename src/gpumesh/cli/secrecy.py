@@ -25,7 +25,7 @@ import os
 import sys
 
 #: Environment variables holding credentials (removed after reading).
-SECRET_VARS = ("GPUMESH_TOKEN", "GPUMESH_WORKER_TOKEN")
+SECRET_VARS = ("GPUMESH_TOKEN", "GPUMESH_WORKER_TOKEN", "GPUMESH_METRICS_TOKEN")
 #: Largest argument area looked at (bytes); Linux's ARG_MAX is 2 MiB, macOS's 1 MiB.
 MAX_REGION_BYTES = 16 * 2**20
 #: Padding allowed between two strings of the macOS argument area (alignment).

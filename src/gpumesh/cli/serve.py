@@ -147,6 +147,9 @@ class _MeshLogFormat(logging.Formatter):
               help="The PEM private key for --tls-cert [default: none].")
 @click.option("--safe-mode", is_flag=True,
               help="Refuse function (pickle) jobs; accept script jobs only [default: off].")
+@click.option("--metrics-token", default=None, metavar="TOKEN",
+              help="A token that may read GET /metrics and nothing else, for a Prometheus "
+                   "scraper [default: $GPUMESH_METRICS_TOKEN, else none: the API tokens].")
 @click.option("--no-advertise", is_flag=True,
               help="Do not announce this coordinator on the LAN (mDNS, seen by `gpumesh radar`) "
                    "[default: announced when bound to a non-loopback address, unless "
@@ -162,7 +165,7 @@ class _MeshLogFormat(logging.Formatter):
                    "turns the loopback lockout exemption off [default: $GPUMESH_TRUSTED_PROXIES "
                    "(comma-separated), else none: clients are judged by socket address].")
 def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls, tls_cert, tls_key,
-          safe_mode, no_advertise, tailscale, public, trusted_proxy):
+          safe_mode, no_advertise, tailscale, public, trusted_proxy, metrics_token):
     """Run a coordinator: the job store and HTTP API of the mesh."""
     from ..coordinator.server import BindError, Server, bind
     from . import reach
@@ -170,7 +173,8 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
     host = host or os.environ.get("GPUMESH_HOST") or "127.0.0.1"
     token = token or os.environ.get("GPUMESH_TOKEN")
     worker_token = worker_token or os.environ.get("GPUMESH_WORKER_TOKEN") or None
-    hide(token, worker_token)  # out of ps and /proc/PID/environ from here on
+    metrics_token = metrics_token or os.environ.get("GPUMESH_METRICS_TOKEN") or None
+    hide(token, worker_token, metrics_token)  # out of ps and /proc/PID/environ from here on
     generated = token is None
     if generated:
         token = config.generate_token()
@@ -180,6 +184,10 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
         check_token(worker_token, "worker token")
         if worker_token == token:
             fail("the worker token must differ from the main token")
+    if metrics_token is not None:
+        check_token(metrics_token, "metrics token")
+        if metrics_token in (token, worker_token):
+            fail("the metrics token must differ from the main and worker tokens")
     if (tls_cert is None) != (tls_key is None):
         fail("--tls-cert and --tls-key go together")
     if public and (tls or tls_cert is not None):
@@ -246,7 +254,7 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
     try:
         server = Server(sock, data_dir, token, worker_token=worker_token, safe_mode=safe_mode,
                         tls_cert=tls_cert, tls_key=tls_key, trusted_proxies=trusted,
-                        fronted=tailscale or public)
+                        fronted=tailscale or public, metrics_token=metrics_token)
     except Exception as e:  # noqa: BLE001 - e.g. a corrupt or locked database
         fail(f"cannot open the job store in {data_dir}: {e}")
     for line in banner(host, port, token, show_token=generated, fingerprint=fingerprint,

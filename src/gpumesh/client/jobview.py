@@ -46,6 +46,9 @@ def job_status(mesh, job_id: str) -> dict:
     try:
         found = _read_results(mesh, job_id)
     except RequestRejected as e:
+        if e.status == 403:  # someone else's job: its states, not its results
+            view["results_hidden"] = True
+            return view
         if e.status != 410:
             raise
         view["released"] = True  # released between the two requests

@@ -204,6 +204,26 @@ class GPUMesh:
         Raises RequestRejected (404 unknown job, 410 arguments already released)."""
         return self.http.request("POST", job_path(job_id, "retry"), timeout=10).json()["retried"]
 
+    # ------------------------------------------------------------------ people -----
+    def add_token(self, name: str, role: str = "submit", max_running: int | None = None) -> dict:
+        """Give the person ``name`` their own token (admin only). ``role``: ``admin``,
+        ``submit``, ``view`` or ``worker``; ``max_running``: their cap on running tasks.
+        Returns ``{"name", "role", "max_running", "created", "token"}``; the token is
+        shown this once (the coordinator keeps only its SHA-256). Raises RequestRejected
+        (400 bad name/role, 403 not an admin, 409 name taken)."""
+        body = {"name": name, "role": role, "max_running": max_running}
+        return self.http.request("POST", "/v1/tokens", json=body, timeout=10).json()
+
+    def tokens(self) -> list[dict]:
+        """The people's tokens (admin only): ``[{"name", "role", "max_running", "created"}]``."""
+        return self.http.request("GET", "/v1/tokens", timeout=10).json()
+
+    def revoke_token(self, name: str) -> None:
+        """Revoke ``name``'s token at once (admin only). Raises RequestRejected (404) for
+        an unknown name."""
+        from urllib.parse import quote
+        self.http.request("DELETE", f"/v1/tokens/{quote(name, safe='')}", timeout=10)
+
     def submit(self, name: str | None = None, script=None, payloads=(), *,
                timeout: float | None = None) -> str:
         """Submit a script job: ``python script`` runs once per payload on the mesh, the

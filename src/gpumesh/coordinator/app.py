@@ -32,6 +32,13 @@ request never changes state. The API is described in :mod:`.openapi`. Payload bo
     POST   /v1/jobs/{id}/release               the caller holds every result
     POST   /v1/jobs/release                    the same for several jobs {"jobs": [...]}
     POST   /v1/jobs/{id}/cancel                cancel what has not finished
+    GET    /v1/tokens                          the people's tokens (admin; never a token)
+    POST   /v1/tokens                          add one {name, role, max_running} (admin)
+    DELETE /v1/tokens/{name}                   revoke it at once (admin)
+
+Who may call what is :mod:`.people`'s: each route names the roles it admits, and the
+job routes that read results or output, cancel, retry or release admit only the job's
+owner (or an admin).
 """
 
 from __future__ import annotations
@@ -61,7 +68,8 @@ from ..limits import (HANDOFF_TTL_S, INLINE_BLOB_BYTES, LONG_POLL_MAX_S, OUTPUT_
 from ..limits import (MAX_HEARTBEAT_TASKS, MAX_JSON_BODY_BYTES, MAX_META_JSON_BYTES,
                       MAX_STRING_CHARS)
 from ..errors import WireError
-from .auth import ROLE_MAIN, Authenticator, AuthRefused
+from . import people
+from .auth import Authenticator, AuthRefused
 from .core import (Coordinator, NoWorkers, StaleLease, UnknownJob, UnknownWorker)
 from .core import JobReleased
 from .core import Unsatisfiable
@@ -136,6 +144,28 @@ def _check_meta(v: Any, name: str) -> None:
                                             "(non-finite number or invalid text)") from None
     if size > MAX_META_JSON_BYTES:
         raise HTTPError(400, "bad_request", f"field {name!r} is over {MAX_META_JSON_BYTES // 1024} KiB")
+
+
+#: What a heartbeat's ``gpu_telemetry`` may hold per GPU, with the accepted range.
+_TELEMETRY = {"utilization_pct": (0.0, 100.0), "temperature_c": (-50.0, 200.0)}
+
+
+def _check_telemetry(value: Any) -> dict[str, dict[str, float]]:
+    """``{"<gpu index>": {"utilization_pct"?, "temperature_c"?}}``; ``ValueError`` otherwise."""
+    if not isinstance(value, dict) or len(value) > 256:
+        raise ValueError("field 'gpu_telemetry' must be an object of at most 256 GPUs")
+    out = {}
+    for k, d in value.items():
+        if not (isinstance(k, str) and k.isdigit() and len(k) <= 4) or not isinstance(d, dict) \
+                or set(d) - set(_TELEMETRY):
+            raise ValueError("field 'gpu_telemetry' maps a GPU index to "
+                             "{utilization_pct, temperature_c}")
+        for name, v in d.items():
+            lo, hi = _TELEMETRY[name]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+                raise ValueError(f"gpu_telemetry.{k}.{name} must be a number from {lo:g} to {hi:g}")
+        out[k] = {n: float(v) for n, v in d.items()}
+    return out
 
 
 def _id(value: str, what: str) -> str:
@@ -534,34 +564,53 @@ def frames_response(meta: dict, parts: list[Part], on_sent=None) -> Response:
 # ---------------------------------------------------------------- the app ----------
 def create_app(coord: Coordinator, token: str, *, worker_token: str | None = None,
                safe_mode: bool = False, loopback_bound: bool = False,
-               authenticator: Authenticator | None = None) -> Starlette:
+               authenticator: Authenticator | None = None,
+               metrics_token: str | None = None) -> Starlette:
     """Build the ASGI app around ``coord``.
 
     ``token``: the main bearer token (everything allowed); ``worker_token``: an optional
     token that may only act as a worker. ``safe_mode``: refuse function (pickle) jobs.
     ``loopback_bound``: the server listens on loopback only (see :mod:`.auth` for what
-    that exempts). Only salted hashes of the tokens are kept.
+    that exempts). ``metrics_token``: a token that may read ``GET /metrics`` only (see
+    :mod:`.metrics`). Only hashes of the tokens are kept.
     """
     auth = authenticator or Authenticator(token, worker_token, loopback_bound=loopback_bound)
     del token, worker_token
 
+    def caps_changed(reg: people.People) -> None:
+        coord.max_running.clear()
+        coord.max_running.update(reg.caps())
+        coord._wake_idle()  # a raised cap may let a waiting person start now
+    if auth.people is None:
+        auth.people = people.People(coord.store, on_change=caps_changed)
+    caps_changed(auth.people)
+    registry = auth.people
+
     def route(path: str, methods: list[str], auth_required: bool = True, worker: bool = False,
-              action: str = ""):
-        """Register ``fn`` at ``path``. ``worker``: the worker token may call it too;
-        ``action`` names what the worker token may not do, for its 403. Routes that need
+              action: str = "", roles: frozenset[str] | None = None):
+        """Register ``fn`` at ``path``. ``roles``: who may call it (:mod:`.people`);
+        default: callers who may submit, or with ``worker`` the worker token (and admins).
+        ``action`` names what a refused role may not do, for its 403. Routes that need
         no token answer every gpumesh version (a caller learns ours from health, and the
         wheel is how another version gets this one); the others refuse other versions."""
+        allowed = roles or (people.WORKER if worker else people.SUBMIT)
+
         def deco(fn):
             async def endpoint(request: Request) -> Response:
                 try:
                     if auth_required:
                         _check_version(request, worker)
                         client = request.client.host if request.client else None
-                        role = await auth.role(client, request.headers)
-                        if role != ROLE_MAIN and not worker:
+                        who = await auth.identity(client, request.headers)
+                        if who.role not in allowed:
+                            if who.role == people.ROLE_WORKER:
+                                raise HTTPError(403, "forbidden",
+                                                f"the worker token cannot {action or 'do this'}; "
+                                                "this needs the main token")
                             raise HTTPError(403, "forbidden",
-                                            f"the worker token cannot {action or 'do this'}; "
-                                            "this needs the main token")
+                                            f"{who.name}'s token ({who.role}) cannot "
+                                            f"{action or 'do this'}")
+                        request.scope["gpumesh.who"] = who
                     return await fn(request)
                 except AuthRefused as e:
                     headers = {"retry-after": str(int(e.retry_after) + 1)} if e.retry_after else None
@@ -584,6 +633,25 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         return deco
 
     routes: list[Route] = []
+
+    def who_of(request: Request) -> people.Identity:
+        return request.scope.get("gpumesh.who", people.MAIN)
+
+    def owned(request: Request, jid: str, action: str) -> None:
+        """Refuse (403 ``not_yours``) unless the caller may ``action`` job ``jid``;
+        404 for an unknown job."""
+        who = who_of(request)
+        job = coord.jobs.get(jid)
+        if job is not None:
+            owner = job.owner
+        else:
+            found = coord.store.job_owners([jid])
+            if jid not in found:
+                raise UnknownJob(jid)
+            owner = found[jid]
+        if not who.may_touch(owner):
+            raise HTTPError(403, "not_yours", f"job {jid} belongs to {owner or 'admin'}: "
+                                              f"{who.name} cannot {action} it")
 
     async def until_disconnect(request: Request, work: Awaitable):
         """Run ``work``; cancel it if the client goes away first (then return None)."""
@@ -636,7 +704,7 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         return Response(data, media_type="application/zip",
                         headers={"content-disposition": f'attachment; filename="{name}"'})
 
-    @route("/v1/workers", ["GET"], action="list the workers")
+    @route("/v1/workers", ["GET"], action="list the workers", roles=people.READ)
     async def list_workers(request: Request) -> Response:
         return JSONResponse([coord.worker_view(w) for w in coord.workers.values()])
 
@@ -699,6 +767,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
                 info["scores"] = hardware.check_scores(data["scores"])
             if data.get("gpu_free_mb") is not None:
                 info["gpu_free_mb"] = hardware.check_gpu_free(data["gpu_free_mb"])
+            if data.get("gpu_telemetry") is not None:
+                info["gpu_telemetry"] = _check_telemetry(data["gpu_telemetry"])
             if data.get("packages") is not None:  # something was installed or removed
                 info["packages"] = packages.check(data["packages"])
             _owner_fields(data, info)
@@ -853,7 +923,7 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             return _err(409, "stale_lease", "this lease is no longer current")
         return JSONResponse({"accepted": True})
 
-    @route("/v1/handoff", ["GET"], worker=True)
+    @route("/v1/handoff", ["GET"], roles=people.CALLER_AND_WORKER)
     async def handoff_dirs(request: Request) -> Response:
         """Where a sender on this machine may leave payload files, and where the store's
         payload files are (see :mod:`gpumesh.handoff`)."""
@@ -863,7 +933,7 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
                              "nonce": store.handoff_nonce})
 
     # -- blobs -----------------------------------------------------------------------
-    @route("/v1/blobs/{h}", ["HEAD", "GET"], worker=True)
+    @route("/v1/blobs/{h}", ["HEAD", "GET"], roles=people.CALLER_AND_WORKER)
     async def get_blob(request: Request) -> Response:
         h = request.path_params["h"]
         if not _SHA.match(h):
@@ -970,7 +1040,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             job_meta["retries"], job_meta["retry_on"] = retry
         try:
             job, created = coord.submit(job_id, name, kind, fn, job_meta, list(args),
-                                        [float(c) for c in costs], require_worker)
+                                        [float(c) for c in costs], require_worker,
+                                        owner=who_of(request).name)
         except NoWorkers:
             return _err(409, "no_workers", "no worker is alive in the mesh")
         except Unsatisfiable as e:
@@ -988,28 +1059,35 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         tracing.mark("coordinator.answer")
         return results_page(waited, -1, out_after, info, by_path)
 
-    @route("/v1/jobs", ["GET"], action="list jobs")
+    @route("/v1/jobs", ["GET"], action="list jobs", roles=people.READ)
     async def list_jobs(request: Request) -> Response:
         limit = int(_query_float(request, "limit", 20, 1, 1000))
         rows = coord.store.db.execute(
             "SELECT id FROM jobs ORDER BY created DESC LIMIT ?", (limit,)).fetchall()
         return JSONResponse([_job_view(coord, r[0], with_tasks=False) for r in rows])
 
-    @route("/v1/jobs/{jid}", ["GET"], action="read job status")
+    @route("/v1/jobs/{jid}", ["GET"], action="read job status", roles=people.READ)
     async def job_status(request: Request) -> Response:
         jid = _id(request.path_params["jid"], "job id")
         view = _job_view(coord, jid, with_tasks=True)
         if view is None:
             raise UnknownJob(jid)
+        if not who_of(request).may_touch(view["owner"]):
+            # Someone else's job: its shape and states, not its error texts (they may
+            # quote the arguments).
+            for t in view["tasks"]:
+                if t["error"]:
+                    t["error"] = {k: t["error"][k] for k in ("kind", "type") if k in t["error"]}
         return JSONResponse(view)
 
-    @route("/v1/jobs/{jid}/results", ["GET"], action="read results")
+    @route("/v1/jobs/{jid}/results", ["GET"], action="read results", roles=people.READ)
     async def results(request: Request) -> Response:
         jid = _id(request.path_params["jid"], "job id")
         after = int(_query_float(request, "after", -1, -1, 1e15))
         wait = _query_float(request, "wait", 0, 0, LONG_POLL_MAX_S)
         out_after = request.query_params.get("out_after")
         out_after = None if out_after is None else int(_query_float(request, "out_after", -1, -1, 1e15))
+        owned(request, jid, "read the results of")
         if jid not in coord.jobs:
             if coord.store.job_exists(jid):
                 return _err(410, "released", f"job {jid}'s results were already collected")
@@ -1051,13 +1129,14 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             parts += [Part(c.data) for c in chunks]
         return frames_response(meta, parts)
 
-    @route("/v1/jobs/{jid}/logs", ["GET"], action="read logs")
+    @route("/v1/jobs/{jid}/logs", ["GET"], action="read logs", roles=people.READ)
     async def job_logs(request: Request) -> Response:
         """Each task's kept stdout and stderr (text, invalid UTF-8 replaced)."""
         jid = _id(request.path_params["jid"], "job id")
         task = request.query_params.get("task")
         if task is not None:
             _id(task, "task id")
+        owned(request, jid, "read the output of")
         rows = coord.store.task_rows(jid)
         if not rows and not coord.store.job_exists(jid):
             raise UnknownJob(jid)
@@ -1084,6 +1163,12 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             raise HTTPError(400, "bad_request", "field 'jobs' must be a list of 1 to "
                                                 f"{MAX_RELEASE_JOBS} job ids")
         released = 0
+        who = who_of(request)
+        owners = coord.store.job_owners(list(dict.fromkeys(jobs)))
+        for jid, owner in owners.items():
+            if not who.may_touch(owner):
+                raise HTTPError(403, "not_yours", f"job {jid} belongs to {owner or 'admin'}: "
+                                                  f"{who.name} cannot release it")
         for jid in dict.fromkeys(jobs):  # unknown ids are skipped: retention got there first
             if jid in coord.jobs or coord.store.job_exists(jid):
                 coord.release(jid)
@@ -1093,14 +1178,14 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
     @route("/v1/jobs/{jid}/release", ["POST"], action="release jobs")
     async def release(request: Request) -> Response:
         jid = _id(request.path_params["jid"], "job id")
-        if jid not in coord.jobs and not coord.store.job_exists(jid):
-            raise UnknownJob(jid)
+        owned(request, jid, "release")
         coord.release(jid)
         return JSONResponse({"released": True})
 
     @route("/v1/jobs/{jid}/cancel", ["POST"], action="cancel jobs")
     async def cancel(request: Request) -> Response:
         jid = _id(request.path_params["jid"], "job id")
+        owned(request, jid, "cancel")
         if jid not in coord.jobs:  # finished a while ago: only the store still has it
             row = coord.store.job_row(jid)
             if row is None:
@@ -1112,12 +1197,46 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
     @route("/v1/jobs/{jid}/retry", ["POST"], action="retry jobs")
     async def retry(request: Request) -> Response:
         jid = _id(request.path_params["jid"], "job id")
+        owned(request, jid, "retry")
         try:
             return JSONResponse({"retried": coord.retry(jid)})
         except JobReleased:
             return _err(410, "released", f"job {jid} cannot be retried: its results belong to "
                                          "the caller that submitted it (a function call or .map) "
                                          "or were already collected; call or submit it again")
+
+    # -- people --------------------------------------------------------------------
+    @route("/v1/tokens", ["GET"], action="list tokens", roles=people.ADMIN)
+    async def list_tokens(request: Request) -> Response:
+        return JSONResponse(registry.list())
+
+    @route("/v1/tokens", ["POST"], action="add tokens", roles=people.ADMIN)
+    async def add_token(request: Request) -> Response:
+        """A new person's token, drawn here and answered once (only its digest is kept)."""
+        from ..config import generate_token
+        data = await _json_body(request)
+        name = _field(data, "name", str)
+        role = _field(data, "role", str, people.ROLE_SUBMIT)
+        cap = _field(data, "max_running", int, None, lo=1, hi=people.MAX_RUNNING_CAP)
+        token = generate_token()
+        try:
+            row = registry.add(name, role, cap, token)
+        except ValueError as e:
+            code = "exists" if "already has a token" in str(e) else "bad_request"
+            raise HTTPError(409 if code == "exists" else 400, code, str(e)) from None
+        return JSONResponse(dict(row, token=token))
+
+    @route("/v1/tokens/{name}", ["DELETE"], action="revoke tokens", roles=people.ADMIN)
+    async def revoke_token(request: Request) -> Response:
+        name = request.path_params["name"]
+        if not registry.revoke(name):
+            raise HTTPError(404, "unknown_token", f"nobody is called {name[:80]!r} here")
+        return JSONResponse({"revoked": name})
+
+    from . import metrics, ui  # leaves: GET /metrics, the dashboard at /ui
+    routes.append(metrics.route(coord, auth, metrics_token))
+    routes.extend(ui.routes(coord, auth))
+    del metrics_token
 
     async def sweeper() -> None:
         last_purge = 0.0
@@ -1220,6 +1339,7 @@ def _job_view(coord: Coordinator, job_id: str, with_tasks: bool) -> dict | None:
             "n_tasks": row["n_tasks"], "counts": counts, "created": row["created"],
             # released: the results were collected (or let go) and their payloads deleted
             "released": bool(row["released"]),
+            "owner": row.get("owner") or people.MAIN_PERSON,
             "result_format": (row["meta"] or {}).get("result_format", "pickle")}
     if with_tasks:
         view["tasks"] = coord.store.task_rows(job_id)

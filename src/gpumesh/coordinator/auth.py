@@ -27,6 +27,11 @@ which is why a token's entropy stays the real defence and ``serve`` refuses shor
 pulse, lease, post results and output, download function blobs. It cannot submit, cancel,
 list or read jobs, results or logs, nor upload blobs: a 403 names the action.
 
+**People.** Tokens added with ``gpumesh token add`` (:mod:`.people`) are recognised by
+their SHA-256 digest before the KDF path is tried; :meth:`Authenticator.identity` says
+which person and role a request comes from (the main token is person ``admin``, role
+``admin``; the worker token person and role ``worker``).
+
 **Lockout.** ``AUTH_FAIL_MAX`` refused tokens from one client address within
 ``AUTH_FAIL_WINDOW_S`` lock that address out for ``AUTH_LOCKOUT_S`` (429 with
 ``Retry-After``); a success clears the count. Loopback clients are exempt only while the
@@ -61,6 +66,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 
+from . import people
 from ..limits import (AUTH_FAIL_MAX, AUTH_FAIL_WINDOW_S, AUTH_LOCKOUT_S, AUTH_LOOPBACK_EXEMPT,
                       AUTH_TRACKED_ADDRESSES, MAX_FORWARDED_HOPS, MAX_TOKEN_CHARS)
 
@@ -284,7 +290,7 @@ class Authenticator:
 
     def __init__(self, token: str, worker_token: str | None = None, *, loopback_bound: bool = False,
                  limiter: FailureLimiter | None = None, loopback_exempt: bool = AUTH_LOOPBACK_EXEMPT,
-                 trusted_proxies=(), fronted: bool = False):
+                 trusted_proxies=(), fronted: bool = False, people=None):
         tokens = {ROLE_MAIN: token}
         if worker_token:
             tokens[ROLE_WORKER] = worker_token
@@ -295,6 +301,7 @@ class Authenticator:
         self.fronted = fronted or bool(self.trusted_proxies)
         self.loopback_exempt = loopback_exempt and not self.fronted
         self._kdf_gate: asyncio.Semaphore | None = None
+        self.people = people  # a people.People, or None: only the serve tokens
 
     def client(self, peer: str | None, headers) -> str | None:
         """The address this request's failures are counted against (module docstring)."""
@@ -309,8 +316,14 @@ class Authenticator:
         return not any(h in headers for h in PROXY_HEADERS)
 
     async def role(self, client_host: str | None, headers) -> str:
-        """The caller's role; raises :class:`AuthRefused` (401 or 429). ``client_host`` is
-        the socket's peer address."""
+        """The caller's role (``main``, ``worker``, or a person's role); raises
+        :class:`AuthRefused` (401 or 429). ``client_host`` is the socket's peer address."""
+        who = await self.identity(client_host, headers)
+        return ROLE_MAIN if who.admin else who.role
+
+    async def identity(self, client_host: str | None, headers) -> people.Identity:
+        """Who the caller is (:class:`.people.Identity`); raises :class:`AuthRefused`
+        (401 or 429). ``client_host`` is the socket's peer address."""
         exempt = self.exempt(client_host, headers)
         addr = self.client(client_host, headers) or "unknown"
         if not exempt:
@@ -325,15 +338,20 @@ class Authenticator:
             raise AuthRefused(401, "unauthorized",
                               "missing bearer token (Authorization: Bearer <token>)")
         role = None
+        who = None
         if len(presented) <= MAX_TOKEN_CHARS:
             raw = presented.encode("latin-1", "replace")  # the header's raw bytes
-            hit, role = self.tokens.cached(raw)
+            if self.people is not None:
+                who = self.people.lookup(raw)
+            hit, role = (True, None) if who is not None else self.tokens.cached(raw)
             if not hit:
                 if self._kdf_gate is None:
                     self._kdf_gate = asyncio.Semaphore(1)
                 async with self._kdf_gate:  # one KDF at a time: a flood costs one core
                     role = await asyncio.to_thread(self.tokens.verify, raw)
-        if role is None:
+        if who is None and role is not None:
+            who = people.MAIN if role == ROLE_MAIN else people.WORKER_IDENTITY
+        if who is None:
             if not exempt and self.limiter.failed(addr):
                 raise AuthRefused(429, "locked_out",
                                   f"too many refused tokens from {addr}: locked out for "
@@ -341,4 +359,4 @@ class Authenticator:
             raise AuthRefused(401, "unauthorized", "the token was refused")
         if not exempt:
             self.limiter.succeeded(addr)
-        return role
+        return who

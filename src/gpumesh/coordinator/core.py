@@ -143,6 +143,8 @@ class Job:
     #: (such a job needs a GPU as surely as one that says ``gpu=``: CPU slots never look
     #: at it, and GPU slots serve it first).
     lane: hardware.Requirements = field(default_factory=hardware.Requirements)
+    owner: str | None = None  # the person who submitted it (None: from before people)
+    submitted: float = 0.0  # coordinator clock when it was submitted (or recovered)
     preempted: int = 0  # tasks handed back by their workers' owners (see hand_back)
     #: module -> workers whose run of this job failed with ModuleNotFoundError for it;
     #: none of the job's tasks is granted to them again (see Coordinator._missing_module).
@@ -202,6 +204,14 @@ class Coordinator:
         self._sessions = 0
         self.closing = False  # set by begin_shutdown()
         self.output = OutputHub(store.dir / "logs")
+        #: Cap on running tasks per person (``token add NAME --max-running N``); set by
+        #: whoever manages the people (see coordinator.people), read at every grant.
+        self.max_running: dict[str, int] = {}
+        #: Observers for the metrics leaf (coordinator.metrics), None when unused:
+        #: ``on_grants(grants, now)`` after tasks are leased, ``on_result(lease, state,
+        #: now)`` after a worker's result is accepted. They must not raise.
+        self.on_grants = None
+        self.on_result = None
         self._recover()
 
     # ------------------------------------------------------------ start-up -------
@@ -209,7 +219,7 @@ class Coordinator:
         """Rebuild the in-memory view from the store after a (re)start."""
         for row in self.store.active_jobs():
             job = Job(row["id"], row["kind"], row["fn_hash"], row["meta"], row["n_tasks"],
-                      state=row["state"])
+                      state=row["state"], owner=row.get("owner"), submitted=self.clock())
             try:
                 job.prepare()
             except ValueError as e:  # written by another version: run it without them
@@ -237,7 +247,8 @@ class Coordinator:
                 self.leases[t.id] = Lease(t.id, t.job_id, t.lease_id, t.worker_id, now,
                                           delivered=now)
             else:
-                self.queue.add(t.job_id, [t.id], lane=self.jobs[t.job_id].lane)
+                self.queue.add(t.job_id, [t.id], lane=self.jobs[t.job_id].lane,
+                               owner=self.jobs[t.job_id].owner)
         if self.jobs:
             log.info("recovered %d unreleased jobs from the store: %d tasks pending, %d leased "
                      "(kept for workers that come back)", len(self.jobs), len(self.queue), len(self.leases))
@@ -275,6 +286,11 @@ class Coordinator:
         if info:
             closed = availability.closed_slots(w.info, w.slot_list)
             free = info.pop("gpu_free_mb", None)
+            tele = info.pop("gpu_telemetry", None)  # shown (dashboard, metrics), not scheduled on
+            for g in (w.info.get("gpus") or ()) if tele else ():
+                got = tele.get(str(g.get("index")))
+                if got:
+                    g.update(got)
             if info.get("scores") and not w.info.get("scores"):
                 log.info("worker scored: %s (%s, id %s)", w.info.get("hostname", "?"),
                          ", ".join(f"{k} score={v:.3f}" for k, v in info["scores"].items()), wid)
@@ -431,7 +447,8 @@ class Coordinator:
 
     def _grant(self, w: Worker, slots: int, free: list[int] | None = None) -> list[Grant]:
         """Give each of ``w``'s free slots (strongest first) a task it can run, chosen by
-        :mod:`.placement` from what the run queue offers (round-robin between jobs)."""
+        :mod:`.placement` from what the run queue offers (round-robin between people, then
+        between each person's jobs; a person at their ``max_running`` cap is passed over)."""
         if not len(self.queue):
             return []
         slot_ids = self._free_slots(w, slots, free)
@@ -444,6 +461,13 @@ class Coordinator:
             want = Counter(slot_ids)  # a legacy request may name a slot more than once
             serve = [v for v in views for _ in range(want.get(v.id, 0))]
         ctx = _Placing(self)
+        owner_ok = None
+        if self.max_running:
+            running = self.running_by_owner()
+
+            def owner_ok(owner) -> bool:
+                cap = self.max_running.get(owner)
+                return cap is None or running[owner] < cap
         taken = []
         for slot in serve:
             if not len(self.queue):
@@ -455,17 +479,21 @@ class Coordinator:
                 # A GPU slot serves jobs that need a GPU before those that merely may use one.
                 got = self.queue.take_one(
                     lambda j, q: self._choose(j, q, slot, ctx),
-                    lane_ok=lambda req: req is not None and req.needs_gpu and ctx.runs(req, slot))
+                    lane_ok=lambda req: req is not None and req.needs_gpu and ctx.runs(req, slot),
+                    owner_ok=owner_ok)
             if got is None:
                 got = self.queue.take_one(lambda j, q: self._choose(j, q, slot, ctx),
-                                          lane_ok=lambda req: ctx.runs(req, slot))
+                                          lane_ok=lambda req: ctx.runs(req, slot), owner_ok=owner_ok)
             if got is not None:
-                taken.append((got[0], got[1], slot.id))
+                taken.append((got[0], got[1], slot.id, slot.kind != "cpu"))
+                if owner_ok is not None:
+                    job = self.jobs.get(got[0])
+                    running[job.owner if job else None] += 1
         if not taken:
             return []
         now = self.clock()
-        grants, rows = [], []
-        for job_id, tid, slot_id in taken:
+        grants, rows, on_gpu = [], [], set()
+        for job_id, tid, slot_id, gpu in taken:
             idx, attempts = self.task_meta[tid]
             lease_id = new_id(8)
             self.task_meta[tid] = (idx, attempts + 1)
@@ -473,8 +501,20 @@ class Coordinator:
             w.leases.add(tid)
             grants.append(Grant(tid, job_id, idx, lease_id, attempts + 1, slot_id))
             rows.append((tid, lease_id, w.id))
-        self.store.lease(rows)
+            if gpu:
+                on_gpu.add(tid)
+        self.store.lease(rows, on_gpu)
+        if self.on_grants is not None:
+            self.on_grants(grants, now)
         return grants
+
+    def running_by_owner(self) -> Counter:
+        """Leased tasks per person (O(leases): at most the pool's slots, plus a few)."""
+        out: Counter = Counter()
+        for lease in self.leases.values():
+            job = self.jobs.get(lease.job_id)
+            out[job.owner if job else None] += 1
+        return out
 
     def _choose(self, job_id: str, q, slot: hardware.Slot, ctx: _Placing) -> int | None:
         """Position in job ``job_id``'s queue ``q`` of the task ``slot`` should run, or
@@ -567,7 +607,8 @@ class Coordinator:
             self.store.requeue([tid for _, tid in back])
             for job_id, tid in reversed(back):
                 job = self.jobs.get(job_id)
-                self.queue.push_front(job_id, tid, lane=job.lane if job else None)
+                self.queue.push_front(job_id, tid, lane=job.lane if job else None,
+                                      owner=job.owner if job else None)
         for job_id, tid, attempts in lost:
             self._finalize(job_id, tid, "failed", {
                 "kind": "lost", "type": "WorkerLost",
@@ -577,21 +618,22 @@ class Coordinator:
 
     # ------------------------------------------------------------ jobs -----------
     def submit(self, job_id: str, name: str, kind: str, fn_hash: str | None, meta: dict,
-               args: list, costs: list[float], require_worker: bool) -> tuple[Job, bool]:
-        """Create a job with one task per ``args`` payload. Idempotent on ``job_id``:
-        returns ``(job, created)``. Raises ``NoWorkers`` when ``require_worker`` and none
-        is alive (nothing is stored then)."""
+               args: list, costs: list[float], require_worker: bool,
+               owner: str | None = None) -> tuple[Job, bool]:
+        """Create a job with one task per ``args`` payload, owned by the person ``owner``.
+        Idempotent on ``job_id``: returns ``(job, created)``. Raises ``NoWorkers`` when
+        ``require_worker`` and none is alive (nothing is stored then)."""
         if job_id in self.jobs or self.store.job_exists(job_id):
             job = self.jobs.get(job_id)
             if job is None:
                 row = self.store.job_row(job_id)
                 job = Job(job_id, row["kind"], row["fn_hash"], row["meta"], row["n_tasks"],
-                          n_final=row["n_tasks"], state=row["state"])
+                          n_final=row["n_tasks"], state=row["state"], owner=row.get("owner"))
             return job, False
         alive = self.alive_workers()
         if require_worker and not alive:
             raise NoWorkers()
-        job = Job(job_id, kind, fn_hash, meta, len(args))
+        job = Job(job_id, kind, fn_hash, meta, len(args), owner=owner, submitted=self.clock())
         job.prepare()
         hint = max(job.vram_mb.values(), default=None)
         if alive and (job.require or hint):
@@ -600,7 +642,8 @@ class Coordinator:
                 raise Unsatisfiable(self.unsatisfiable_message(job.require, hint))
         task_ids = [new_id() for _ in args]
         self.store.create_job(job_id, name, kind, fn_hash, meta,
-                              [(tid, i, costs[i], a) for i, (tid, a) in enumerate(zip(task_ids, args))])
+                              [(tid, i, costs[i], a) for i, (tid, a) in enumerate(zip(task_ids, args))],
+                              owner=owner)
         self.jobs[job_id] = job
         job.costs_vary = len(set(costs)) > 1
         for i, tid in enumerate(task_ids):
@@ -610,7 +653,7 @@ class Coordinator:
         if not args:
             job.state = "finished"
             self.store.set_job_state(job_id, "finished")
-        self.queue.add(job_id, task_ids, lane=job.lane)
+        self.queue.add(job_id, task_ids, lane=job.lane, owner=job.owner)
         self._wake_idle()
         return job, True
 
@@ -694,6 +737,10 @@ class Coordinator:
                               now - lease.granted, self.task_cost.get(task_id, 1.0), now)
         state = "done" if status == "ok" else "failed"
         self._finalize(lease.job_id, task_id, state, error, payload, worker_id=lease.worker_id)
+        if self.on_result is not None:
+            self.on_result(lease, state, self.clock())
+        if self.max_running and self.idle:
+            self._wake_idle()  # a person at their cap may have a task to start now
         return lease.worker_id if w and w.alive else None
 
     def _missing_module(self, lease: Lease, error: dict) -> dict | None:
@@ -912,7 +959,7 @@ class Coordinator:
             self.retried[tid] = self.retried.get(tid, 0) + 1  # a re-run: not a loss
             if costs.get(tid, 1.0) != 1.0:
                 self.task_cost[tid] = costs[tid]
-        self.queue.add(job_id, ids, lane=job.lane)
+        self.queue.add(job_id, ids, lane=job.lane, owner=job.owner)
         self._wake_idle()
         return len(ids)
 

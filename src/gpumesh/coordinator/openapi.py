@@ -36,9 +36,10 @@ def _json(schema: dict) -> dict:
 
 def _errors(*codes: int) -> dict:
     text = {400: "malformed request (the message names the field)",
-            401: "token missing or refused", 403: "the token's role may not do this",
+            401: "token missing or refused", 403: "the token's role may not do this, or the job "
+            "is another person's (not_yours)",
             404: "unknown worker, job, task or blob", 409: "conflict (no_workers, missing_blob, "
-            "stale_lease)", 410: "results already collected", 413: "body over the size limit",
+            "stale_lease, exists)", 410: "results already collected", 413: "body over the size limit",
             429: "locked out after too many refused tokens (see Retry-After)"}
     out = {}
     for c in (400, 401, 403, 429) + codes:
@@ -113,6 +114,8 @@ _SCHEMAS: dict[str, Any] = {
         "score": {"type": "number", "minimum": 0, "maximum": 1e12},
         "scores": {"type": "object", "description": "benchmark score per device (cpu, cuda:N, mps)"},
         "gpu_free_mb": {"type": "object", "description": "free GPU memory in MiB per GPU index"},
+        "gpu_telemetry": {"type": "object", "description": "per GPU index: utilization_pct "
+                          "(0-100) and temperature_c, shown on the dashboard and /metrics"},
         "packages": _PACKAGES,
         **_OWNER_FIELDS}},
     "HandBack": {"type": "object", "properties": {
@@ -347,6 +350,35 @@ _DOC: dict[str, Any] = {
             "responses": {"200": {"description": "how many failed tasks were re-queued",
                                   **_json({"type": "object"})},
                           **_errors(404, 410)}}},
+        "/v1/tokens": {
+            "get": {"operationId": "listTokens", "tags": ["people"],
+                    "summary": "the people's tokens: name, role, max_running, created (admin)",
+                    "responses": {"200": {"description": "never a token or its hash",
+                                          **_json({"type": "array"})}, **_errors()}},
+            "post": {"operationId": "addToken", "tags": ["people"],
+                     "summary": "give a person their own token (admin); answered once",
+                     "requestBody": {"required": True, **_json({
+                         "type": "object", "required": ["name"],
+                         "properties": {
+                             "name": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$"},
+                             "role": {"enum": ["admin", "submit", "view", "worker"]},
+                             "max_running": {"type": ["integer", "null"], "minimum": 1,
+                                             "maximum": 1000000}}})},
+                     "responses": {"200": {"description": "the new token (shown once)",
+                                           **_json({"type": "object"})}, **_errors(409)}},
+        },
+        "/metrics": {"get": {
+            "operationId": "metrics", "tags": ["monitoring"],
+            "summary": "Prometheus text format (see docs/monitoring.md); the API token or "
+                       "serve --metrics-token",
+            "responses": {"200": {"description": "metrics", "content": {
+                "text/plain": {"schema": {"type": "string"}}}}, **_errors()}}},
+        "/v1/tokens/{name}": {"delete": {
+            "operationId": "revokeToken", "tags": ["people"],
+            "parameters": [_path_param("name", "^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$", "the person")],
+            "summary": "revoke a person's token at once (admin)",
+            "responses": {"200": {"description": "revoked", **_json({"type": "object"})},
+                          **_errors(404)}}},
     },
 }
 

@@ -190,7 +190,8 @@ class Server:
     def __init__(self, sock: socket.socket, data_dir: Path, token: str, *,
                  worker_token: str | None = None, safe_mode: bool = False,
                  tls_cert: Path | None = None, tls_key: Path | None = None,
-                 trusted_proxies=(), fronted: bool = False):
+                 trusted_proxies=(), fronted: bool = False,
+                 metrics_token: str | None = None):
         self.sock = sock
         self.store = Store(data_dir)
         self.coord = Coordinator(self.store)
@@ -198,7 +199,7 @@ class Server:
         auth = Authenticator(token, worker_token, loopback_bound=is_loopback(bound),
                              trusted_proxies=trusted_proxies, fronted=fronted)
         app = create_app(self.coord, token, worker_token=worker_token, safe_mode=safe_mode,
-                         authenticator=auth)
+                         authenticator=auth, metrics_token=metrics_token)
         try:
             import uvloop  # noqa: F401
             loop = "uvloop"

@@ -75,16 +75,27 @@ CREATE TABLE IF NOT EXISTS blobs (
     size        INTEGER NOT NULL,
     created     REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS tokens (         -- people's own tokens (see coordinator.people)
+    name        TEXT PRIMARY KEY,
+    role        TEXT NOT NULL,            -- 'admin' | 'submit' | 'view' | 'worker'
+    digest      TEXT NOT NULL UNIQUE,     -- sha256 of the token, hex; never the token
+    max_running INTEGER,                  -- cap on the person's running tasks (NULL: none)
+    created     REAL NOT NULL
+);
 """
 
 #: Columns added after the first schema: (table, column, SQL type). Added in place on
 #: start-up, so a data directory written by an older gpumesh keeps working.
-MIGRATIONS = [("jobs", "finished", "REAL"), ("tasks", "history", "TEXT")]
+MIGRATIONS = [("jobs", "finished", "REAL"), ("tasks", "history", "TEXT"),
+              ("jobs", "owner", "TEXT"),      # the person who submitted it (NULL: before people)
+              ("tasks", "started", "REAL"),   # when its current attempt was leased
+              ("tasks", "gpu", "INTEGER")]    # 1 when that attempt ran on a GPU slot
 
 INDEXES = """
 CREATE INDEX IF NOT EXISTS tasks_open ON tasks (state) WHERE state IN ('pending', 'leased');
 CREATE INDEX IF NOT EXISTS tasks_seq ON tasks (job_id, seq) WHERE seq IS NOT NULL;
 CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished) WHERE finished IS NOT NULL;
+CREATE INDEX IF NOT EXISTS tasks_finished ON tasks (finished) WHERE finished IS NOT NULL;
 """
 
 
@@ -338,9 +349,11 @@ class Store:
 
     # ---------------------------------------------------------- jobs -------------
     def create_job(self, job_id: str, name: str, kind: str, fn_hash: str | None, meta: dict,
-                   tasks: list[tuple[str, int, float, Chunk | Incoming]]) -> None:
+                   tasks: list[tuple[str, int, float, Chunk | Incoming]],
+                   owner: str | None = None) -> None:
         """Insert a job and its tasks ``(task_id, index, cost, args_payload)`` atomically;
-        a payload may be a finished :class:`Incoming` file (adopted)."""
+        a payload may be a finished :class:`Incoming` file (adopted). ``owner``: the
+        person who submitted it."""
         rows = []
         written = []
         try:
@@ -351,9 +364,9 @@ class Store:
                 rows.append((tid, job_id, idx, cost, inline, fname))
             with self._tx():
                 self.db.execute(
-                    "INSERT INTO jobs (id, name, kind, fn_hash, meta, n_tasks, created, state)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, 'active')",
-                    (job_id, name, kind, fn_hash, json.dumps(meta), len(tasks), time.time()))
+                    "INSERT INTO jobs (id, name, kind, fn_hash, meta, n_tasks, created, state, owner)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, 'active', ?)",
+                    (job_id, name, kind, fn_hash, json.dumps(meta), len(tasks), time.time(), owner))
                 self.db.executemany(
                     "INSERT INTO tasks (id, job_id, idx, state, cost, args, args_file)"
                     " VALUES (?, ?, ?, 'pending', ?, ?, ?)", rows)
@@ -367,11 +380,12 @@ class Store:
 
     def job_row(self, job_id: str) -> dict | None:
         row = self.db.execute(
-            "SELECT id, name, kind, fn_hash, meta, n_tasks, created, state, released"
+            "SELECT id, name, kind, fn_hash, meta, n_tasks, created, state, released, owner"
             " FROM jobs WHERE id=?", (job_id,)).fetchone()
         if row is None:
             return None
-        keys = ("id", "name", "kind", "fn_hash", "meta", "n_tasks", "created", "state", "released")
+        keys = ("id", "name", "kind", "fn_hash", "meta", "n_tasks", "created", "state", "released",
+                "owner")
         out = dict(zip(keys, row))
         out["meta"] = json.loads(out["meta"])
         return out
@@ -450,12 +464,15 @@ class Store:
         row = self.db.execute("SELECT args, args_file FROM tasks WHERE id=?", (task_id,)).fetchone()
         return (row[0], row[1]) if row else (None, None)
 
-    def lease(self, grants: list[tuple[str, str, str]]) -> None:
-        """Mark tasks leased: ``(task_id, lease_id, worker_id)``."""
+    def lease(self, grants: list[tuple[str, str, str]], on_gpu: frozenset[str] | set[str] = frozenset()) -> None:
+        """Mark tasks leased: ``(task_id, lease_id, worker_id)``; ``on_gpu``: the task ids
+        granted to a GPU slot (for per-person GPU time, :meth:`usage`)."""
+        now = time.time()
         with self._tx():
             self.db.executemany(
-                "UPDATE tasks SET state='leased', lease_id=?, worker_id=?, attempts=attempts+1"
-                " WHERE id=?", [(lid, wid, tid) for tid, lid, wid in grants])
+                "UPDATE tasks SET state='leased', lease_id=?, worker_id=?, attempts=attempts+1,"
+                " started=?, gpu=? WHERE id=?",
+                [(lid, wid, now, 1 if tid in on_gpu else 0, tid) for tid, lid, wid in grants])
 
     def add_history(self, entries: dict[str, dict]) -> None:
         """Append an ended attempt to each task's history: ``{task_id: entry}`` (JSON)."""
@@ -554,6 +571,60 @@ class Store:
             out.append(d)
         return out
 
+    # ---------------------------------------------------------- people -----------
+    def tokens(self) -> list[dict]:
+        """Every added token: ``{"name", "role", "digest", "max_running", "created"}``."""
+        keys = ("name", "role", "digest", "max_running", "created")
+        return [dict(zip(keys, r)) for r in self.db.execute(
+            "SELECT name, role, digest, max_running, created FROM tokens ORDER BY name")]
+
+    def add_token(self, name: str, role: str, digest: str, max_running: int | None,
+                  created: float) -> None:
+        """Insert one token row (``sqlite3.IntegrityError`` if the name or digest is taken)."""
+        self.db.execute("INSERT INTO tokens (name, role, digest, max_running, created)"
+                        " VALUES (?, ?, ?, ?, ?)", (name, role, digest, max_running, created))
+
+    def revoke_token(self, name: str) -> None:
+        self.db.execute("DELETE FROM tokens WHERE name=?", (name,))
+
+    def recent_jobs(self, limit: int) -> list[dict]:
+        """The ``limit`` most recent jobs as :meth:`job_row` gives them, newest first."""
+        ids = [r[0] for r in self.db.execute(
+            "SELECT id FROM jobs ORDER BY created DESC LIMIT ?", (limit,))]
+        return [row for i in ids if (row := self.job_row(i)) is not None]
+
+    def task_times(self, job_id: str) -> dict[str, tuple[float | None, float | None]]:
+        """``{task_id: (started, finished)}`` (epoch seconds; None when not yet)."""
+        return {tid: (st, fin) for tid, st, fin in self.db.execute(
+            "SELECT id, started, finished FROM tasks WHERE job_id=?", (job_id,))}
+
+    def task_state_counts(self) -> dict[str, int]:
+        """How many tasks the store holds in each state (one pass over the tasks kept)."""
+        return dict(self.db.execute("SELECT state, COUNT(*) FROM tasks GROUP BY state"))
+
+    def job_owners(self, job_ids: list[str]) -> dict[str, str | None]:
+        """``{job_id: owner}`` for the given jobs that exist."""
+        if not job_ids:
+            return {}
+        return dict(self.db.execute(
+            f"SELECT id, owner FROM jobs WHERE id IN ({','.join('?' * len(job_ids))})", job_ids))
+
+    def usage(self, since: float) -> dict[str, dict[str, float]]:
+        """Seconds of task time per person (``None``: jobs from before people) for attempts
+        that finished at or after ``since`` (epoch seconds): ``{owner: {"gpu_s", "cpu_s",
+        "tasks"}}``. Counts each task's last attempt (the one that produced its result).
+        Reads the finished tasks of the window (index ``tasks_finished``): meant for a
+        metrics scrape or a dashboard refresh, not the request path."""
+        out: dict = {}
+        for owner, gpu, secs, n in self.db.execute(
+                "SELECT j.owner, COALESCE(t.gpu, 0), SUM(t.finished - t.started), COUNT(*)"
+                " FROM tasks t JOIN jobs j ON j.id = t.job_id"
+                " WHERE t.finished >= ? AND t.started IS NOT NULL AND t.finished >= t.started"
+                " GROUP BY j.owner, COALESCE(t.gpu, 0)", (since,)):
+            d = out.setdefault(owner, {"gpu_s": 0.0, "cpu_s": 0.0, "tasks": 0})
+            d["gpu_s" if gpu else "cpu_s"] += float(secs or 0.0)
+            d["tasks"] += n
+        return out
 
 def _history(text: str | None) -> list[dict]:
     """A task's history column: one JSON object per line (lines that do not parse are

@@ -269,6 +269,9 @@ class WorkerAgent(OwnerRules):
             for g in self.info.get("gpus") or ():
                 if g.get("index") in free:
                     g["memory_free_mb"] = free[g["index"]]
+        tele = self._gpus.telemetry()  # utilisation, temperature: shown, never scheduled on
+        if any(tele.values()):
+            out["gpu_telemetry"] = {str(i): v for i, v in tele.items() if v}
         if self._scores:
             out["scores"] = self._scores
             out["score"] = self.info["score"]

@@ -64,6 +64,47 @@ def control_dir() -> Path:
     return Path(base) / f"gpumesh-{os.getuid()}-{tag}"
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists (another user's, say)
+    return True
+
+
+def sweep_stale(base: Path | None = None) -> list[Path]:
+    """Remove this user's fallback control directories (``gpumesh-<uid>-*`` under
+    ``$XDG_RUNTIME_DIR`` or the temp dir) that hold only sockets of workers that are gone
+    (``worker-<pid>.sock`` whose pid no longer exists: a worker killed with -9 cannot
+    remove its own). A live pid, even a reused one, keeps its socket: never a live
+    worker's. Returns the directories removed."""
+    if not hasattr(os, "getuid"):
+        return []
+    base = Path(base or os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir())
+    prefix, removed = f"gpumesh-{os.getuid()}-", []
+    try:
+        entries = [e for e in os.scandir(base) if e.name.startswith(prefix)]
+    except OSError:
+        return removed
+    for entry in entries:
+        path = Path(entry.path)
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+            for sock in path.iterdir():
+                pid = sock.name[len("worker-"):-len(".sock")]
+                if sock.name.startswith("worker-") and sock.name.endswith(".sock") \
+                        and pid.isdigit() and not _pid_alive(int(pid)):
+                    sock.unlink()
+            path.rmdir()  # fails (and is kept) while anything else is in it
+            removed.append(path)
+        except OSError:
+            continue
+    return removed
+
+
 def _safe_dir(path: Path, create: bool) -> Path:
     """``path`` as a private directory of this user (made so when ``create``)."""
     if create:
@@ -106,6 +147,7 @@ class ControlServer:
         """Listen. Raises ``ControlError`` or ``OSError`` if the socket cannot be made."""
         if self.path.exists():
             self.path.unlink()  # our pid's, from a process that died: reuse the name
+        sweep_stale()  # what killed workers left in the temp dir
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         for attempt in range(3):
             try:

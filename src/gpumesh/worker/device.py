@@ -206,6 +206,39 @@ class GpuMonitor:
             self.close()
             return {}
 
+    def telemetry(self) -> dict[int, dict]:
+        """``{gpu index: {"utilization_pct", "temperature_c"}}`` for the watched GPUs (whole
+        GPU utilisation in %, degrees Celsius; a value NVML cannot give is left out), for
+        the dashboard and ``/metrics``. ``{}`` if nothing can be read. Never raises."""
+        if not self.indices:
+            return {}
+        try:
+            fake = fake_entries()
+            if fake is not None:
+                return {i: {k: float(g[k]) for k in ("utilization_pct", "temperature_c")
+                            if isinstance(g.get(k), (int, float)) and not isinstance(g.get(k), bool)}
+                        for i, g in enumerate(fake) if i in self.indices and isinstance(g, dict)}
+            if self._nvml is None:
+                import pynvml
+                pynvml.nvmlInit()
+                self._nvml = pynvml
+            nv, out = self._nvml, {}
+            for i in self.indices:
+                h, d = nv.nvmlDeviceGetHandleByIndex(i), {}
+                try:
+                    d["utilization_pct"] = float(nv.nvmlDeviceGetUtilizationRates(h).gpu)
+                except Exception:  # not supported on this GPU/driver
+                    pass
+                try:
+                    d["temperature_c"] = float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+                except Exception:
+                    pass
+                out[i] = d
+            return out
+        except Exception:
+            log.debug("GPU telemetry unavailable", exc_info=True)
+            return {}
+
     def _nvml_readings(self, ours) -> dict:
         from .owner import GpuReading
         if self._nvml is None:

@@ -1,0 +1,336 @@
+"""The dashboard at ``/ui``: the pool, the jobs and who uses what, in a browser.
+
+A leaf over :class:`~.core.Coordinator`, the store and :mod:`.people`; nothing in the core
+imports it. Its page, script and style ship in the package (``coordinator/static``): no
+CDN, no external asset, so it works on a LAN with no internet and under TLS as is.
+
+Routes (same port and TLS as the API)::
+
+    GET  /ui                      the page (the sign-in form until a session exists)
+    GET  /ui/static/{file}        app.js, app.css
+    POST /ui/login                {"token": ...} -> session cookie + {"name","role","csrf"}
+    POST /ui/logout
+    GET  /ui/api/state            pool, recent jobs, per-person usage, who you are
+    GET  /ui/api/jobs/{id}        one job: tasks with state, worker, duration, attempts
+    GET  /ui/api/jobs/{id}/output what its tasks printed (owner or admin)
+    POST /ui/api/jobs/{id}/cancel (owner or admin; X-CSRF-Token)
+    POST /ui/api/jobs/{id}/retry  (owner or admin; X-CSRF-Token)
+
+**Sessions.** Signing in checks the token exactly like an API request (:mod:`.auth`:
+lockout included) and opens a session: a random 256-bit id in a cookie that is
+``HttpOnly`` (no script reads it), ``SameSite=Strict`` (no other site's page sends it),
+scoped to the dashboard's path (no ``Path``: the browser's default, that of
+``/ui/login``, also right under a proxy's path prefix) and, under TLS, ``Secure``. The token itself is never kept. A session of a
+person's token ends the moment that token is revoked; every session ends after
+:data:`SESSION_TTL_S`.
+
+**CSRF.** A state-changing request must carry the session's CSRF token in an
+``X-CSRF-Token`` header (a header no cross-site form can set), and an ``Origin`` header,
+when the browser sends one, must be this coordinator's. Sign-in takes JSON only, which a
+cross-site form cannot send.
+
+**Escaping.** The script builds every element with ``textContent``; no user-supplied
+string (job names, hostnames, output, error text) is ever parsed as HTML. A
+``Content-Security-Policy`` of ``'self'`` refuses inline script as a second line.
+
+**Who sees what.** Everyone signed in sees the pool, the job list (names, owners, states)
+and per-person usage; a job's error texts, tracebacks and output only its owner or an
+admin (as the API). A ``view`` session has no cancel or retry; a ``worker`` token cannot
+sign in.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import secrets
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from importlib import resources
+from urllib.parse import urlsplit
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .. import availability
+from . import people
+from .auth import AuthRefused
+from .core import JobReleased, UnknownJob
+
+#: A dashboard session lasts this long (seconds) from sign-in.
+SESSION_TTL_S = 12 * 3600.0
+#: Most sessions kept; the oldest are forgotten first.
+MAX_SESSIONS = 10_000
+#: Most jobs the job list shows.
+JOB_LIST = 50
+#: Most bytes of each task's output the job page shows (the tail).
+OUTPUT_TAIL_BYTES = 64 * 1024
+COOKIE = "gpumesh_session"
+STATIC = {"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8"}
+HEADERS = {
+    "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+                               "img-src 'self'; connect-src 'self'; form-action 'self'; "
+                               "base-uri 'none'; frame-ancestors 'none'",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "cache-control": "no-store",
+}
+DAY_S = 86400.0
+#: Per-person usage (two queries over the day's and week's finished tasks) is recomputed at
+#: most this often (seconds), however many dashboards poll.
+USAGE_CACHE_S = 5.0
+
+
+@dataclass
+class Session:
+    who: people.Identity
+    csrf: str
+    expires: float
+    digest: str | None  # a person's token digest (None: the serve tokens, never revoked)
+
+
+def _static(name: str) -> bytes:
+    return resources.files("gpumesh.coordinator").joinpath("static", name).read_bytes()
+
+
+def _json(data, status: int = 200, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(data, status_code=status, headers={**HEADERS, **(headers or {})})
+
+
+def _refuse(status: int, code: str, message: str) -> JSONResponse:
+    return _json({"error": code, "message": message}, status)
+
+
+def routes(coord, auth) -> list[Route]:
+    """The dashboard's routes for ``coord``, signing in through ``auth`` (the app's
+    :class:`~.auth.Authenticator`)."""
+    sessions: OrderedDict[str, Session] = OrderedDict()
+    usage_cache: list = [0.0, None]  # [when, (day, week)]
+
+    def usage_now(now: float) -> tuple[dict, dict]:
+        if usage_cache[1] is None or now - usage_cache[0] > USAGE_CACHE_S:
+            usage_cache[:] = [now, (coord.store.usage(now - DAY_S), coord.store.usage(now - 7 * DAY_S))]
+        return usage_cache[1]
+
+    def session_of(request: Request) -> Session | None:
+        sid = request.cookies.get(COOKIE)
+        s = sessions.get(sid) if sid else None
+        if s is None:
+            return None
+        if s.expires < time.time() or (s.digest is not None and
+                                       (auth.people is None or not auth.people.has_digest(s.digest))):
+            sessions.pop(sid, None)  # expired, or its token was revoked
+            return None
+        return s
+
+    def changing(request: Request, s: Session) -> JSONResponse | None:
+        """Refuse a state change without the session's CSRF token or from another origin."""
+        sent = request.headers.get("x-csrf-token", "")
+        if not hmac.compare_digest(sent.encode(), s.csrf.encode()):
+            return _refuse(403, "csrf", "missing or wrong X-CSRF-Token (reload the page)")
+        origin = request.headers.get("origin")
+        if origin is not None and urlsplit(origin).netloc not in hosts_of(request):
+            return _refuse(403, "csrf", "cross-origin request refused")
+        return None
+
+    def hosts_of(request: Request) -> set[str]:
+        """The names this request reached us by: its Host, and behind a tunnel or proxy
+        (``serve --public``, ``--trusted-proxy``) the host it forwarded."""
+        out = {request.headers.get("host", request.url.netloc)}
+        if getattr(auth, "fronted", False) and request.headers.get("x-forwarded-host"):
+            out.add(request.headers["x-forwarded-host"])
+        return out
+
+    def secure(request: Request) -> bool:
+        """HTTPS here, or at the tunnel or proxy in front of us."""
+        return request.url.scheme == "https" or (
+            getattr(auth, "fronted", False) and request.headers.get("x-forwarded-proto") == "https")
+
+    def guarded(fn, change: bool = False):
+        async def endpoint(request: Request) -> Response:
+            s = session_of(request)
+            if s is None:
+                return _refuse(401, "signed_out", "sign in first")
+            if change and (bad := changing(request, s)) is not None:
+                return bad
+            try:
+                return await fn(request, s)
+            except UnknownJob as e:
+                return _refuse(404, "unknown_job", f"no such job {e}")
+        return endpoint
+
+    async def page(request: Request) -> Response:
+        if request.url.path.endswith("/"):  # the page's relative links are for .../ui
+            return Response(status_code=307, headers={"location": "../ui", **HEADERS})
+        return Response(_static("index.html"), media_type="text/html; charset=utf-8", headers=HEADERS)
+
+    async def static(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in STATIC:
+            return _refuse(404, "not_found", "no such file")
+        return Response(_static(name), media_type=STATIC[name], headers=HEADERS)
+
+    async def login(request: Request) -> Response:
+        if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+            return _refuse(415, "bad_request", "sign in with a JSON body {\"token\": ...}")
+        try:
+            body = json.loads(await request.body())
+            token = body["token"]
+            if not isinstance(token, str) or not token.strip():
+                raise ValueError
+        except (ValueError, KeyError, TypeError, RecursionError):
+            return _refuse(400, "bad_request", "sign in with a JSON body {\"token\": ...}")
+        headers = {"authorization": f"Bearer {token.strip()}"}
+        for h in ("forwarded", "x-forwarded-for", "via", "x-real-ip"):  # as auth counts them
+            if h in request.headers:
+                headers[h] = request.headers[h]
+        try:
+            who = await auth.identity(request.client.host if request.client else None, headers)
+        except AuthRefused as e:
+            return _refuse(e.status, e.code, e.message)
+        if who.role not in people.READ:
+            return _refuse(403, "forbidden", f"the {who.role} token cannot sign in to the dashboard")
+        digest = None
+        if who is not people.MAIN and who is not people.WORKER_IDENTITY:
+            digest = people.digest(token.strip().encode("latin-1", "replace"))
+        sid, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+        sessions[sid] = Session(who, csrf, time.time() + SESSION_TTL_S, digest)
+        while len(sessions) > MAX_SESSIONS:
+            sessions.popitem(last=False)
+        resp = _json({"name": who.name, "role": who.role, "csrf": csrf})
+        # No Path: the browser takes that of /ui/login (/ui, or /PREFIX/ui behind a proxy)
+        resp.set_cookie(COOKIE, sid, max_age=int(SESSION_TTL_S), path=None, httponly=True,
+                        samesite="strict", secure=secure(request))
+        return resp
+
+    async def logout(request: Request, s: Session) -> Response:
+        sessions.pop(request.cookies.get(COOKIE, ""), None)
+        resp = _json({"signed_out": True})
+        resp.delete_cookie(COOKIE, path=None)
+        return resp
+
+    async def state(request: Request, s: Session) -> Response:
+        now = time.time()
+        day, week = usage_now(now)
+        usage: dict[str, dict] = {}
+
+        def add(source: dict, field: str, pick=lambda v: v) -> None:
+            for owner, v in source.items():  # None: jobs from before people, the admin's
+                u = usage.setdefault(owner or people.MAIN_PERSON, dict.fromkeys(
+                    ("running", "queued", "gpu_hours_day", "gpu_hours_week", "cpu_hours_day",
+                     "cpu_hours_week"), 0))
+                u[field] += pick(v)
+        add(coord.running_by_owner(), "running")
+        add(coord.queue.pending_by_owner(), "queued")
+        for src, span in ((day, "day"), (week, "week")):
+            add(src, f"gpu_hours_{span}", lambda v: v["gpu_s"] / 3600)
+            add(src, f"cpu_hours_{span}", lambda v: v["cpu_s"] / 3600)
+        usage_rows = [{"person": name, **u} for name, u in sorted(usage.items())]
+        return _json({"me": {"name": s.who.name, "role": s.who.role, "csrf": s.csrf},
+                      "workers": [_worker(coord, w) for w in coord.workers.values()],
+                      "jobs": [_job_summary(coord, row) for row in coord.store.recent_jobs(JOB_LIST)],
+                      "people": usage_rows, "queue_depth": len(coord.queue), "now": now})
+
+    async def job(request: Request, s: Session) -> Response:
+        jid = _jid(request)
+        row = coord.store.job_row(jid)
+        if row is None:
+            raise UnknownJob(jid)
+        view = _job_summary(coord, row)
+        mine = s.who.may_touch(row.get("owner"))
+        times = coord.store.task_times(jid)
+        hosts = {w.id: w.info.get("hostname", "") for w in coord.workers.values()}
+        tasks = []
+        for t in coord.store.task_rows(jid):
+            started, finished = times.get(t["id"], (None, None))
+            err = t["error"]
+            if err and not mine:
+                err = {k: err[k] for k in ("kind", "type") if k in err}
+            tasks.append({"id": t["id"], "index": t["index"], "state": t["state"],
+                          "attempts": t["attempts"], "worker": t["worker_id"],
+                          "host": hosts.get(t["worker_id"] or "", ""),
+                          "duration_s": (finished or time.time()) - started
+                          if started and t["state"] != "pending" else None,
+                          "error": err})
+        view.update(tasks=tasks, may_read=mine, may_act=mine and s.who.role in people.SUBMIT)
+        return _json(view)
+
+    async def output(request: Request, s: Session) -> Response:
+        jid = _jid(request)
+        row = coord.store.job_row(jid)
+        if row is None:
+            raise UnknownJob(jid)
+        if not s.who.may_touch(row.get("owner")):
+            return _refuse(403, "not_yours", f"job {jid} belongs to {row.get('owner') or 'admin'}")
+        out = []
+        for t in coord.store.task_rows(jid):
+            texts = {}
+            for stream in ("stdout", "stderr"):
+                data = coord.output.task_log(jid, t["id"], stream)
+                texts[stream] = data[-OUTPUT_TAIL_BYTES:].decode("utf-8", "replace")
+            if texts["stdout"] or texts["stderr"]:
+                out.append({"index": t["index"], "id": t["id"], **texts})
+        return _json({"job_id": jid, "tasks": out})
+
+    def acting(name: str, act):
+        async def fn(request: Request, s: Session) -> Response:
+            jid = _jid(request)
+            row = coord.store.job_row(jid)
+            if row is None:
+                raise UnknownJob(jid)
+            if s.who.role not in people.SUBMIT or not s.who.may_touch(row.get("owner")):
+                return _refuse(403, "not_yours", f"{s.who.name} cannot {name} job {jid}")
+            try:
+                return _json(act(jid))
+            except JobReleased:
+                return _refuse(410, "released", f"job {jid} cannot be retried here: its results "
+                                                "belong to the caller that submitted it")
+        return fn
+
+    def do_cancel(jid: str) -> dict:
+        if jid not in coord.jobs:
+            return {"cancelled": 0}
+        return {"cancelled": coord.cancel(jid)}
+
+    return [
+        Route("/ui", page, methods=["GET"]),
+        Route("/ui/", page, methods=["GET"]),
+        Route("/ui/static/{name}", static, methods=["GET"]),
+        Route("/ui/login", login, methods=["POST"]),
+        Route("/ui/logout", guarded(logout, change=True), methods=["POST"]),
+        Route("/ui/api/state", guarded(state), methods=["GET"]),
+        Route("/ui/api/jobs/{jid}", guarded(job), methods=["GET"]),
+        Route("/ui/api/jobs/{jid}/output", guarded(output), methods=["GET"]),
+        Route("/ui/api/jobs/{jid}/cancel", guarded(acting("cancel", do_cancel), change=True),
+              methods=["POST"]),
+        Route("/ui/api/jobs/{jid}/retry", guarded(acting("retry", lambda j: {"retried": coord.retry(j)}),
+                                                  change=True), methods=["POST"]),
+    ]
+
+
+def _jid(request: Request) -> str:
+    jid = request.path_params["jid"]
+    if not (4 <= len(jid) <= 64 and all(c in "0123456789abcdef" for c in jid)):
+        raise UnknownJob(jid[:80])
+    return jid
+
+
+def _worker(coord, w) -> dict:
+    view = coord.worker_view(w)
+    keep = ("id", "hostname", "user", "device", "device_name", "platform", "version", "score",
+            "alive", "slots", "running", "busy_slots", "slot_list", "gpus", "cores", "ram_mb",
+            "state", "state_reason", "owner_state")
+    out = {k: view[k] for k in keep if k in view}
+    out["allow_installs"] = bool(view.get("allow_installs"))  # join --allow-installs
+    out["last_seen_s"] = max(0.0, coord.clock() - w.last_seen)
+    out["owner_labels"] = availability.labels(view)  # paused, outside hours, yielding, hot
+    return out
+
+
+def _job_summary(coord, row: dict) -> dict:
+    counts = coord.store.task_counts(row["id"])
+    return {"id": row["id"], "name": row["name"], "kind": row["kind"], "state": row["state"],
+            "owner": row.get("owner") or people.MAIN_PERSON, "n_tasks": row["n_tasks"],
+            "counts": counts, "created": row["created"], "released": bool(row["released"])}

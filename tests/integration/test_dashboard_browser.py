@@ -1,0 +1,194 @@
+"""The dashboard in a real browser: Debian's headless Chromium driven by Playwright against a
+live coordinator with two workers.
+
+Sign in, see both workers, watch a job progress and finish, open a failed task's
+traceback, cancel a running job and see its tasks stop; markup in a job name and in a
+hostname stays text in the DOM. ``GPUMESH_SCREENSHOTS=DIR`` saves the pool and a job page
+there (docs/ holds the ones made so).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import wait_for
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the dev extra)")
+CHROMIUM = "/usr/bin/chromium"
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                                reason="needs Debian's chromium (apt-get install chromium; .ci/run does)")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+XSS = "<img src=x onerror=alert(1)>"
+HOST_XSS = "<b>lab</b><script>alert(2)</script>"
+WORK = ("import json, sys, time\nx = json.load(sys.stdin)\nprint('working on', x, flush=True)\n"
+        "time.sleep(x.get('sleep', 0.4) if isinstance(x, dict) else 0.4)\n"
+        "assert x != 3, 'three is not allowed'\nprint(json.dumps(x))\n")
+
+
+@pytest.fixture
+def mesh(make_mesh):
+    return make_mesh(workers=2)
+
+
+@pytest.fixture
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, mesh):
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    pg = ctx.new_page()
+    pg.dialogs = []
+    pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
+    pg.errors = []
+    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+    yield pg
+    ctx.close()
+
+
+def shot(page, name):
+    where = os.environ.get("GPUMESH_SCREENSHOTS")
+    if where:
+        page.screenshot(path=str(Path(where) / name), full_page=True)
+
+
+def sign_in(page, url, token):
+    page.goto(f"{url}/ui")
+    page.wait_for_selector("#signin:not([hidden])")
+    page.fill("#token", token)
+    page.click("#signin-btn")
+    page.wait_for_selector("#workers")
+
+
+def test_sign_in_watch_a_job_open_a_traceback_and_cancel(mesh, page, tmp_path):
+    from gpumesh import GPUMesh
+    admin = mesh.client(output=False)
+    alice_token = admin.add_token("alice")["token"]
+    alice = GPUMesh(mesh.url, token=alice_token, output=False)
+    script = tmp_path / "work.py"
+    script.write_text(WORK)
+
+    # a wrong token is refused on the page itself
+    page.goto(f"{mesh.url}/ui")
+    page.fill("#token", "not-the-token-0123456789abcdef")
+    page.click("#signin-btn")
+    # (polled from here: the page's CSP, rightly, refuses the eval wait_for_function needs)
+    wait_for(lambda: page.text_content("#signin-error"), 10, "the refusal")
+    assert "refused" in page.text_content("#signin-error")
+    assert page.locator("#workers").count() == 0
+
+    sign_in(page, mesh.url, alice_token)
+    wait_for(lambda: page.locator("tr.worker").count() == 2, 15, "both workers")
+    ids = sorted(w["id"] for w in mesh.workers())
+    assert sorted(page.eval_on_selector_all("tr.worker", "rs => rs.map(r => r.dataset.id)")) == ids
+    assert page.locator("tr.worker .state.alive").count() == 2
+    assert page.text_content("#me") == "alice (submit)"
+
+    # a job's progress advances and it finishes
+    job = alice.submit("sweep", script, [0, 1, 2, 4, 5, 6, 7, 8])
+    page.goto(f"{mesh.url}/ui#/job/{job}")
+    page.wait_for_selector("#job-progress")
+    seen = set()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        seen.add(page.text_content("#job-progress"))
+        if page.get_attribute("#job", "data-state") == "finished":
+            break
+        time.sleep(0.1)
+    seen.add(page.text_content("#job-progress"))
+    assert page.get_attribute("#job", "data-state") == "finished"
+    assert "8/8" in seen and len(seen) >= 3, seen  # watched it move, not only the end
+    assert page.locator("tr.task-row[data-state=done]").count() == 8
+    page.wait_for_selector("#output pre.stdout")
+    assert "working on" in page.text_content("#output")
+    shot(page, "dashboard-job.png")
+
+    # a failed task's error and remote traceback
+    bad = alice.submit("has a bad one", script, [1, 3])
+    page.goto(f"{mesh.url}/ui#/job/{bad}")
+    page.wait_for_selector("#job[data-state=finished]", timeout=60_000)
+    page.click("tr.task-row[data-state=failed] button.task-error")
+    page.wait_for_selector("pre.traceback")
+    tb = page.text_content("pre.traceback")
+    assert "Traceback" in tb and "AssertionError" in tb and "three is not allowed" in tb
+    assert "three is not allowed" in page.text_content(".error-message")
+    page.wait_for_selector("#retry-btn")
+
+    # cancel a running job: its tasks stop on the workers
+    slow = alice.submit("slow", script, [{"sleep": 60}] * 4)
+    page.goto(f"{mesh.url}/ui#/job/{slow}")
+    page.wait_for_selector("tr.task-row[data-state=leased]", timeout=30_000)
+    page.goto(f"{mesh.url}/ui#/")  # the pool while it runs: both slots busy, alice running 2
+    wait_for(lambda: page.locator("tr.worker").count() == 2 and
+             page.text_content("#workers").count("1 / 1") == 2, 15, "both slots busy")
+    assert [c.strip() for c in page.eval_on_selector_all(
+        "tr.person td", "ts => ts.map(t => t.textContent)")][:3] == ["alice", "2", "2"]
+    shot(page, "dashboard-pool.png")
+    page.goto(f"{mesh.url}/ui#/job/{slow}")
+    page.wait_for_selector("#cancel-btn")
+    page.click("#cancel-btn")
+    page.wait_for_selector("#job[data-state=cancelled]", timeout=10_000)
+    assert "Cancelled 4 task(s)" in page.text_content("#action-message")
+    assert page.locator("tr.task-row[data-state=cancelled]").count() == 4
+    wait_for(lambda: all(w["running"] == 0 for w in mesh.workers()), 15, "the workers to stop")
+    assert alice.status(slow)["counts"] == {"cancelled": 4}
+
+    page.goto(f"{mesh.url}/ui#/")
+    page.wait_for_selector(f"tr.job-row[data-id='{slow}'] .state.cancelled")
+    assert page.dialogs == [] and page.errors == []
+
+
+def test_markup_in_job_names_and_hostnames_stays_text(mesh, page, tmp_path):
+    admin = mesh.client(output=False)
+    script = tmp_path / "s.py"
+    script.write_text("import json, sys\nprint(json.dumps(json.load(sys.stdin)))\n")
+    job = admin.submit(XSS, script, [1])
+    r = httpx.post(f"{mesh.url}/v1/workers", json={"hostname": HOST_XSS, "slots": 1},
+                   headers={"authorization": f"Bearer {mesh.token}"}, timeout=10)
+    assert r.status_code == 200
+    sign_in(page, mesh.url, mesh.token)
+    wait_for(lambda: page.locator("tr.worker").count() == 3, 15, "three workers")
+    page.wait_for_selector(f"tr.job-row[data-id='{job}']")
+    assert page.text_content(f"tr.job-row[data-id='{job}'] a.job-link") == XSS
+    hosts = page.eval_on_selector_all("tr.worker .hostname", "es => es.map(e => e.textContent)")
+    assert HOST_XSS in hosts
+    # the markup was never parsed: no element came of it anywhere in the document
+    assert page.eval_on_selector_all("main img", "es => es.length") == 0
+    assert page.eval_on_selector_all("main b, main script", "es => es.length") == 0
+    page.goto(f"{mesh.url}/ui#/job/{job}")
+    page.wait_for_selector("#job-name")
+    assert page.text_content("#job-name") == XSS
+    assert page.eval_on_selector_all("#job img", "es => es.length") == 0
+    time.sleep(1.5)  # a few polls: an onerror or script would have run by now
+    assert page.dialogs == [] and page.errors == []
+
+
+def test_the_pool_and_a_job_fit_a_phone_screen(mesh, browser, tmp_path):
+    admin = mesh.client(output=False)
+    script = tmp_path / "s.py"
+    script.write_text("import json, sys\nprint(json.dumps(json.load(sys.stdin)))\n")
+    job = admin.submit("a rather long job name for a narrow screen " * 2, script, [1, 2])
+    admin.wait(job, timeout=60)
+    ctx = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True)
+    page = ctx.new_page()
+    try:
+        sign_in(page, mesh.url, mesh.token)
+        wait_for(lambda: page.locator("tr.worker").count() == 2, 15, "both workers")
+        for where in ("#/", f"#/job/{job}"):
+            page.goto(f"{mesh.url}/ui{where}")
+            page.wait_for_selector("#workers" if where == "#/" else "#job")
+            # nothing wider than the screen: tables scroll inside their own boxes
+            assert page.evaluate("document.documentElement.scrollWidth") <= 390, where
+        shot(page, "dashboard-phone.png")
+    finally:
+        ctx.close()
