@@ -4,6 +4,8 @@
 #   make test      the test suite (dev extra)
 #   make test-engines  the conformance suite on the native mesh and the engines in ENGINES
 #                      (default "dask ray"; CI runs ENGINES=dask)
+#   make test-spawn    the integration, fault and conformance suites with every worker on
+#                      the spawn runtime (GPUMESH_RUNTIME=spawn; see docs/architecture.md)
 #   make test-docker  the Dockerfile and docker-compose.yaml built and run with podman
 #                     (as root; apt-installs podman, podman-compose, debootstrap, runc)
 #   make bench     benchmarks/run.py
@@ -14,7 +16,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: venv install demo test test-engines test-docker bench clean distclean
+.PHONY: venv install demo test test-engines test-spawn test-docker bench clean distclean
 
 venv: $(PY)
 
@@ -31,6 +33,12 @@ demo: install
 test: $(PY)
 	$(PIP) install -q -e '.[dev]'
 	$(PY) -m pytest
+
+# Workers started by these suites inherit GPUMESH_RUNTIME: the same tests, no fork.
+test-spawn: $(PY)
+	$(PIP) install -q -e '.[dev]'
+	GPUMESH_RUNTIME=spawn $(PY) -m pytest tests/integration tests/faults tests/conformance \
+		--ignore=tests/integration/test_winsurface.py  # (spawn already, whatever the variable)
 
 # The same decorator/.map tests on the native mesh, a Dask LocalCluster and a local Ray.
 ENGINES ?= dask ray

@@ -44,6 +44,8 @@ from .limits import HANDOFF_MIN_BYTES
 NAME = re.compile(r"[0-9a-f]{24}\.part")
 #: The probe file the coordinator writes (holds the nonce).
 PROBE = ".probe"
+#: Open flags: not inherited by child processes, and binary (Windows opens text otherwise).
+_NOINHERIT = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0) | getattr(os, "O_NOINHERIT", 0)
 
 
 def enabled() -> bool:
@@ -138,7 +140,7 @@ def write_file(drop_dir: str | Path, chunks: Iterable, name: str | None = None) 
     elif not NAME.fullmatch(name):
         raise ValueError(f"{name!r} is not a handoff file name")
     path = os.path.join(drop_dir, name)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOINHERIT, 0o600)
     try:
         _write_all(fd, chunks)
     except BaseException:
@@ -184,7 +186,7 @@ def discard(drop_dir: str | Path, name: str) -> None:
 def map_file(path: str | Path) -> memoryview:
     """A writable copy-on-write view of a whole file (an empty view for an empty file).
     Raises ``FileNotFoundError``/``OSError``."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | _NOINHERIT)
     try:
         return map_fd(fd)
     finally:

@@ -17,7 +17,6 @@ may be local to each client.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 #: Windows: offset of the one byte that is locked (the pid is written before it).
@@ -84,7 +83,12 @@ def _read_pid(fd: int) -> int | None:
     return int(text) if text.isdigit() and int(text) > 0 else None
 
 
-if sys.platform == "win32":
+try:  # by what the platform has, not its name (tests/winsurface has no fcntl either)
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
+
+if fcntl is None:
     import msvcrt
 
     def _try_lock(fd: int) -> bool:
@@ -97,8 +101,6 @@ if sys.platform == "win32":
             os.lseek(fd, 0, os.SEEK_SET)
         return True
 else:
-    import fcntl
-
     def _try_lock(fd: int) -> bool:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -118,6 +118,16 @@ def _gpus() -> Check:
     return Check("gpus", "ok", f"{len(gpus)} GPU(s): {names}")
 
 
+def _runtime() -> Check:
+    from ..worker.procs import choose_runtime, fork_missing
+    try:
+        name, why = choose_runtime()
+    except ValueError as e:
+        return Check("runtime", "fail", str(e), "set GPUMESH_RUNTIME to fork or spawn, or unset it")
+    other = "" if fork_missing() else "; fork and spawn both available"
+    return Check("runtime", "ok", f"{name}: {why}{other} (gpumesh join --runtime)")
+
+
 def _saved() -> Check:
     path = config.config_path()
     saved = config.load_saved()
@@ -454,7 +464,7 @@ def doctor(target, url, token, fingerprint, as_json):
     if target and url and target.rstrip("/") != url.rstrip("/"):
         raise click.UsageError(f"two different URLs: {target} and --url {url}; give one")
     url = target or url
-    checks = [_install(), _python(), _cloudpickle(), _torch(), _gpus(), _saved()]
+    checks = [_install(), _python(), _cloudpickle(), _torch(), _gpus(), _runtime(), _saved()]
     checks += _coordinator(url, token, fingerprint)
     hide(token)
     failed = any(c.status == "fail" for c in checks)

@@ -42,12 +42,16 @@ def _exit_with_parent() -> None:
 @click.option("--fingerprint", default=None, metavar="SHA256:HEX",
               help="Pin the coordinator's TLS certificate (what `gpumesh serve --tls` printed) "
                    "[default: $GPUMESH_FINGERPRINT, else the saved config].")
+@click.option("--runtime", type=click.Choice(["fork", "spawn"]), default=None,
+              help="How task processes start: fork (a warm host forks one per task; Linux) "
+                   "or spawn (fresh interpreters started ahead of need; Windows, macOS) "
+                   "[default: $GPUMESH_RUNTIME, else the platform's].")
 @owner_options
 @click.option("--allow-installs", is_flag=True,
               help="Let tasks with requires=[...] run here in environments that uv builds "
                    "and caches ($GPUMESH_ENV_DIR, capped at $GPUMESH_ENV_CACHE_MB) "
                    "[default: off: such a task runs here only if its packages are installed].")
-def join(url, token, slots, fingerprint, allow_installs, **owner_flags):
+def join(url, token, slots, fingerprint, runtime, allow_installs, **owner_flags):
     """Join the mesh whose coordinator is at URL (e.g. http://192.0.2.10:8000).
 
     Without URL, looks for coordinators on the LAN for a few seconds (mDNS, as
@@ -57,6 +61,7 @@ def join(url, token, slots, fingerprint, allow_installs, **owner_flags):
     ~/.gpumesh/worker.toml (docs/owner.md); `gpumesh pause` / `resume` at any time."""
     from ..worker.agent import WorkerAgent
     from ..worker.device import detect
+    from ..worker.procs import choose_runtime
 
     from . import owner as owner_cli
     try:
@@ -90,6 +95,10 @@ def join(url, token, slots, fingerprint, allow_installs, **owner_flags):
         if not url.startswith("https://"):
             fail(f"--fingerprint pins a TLS certificate, but {url} is not an https:// URL")
 
+    try:
+        runtime, runtime_why = choose_runtime(runtime)
+    except ValueError as e:
+        fail(str(e), code=2)
     if allow_installs:
         from ..worker.envs import find_uv
         if find_uv() is None:
@@ -117,6 +126,7 @@ def join(url, token, slots, fingerprint, allow_installs, **owner_flags):
     if slots:
         offered.append(f"{slots} CPU ({info['cpu']}, {info['cores']} cores)")
     click.echo(f"[worker] slots: {', '.join(offered)}")
+    click.echo(f"[worker] runtime: {runtime} ({runtime_why})")
 
     def on_event(kind: str, text: str) -> None:
         # "scored" lines (device=... score=...) come once the benchmark, which runs
@@ -127,7 +137,8 @@ def join(url, token, slots, fingerprint, allow_installs, **owner_flags):
         click.echo(f"[worker] {line}")
     from ..worker.owner import OwnerState
     agent = WorkerAgent(url, token, slots=slots, info=info, on_event=on_event, fingerprint=fingerprint,
-                        owner=OwnerState(policy), allow_installs=allow_installs)
+                        owner=OwnerState(policy), allow_installs=allow_installs,
+                        runtime=runtime)
     if allow_installs:
         click.echo(f"[worker] installs allowed: requires= environments in {agent.envs.root}")
     control = _control_channel(agent)

@@ -314,9 +314,12 @@ class GPUMesh:
     def run_calls(self, fn: Callable, calls: list[_calls.Call], *, hints: list[dict] | None = None,
                   timeout: float | None = None, name: str | None = None,
                   require: hardware.Requirements | None = None, return_exceptions: bool = False,
-                  retry: tuple[int, tuple] | None = None) -> list[Any]:
+                  retry: tuple[int, tuple] | None = None,
+                  isolation: str | None = None) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` for each ``(args, kwargs)`` in ``calls``; values in
         order. Runs here when the mesh is unavailable (see the module docstring).
+        ``isolation``: ``"task"`` (None, the default: a fresh process per task) or ``"job"``
+        (each worker slot keeps one process for this job's tasks).
         ``require``: hardware every task needs; :class:`~gpumesh.errors.Unsatisfiable` if
         no alive worker (nor, when none is alive, this machine) can ever provide it.
         ``return_exceptions``: every call runs, and a failed one's exception takes its
@@ -330,14 +333,15 @@ class GPUMesh:
         values: list[Any] = [_MISSING] * len(calls)
         for index, value in self.iter_calls(fn, calls, hints=hints, timeout=timeout, name=name,
                                             require=require, return_exceptions=return_exceptions,
-                                            retry=retry):
+                                            retry=retry, isolation=isolation):
             values[index] = value
         return values
 
     def iter_calls(self, fn: Callable, calls: list[_calls.Call], *, hints: list[dict] | None = None,
                    timeout: float | None = None, name: str | None = None,
                    require: hardware.Requirements | None = None, return_exceptions: bool = False,
-                   retry: tuple[int, tuple] | None = None, handle: Any = None):
+                   retry: tuple[int, tuple] | None = None, handle: Any = None,
+                   isolation: str | None = None):
         """As :meth:`run_calls`, yielding ``(index, value)`` as each call finishes. Closing
         the generator before the end cancels the calls still running. With ``handle``
         (a dict, see :class:`~gpumesh.client.sweep.Results`), the job is submitted
@@ -362,7 +366,8 @@ class GPUMesh:
         try:
             first = self._submit(job_id, fn, calls, hints or [{}] * len(calls), timeout, name,
                                  printer is not None, require=require, retry=retry,
-                                 wait=0 if handle is not None else LONG_POLL_S)
+                                 wait=0 if handle is not None else LONG_POLL_S,
+                                 isolation=check_isolation(isolation))
             if first is None:
                 check_local(fn, require, hints, f"no worker is alive in the mesh at {self.url}")
                 notice(f"no live worker in the mesh at {self.url}; running locally")
@@ -397,7 +402,7 @@ class GPUMesh:
     def _submit(self, job_id: str, fn: Callable, calls: list[_calls.Call], hints: list[dict],
                 timeout: float | None, name: str | None, output: bool,
                 require: hardware.Requirements | None = None, retry: tuple[int, tuple] | None = None,
-                wait: float = LONG_POLL_S) -> bytearray | None:
+                wait: float = LONG_POLL_S, isolation: str = "task") -> bytearray | None:
         """Submit the job and wait briefly (up to ``wait`` s) for its first results in the
         same round trip. Returns that first results page, or None if the mesh has no live
         worker."""
@@ -418,6 +423,8 @@ class GPUMesh:
                 "output": output, "caller": {"host": _HOSTNAME, "pid": os.getpid()}}
         if self.strict:
             meta["result_format"] = "json"  # the task answers in JSON; nothing is unpickled
+        if isolation != "task":
+            meta["isolation"] = isolation
         if require:
             meta["require"] = require.to_meta()
         if retry:
@@ -643,17 +650,23 @@ class GPUMesh:
 
     # ------------------------------------------------------------------ API --------
     def distribute(self, function: Callable, params: Iterable[Any], timeout: float | None = None,
-                   return_exceptions: bool = False) -> list[Any]:
+                   return_exceptions: bool = False, isolation: str | None = None) -> list[Any]:
         """Run ``function`` once per item of ``params`` (dicts are keyword arguments) across
         the mesh; returns the values in input order. ``timeout`` (seconds) applies to each
         task. Raises what a task raised (see :mod:`gpumesh.errors`), and cancels the rest;
         with ``return_exceptions=True`` every item runs and a failed item's exception
-        stands in its place in the list."""
+        stands in its place in the list. ``isolation``: ``"task"`` or ``"job"`` as for
+        ``@accelerate`` (default: the decorated function's, else ``"task"``; anything else
+        is a ``ValueError``)."""
         from .remote import unwrap
+        if isolation is None:
+            isolation = getattr(function, "options", {}).get("isolation")
+        isolation = check_isolation(isolation)
         fn = unwrap(function)
         calls, hints = _calls.map_items(fn, params)
+        extra = {} if isolation == "task" else {"isolation": isolation}
         return self.run_calls(fn, calls, hints=hints, timeout=_check_timeout(timeout),
-                              return_exceptions=bool(return_exceptions))
+                              return_exceptions=bool(return_exceptions), **extra)
 
     @staticmethod
     def start_coordinator(port: int = 8000, token: str | None = None, host: str = "127.0.0.1",
@@ -826,6 +839,20 @@ def _started(handle: Any, results):
     if handle is not None:
         yield None
     yield from results
+
+
+#: What ``isolation=`` accepts: a fresh process per task (the default), or one process
+#: per worker slot for the job's tasks.
+ISOLATIONS = ("task", "job")
+
+
+def check_isolation(isolation: Any) -> str:
+    """``isolation`` checked (None is ``"task"``); ``ValueError`` for anything else."""
+    if isolation is None:
+        return "task"
+    if not isinstance(isolation, str) or isolation not in ISOLATIONS:
+        raise ValueError(f"isolation must be 'task' or 'job', got {isolation!r}")
+    return isolation
 
 
 def _check_timeout(timeout: Any) -> float | None:

@@ -18,7 +18,7 @@ from typing import Any
 from .. import retries as _retries
 from ..hardware import Requirements
 from . import calls as _calls
-from .mesh import GPUMesh, _check_timeout, _started, iter_locally, run_locally
+from .mesh import GPUMesh, _check_timeout, _started, check_isolation, iter_locally, run_locally
 from .sweep import Results
 
 #: Options ``@accelerate`` accepts. ``gpu`` (a kind: "cuda", "mps", "gpu", "cpu", or a
@@ -27,7 +27,10 @@ from .sweep import Results
 #: them run it (see :mod:`gpumesh.hardware` for the exact rules). ``retries`` and
 #: ``retry_on`` re-run an item whose function raised one of those exception types
 #: (see :mod:`gpumesh.retries`); by default a raised exception is the item's answer.
-OPTIONS = ("timeout", "gpu", "cores", "memory", "gpu_memory", "retries", "retry_on", "requires")
+#: ``isolation``: ``"task"`` (default, a fresh process per task) or ``"job"`` (each worker
+#: slot keeps one process for the job's tasks; see docs/architecture.md).
+OPTIONS = ("timeout", "gpu", "cores", "memory", "gpu_memory", "retries", "retry_on", "requires",
+           "isolation")
 
 
 def unwrap(fn: Callable) -> Callable:
@@ -50,6 +53,7 @@ class RemoteFunction:
         self._mesh = mesh
         self.options = dict(options)
         self.options["timeout"] = _check_timeout(options.get("timeout"))
+        self.options["isolation"] = check_isolation(options.get("isolation"))
         #: What the function's tasks need; bad values raise ValueError here, at decoration.
         self.require = Requirements.from_options(
             **{k: options[k] for k in ("gpu", "cores", "memory", "gpu_memory", "requires")
@@ -97,6 +101,8 @@ class RemoteFunction:
                    "require": self.require}
         if self.retry is not None:  # (an engine refuses what it cannot express)
             options["retry"] = self.retry
+        if self.options["isolation"] != "task":  # (likewise; "task" is what engines do)
+            options["isolation"] = self.options["isolation"]
         return options
 
     def map(self, items: Iterable[Any], *, return_exceptions: bool = False,

@@ -845,7 +845,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
                           "lease_id": g.lease_id, "attempt": g.attempt, "kind": job.kind,
                           "fn": job.fn_hash, "timeout": job.meta.get("timeout"),
                           "name": job.meta.get("name", ""), "slot": g.slot,
-                          "result_format": job.meta.get("result_format", "pickle")})
+                          "result_format": job.meta.get("result_format", "pickle"),
+                          "isolation": job.meta.get("isolation", "task")})
             if job.require.requires:  # built into a task environment if the worker lacks them
                 tasks[-1]["requires"] = list(job.require.requires)
             if g.task_id in files:
@@ -979,6 +980,12 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         result_format = _field(meta, "result_format", str, "pickle")
         if result_format not in ("pickle", "json"):
             raise HTTPError(400, "bad_request", "field 'result_format' must be 'pickle' or 'json'")
+        isolation = _field(meta, "isolation", str, "task")
+        if isolation not in ("task", "job"):
+            raise HTTPError(400, "bad_request", "field 'isolation' must be 'task' or 'job'")
+        if isolation == "job" and kind == "script":
+            raise HTTPError(400, "bad_request", "script jobs always run one process per task: "
+                            "isolation='job' is for function jobs")
         name = _field(meta, "name", str, "")[:200]
         fn = _field(meta, "fn", str)
         if not _SHA.match(fn):
@@ -1027,6 +1034,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
             job_meta["gpu_memory_mb"] = {str(i): v for i, v in vram.items()}
         if result_format != "pickle":
             job_meta["result_format"] = result_format
+        if isolation != "task":
+            job_meta["isolation"] = isolation
         if retry is not None:
             job_meta["retries"], job_meta["retry_on"] = retry
         try:

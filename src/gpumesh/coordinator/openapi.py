@@ -159,6 +159,9 @@ _SCHEMAS: dict[str, Any] = {
             "wait": {"type": "number", "minimum": 0, "maximum": LONG_POLL_MAX_S},
             "output": {"type": "boolean"},
             "caller": {"type": "object"},
+            "isolation": {"enum": ["task", "job"], "description": "task (default): a fresh "
+                          "process per task; job: each worker slot keeps one process for the "
+                          "job's tasks (function jobs only)"},
             "result_format": {"enum": ["pickle", "json"],
                               "description": "json: the task returns its value as JSON (strict results)"},
             "retries": {"type": "integer", "minimum": 1, "maximum": MAX_RETRIES,

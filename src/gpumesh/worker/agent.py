@@ -43,7 +43,7 @@ from ..transport import Transport, Unreachable
 from . import membody, tempdirs
 from .device import GpuMonitor
 from .envs import EnvCache, InstallError
-from .executor import Executor, Outcome
+from .executor import Outcome, make_executor
 from .lending import OwnerRules
 from .owner import OwnerState, cap_free
 from .scoring import Scorer, describe
@@ -112,7 +112,8 @@ class WorkerAgent(OwnerRules):
     def __init__(self, url: str, token: str, *, slots: int = 1, info: dict | None = None,
                  cache_dir: Path | None = None, worker_id: str | None = None,
                  on_event=None, fingerprint: str | None = None, bench: bool = True,
-                 owner: OwnerState | None = None, allow_installs: bool = False, envs=None):
+                 owner: OwnerState | None = None, allow_installs: bool = False, envs=None,
+                 runtime: str | None = None):
         self.url = url
         self.http = Transport(url, token, fingerprint=fingerprint)  # fingerprint: TLS pin
         self.info = dict(info or {})
@@ -141,7 +142,8 @@ class WorkerAgent(OwnerRules):
         self.cache = Path(cache_dir)
         (self.cache / "fn").mkdir(parents=True, exist_ok=True)
         self.stopping = threading.Event()
-        self.executor = Executor(self.cache / "spool")
+        # runtime: fork or spawn (None: $GPUMESH_RUNTIME, else the platform's default)
+        self.executor = make_executor(runtime, self.cache / "spool")
         self._busy = {s["id"]: 0 for s in self.slot_list}  # tasks holding (or polls reserving) a slot
         self._free_cv = threading.Condition()
         self._reg_lock = threading.Lock()
@@ -526,7 +528,8 @@ class WorkerAgent(OwnerRules):
                         result_format=task.get("result_format", "pickle"),
                         env=self._slot_env.get(slot), args_fd=args_fd, args_range=args_range,
                         handoff_dir=str(drop.drop_dir) if drop else None, handoff_name=name,
-                        sys_path=sys_path)
+                        sys_path=sys_path, isolation=task.get("isolation", "task"),
+                        job_id=task.get("job_id"), slot=slot)
                 finally:
                     if env_key is not None:
                         self.envs.release(env_key)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..limits import MAX_WARM_FUNCTIONS, WARM_IDLE_S
-from . import runner
+from . import procs, runner
 
 log = logging.getLogger("gpumesh.worker")
 
@@ -145,7 +145,12 @@ class Host:
 
 
 class Executor:
-    """Runs tasks in isolated processes. Thread-safe: one task per calling thread."""
+    """Runs tasks in isolated processes. Thread-safe: one task per calling thread.
+
+    This is the fork runtime; :class:`gpumesh.worker.spawn.SpawnExecutor` is the same
+    interface without fork (see :func:`make_executor`)."""
+
+    runtime = "fork"
 
     def __init__(self, spool: Path | None = None) -> None:
         self.spool = Path(spool or tempfile.mkdtemp(prefix="gpumesh-spool-"))
@@ -159,6 +164,9 @@ class Executor:
         self._zygote_ctrl: socket.socket | None = None
         self._closed = False
         self._running: dict[str, tuple[Host, _Pending]] = {}
+        # isolation="job" tasks run in spawned processes that a slot keeps for its job
+        # (started on the first such task; see gpumesh.worker.spawn).
+        self._job_runtime: Executor | None = None
 
     # ------------------------------------------------------------------ hosts -------
     def _zygote_socket(self) -> socket.socket:
@@ -232,7 +240,8 @@ class Executor:
             timeout: float | None, result_format: str = "pickle", env: dict | None = None,
             args_fd: int | None = None, args_range: tuple[int, int] | None = None,
             handoff_dir: str | None = None, handoff_name: str | None = None,
-            sys_path: list[str] | None = None) -> Outcome:
+            sys_path: list[str] | None = None, isolation: str = "task",
+            job_id: str | None = None, slot=None) -> Outcome:
         """Run one task to completion; never raises for anything the task does.
         ``result_format="json"``: the task sends its value as JSON (strict results).
         ``env``: variables set in the task's process (its slot's GPU, for one).
@@ -241,7 +250,14 @@ class Executor:
         ``(offset, length)`` bytes of that file are the arguments. ``handoff_dir``: let
         the task leave a big result there, named ``handoff_name`` (see gpumesh.handoff;
         ``Outcome.handoff_file``). ``sys_path``: directories put in front of the function's
-        ``sys.path`` (a task environment, see gpumesh.worker.envs)."""
+        ``sys.path`` (a task environment, see gpumesh.worker.envs). ``isolation="job"``: run it in the
+        process ``slot`` keeps for ``job_id`` (tasks of one job share it; gpumesh.worker.spawn)."""
+        if isolation == "job" and job_id is not None:
+            return self._jobs_executor().run(
+                task_id, fn_hash, blob_path, args, timeout, result_format=result_format, env=env,
+                args_fd=args_fd, args_range=args_range, handoff_dir=handoff_dir,
+                handoff_name=handoff_name, sys_path=sys_path, isolation=isolation,
+                job_id=job_id, slot=slot)
         try:
             host = self._host(fn_hash, blob_path, sys_path)
         except OSError as e:  # the zygote could not be started, or we are closing
@@ -329,6 +345,13 @@ class Executor:
         return Outcome(info["status"], info.get("error"), payload if payload else None,
                        handoff_file if isinstance(handoff_file, str) else None)
 
+    def _jobs_executor(self) -> Executor:
+        with self._lock:
+            if self._job_runtime is None:
+                from .spawn import SpawnExecutor
+                self._job_runtime = SpawnExecutor(self.spool, running=self._running)
+            return self._job_runtime
+
     @staticmethod
     def _preload(host: Host, modules: list | None, path: list | None) -> None:
         new = [m for m in modules or () if isinstance(m, str) and m not in host.preloaded]
@@ -383,10 +406,7 @@ class Executor:
         pending.killed_for = why
         pending.started.wait(5)
         if pending.pid:
-            try:
-                os.killpg(pending.pid, signal.SIGKILL)
-            except OSError:
-                pass
+            procs.kill_tree(pending.pid)
 
     def run_script(self, task_id: str, script_path: str, payload: bytes | bytearray | memoryview,
                    timeout: float | None, env: dict | None = None) -> Outcome:
@@ -435,6 +455,8 @@ class Executor:
         """Kill every task and host, then the zygote. Leaves no process behind."""
         for task_id in list(self._running):
             self.cancel(task_id)
+        if self._job_runtime is not None:
+            self._job_runtime.close()
         with self._lock:
             self._closed = True  # no zygote starts after this
             for host in self._hosts.values():
@@ -452,3 +474,14 @@ class Executor:
             except subprocess.TimeoutExpired:
                 zygote.kill()
                 zygote.wait()
+
+
+def make_executor(runtime: str | None = None, spool: Path | None = None) -> Executor:
+    """The executor of ``runtime`` (``fork`` or ``spawn``; None: chosen as
+    :func:`gpumesh.worker.procs.choose_runtime` says). Raises ``ValueError`` for an
+    unknown runtime or one this Python cannot run."""
+    name, _why = procs.choose_runtime(runtime)
+    if name == "spawn":
+        from .spawn import SpawnExecutor
+        return SpawnExecutor(spool)
+    return Executor(spool)

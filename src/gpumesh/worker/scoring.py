@@ -30,6 +30,8 @@ import sys
 import threading
 from collections.abc import Callable
 
+from . import procs
+
 log = logging.getLogger("gpumesh.worker")
 
 #: Seconds without any task before a measurement starts.
@@ -119,7 +121,7 @@ class Scorer:
                 return None
             self._proc = proc = subprocess.Popen(
                 cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                stdin=subprocess.DEVNULL, start_new_session=True)
+                stdin=subprocess.DEVNULL, **procs.group_kwargs())
         try:
             out, err = proc.communicate(timeout=PROCESS_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -131,7 +133,7 @@ class Scorer:
             with self._lock:
                 self._proc = None
         if proc.returncode != 0:
-            if proc.returncode != -signal.SIGKILL:
+            if proc.returncode != -getattr(signal, "SIGKILL", 9):  # (not killed for a task)
                 log.warning("the benchmark failed (exit %s): %s", proc.returncode,
                             err.decode(errors="replace")[-500:])
             return None
@@ -161,13 +163,7 @@ def bench_env(gpus: list[int]) -> dict:
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        try:
-            proc.kill()
-        except OSError:
-            pass
+    procs.kill_tree(proc.pid)
 
 
 def describe(scores: dict, info: dict) -> list[str]:

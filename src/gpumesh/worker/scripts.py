@@ -20,13 +20,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
 
-from . import runner
+from . import procs, runner
 
 #: Variable set for script tasks (a script can tell it runs on the mesh).
 SCRIPT_ENV = "GPUMESH_SCRIPT"
@@ -96,7 +95,7 @@ def run(script_path: str, payload: bytes, timeout: float | None, out: str, err: 
             try:
                 proc = subprocess.Popen([sys.executable, script_path], stdin=subprocess.PIPE,
                                         stdout=fo, stderr=fe, cwd=workdir, env=child_env,
-                                        start_new_session=True)
+                                        **procs.group_kwargs())
             except OSError as e:
                 pending.started.set()
                 return Outcome("retry", {"kind": "host_died",
@@ -126,20 +125,13 @@ def run(script_path: str, payload: bytes, timeout: float | None, out: str, err: 
         finally:
             pending.code = proc.returncode
             pending.exited.set()
-            try:  # nothing the script started outlives its task
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
+            procs.kill_tree(proc.pid)  # nothing the script started outlives its task
         if pending.killed_for:
             return Outcome("error", {"kind": pending.killed_for, "type": "Cancelled",
                                      "message": f"the task was {pending.killed_for}"})
         if code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            return Outcome("error", _error("crashed", f"the script was killed by {name}", err,
-                                           code=code))
+            return Outcome("error", _error("crashed", f"the script was {procs.describe_exit(code)}",
+                                           err, code=code))
         if code != 0:
             return Outcome("error", _error("script", f"the script exited with status {code}", err,
                                            code=code))

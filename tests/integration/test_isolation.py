@@ -1,0 +1,76 @@
+"""``isolation=``: a fresh process per task (the default), or one per slot for a job."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpumesh import TaskCrashed, TaskTimeout, accelerate
+
+
+def test_isolation_is_checked_at_decoration(make_mesh):
+    m = make_mesh(workers=0)
+    for bad in ("process", "", 1, "JOB"):
+        with pytest.raises(ValueError, match="isolation must be 'task' or 'job'"):
+            accelerate(m.client(), isolation=bad)(abs)
+    with pytest.raises(ValueError, match="isolation"):
+        m.client().distribute(abs, [1], isolation="worker")
+
+
+def test_a_jobs_tasks_share_a_process_per_slot_and_never_across_jobs(make_mesh):
+    m = make_mesh(workers=1, slots=2)
+    mesh = m.client(output=False)
+
+    @accelerate(mesh, isolation="job")
+    def where(i):
+        import os
+        import sys
+        sys.gpumesh_seen = getattr(sys, "gpumesh_seen", 0) + 1  # state the process keeps
+        return os.getpid(), sys.gpumesh_seen
+
+    first = where.map(range(20))
+    pids = {pid for pid, _ in first}
+    assert 1 <= len(pids) <= 2, "one process per slot for the job"
+    assert sum(n for _pid, n in first) > 20, "tasks of one job ran in the same process"
+    second = where.map(range(6))
+    assert not pids & {pid for pid, _ in second}, "a process was reused for another job"
+    single = where(0)
+    assert single[0] not in pids | {pid for pid, _ in second} and single[1] == 1
+    via_distribute = mesh.distribute(where, [{"i": k} for k in range(6)])
+    assert len({pid for pid, _ in via_distribute}) <= 2
+
+    @accelerate(mesh)
+    def default(i):
+        import os
+        return os.getpid()
+
+    assert len(set(default.map(range(6)))) == 6, "the default is a fresh process per task"
+
+
+@pytest.mark.parametrize("fail", ["crash", "timeout"])
+def test_a_crash_or_timeout_in_job_isolation_loses_no_other_result(make_mesh, fail):
+    m = make_mesh(workers=1, slots=2)
+    mesh = m.client(output=False)
+
+    @accelerate(mesh, isolation="job", timeout=4)
+    def task(i):
+        import os
+        import time
+        if i == 0:  # holds one slot while the other slot runs every other task
+            time.sleep(2)
+            if FAIL == "crash":
+                os._exit(9)
+            time.sleep(60)
+        return i * i
+
+    FAIL = fail  # noqa: N806 - captured by the closure above
+    with pytest.raises(TaskCrashed if fail == "crash" else TaskTimeout) as err:
+        task.map(range(12))
+    if fail == "crash":
+        assert "code 9" in str(err.value)
+    job = mesh.jobs()[0]
+    assert job["n_tasks"] == 12
+    states = {t["index"]: t["state"] for t in mesh.status(job["id"])["tasks"]}
+    assert states[0] == "failed"
+    assert all(states[i] == "done" for i in range(1, 12)), states
+    # the job's other slot kept its process; the failed task's slot gets a new one
+    assert task.map(range(1, 5)) == [1, 4, 9, 16]

@@ -1,0 +1,57 @@
+"""Choosing the task runtime: ``gpumesh join --runtime fork|spawn`` / ``$GPUMESH_RUNTIME``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from gpumesh import accelerate
+
+from ..conftest import Proc, wait_for
+
+
+def _join(m, tmp_path, name, *extra, env=None):
+    proc = Proc(["join", m.url, "--slots", "1", *extra], dict(m.env, **(env or {})),
+                tmp_path / f"{name}.log")
+    m.procs.append(proc)
+    return proc
+
+
+def test_spawn_runtime_runs_tasks_in_processes_the_agent_started(make_mesh, tmp_path):
+    m = make_mesh(workers=0)
+    spawn = _join(m, tmp_path, "spawn", "--runtime", "spawn", env={"GPUMESH_RUNTIME": "fork"})
+    m.wait_alive(1, spawn)
+    wait_for(lambda: "runtime: spawn (--runtime=spawn)" in spawn.output(), 10, "the banner")
+
+    @accelerate(m.client(output=False))
+    def parent(i):
+        import os
+        return os.getppid(), os.getpid()
+
+    got = parent.map(range(4))
+    assert {ppid for ppid, _ in got} == {spawn.p.pid}  # spawned by the agent itself
+    assert len({pid for _, pid in got}) == 4
+    spawn.stop()
+    fork = _join(m, tmp_path, "fork", env={"GPUMESH_RUNTIME": "fork"})
+    m.wait_alive(1, fork)
+    wait_for(lambda: "runtime: fork ($GPUMESH_RUNTIME=fork)" in fork.output(), 10, "the banner")
+    got = parent.map(range(2))
+    assert fork.p.pid not in {ppid for ppid, _ in got}  # forked by the function's host
+
+
+def test_a_bad_runtime_is_refused_before_joining(make_mesh, tmp_path):
+    m = make_mesh(workers=0)
+    bad = _join(m, tmp_path, "bad", env={"GPUMESH_RUNTIME": "threads"})
+    assert bad.p.wait(60) == 2
+    assert "$GPUMESH_RUNTIME='threads': the runtime must be 'fork' or 'spawn'" in bad.output()
+    assert m.alive() == 0
+
+
+def test_doctor_says_which_runtime_and_why(tmp_path):
+    env = {"HOME": str(tmp_path), "GPUMESH_RUNTIME": "spawn", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-m", "gpumesh", "doctor", "--json"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    checks = {c["name"]: c for c in json.loads(out.stdout)["checks"]}
+    assert checks["runtime"]["status"] == "ok"
+    assert checks["runtime"]["detail"].startswith("spawn: $GPUMESH_RUNTIME=spawn")
