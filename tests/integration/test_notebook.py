@@ -238,7 +238,7 @@ def test_map_progress_in_a_notebook_is_a_bar_not_a_widget_warning(shared_mesh):
     assert _text([o for o in cell if o["output_type"] == "stream"]) == "[0, 1, 2, 3]\n"
     bars = [o["data"]["text/plain"] for o in cell if o["output_type"] == "display_data"]
     # the bar stays in the output at its final state, like a notebook progress bar does
-    assert len(bars) == 1 and re.search(r"^slow .*100%\s+4/4 done", bars[0]), bars
+    assert len(bars) == 1 and re.search(r"^slow .*100%\s+4/4 done", bars[0]), cell
 
 
 def test_a_gpumesh_named_mesh_is_the_one_mesh_cells_use(shared_mesh, tmp_path):

@@ -363,6 +363,7 @@ class GPUMesh:
         printer = OutputPrinter(single=len(calls) == 1) if self.output else None
         bar = None
         collected = accepted = False
+        started = time.monotonic()  # the batch's start: the bar's delay, rate and ETA count from here
         try:
             first = self._submit(job_id, fn, calls, hints or [{}] * len(calls), timeout, name,
                                  printer is not None, require=require, retry=retry,
@@ -384,7 +385,8 @@ class GPUMesh:
                 handle["job_id"] = job_id
                 yield None
             if len(calls) > 1:  # a batch: a bar once it takes over a second (terminal/notebook)
-                bar = Progress(len(calls), name or getattr(fn, "__qualname__", "tasks"))
+                bar = Progress(len(calls), name or getattr(fn, "__qualname__", "tasks"),
+                               started=started)
             yield from self._collect(job_id, calls, first, printer, bar, return_exceptions,
                                      ".imap()" if handle is not None else ".map()",
                                      getattr(fn, "__qualname__", None), timeout=timeout)

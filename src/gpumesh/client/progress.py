@@ -75,7 +75,8 @@ def bar_text(done: int, total: int, elapsed: float, width: int = 20, *, failed: 
 class Progress:
     """A live bar for ``total`` tasks: final/total, rate, elapsed and ETA (rich).
 
-    ``enabled``: draw at all (default :func:`wanted`). ``delay``: seconds before the bar
+    ``enabled``: draw at all (default :func:`wanted`). ``delay``: seconds after
+    ``started`` (``time.monotonic()`` when the batch began; default now) before the bar
     appears (a timer shows it even while no result arrives). Thread-safe; call
     :meth:`update` with the number of final tasks (and how many of them failed or were
     cancelled: the bar then counts each apart, see :func:`outcome_text`) and
@@ -84,12 +85,13 @@ class Progress:
     """
 
     def __init__(self, total: int, description: str = "tasks", *, enabled: bool | None = None,
-                 delay: float = DELAY_S, keep: bool = False, console=None) -> None:
+                 delay: float = DELAY_S, keep: bool = False, console=None,
+                 started: float | None = None) -> None:
         self.total, self.description, self.keep = total, description, keep
         self.enabled = wanted() if enabled is None else enabled
         self.done = 0  # final tasks, whatever their outcome
         self.failed = self.cancelled = 0
-        self.started = time.monotonic()
+        self.started = time.monotonic() if started is None else started
         self._lock = threading.Lock()
         self._bar = None
         self._task = None
@@ -100,7 +102,8 @@ class Progress:
             if delay <= 0:
                 self._show()
             else:
-                self._timer = threading.Timer(delay, self._show)
+                self._timer = threading.Timer(max(0.0, self.started + delay - time.monotonic()),
+                                              self._show)
                 self._timer.daemon = True
                 self._timer.start()
 
