@@ -60,6 +60,8 @@ def _load(msg: dict):
 
 def _run(fn, sock: socket.socket, msg: dict) -> None:
     from gpumesh.worker import runner
+    if runner._TRACE:
+        runner.tracing.mark("task.start")  # the same hop a forked task child marks
     sock.sendall(struct.pack("<Q", os.getpid()))  # first: the agent may need to kill us
     env = msg.get("env")
     if env:
