@@ -513,12 +513,18 @@ def _spare_main(fn, ctrl: socket.socket, wake: int, sock: socket.socket) -> None
     except BaseException:  # noqa: BLE001 - report nothing more; the exit status speaks
         code = 70
     finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except BaseException:  # noqa: BLE001
-            pass
-        os._exit(code)
+        flush_and_exit(code)
+
+
+def flush_and_exit(code: int) -> None:
+    """End a task process now with ``code``: flush what it printed, then ``os._exit``
+    (no atexit handlers or inherited finalizers, which belong to the agent's process)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:  # noqa: BLE001 - a broken stream must not change the exit status
+        pass
+    os._exit(code)
 
 
 def _redirect(fd: int, path: str | None) -> None:

@@ -156,13 +156,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    from gpumesh.worker.runner import flush_and_exit
     code = 70
     try:
         code = main()
     finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except BaseException:  # noqa: BLE001
-            pass
-        os._exit(code)
+        flush_and_exit(code)
