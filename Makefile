@@ -1,6 +1,7 @@
 # Everything runs from a fresh clone: the venv is created on first use.
 #   make install   the package (editable) with the notebook and examples extras
 #   make demo      a two-worker mesh on loopback running examples/grid_search.py
+#   make lint      ruff check src and mypy (its config in pyproject.toml names what it checks)
 #   make test      the test suite (dev extra)
 #   make test-engines  the conformance suite on the native mesh and the engines in ENGINES
 #                      (default "dask ray"; CI runs ENGINES=dask)
@@ -16,7 +17,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: venv install demo test test-engines test-spawn test-docker bench clean distclean
+.PHONY: venv install demo lint test test-engines test-spawn test-docker bench clean distclean
 
 venv: $(PY)
 
@@ -29,6 +30,12 @@ install: $(PY)
 
 demo: install
 	$(PY) scripts/demo.py
+
+# The dev extra pins ruff and mypy, so a new release cannot fail this on unchanged code.
+lint: $(PY)
+	$(PIP) install -q -e '.[dev]'
+	$(VENV)/bin/ruff check src
+	$(VENV)/bin/mypy
 
 test: $(PY)
 	$(PIP) install -q -e '.[dev]'

@@ -50,6 +50,9 @@ _FORGET_COST = 0.05
 #: Smallest number of slot entries per function, and of functions, before a sweep.
 _SWEEP_KEYS, _SWEEP_FNS = 64, 256
 
+#: A slot as the statistics know it: :attr:`Slot.key`, ``(worker id, slot index)``.
+SlotKey = tuple[str, int]
+
 
 @dataclass
 class _Acc:
@@ -64,7 +67,7 @@ class SlotStats:
 
     def __init__(self, half_life_s: float = STATS_HALF_LIFE_S):
         self.half_life_s = half_life_s
-        self._acc: dict[str, dict[tuple, _Acc]] = {}  # function -> slot key -> samples
+        self._acc: dict[str, dict[SlotKey, _Acc]] = {}  # function -> slot key -> samples
         # Sizes at which the next sweep for faded entries runs. Doubling them after each
         # sweep keeps record() amortised O(1) on a pool of hundreds of slots, where a sweep
         # on every call would cost O(slots) per finished task.
@@ -75,7 +78,7 @@ class SlotStats:
         f = 0.5 ** (max(0.0, now - a.t) / self.half_life_s)
         return a.seconds * f, a.cost * f
 
-    def record(self, key: tuple, fn: str, seconds: float, cost: float, now: float) -> None:
+    def record(self, key: SlotKey, fn: str, seconds: float, cost: float, now: float) -> None:
         """``key``'s slot ran a task of function ``fn`` with ``cost`` in ``seconds``."""
         if cost <= 0 or seconds < 0 or not math.isfinite(seconds):
             return  # a free task says nothing about speed
@@ -97,7 +100,7 @@ class SlotStats:
                 self._sweep_at.pop(f, None)
             self._sweep_fns_at = max(_SWEEP_FNS, 2 * len(self._acc))
 
-    def rate(self, key: tuple, fn: str, now: float) -> float | None:
+    def rate(self, key: SlotKey, fn: str, now: float) -> float | None:
         """Seconds per unit of cost, or None without enough recent evidence."""
         a = self._acc.get(fn, {}).get(key)
         if a is None:
@@ -105,7 +108,7 @@ class SlotStats:
         s, c = self._decayed(a, now)
         return s / c if c >= STRAGGLER_MIN_COST else None
 
-    def stragglers(self, fn: str, now: float) -> set[tuple]:
+    def stragglers(self, fn: str, now: float) -> set[SlotKey]:
         """Slot keys that are stragglers for ``fn`` now."""
         rates = {}
         for key in self._acc.get(fn, {}):
@@ -139,7 +142,7 @@ class SlotStats:
                 del per_fn[key]
 
 
-def strength(slot: Slot, stragglers: Iterable[tuple] = ()) -> float:
+def strength(slot: Slot, stragglers: Iterable[SlotKey] = ()) -> float:
     """How strong a slot counts as: its device's score, penalised if it straggles."""
     s = max(0.0, float(slot.score))
     return s * STRAGGLER_PENALTY if slot.key in stragglers else s
@@ -166,7 +169,7 @@ def pick(candidates: Sequence[tuple[int, float]], p: float) -> int:
     return next(pos for pos, c in candidates if c == target)
 
 
-def order_slots(slots: Iterable[Slot], stragglers: Iterable[tuple] = ()) -> list[Slot]:
+def order_slots(slots: Iterable[Slot], stragglers: Iterable[SlotKey] = ()) -> list[Slot]:
     """Strongest first; GPU slots before CPU slots at equal strength, then by slot id."""
     st = set(stragglers)
     return sorted(slots, key=lambda s: (-strength(s, st), s.kind == "cpu", s.id))

@@ -45,7 +45,7 @@ class RunQueue:
         # thus next, not behind everyone who has been served already.
         self._fresh: OrderedDict[Hashable, None] = OrderedDict()
         self._line: OrderedDict[Hashable, None] = OrderedDict()
-        self._lane_jobs: Counter = Counter()  # lane -> jobs waiting in it (any person)
+        self._lane_jobs: Counter[Hashable] = Counter()  # lane -> jobs waiting in it (any person)
         self._turns = 0
         self._n = 0
 
@@ -142,7 +142,7 @@ class RunQueue:
 
     def pending_by_owner(self) -> dict[Hashable, int]:
         """Pending tasks per person (O(jobs pending))."""
-        out: Counter = Counter()
+        out: Counter[Hashable] = Counter()
         for job_id, q in self._jobs.items():
             out[self._owner_of[job_id]] += len(q)
         return dict(out)
