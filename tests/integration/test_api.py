@@ -17,7 +17,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import gpumesh
 from gpumesh import (GPUMesh, MeshError, RemoteError, RemoteTraceback, TaskCrashed, TaskFailed,
                      TaskTimeout, Unsatisfiable, accelerate)
 from gpumesh.client import mesh as mesh_mod
@@ -737,46 +736,7 @@ def test_nested_decorated_call_runs_inline_in_the_task(client):
     assert [m[0] for m in mapped] == [2, 3]
 
 
-#: The public names the issue and the package docstring promise (``__all__`` may grow).
-PROMISED = [
-    "GPUMesh", "accelerate", "mesh", "RemoteFunction", "MeshError", "AuthError",
-    "RequestRejected", "MeshUnavailable", "WireError", "PayloadTooLarge", "TaskFailed",
-    "RemoteError", "TaskCrashed", "WorkerLost", "Cancelled", "TaskTimeout",
-    "RemoteTraceback", "load_ipython_extension", "__version__",
-]
-
-
-def test_public_api_all():
-    import re
-
-    from gpumesh import errors
-    names = gpumesh.__all__
-    assert len(names) == len(set(names)), "duplicates in __all__"
-    assert [n for n in PROMISED if n not in names] == []
-    for name in names:
-        assert getattr(gpumesh, name) is not None, name
-    ns: dict = {}
-    exec("from gpumesh import *", ns)
-    assert set(names) <= set(ns)
-    assert sorted(dir(gpumesh)) == sorted(names)
-    # every error class gpumesh defines is exported, and drawn in the errors docstring tree
-    defined = {n for n, v in vars(errors).items()
-               if isinstance(v, type) and issubclass(v, BaseException) and v.__module__ == errors.__name__}
-    assert defined <= set(names), defined - set(names)
-    drawn = set(re.findall(r"^\s*(?:[│├└─ ]*)([A-Z][A-Za-z]+)\s{2,}", errors.__doc__, re.M))
-    assert {n for n in defined if issubclass(getattr(errors, n), gpumesh.MeshError)} == drawn
-    for name in defined:
-        cls = getattr(gpumesh, name)
-        assert cls is getattr(errors, name)
-        if name != "RemoteTraceback":
-            assert issubclass(cls, gpumesh.MeshError), name
-    for name in ("RemoteError", "TaskCrashed", "WorkerLost", "Cancelled"):
-        assert issubclass(getattr(gpumesh, name), gpumesh.TaskFailed), name
-    assert issubclass(gpumesh.TaskTimeout, TimeoutError)
-    assert gpumesh.GPUMesh is GPUMesh
-    assert re.fullmatch(r"\d+\.\d+\.\d+", gpumesh.__version__)
-    with pytest.raises(AttributeError):
-        gpumesh.does_not_exist  # noqa: B018
+# The public API (gpumesh.__all__, exactly) is pinned in tests/unit/test_conventions.py.
 
 
 def test_gpumesh_constructor_validates_url():
