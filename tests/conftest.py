@@ -12,13 +12,16 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import pytest
 
 TOKEN = "test-token-0123456789abcdefghijklmnopqrstuvwxyz"
 START_TIMEOUT_S = 30
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -56,26 +59,82 @@ def free_port() -> int:
 
 
 
-def wait_until(pred, timeout: float = 10.0, interval: float = 0.02) -> bool:
-    """Poll ``pred`` until it is true or ``timeout`` seconds pass; its last verdict."""
+def wait_for(cond: Callable[[], T], timeout: float = 10.0,
+             what: str | Callable[[], object] = "the condition", interval: float = 0.05) -> T:
+    """Poll ``cond`` every ``interval`` seconds until it returns something truthy, and
+    return that. After ``timeout`` seconds (and one last look) raise AssertionError naming
+    ``what``: a string, or a callable whose value at that moment says what was seen (a
+    log, a status), so the message costs nothing while the test passes."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(interval)
-    return bool(pred())
-
-
-def wait_for(cond, timeout: float, what: str):
-    """Poll ``cond`` until it returns something truthy, and return that; AssertionError
-    naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         got = cond()
         if got:
             return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for "
+                         f"{what if isinstance(what, str) else what()}")
+
+
+# ---------------------------------------------------------------- Linux /proc ---------
+# The suite's one reader of process state: which processes a test started are still
+# running, and whose children they are. Linux only (callers skip elsewhere).
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, ppid, ...), or None
+    when there is no such process. The name is in parentheses and may itself hold spaces
+    or parentheses, hence the split at the last one."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(b")") + 1:].decode().split()
+
+
+def proc_state(pid: int) -> str:
+    """The state letter of ``pid`` (``R``, ``S``, ``Z`` for a zombie, ...), or ``"gone"``."""
+    fields = _stat(pid)
+    return fields[0] if fields else "gone"
+
+
+def alive(pid: int) -> bool:
+    """``pid`` exists and has not ended: a zombie (exited, not yet reaped) is not alive."""
+    return proc_state(pid) not in ("gone", "Z")
+
+
+def parent(pid: int) -> int | None:
+    """The parent of ``pid``, or None when it is gone."""
+    fields = _stat(pid)
+    return int(fields[1]) if fields else None
+
+
+def _parents() -> dict[int, list[int]]:
+    """Every process's children, from one pass over /proc."""
+    out: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            ppid = parent(int(entry))
+            if ppid is not None:
+                out.setdefault(ppid, []).append(int(entry))
+    return out
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of ``pid`` (zombies included: they are still its children)."""
+    return sorted(_parents().get(pid, []))
+
+
+def descendants(pid: int) -> list[int]:
+    """Every descendant of ``pid``: children, their children, ..."""
+    tree, out, todo = _parents(), [], [pid]
+    while todo:
+        for c in tree.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
 
 class Proc:
     """A gpumesh CLI process with its output in a log file."""

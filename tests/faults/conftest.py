@@ -1,4 +1,4 @@
-"""Fault tests: meshes with short liveness timings, and helpers to find processes."""
+"""Fault tests: meshes with short liveness timings (waiting and /proc helpers: ../conftest.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from ..conftest import Mesh, wait_until  # noqa: F401 - the fault tests import it from here
+from ..conftest import Mesh
 
 #: Short TTL so silent-worker tests finish quickly (the default is 10 s).
 TEST_TTL_S = 3
@@ -36,27 +36,3 @@ def fault_mesh(tmp_path):
                 pass
         m.stop()
 
-
-def children(pid: int) -> list[int]:
-    """Direct children of ``pid`` (Linux /proc)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(entry))
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            state = fh.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"

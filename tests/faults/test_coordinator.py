@@ -15,7 +15,7 @@ import pytest
 import gpumesh
 from gpumesh import accelerate
 
-from .conftest import alive, wait_until
+from ..conftest import alive, wait_for
 
 
 def _pids(path):
@@ -50,7 +50,7 @@ def test_coordinator_sigkill_and_restart_during_map(fault_mesh):
     th.join(60)
     assert box.get("v") == [i * i for i in range(40)], box.get("e")
     # the workers came back by themselves
-    assert wait_until(lambda: m.alive() == 2, 10)
+    wait_for(lambda: m.alive() == 2, 10, "both workers to be alive")
 
 
 def test_keyboard_interrupt_in_the_caller_kills_remote_tasks(fault_mesh, tmp_path):
@@ -72,11 +72,11 @@ def test_keyboard_interrupt_in_the_caller_kills_remote_tasks(fault_mesh, tmp_pat
     """))
     env = dict(m.env)
     caller = subprocess.Popen([sys.executable, str(script)], env=env, stderr=subprocess.PIPE)
-    assert wait_until(lambda: len(_pids(marker)) == 2, 20), "tasks did not start"
+    wait_for(lambda: len(_pids(marker)) == 2, 20, "both tasks to start")
     caller.send_signal(signal.SIGINT)
     caller.wait(10)
     pids = _pids(marker)
-    assert wait_until(lambda: not any(alive(p) for p in pids), 2.0), "remote tasks survived Ctrl+C"
+    wait_for(lambda: not any(alive(p) for p in pids), 2.0, "the remote tasks to end after Ctrl+C")
     # nothing else of that job runs afterwards
     time.sleep(0.5)
     assert len(_pids(marker)) == 2
@@ -104,13 +104,13 @@ def test_cancel_a_job_from_python_and_the_cli(fault_mesh, tmp_path):
             box["e"] = e
     th = threading.Thread(target=run, daemon=True)
     th.start()
-    assert wait_until(lambda: _pids(marker), 20)
+    wait_for(lambda: _pids(marker), 20, "the task to start")
     job = next(j for j in client.jobs() if j["state"] == "active")
     out = subprocess.run([sys.executable, "-m", "gpumesh", "cancel", job["id"]], env=m.env,
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     assert "cancelled 1 task" in out.stdout
-    assert wait_until(lambda: not alive(_pids(marker)[0]), 2.0)
+    wait_for(lambda: not alive(_pids(marker)[0]), 2.0, "the cancelled task's process to end")
     th.join(10)
     assert isinstance(box.get("e"), gpumesh.Cancelled), box
     assert client.status(job["id"])["state"] == "cancelled"
@@ -125,7 +125,7 @@ def test_finished_jobs_are_deleted_after_retention(fault_mesh):
 
     def files():
         return [p for p in blobs.rglob("*") if p.is_file() and p.name != ".probe"]
-    assert wait_until(lambda: client.jobs() == [] and files() == [], 10), (client.jobs(), files())
+    wait_for(lambda: client.jobs() == [] and files() == [], 10, lambda: (client.jobs(), files()))
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="needs Linux")

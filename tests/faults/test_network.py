@@ -16,7 +16,8 @@ import pytest
 
 from ..conftest import Mesh, free_port
 from ..netns import netns_unavailable
-from .conftest import TEST_TTL_S, wait_until
+from ..conftest import wait_for
+from .conftest import TEST_TTL_S
 
 HOST_IP, NS_IP = "10.213.7.1", "10.213.7.2"
 DOWN_S = 30
@@ -61,16 +62,16 @@ def test_worker_reconnects_within_5s_after_a_30s_link_drop(netns, tmp_path):
                                m.url], env=m.env, stdout=log, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL, start_new_session=True)
     try:
-        assert wait_until(lambda: m.alive() == 1, 30), (tmp_path / "ns-worker.log").read_text()
+        wait_for(lambda: m.alive() == 1, 30, lambda: (tmp_path / "ns-worker.log").read_text())
         wid = m.workers()[0]["id"]
         _ip("link", "set", vh, "down")
         try:
-            assert wait_until(lambda: m.alive() == 0, TEST_TTL_S + 3), "silent worker not declared dead"
+            wait_for(lambda: m.alive() == 0, TEST_TTL_S + 3, "the silent worker to be declared dead")
             time.sleep(DOWN_S - TEST_TTL_S)
         finally:
             _ip("link", "set", vh, "up")
         up_at = time.monotonic()
-        assert wait_until(lambda: m.alive() == 1, 10), "worker did not come back"
+        wait_for(lambda: m.alive() == 1, 10, "the worker to come back")
         took = time.monotonic() - up_at
         assert took < 5, f"worker reconnected {took:.1f}s after the link returned"
         assert m.workers()[0]["id"] == wid, "the worker should come back under the same id"

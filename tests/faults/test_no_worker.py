@@ -21,7 +21,7 @@ import time
 from gpumesh import WorkerLost, accelerate
 
 from ..conftest import Proc
-from .conftest import wait_until
+from ..conftest import wait_for
 
 
 def _pids(path) -> list[int]:
@@ -60,7 +60,7 @@ def test_call_with_timeout_ends_when_its_only_worker_dies(fault_mesh, tmp_path, 
 
     th = threading.Thread(target=call, daemon=True)
     th.start()
-    assert wait_until(lambda: _pids(marker), 20), "the task never started"
+    wait_for(lambda: _pids(marker), 20, "the task to start")
     killed_at = time.monotonic()
     os.kill(m.procs[1].p.pid, signal.SIGKILL)
     th.join(45)  # bounded: before this change the call waited for ever
@@ -72,7 +72,7 @@ def test_call_with_timeout_ends_when_its_only_worker_dies(fault_mesh, tmp_path, 
     assert "no worker has been alive in the mesh at" in text and "timeout=3s" in text, text
     job_id = text.split("of job ")[1].split()[0]
     # the job was cancelled: a worker joining now does not run the abandoned task
-    assert wait_until(lambda: _job_state(client, job_id) == "cancelled", 10), client.status(job_id)
+    wait_for(lambda: _job_state(client, job_id) == "cancelled", 10, lambda: client.status(job_id))
     m.add_worker()
     assert len(_pids(marker)) == 1
     stderr = capfd.readouterr().err
@@ -112,7 +112,7 @@ def test_call_without_timeout_gives_up_after_the_documented_limit(fault_mesh, tm
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               stdin=subprocess.DEVNULL)
     try:
-        assert wait_until(lambda: _pids(marker) or caller.poll() is not None, 30)
+        wait_for(lambda: _pids(marker) or caller.poll() is not None, 30, "the task to start or the caller to exit")
         assert caller.poll() is None, caller.communicate()
         os.kill(m.procs[1].p.pid, signal.SIGKILL)
         out, err = caller.communicate(timeout=45)
@@ -158,7 +158,7 @@ def test_call_ends_when_the_only_worker_that_can_run_it_dies(fault_mesh, tmp_pat
 
     th = threading.Thread(target=call, daemon=True)
     th.start()
-    assert wait_until(lambda: _pids(marker), 20), "the task never started"
+    wait_for(lambda: _pids(marker), 20, "the task to start")
     os.kill(gpu_box.p.pid, signal.SIGKILL)
     th.join(45)
     assert not th.is_alive(), "the gpu= call still waits with no GPU worker alive"
@@ -193,7 +193,7 @@ def test_map_with_return_exceptions_gets_worker_lost_in_each_unfinished_place(fa
 
     th = threading.Thread(target=call, daemon=True)
     th.start()
-    assert wait_until(lambda: _pids(marker), 20), "the slow item never started"
+    wait_for(lambda: _pids(marker), 20, "the slow item to start")
     os.kill(m.procs[1].p.pid, signal.SIGKILL)
     th.join(45)
     assert not th.is_alive(), "the map still waits with no worker alive"
@@ -202,4 +202,4 @@ def test_map_with_return_exceptions_gets_worker_lost_in_each_unfinished_place(fa
     assert type(second) is WorkerLost and second is third, box["v"]
     assert "2 of 3 task(s)" in str(second) and "timeout=3s" in str(second)
     job_id = str(second).split("of job ")[1].split()[0]
-    assert wait_until(lambda: _job_state(client, job_id) == "cancelled", 10), client.status(job_id)
+    wait_for(lambda: _job_state(client, job_id) == "cancelled", 10, lambda: client.status(job_id))

@@ -9,7 +9,7 @@ import pytest
 import gpumesh
 from gpumesh import accelerate
 
-from .conftest import alive, wait_until
+from ..conftest import alive, wait_for
 
 
 def _sys_exit():
@@ -152,4 +152,4 @@ def test_timeout_kills_the_whole_process_tree(shared_mesh, tmp_path):
         f(str(marker))
     assert time.monotonic() - started < 5
     child = int(marker.read_text())
-    assert wait_until(lambda: not alive(child), 2), "a child that ignores SIGTERM survived the timeout"
+    wait_for(lambda: not alive(child), 2, "a child that ignores SIGTERM to end with the timeout")

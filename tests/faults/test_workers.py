@@ -10,7 +10,8 @@ from pathlib import Path
 
 from gpumesh import accelerate
 
-from .conftest import TEST_TTL_S, alive, wait_until
+from ..conftest import alive, parent, wait_for
+from .conftest import TEST_TTL_S
 
 
 def _owner(mesh, pid: int):
@@ -20,10 +21,8 @@ def _owner(mesh, pid: int):
     for _ in range(10):
         if cur in agents:
             return agents[cur]
-        try:
-            with open(f"/proc/{cur}/stat") as fh:
-                cur = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except OSError:
+        cur = parent(cur)
+        if cur is None:
             return None
     return None
 
@@ -66,7 +65,7 @@ def test_worker_killed_mid_task_reruns_elsewhere_fast(fault_mesh, tmp_path):
     slow = _slow_task(m, 0.5)
     marker = tmp_path / "pids"
     th, box = _call_in_thread(slow, str(marker), 21)
-    assert wait_until(lambda: _pids(marker), 20)
+    wait_for(lambda: _pids(marker), 20, "the task to start")
     first = _pids(marker)[0]
     victim = _owner(m, first)
     assert victim is not None, "could not find the worker running the task"
@@ -77,7 +76,7 @@ def test_worker_killed_mid_task_reruns_elsewhere_fast(fault_mesh, tmp_path):
     # the re-run itself sleeps 0.5 s; the rest is detection + re-lease
     assert box["t"] - killed_at < 2.0, f"result {box['t'] - killed_at:.2f}s after the kill"
     assert len(_pids(marker)) == 2, "the task should have run exactly twice"
-    assert wait_until(lambda: not alive(first), 3), "the killed worker's task process survived"
+    wait_for(lambda: not alive(first), 3, "the killed worker's task process to end")
 
 
 def test_worker_ctrl_c_requeues_at_once_and_leaves_no_orphans(fault_mesh, tmp_path):
@@ -85,15 +84,15 @@ def test_worker_ctrl_c_requeues_at_once_and_leaves_no_orphans(fault_mesh, tmp_pa
     slow = _slow_task(m, 3)
     marker = tmp_path / "pids"
     th, box = _call_in_thread(slow, str(marker), 5)
-    assert wait_until(lambda: _pids(marker), 20)
+    wait_for(lambda: _pids(marker), 20, "the task to start")
     first = _pids(marker)[0]
     worker = m.procs[1]
     m.add_worker(wait=False)
     stopped_at = time.monotonic()
     worker.p.send_signal(signal.SIGINT)
     assert worker.p.wait(10) is not None
-    assert wait_until(lambda: not alive(first), 1.0), "task process outlived its worker's Ctrl+C"
-    assert wait_until(lambda: len(_pids(marker)) == 2, 15), "the task was not re-run"
+    wait_for(lambda: not alive(first), 1.0, "the task process to end with its worker's Ctrl+C")
+    wait_for(lambda: len(_pids(marker)) == 2, 15, "the task to be re-run")
     # re-queued within 1 s of the stop: the second worker started it promptly (its start-up
     # takes part of that wait, so measure the requeue on the coordinator side instead)
     states = [w for w in m.workers() if w["id"] in worker.output()]
@@ -108,7 +107,7 @@ def test_silent_worker_is_declared_dead_after_ttl_then_rejoins_with_same_id(faul
     slow = _slow_task(m, 0.5)
     marker = tmp_path / "pids"
     th, box = _call_in_thread(slow, str(marker), 4)
-    assert wait_until(lambda: _pids(marker), 20)
+    wait_for(lambda: _pids(marker), 20, "the task to start")
     sleeper = _owner(m, _pids(marker)[0])
     sleeper_id = next(w["id"] for w in m.workers() if w["id"] in sleeper.output())
     os.killpg(sleeper.p.pid, signal.SIGSTOP)  # a laptop lid closing: no FIN, just silence
@@ -123,7 +122,7 @@ def test_silent_worker_is_declared_dead_after_ttl_then_rejoins_with_same_id(faul
     finally:
         os.killpg(sleeper.p.pid, signal.SIGCONT)
     # on waking it notices, drops its stale work and rejoins under the same identity
-    assert wait_until(lambda: {w["id"]: w["alive"] for w in m.workers()}.get(sleeper_id), 10)
+    wait_for(lambda: {w["id"]: w["alive"] for w in m.workers()}.get(sleeper_id), 10, "the sleeper to be alive again")
     assert sleeper.p.poll() is None
     again = _slow_task(m, 0.0)
     assert again.map([(str(tmp_path / "x"), i) for i in range(6)]) == [0, 2, 4, 6, 8, 10]
@@ -134,9 +133,9 @@ def test_all_workers_gone_caller_waits_and_says_so(fault_mesh, tmp_path, capfd):
     slow = _slow_task(m, 1.0)
     marker = tmp_path / "pids"
     th, box = _call_in_thread(slow, str(marker), 3)
-    assert wait_until(lambda: _pids(marker), 20)
+    wait_for(lambda: _pids(marker), 20, "the task to start")
     os.kill(m.procs[1].p.pid, signal.SIGKILL)
-    assert wait_until(lambda: m.alive() == 0, 5)
+    wait_for(lambda: m.alive() == 0, 5, "the killed worker to be declared dead")
     time.sleep(LONG_NOTICE_S)
     assert "v" not in box and "e" not in box, "the call must keep waiting, not give up or run locally"
     m.add_worker()

@@ -23,6 +23,8 @@ from gpumesh.client import mesh as mesh_mod
 from gpumesh.client import remote as remote_mod
 from gpumesh.errors import RequestRejected
 
+from ..conftest import alive, wait_for
+
 # Module-level functions and classes of this file travel by value, as they would from a
 # user's script (__main__): the workers need not import the test suite.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -515,16 +517,7 @@ def test_timeout_kills_the_tasks_whole_process_tree(client, tmp_path):
         spawn_and_hang(str(pid_file))
     child = int(pid_file.read_text())
 
-    def gone():
-        try:
-            state = open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return True
-        return state == "Z"
-    deadline = time.monotonic() + 5
-    while not gone() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert gone(), "the task's own child process survived its timeout"
+    wait_for(lambda: not alive(child), 5, "the task's own child process to end with its timeout")
 
 
 def test_concurrent_calls_from_threads_share_one_client(client):

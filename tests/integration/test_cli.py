@@ -21,7 +21,7 @@ import pytest
 
 from gpumesh import accelerate
 
-from ..conftest import TOKEN, Proc, free_port, wait_for
+from ..conftest import TOKEN, Proc, alive, children, free_port, wait_for
 
 VERSION_RE = r"^gpumesh \d+\.\d+\.\d+ \(3\.\d+\.\d+, Linux\)$"
 
@@ -322,33 +322,13 @@ def test_self_worker_joins(make_mesh):
     assert f.map([1, 2, 3]) == [2, 3, 4]
     client.close()
     # Ctrl+C on serve stops the coordinator and takes its self-worker with it
-    kids = _children(mesh.coordinator.p.pid)
+    kids = children(mesh.coordinator.p.pid)
     assert kids, "the self-worker should be a child of serve"
     mesh.coordinator.p.send_signal(signal.SIGINT)
     assert mesh.coordinator.p.wait(10) == 0
     assert "coordinator stopped" in mesh.coordinator.output()
-    wait_for(lambda: not any(_state(k) not in ("gone", "Z") for k in kids), 10,
+    wait_for(lambda: not any(alive(k) for k in kids), 10,
              "the self-worker to exit")
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                out.append(int(entry.name))
-    return out
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
 
 
 def test_serve_stops_on_sigint_with_a_worker_connected(make_mesh):
@@ -398,7 +378,7 @@ def test_sigint_worker_deregisters_and_task_reruns_elsewhere(make_mesh, tmp_path
     wait_for(lambda: mesh.alive() == 1, 2, "the stopped worker to leave (within 2 s)")
     assert first.p.wait(10) == 0
     assert "[worker] stopped" in first.output()
-    assert _state(first_task) in ("gone", "Z"), "the stopped worker left its task running"
+    assert not alive(first_task), "the stopped worker left its task running"
     th.join(15)
     assert not th.is_alive(), "the re-queued task did not finish on the second worker"
     assert box == {"v": 42}, box
@@ -438,13 +418,13 @@ def test_start_coordinator_and_add_worker_from_python(tmp_path, monkeypatch):
         assert worker.process.returncode == 0
         wait_for(lambda: sum(w["alive"] for w in client.workers()) == 1, 5, "the worker to leave")
         client.close()
-        kids = _children(handle.process.pid)
+        kids = children(handle.process.pid)
         t0 = time.monotonic()
         handle.stop()
         assert time.monotonic() - t0 < 10
         assert handle.process.returncode == 0, handle.log_tail()
         # the self-worker went with it: no orphan left behind
-        wait_for(lambda: not any(_state(k) not in ("gone", "Z") for k in kids), 10, "the self-worker to exit")
+        wait_for(lambda: not any(alive(k) for k in kids), 10, "the self-worker to exit")
     finally:
         if worker is not None:
             worker.stop()

@@ -24,7 +24,7 @@ from gpumesh import accelerate, handoff, wire
 from gpumesh.handoff import Handoff
 from gpumesh.limits import HANDOFF_MIN_BYTES
 
-from ..conftest import Mesh, wait_until
+from ..conftest import Mesh, wait_for
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -113,7 +113,7 @@ def test_big_arguments_and_results_travel_as_files(mesh):
     assert [float(v[0]) for v, _ in many] == [1.0, 2.0, 3.0]
     assert {o for _, o in many} == {"mmap"}
     assert small_origin == "bytearray" and origin(small) != "mmap"  # small ones ride in the body
-    assert wait_until(lambda: leftovers(mesh) == [], 5), leftovers(mesh)
+    wait_for(lambda: leftovers(mesh) == [], 5, lambda: leftovers(mesh))
 
 
 def test_a_caller_with_handoff_off_sends_and_receives_bytes(mesh, monkeypatch):
@@ -156,8 +156,8 @@ def test_a_worker_with_handoff_off_gets_bytes_over_http(tmp_path):
             client.close()
         # An idle worker keeps none of that shared memory (its lease loop once held the
         # last big answer until the next task came).
-        assert wait_until(lambda: held_memory_files(worker.p.pid) == [], 10), \
-            held_memory_files(worker.p.pid)
+        wait_for(lambda: held_memory_files(worker.p.pid) == [], 10,
+                 lambda: held_memory_files(worker.p.pid))
     finally:
         m.stop()
     assert [r["result"] for r in scripted] == [{"n": len(text), "last": "xyz"}]
@@ -366,8 +366,8 @@ def test_a_failed_call_or_map_leaves_no_payloads_behind(mesh):
             accelerate(client)(inc_and_say)("not an array" * 200_000)  # big argument, raises
     finally:
         client.close()
-    assert wait_until(lambda: stored(mesh) == [] and leftovers(mesh) == [], 10), (
-        stored(mesh), leftovers(mesh))
+    wait_for(lambda: stored(mesh) == [] and leftovers(mesh) == [], 10,
+             lambda: (stored(mesh), leftovers(mesh)))
 
 
 def test_a_script_that_exits_right_after_its_call_leaves_no_payloads_behind(mesh, tmp_path):
@@ -384,4 +384,4 @@ def test_a_script_that_exits_right_after_its_call_leaves_no_payloads_behind(mesh
                          env=dict(os.environ, GPUMESH_HANDOFF="0"))  # over HTTP: same promise
     assert out.returncode == 0 and out.stdout.strip() == "2.0", out.stderr
     # released before the interpreter exited: nothing waits for the 24 h retention
-    assert wait_until(lambda: stored(mesh) == [], 5), stored(mesh)
+    wait_for(lambda: stored(mesh) == [], 5, lambda: stored(mesh))

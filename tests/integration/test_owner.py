@@ -23,7 +23,7 @@ import pytest
 
 from gpumesh import Unsatisfiable, accelerate
 from gpumesh.limits import HEARTBEAT_INTERVAL_S
-from tests.conftest import Mesh, Proc, wait_for
+from tests.conftest import Mesh, Proc, alive, wait_for
 
 RTX = {"name": "NVIDIA GeForce RTX 4090", "memory_total_mb": 24564, "memory_free_mb": 20000, "score": 3000}
 
@@ -54,11 +54,7 @@ def owner_label(m: Mesh, wid: str) -> str | None:
 
 
 def gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie has ended
-    except FileNotFoundError:
-        return True
+    return not alive(pid)  # a zombie has ended
 
 
 def markers(d) -> list[tuple[str, str, int, float]]:

@@ -11,7 +11,7 @@ import pytest
 from gpumesh import AuthError, GPUMesh, MeshError, accelerate
 from gpumesh.client import mesh as mesh_mod
 
-from ..conftest import TOKEN, free_port
+from ..conftest import TOKEN, free_port, wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -152,15 +152,6 @@ def test_missing_token_is_auth_error(shared_mesh, monkeypatch, tmp_path):
 
 # ---------------------------------------------------------------- accepted job -------
 
-def wait_until(cond, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_coordinator_killed_after_accept_never_runs_locally(make_mesh, monkeypatch):
     mesh = make_mesh(workers=1)
     client = mesh.client()
@@ -187,7 +178,7 @@ def test_coordinator_killed_after_accept_never_runs_locally(make_mesh, monkeypat
     th = threading.Thread(target=call, daemon=True)
     th.start()
     # the job is accepted once a worker is running it
-    wait_until(lambda: any(w["running"] for w in mesh.workers()), 10, "the task to start")
+    wait_for(lambda: any(w["running"] for w in mesh.workers()), 10, "the task to start")
     mesh.kill_coordinator()
     time.sleep(0.5)
     assert th.is_alive() and not box  # the caller waits; it did not fall back
@@ -199,7 +190,7 @@ def test_coordinator_killed_after_accept_never_runs_locally(make_mesh, monkeypat
     assert value == 42
     assert pid != os.getpid()
     # the mesh keeps working after the restart
-    wait_until(lambda: mesh.alive() == 1, 15, "the worker to re-join")
+    wait_for(lambda: mesh.alive() == 1, 15, "the worker to re-join")
     box = run_within(20, lambda: slow.map([5]))
     assert [v for v, _ in box["v"]] == [10], box
     client.close()
@@ -279,7 +270,7 @@ def test_coordinator_gone_for_good_is_an_error_not_a_local_run(make_mesh, tmp_pa
     p = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
     try:
-        wait_until(lambda: any(w["running"] for w in mesh.workers()), 15, "the task to start")
+        wait_for(lambda: any(w["running"] for w in mesh.workers()), 15, "the task to start")
         mesh.kill_coordinator()
         out, _ = p.communicate(timeout=30)
     finally:

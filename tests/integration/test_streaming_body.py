@@ -23,7 +23,7 @@ import pytest
 from gpumesh import accelerate, wire
 from gpumesh.limits import INLINE_BLOB_BYTES, MiB
 
-from ..conftest import wait_until
+from ..conftest import wait_for
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -176,10 +176,10 @@ def test_a_body_cut_short_mid_frame_leaves_nothing_and_the_coordinator_serves_on
     s = send_part(raw, "/v1/jobs", len(body), body[:len(body) // 2])
     try:
         # the big frame is being written to its file as it arrives
-        assert wait_until(lambda: leftovers(raw) != []), "no streamed file appeared"
+        wait_for(lambda: leftovers(raw) != [], 10, "a streamed file to appear")
     finally:
         s.close()
-    assert wait_until(lambda: leftovers(raw) == []), leftovers(raw)
+    wait_for(lambda: leftovers(raw) == [], 10, lambda: leftovers(raw))
     assert raw.request("GET", "/v1/health").status_code == 200
     assert raw.request("GET", f"/v1/jobs/{meta['job_id']}").status_code == 404
     # the same job, sent whole, is taken
@@ -201,10 +201,10 @@ def test_a_result_cut_short_is_dropped_and_the_lease_still_holds(raw):
     path = f"/v1/tasks/{task['task_id']}/result?lease={task['lease_id']}"
     s = send_part(raw, path, len(body), body[:3 * MiB])
     try:
-        assert wait_until(lambda: leftovers(raw) != [])
+        wait_for(lambda: leftovers(raw) != [], 10, "a streamed file to appear")
     finally:
         s.close()
-    assert wait_until(lambda: leftovers(raw) == []), leftovers(raw)
+    wait_for(lambda: leftovers(raw) == [], 10, lambda: leftovers(raw))
     r = raw.request("POST", path, content=body)  # the worker's retry is accepted
     assert r.status_code == 200, r.text
     page = raw.request("GET", f"/v1/jobs/{meta['job_id']}/results", params={"wait": 5})
@@ -237,7 +237,7 @@ def test_over_the_limit_is_413_before_reading_and_while_streaming(raw):
         assert r.status_code == 413 and r.json()["message"] == message
     except httpx.TransportError:  # the answer may come before the rest could be sent
         pass
-    assert wait_until(lambda: leftovers(raw) == []), leftovers(raw)
+    wait_for(lambda: leftovers(raw) == [], 10, lambda: leftovers(raw))
     assert raw.request("GET", f"/v1/jobs/{meta['job_id']}").status_code == 404
     # a frames header naming more than the limit is refused at once (chunked)
     head = wire.frames_header([10, LIMIT_MB * MiB + 1])

@@ -3,7 +3,6 @@ workers joined with a chosen token, raw HTTP with a chosen token."""
 
 from __future__ import annotations
 
-import os
 import re
 import time
 import warnings
@@ -148,25 +147,4 @@ def proc_memory_texts(pid: int) -> bytes:
                 out += fh.read()
         except OSError:
             pass
-    return out
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (Linux /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read()
-            ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
     return out

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from tests.conftest import TOKEN, Proc, free_port
-from tests.security.conftest import WORKER_TOKEN, descendants, proc_memory_texts
+from tests.conftest import TOKEN, Proc, descendants, free_port
+from tests.security.conftest import WORKER_TOKEN, proc_memory_texts
 
 HINT = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
 

@@ -18,6 +18,8 @@ from gpumesh import wire
 from gpumesh.cli.serve import _self_check
 from gpumesh.worker.executor import Executor
 
+from ..conftest import children
+
 
 def _modules_after(code: str) -> set[str]:
     out = subprocess.run([sys.executable, "-c", code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
@@ -51,11 +53,7 @@ def test_zygote_imports_only_what_hosts_share():
 
 
 def _children() -> set[int]:
-    try:
-        with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as fh:
-            return {int(p) for p in fh.read().split()}
-    except OSError:
-        pytest.skip("no /proc children list here")
+    return set(children(os.getpid()))
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="Linux /proc")

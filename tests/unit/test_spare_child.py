@@ -13,7 +13,7 @@ import pytest
 from gpumesh import wire
 from gpumesh.worker.executor import Executor
 
-from ..conftest import wait_for
+from ..conftest import children, wait_for
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 
@@ -25,8 +25,7 @@ def _whoami():
 
 
 def _children(pid: int) -> set[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as fh:
-        return {int(p) for p in fh.read().split()}
+    return set(children(pid))
 
 
 @pytest.fixture

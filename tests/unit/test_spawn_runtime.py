@@ -19,6 +19,8 @@ from gpumesh.worker import procs
 from gpumesh.worker.executor import Executor, make_executor
 from gpumesh.worker.spawn import SpawnExecutor
 
+from ..conftest import alive, wait_for
+
 
 @pytest.fixture
 def ex(tmp_path):
@@ -60,21 +62,12 @@ def _state(x):
     return list(seen)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as fh:  # a zombie is not alive
-        return fh.read().split(") ")[-1][0] != "Z"
-
-
 def test_each_task_runs_in_a_fresh_process_that_is_gone_afterwards(ex, tmp_path):
     pids = [_value(_call(ex, tmp_path, _pid)) for _ in range(3)]
     assert len(set(pids)) == 3 and os.getpid() not in pids
     assert _value(_call(ex, tmp_path, _state, 1)) == [1]
     assert _value(_call(ex, tmp_path, _state, 2)) == [2]  # no state carried over
-    assert not any(_alive(p) for p in pids)
+    assert not any(alive(p) for p in pids)
 
 
 def test_a_spare_loaded_with_the_function_is_ready_before_the_next_task(ex, tmp_path):
@@ -159,12 +152,7 @@ def test_crash_exit_code_timeout_and_raise(ex, tmp_path):
 
 
 def _wait_gone(pid: int, within: float = 10) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
+    return wait_for(lambda: not alive(pid), within, f"process {pid} to end")
 
 
 def test_cancel_kills_the_task_tree(ex, tmp_path):
@@ -241,7 +229,7 @@ def test_job_isolation_through_the_fork_executor(tmp_path):
         assert len({_value(_call(ex, tmp_path, _pid)) for _ in range(2)}) == 2
     finally:
         ex.close()
-    assert not any(_alive(p) for p in pids)
+    assert not any(alive(p) for p in pids)
 
 
 def test_choose_runtime(monkeypatch):
