@@ -27,6 +27,7 @@ import re
 import socket
 import threading
 import time
+from typing import Any
 from urllib.parse import urlsplit
 
 log = logging.getLogger("gpumesh.discovery")
@@ -169,7 +170,9 @@ class Advertiser:
     def __init__(self, role: str, addresses: list[str], port: int, properties: dict[str, str]):
         self.role, self.addresses, self.port = role, list(addresses), port
         self.properties = dict(properties)
-        self._zc = self._info = None
+        # zeroconf's Zeroconf and ServiceInfo (the module is imported only when used)
+        self._zc: Any = None
+        self._info: Any = None
         self._lock = threading.Lock()
         self._closed = False
         self._thread: threading.Thread | None = None

@@ -212,7 +212,7 @@ class Requirements:
         return replace(req, python=python) if python else req
 
     def to_meta(self) -> dict:
-        out = {k: v for k, v in (("gpu", self.gpu), ("cores", self.cores), ("memory", self.memory),
+        out: dict[str, object] = {k: v for k, v in (("gpu", self.gpu), ("cores", self.cores), ("memory", self.memory),
                                  ("gpu_memory", self.gpu_memory), ("python", self.python))
                if v is not None}
         if self.requires:
@@ -327,7 +327,9 @@ def slots_of(worker_id: str, info: Mapping, slots: list[Mapping] | None = None) 
     host = str(info.get("hostname") or "")
     py = python_minor(info.get("python"))
     installs = info.get("allow_installs") is True
-    pkgs = info.get("packages") if isinstance(info.get("packages"), Mapping) else {}
+    pkgs = info.get("packages")
+    if not isinstance(pkgs, Mapping):
+        pkgs = {}
     out = []
     for s in slots:
         kind = s.get("kind", "cpu")

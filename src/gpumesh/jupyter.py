@@ -95,8 +95,9 @@ def _wrap_expr(at: ast.stmt) -> ast.expr:
     expr = ast.parse(f"__import__({__name__!r}, fromlist=['wrap']).wrap(globals().get('mesh'))",
                      mode="eval").body
     for sub in ast.walk(expr):  # on the def's own line: a traceback through it names it
-        sub.lineno, sub.end_lineno = at.lineno, at.lineno
-        sub.col_offset, sub.end_col_offset = at.col_offset, at.col_offset
+        node: Any = sub  # ast.AST declares no positions; each node here takes them
+        node.lineno, node.end_lineno = at.lineno, at.lineno
+        node.col_offset, node.end_col_offset = at.col_offset, at.col_offset
     return expr
 
 

@@ -27,7 +27,8 @@ class FileLock:
     """A held lock; :meth:`release` (or the end of the process) drops it."""
 
     def __init__(self, path: Path, fd: int):
-        self.path, self._fd = path, fd
+        self.path = path
+        self._fd: int | None = fd
 
     def release(self) -> None:
         if self._fd is not None:
@@ -86,7 +87,7 @@ def _read_pid(fd: int) -> int | None:
 try:  # by what the platform has, not its name (tests/winsurface has no fcntl either)
     import fcntl
 except ImportError:  # Windows
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]  # the None that selects msvcrt below
 
 if fcntl is None:
     import msvcrt

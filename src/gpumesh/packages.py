@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
 
 #: Seconds between two looks at what is installed (a look costs ~10 ms per 100 packages).
 RESCAN_S = 60.0
@@ -122,13 +123,13 @@ def parse_requirements(value, arg: str = "requires") -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
-def unmet(requirements, have: dict[str, str]) -> list[str]:
+def unmet(requirements, have: Mapping[str, str]) -> list[str]:
     """The requirements that the distributions ``have`` (as :func:`installed` gives
     them) do not satisfy; extras are not checked, prereleases count."""
     return [r for r in requirements if not _met(r, have)]
 
 
-def _met(requirement: str, have: dict[str, str]) -> bool:
+def _met(requirement: str, have: Mapping[str, str]) -> bool:
     req = _requirement(requirement)
     version = have.get(normalise(req.name))
     if version is None:

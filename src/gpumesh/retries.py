@@ -86,7 +86,7 @@ def check_meta(retries: Any, retry_on: Any) -> tuple[int, list[str]] | None:
 
 
 def call_with_retries(fn: Callable, args: tuple, kwargs: dict, retries: int,
-                      types: tuple[type, ...]) -> Any:
+                      types: tuple[type[BaseException], ...]) -> Any:
     """``fn(*args, **kwargs)`` here, re-run up to ``retries`` times while it raises one of
     ``types`` (the local fallback's version of what the coordinator does)."""
     for attempt in range(retries + 1):

@@ -73,7 +73,7 @@ def local_addresses(host: str) -> tuple[list[str], list[str]]:
     if host in ("0.0.0.0", "::", ""):
         try:
             for info in socket.getaddrinfo(hostname, None):
-                ips.add(info[4][0].split("%")[0])
+                ips.add(str(info[4][0]).split("%")[0])
         except OSError:
             pass
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

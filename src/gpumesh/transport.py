@@ -106,7 +106,8 @@ class Transport:
         if token is not None:
             # UTF-8 bytes: a token with non-Latin-1 characters is still sent (and refused
             # by the coordinator with a clear 401) instead of failing inside the client.
-            self._headers["authorization"] = b"Bearer " + token.encode("utf-8", "surrogateescape")
+            auth = b"Bearer " + token.encode("utf-8", "surrogateescape")
+            self._headers["authorization"] = auth  # type: ignore[assignment]  # sent as they are
         self._pool: urllib3.HTTPConnectionPool | None = None
 
     @property
@@ -133,7 +134,7 @@ class Transport:
             self._pool.close()
             self._pool = None
 
-    def _cert_refused(self, e: BaseException) -> AuthError | None:
+    def _cert_refused(self, e: BaseException | None) -> AuthError | None:
         """An AuthError if ``e`` was caused by a certificate that failed verification."""
         seen = set()
         while e is not None and id(e) not in seen:
@@ -275,7 +276,7 @@ class Transport:
                 # urllib3's own readinto reads into a temporary bytes object and copies it;
                 # the http.client response under it reads from the socket straight into our
                 # buffer (a 64 MiB result: one copy and one allocation fewer).
-                raw = getattr(resp, "_fp", None)
+                raw: Any = getattr(resp, "_fp", None)
                 readinto = raw.readinto if hasattr(raw, "readinto") else resp.readinto
                 pos = 0
                 while pos < size:

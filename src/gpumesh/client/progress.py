@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from typing import Any
 
 #: A batch shows its bar once it has run this long (seconds).
 DELAY_S = 1.0
@@ -93,8 +94,8 @@ class Progress:
         self.failed = self.cancelled = 0
         self.started = time.monotonic() if started is None else started
         self._lock = threading.Lock()
-        self._bar = None
-        self._task = None
+        self._bar: Any = None  # a rich Progress or a NotebookBar, made when first shown
+        self._task: Any = None
         self._closed = False
         self._console = console
         self._timer: threading.Timer | None = None

@@ -17,7 +17,7 @@ the iterator is read, so the same loop works without a mesh.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 
@@ -30,7 +30,7 @@ class Results(Iterator[tuple[int, Any]]):
     Also a context manager: leaving the ``with`` block closes it.
     """
 
-    def __init__(self, start: Callable[[dict], Iterator], n: int):
+    def __init__(self, start: Callable[[dict], Generator], n: int):
         self.total = n
         # The generator gets a dict to note its job id in, not this object: holding this
         # object would make a cycle, and a dropped iterator would wait for the cyclic GC

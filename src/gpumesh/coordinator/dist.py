@@ -94,7 +94,7 @@ def _metadata_files(dist: metadata.Distribution, version: str) -> list[tuple[str
         if len(parts) < 2 or not parts[0].endswith(".dist-info") or parts[1] in _LOCAL_FILES:
             continue
         try:
-            out["/".join(parts[1:])] = Path(dist.locate_file(f)).read_bytes()
+            out["/".join(parts[1:])] = Path(str(dist.locate_file(f))).read_bytes()
         except OSError:
             continue
     meta = out.get("METADATA")

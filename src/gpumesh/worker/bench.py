@@ -20,6 +20,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Sequence
 
 log = logging.getLogger("gpumesh.worker.bench")
 
@@ -151,7 +152,7 @@ def _result(gflops: float, gbps: float, backend: str) -> dict:
             "score": round(gflops * GFLOPS_WEIGHT + gbps * BANDWIDTH_WEIGHT, 3), "backend": backend}
 
 
-def measure(gpus: list[int] = (), mps: bool = False, budget_s: float = TOTAL_BUDGET_S) -> dict:
+def measure(gpus: Sequence[int] = (), mps: bool = False, budget_s: float = TOTAL_BUDGET_S) -> dict:
     """Score the CPU, the CUDA GPUs ``gpus`` (NVML indices) and, if ``mps``, the Apple
     GPU. Returns ``{device key: {"gflops", "bandwidth_gbps", "score", "backend"}}``.
 

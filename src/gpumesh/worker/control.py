@@ -83,7 +83,8 @@ def sweep_stale(base: Path | None = None) -> list[Path]:
     if not hasattr(os, "getuid"):
         return []
     base = Path(base or os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir())
-    prefix, removed = f"gpumesh-{os.getuid()}-", []
+    prefix = f"gpumesh-{os.getuid()}-"
+    removed: list[Path] = []
     try:
         entries = [e for e in os.scandir(base) if e.name.startswith(prefix)]
     except OSError:
@@ -195,6 +196,7 @@ class ControlServer:
 
     def _answer(self, conn: socket.socket) -> None:
         uid = peer_uid(conn)
+        too_long: ValueError | None
         try:
             line = _read_line(conn)  # (read even from a refused peer: its answer then arrives)
         except ValueError as e:

@@ -35,6 +35,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from typing import Any
 
 log = logging.getLogger("gpumesh.worker.device")
 
@@ -92,7 +93,7 @@ def visible(gpus: list[dict], env: dict | None = None) -> list[dict]:
     except ValueError:
         log.info("CUDA_VISIBLE_DEVICES=%r is not a list of indices; offering every GPU", raw)
         return gpus
-    keep = []
+    keep: list[dict] = []
     for i in wanted:
         if i < 0:
             break  # CUDA stops at the first invalid index
@@ -143,7 +144,7 @@ class GpuMonitor:
 
     def __init__(self, indices: list[int]):
         self.indices = list(indices)
-        self._nvml = None
+        self._nvml: Any = None  # the pynvml module, imported and initialised on first use
         self._util_seen: dict[int, int] = {}  # GPU index -> newest utilisation sample (us)
 
     def free_mb(self) -> dict[int, int]:

@@ -178,7 +178,7 @@ class EnvCache:
 
     def entries(self) -> list[tuple[float, int, Path]]:
         """``(last used, bytes, path)`` of every ready environment, least recent first."""
-        out = []
+        out: list[tuple[float, int, Path]] = []
         try:
             dirs = [p for p in self.root.iterdir() if not p.name.startswith(".")]
         except OSError:

@@ -72,7 +72,7 @@ def group_kwargs() -> dict:
     """``subprocess.Popen`` arguments that put the new process in a group of its own."""
     if hasattr(os, "killpg"):
         return {"start_new_session": True}
-    if WINDOWS:
+    if sys.platform == "win32":  # (WINDOWS, spelled so that type checkers know the platform)
         return {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP}
     return {"start_new_session": True}  # a POSIX Python without killpg (tests/winsurface)
 

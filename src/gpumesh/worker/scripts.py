@@ -102,15 +102,17 @@ def run(script_path: str, payload: bytes, timeout: float | None, out: str, err: 
                                          "message": f"could not start the script: {e}"})
         pending.pid = proc.pid
         pending.started.set()
+        stdin = proc.stdin
+        assert stdin is not None  # stdin=PIPE
 
         def feed() -> None:
             try:
-                proc.stdin.write(payload)
+                stdin.write(payload)
             except OSError:
                 pass  # the script exited without reading its payload; its exit status speaks
             finally:
                 try:
-                    proc.stdin.close()
+                    stdin.close()
                 except OSError:
                     pass
 

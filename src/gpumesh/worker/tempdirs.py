@@ -41,7 +41,7 @@ def create(root: Path | None = None) -> tuple[Path, oslock.FileLock]:
 def sweep(root: Path | None = None) -> list[Path]:
     """Remove the directories of workers that are gone; returns those removed."""
     root = Path(root or tempfile.gettempdir())
-    removed = []
+    removed: list[Path] = []
     try:
         entries = [e for e in os.scandir(root) if e.name.startswith(PREFIX)]
     except OSError:
