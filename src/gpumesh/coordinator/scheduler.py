@@ -28,24 +28,29 @@ import itertools
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from operator import itemgetter
+from typing import Generic, TypeVar
+
+#: What a job's lane is (the coordinator's: its hardware requirements). A job added
+#: without one is in the ``None`` lane.
+L = TypeVar("L", bound=Hashable)
 
 
-class RunQueue:
+class RunQueue(Generic[L]):
     """Pending tasks, grouped by job, jobs by lane and lanes by person. All operations are
     O(1) per task moved; :meth:`take_one` is O(people x lanes) plus the jobs it passes over."""
 
     def __init__(self) -> None:
         self._jobs: dict[str, deque[str]] = {}  # only jobs with pending tasks
-        self._lane_of: dict[str, Hashable] = {}
+        self._lane_of: dict[str, L | None] = {}
         self._owner_of: dict[str, Hashable] = {}
         # person -> lane -> {job id: turn}, each lane's jobs in turn order
-        self._people: dict[Hashable, dict[Hashable, OrderedDict[str, int]]] = {}
+        self._people: dict[Hashable, dict[L | None, OrderedDict[str, int]]] = {}
         # The people's turn order: those not served since they last had something pending
         # (in arrival order), then the others, served longest ago first. A newcomer is
         # thus next, not behind everyone who has been served already.
         self._fresh: OrderedDict[Hashable, None] = OrderedDict()
         self._line: OrderedDict[Hashable, None] = OrderedDict()
-        self._lane_jobs: Counter[Hashable] = Counter()  # lane -> jobs waiting in it (any person)
+        self._lane_jobs: Counter[L | None] = Counter()  # lane -> jobs waiting in it (any person)
         self._turns = 0
         self._n = 0
 
@@ -53,7 +58,7 @@ class RunQueue:
         return self._n
 
     # -- jobs entering and leaving the line ---------------------------------------------
-    def _enter(self, job_id: str, q: deque[str], lane: Hashable, owner: Hashable) -> None:
+    def _enter(self, job_id: str, q: deque[str], lane: L | None, owner: Hashable) -> None:
         """A job with no pending tasks gets some: it joins the back of its person's line
         (and a person with nothing pending joins the back of the people's)."""
         self._jobs[job_id] = q
@@ -91,7 +96,7 @@ class RunQueue:
         jobs.move_to_end(job_id)
 
     # -- adding -------------------------------------------------------------------------
-    def add(self, job_id: str, task_ids: Iterable[str], lane: Hashable = None,
+    def add(self, job_id: str, task_ids: Iterable[str], lane: L | None = None,
             owner: Hashable = None) -> None:
         """Append tasks at the back of ``job_id``'s queue. ``lane``: the job's lane (what
         :meth:`take_one`'s ``lane_ok`` is asked about); ``owner``: the person it belongs
@@ -108,7 +113,7 @@ class RunQueue:
         q.extend(task_ids)
         self._n += len(q) - before
 
-    def push_front(self, job_id: str, task_id: str, lane: Hashable = None,
+    def push_front(self, job_id: str, task_id: str, lane: L | None = None,
                    owner: Hashable = None) -> None:
         """Put a re-queued task first in line within its job."""
         q = self._jobs.get(job_id)
@@ -132,7 +137,7 @@ class RunQueue:
         q = self._jobs.get(job_id)
         return len(q) if q else 0
 
-    def lanes(self) -> list[Hashable]:
+    def lanes(self) -> list[L | None]:
         """The lanes that have pending tasks."""
         return list(self._lane_jobs)
 
@@ -160,7 +165,7 @@ class RunQueue:
 
     # -- taking -------------------------------------------------------------------------
     def take_one(self, choose: Callable[[str, deque[str]], int | None],
-                 lane_ok: Callable[[Hashable], bool] | None = None,
+                 lane_ok: Callable[[L | None], bool] | None = None,
                  owner_ok: Callable[[Hashable], bool] | None = None) -> tuple[str, str] | None:
         """Remove one task for one free slot and return ``(job_id, task_id)``, or None.
 
@@ -172,9 +177,9 @@ class RunQueue:
         moves to the back of its person's line, and the person to the back of the
         people's.
         """
-        verdict: dict[Hashable, bool] = {}
+        verdict: dict[L | None, bool] = {}
 
-        def ok(lane: Hashable) -> bool:
+        def ok(lane: L | None) -> bool:
             if lane_ok is None:
                 return True
             if lane not in verdict:
