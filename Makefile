@@ -72,7 +72,7 @@ bench: $(PY)
 	$(PY) benchmarks/run.py
 
 clean:
-	rm -rf build dist .pytest_cache .ruff_cache .demo
+	rm -rf build dist .pytest_cache .ruff_cache .mypy_cache .demo
 	find . -path ./$(VENV) -prune -o -name '*.egg-info' -prune -exec rm -rf {} + \
 		-o -name __pycache__ -prune -exec rm -rf {} +
 
