@@ -163,6 +163,10 @@ class Proc:
 class Mesh:
     """A coordinator (optionally with workers) started for one test or module."""
 
+    #: Whether the health check verifies the coordinator's TLS certificate (SecureMesh's
+    #: is self-signed).
+    verify = True
+
     def __init__(self, root: Path, token: str = TOKEN):
         self.root, self.token = root, token
         self.port = free_port()
@@ -213,7 +217,7 @@ class Mesh:
             if self.coordinator.p.poll() is not None:
                 raise RuntimeError("coordinator exited:\n" + self.coordinator.output())
             try:
-                if httpx.get(f"{self.url}/v1/health", timeout=1).status_code == 200:
+                if httpx.get(f"{self.url}/v1/health", timeout=1, verify=self.verify).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

@@ -4,13 +4,12 @@ workers joined with a chosen token, raw HTTP with a chosen token."""
 from __future__ import annotations
 
 import re
-import time
 import warnings
 
 import httpx
 import pytest
 
-from tests.conftest import START_TIMEOUT_S, TOKEN, Mesh, Proc
+from tests.conftest import TOKEN, Mesh, Proc, wait_for
 
 WORKER_TOKEN = "worker-token-abcdefghijklmnopqrstuvwxyz012345"
 #: The main token of the in-process apps ``app_factory`` makes.
@@ -55,25 +54,15 @@ class SecureMesh(Mesh):
         if tls:
             self.url = self.url.replace("http://", "https://")
 
+    verify = False  # a --tls coordinator's certificate is self-signed
+
     def wait_health(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.coordinator.p.poll() is not None:
-                raise RuntimeError("coordinator exited:\n" + self.coordinator.output())
-            try:
-                if httpx.get(f"{self.url}/v1/health", timeout=1, verify=False).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        else:
-            raise RuntimeError("coordinator did not start:\n" + self.coordinator.output())
+        super().wait_health()
         if self.tls:
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and "Ctrl+C" not in self.coordinator.output():
-                time.sleep(0.05)
-            self.fingerprint = re.search(r"fingerprint: (SHA256:[0-9a-f]{64})",
-                                         self.coordinator.output()).group(1)
+            found = wait_for(lambda: re.search(r"fingerprint: (SHA256:[0-9a-f]{64})",
+                                               self.coordinator.output()),
+                             10, lambda: "the TLS fingerprint in:\n" + self.coordinator.output())
+            self.fingerprint = found.group(1)
 
     def request(self, method: str, path: str, token: str | None = None, **kw) -> httpx.Response:
         headers = dict(kw.pop("headers", {}) or {})
