@@ -36,6 +36,7 @@ assert mesh.url.startswith("http://127.0.0.1:"), mesh.url
 @accelerate(mesh)
 def where(i):
     import os
+    print(f"caf\u00e9 \u2192 \u2713 {i}", flush=True)  # more than the worker's cp1252 has
     return i, os.environ["HOME"]
 
 print(sorted(where.map([1, 2, 3])))
@@ -101,7 +102,11 @@ def test_a_caller_script_in_a_spaced_folder_finds_the_saved_config(odd_mesh, tmp
                        capture_output=True, text=True, timeout=180, cwd=folder)
     assert r.returncode == 0, r.stdout + r.stderr
     home = odd_mesh.env["HOME"]
-    assert r.stdout.strip().splitlines()[-1] == repr([(1, home), (2, home), (3, home)])
+    lines = r.stdout.strip().splitlines()
+    assert lines[-1] == repr([(1, home), (2, home), (3, home)])
+    # what the tasks printed reaches the caller whole (a task writes UTF-8, as it is read)
+    printed = sorted(line.split(") ", 1)[-1] for line in lines[:-1])
+    assert printed == [f"caf\u00e9 \u2192 \u2713 {i}" for i in (1, 2, 3)], lines
 
 
 def test_cli_output_on_a_cp1252_console_does_not_crash(odd_mesh, tmp_path):
