@@ -37,7 +37,7 @@ def run_icacls(args: list[str]) -> subprocess.CompletedProcess:
     SetNamedSecurityInfoW would have us build by hand. Raises ``OSError`` if it cannot be
     started and ``subprocess.TimeoutExpired`` if it hangs."""
     return subprocess.run(["icacls", *args], capture_output=True, text=True,
-                          timeout=TOOL_TIMEOUT_S, stdin=subprocess.DEVNULL)
+                          errors="replace", timeout=TOOL_TIMEOUT_S, stdin=subprocess.DEVNULL)
 
 
 def windows_account() -> str:
@@ -95,10 +95,11 @@ def is_admin() -> bool:
 
 
 def run_netsh(args: list[str]) -> subprocess.CompletedProcess:
-    """Run ``netsh ARGS`` and return what it did. Raises ``OSError`` if netsh cannot be
-    started and ``subprocess.TimeoutExpired`` if it hangs."""
+    """Run ``netsh ARGS`` and return what it did (its messages are in the console's code
+    page, which need not be ours: undecodable bytes become U+FFFD). Raises ``OSError`` if
+    netsh cannot be started and ``subprocess.TimeoutExpired`` if it hangs."""
     return subprocess.run(["netsh", *args], capture_output=True, text=True,
-                          timeout=TOOL_TIMEOUT_S, stdin=subprocess.DEVNULL)
+                          errors="replace", timeout=TOOL_TIMEOUT_S, stdin=subprocess.DEVNULL)
 
 
 def rule_name(port: int) -> str:

@@ -54,6 +54,19 @@ def test_the_real_icacls_command_line(monkeypatch):
     assert seen["argv"] == ["icacls", "C:\\Users\\Ann Lee\\x.json", "/inheritance:r"]
     assert seen["kw"]["timeout"] == winplat.TOOL_TIMEOUT_S
     assert seen["kw"]["capture_output"] is True
+    assert seen["kw"]["errors"] == "replace"  # a localized message must not crash serve
+
+
+def test_the_real_netsh_command_line(monkeypatch):
+    seen = {}
+
+    def run(argv, **kw):
+        seen["argv"], seen["kw"] = argv, kw
+        return _done(argv)
+    monkeypatch.setattr(winplat.subprocess, "run", run)
+    winplat.run_netsh(ADD)
+    assert seen["argv"] == ["netsh", *ADD]
+    assert seen["kw"]["errors"] == "replace" and seen["kw"]["timeout"] == winplat.TOOL_TIMEOUT_S
 
 
 def test_account_without_a_domain_is_the_user_name(windows, monkeypatch):
