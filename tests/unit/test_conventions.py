@@ -73,8 +73,10 @@ def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
 
 
 def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
-    """Module -> the gpumesh modules its import runs import (a package's import also runs
-    its ``__init__``, so ``from .a.b import x`` depends on ``a`` and ``a.b``)."""
+    """Module -> the gpumesh modules its import runs import. ``import a.b.c`` runs ``a``,
+    ``a.b`` and ``a.b.c``; ``from a.b import c`` runs ``a.b.c`` when that is a module, else
+    takes ``c`` from ``a.b`` (which must then be initialised). A package that contains the
+    importing module is being imported already: reaching it as a prefix is no cycle."""
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         is_package = path.name == "__init__.py"
@@ -84,14 +86,17 @@ def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
                 targets = [a.name for a in node.names]
             else:
                 base = _resolve(name, is_package, node)
-                # `from pkg import mod` imports the submodule pkg.mod when there is one
-                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                           for a in node.names]
             for target in targets:
                 parts = target.split(".")
                 for i in range(1, len(parts) + 1):
                     dep = ".".join(parts[:i])
-                    if dep in modules and dep != name:
-                        deps.add(dep)
+                    if dep not in modules or dep == name:
+                        continue
+                    if i < len(parts) and name.startswith(dep + "."):
+                        continue  # a package above the importer: importing it already
+                    deps.add(dep)
         graph[name] = deps
     return graph
 
@@ -119,25 +124,45 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_the_graph_finds_a_cycle_and_skips_what_does_not_run_at_import(tmp_path):
-    pkg = tmp_path / "src" / "p"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("from . import b\n")
-    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\n"
-                              "def f():\n    from .a import x\n")
-    (pkg / "c.py").write_text("try:\n    from .d import y\nexcept ImportError:\n    pass\n")
-    (pkg / "d.py").write_text("import p.c\n")
-    mods = {f"p.{p.stem}" if p.stem != "__init__" else "p": p for p in pkg.glob("*.py")}
+    def package(files: dict[str, str]) -> dict[str, Path]:
+        out = {}
+        for rel, text in files.items():
+            path = tmp_path / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            parts = list(Path(rel).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+        return out
+
+    mods = package({
+        "p/__init__.py": "",
+        "p/a.py": "from . import b\n",
+        "p/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\n"
+                  "def f():\n    from .a import x\n",
+        "p/c.py": "try:\n    from .d import y\nexcept ImportError:\n    pass\n",
+        "p/d.py": "import p.c\n",
+        # a package importing its submodules, which import each other: no cycle
+        "q/__init__.py": "from . import x, y\n",
+        "q/x.py": "from .y import z\n",
+        "q/y.py": "z = 1\n",
+        # a submodule taking a name its package defines after importing it: a cycle
+        "r/__init__.py": "from . import m\nVALUE = 1\n",
+        "r/m.py": "from . import VALUE\n",
+    })
     graph = import_graph(mods)
-    assert graph["p.a"] == {"p", "p.b"} and graph["p.b"] == set()
-    assert find_cycle({k: v for k, v in graph.items() if k.startswith("p.") and k < "p.c"}) is None
-    assert find_cycle(graph) == ["p.c", "p.d", "p.c"]
+    assert graph["p.a"] == {"p.b"} and graph["p.b"] == set()
+    assert graph["q"] == {"q.x", "q.y"} and graph["q.x"] == {"q.y"}
+    assert find_cycle({k: graph[k] for k in ("p", "p.a", "p.b", "q", "q.x", "q.y")}) is None
+    assert find_cycle({k: v for k, v in graph.items() if k.startswith("p")}) == ["p.c", "p.d", "p.c"]
+    assert find_cycle({k: v for k, v in graph.items() if k.startswith("r")}) == ["r", "r.m", "r"]
 
 
 def test_no_import_cycles():
     graph = import_graph(_modules())
     # the graph is the real one: top-level imports, relative ones resolved
-    assert {"gpumesh", "gpumesh.errors", "gpumesh.limits"} <= graph["gpumesh.transport"]
+    assert {"gpumesh.errors", "gpumesh.limits"} <= graph["gpumesh.transport"]
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle at import time: " + " -> ".join(cycle)
 
