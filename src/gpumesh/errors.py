@@ -24,13 +24,11 @@ and message) whenever it can be pickled; gpumesh attaches the remote traceback a
 :class:`RemoteError`.
 
 Which exception a failed task becomes at the caller, by the ``kind`` of its error
-(:class:`gpumesh.protocol.FailureKind`), is :data:`FAILURE_EXCEPTIONS`; an unknown kind
-(a newer worker's) is a :class:`TaskFailed`.
+(:class:`gpumesh.protocol.FailureKind`), is :data:`gpumesh.protocol.FAILURE_EXCEPTIONS`;
+an unknown kind (a newer worker's) is a :class:`TaskFailed`.
 """
 
 from __future__ import annotations
-
-from .protocol import FailureKind
 
 
 class MeshError(Exception):
@@ -151,49 +149,3 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return f'\n"""\n{self.tb}"""'
-
-
-#: The exception the caller raises for a failed task, by its error's ``kind``. ``raised``
-#: is the function's own exception whenever it unpickles at the caller; this entry is
-#: for when it does not. Kinds a worker posts only with ``status: retry`` (the task is
-#: re-queued, never failed by them) map to :class:`TaskFailed` should one ever arrive.
-FAILURE_EXCEPTIONS: dict[FailureKind, type[BaseException]] = {
-    FailureKind.RAISED: RemoteError,
-    FailureKind.UNPICKLE: RemoteError,
-    FailureKind.EXIT: RemoteError,
-    FailureKind.RESULT_UNPICKLABLE: RemoteError,
-    FailureKind.RESULT_NOT_JSON: RemoteError,
-    FailureKind.TIMEOUT: TaskTimeout,
-    FailureKind.CRASHED: TaskCrashed,
-    FailureKind.CANCELLED: Cancelled,
-    FailureKind.LOST: WorkerLost,
-    FailureKind.MISSING_MODULE: ModuleNotFoundError,
-    FailureKind.SCRIPT: TaskFailed,
-    FailureKind.REQUIRES: TaskFailed,
-    FailureKind.HOST_DIED: TaskFailed,
-    FailureKind.FETCH: TaskFailed,
-    FailureKind.HANDOFF: TaskFailed,
-}
-
-
-def failure_exception(kind: str, text: str, *, remote_type: str = "Exception",
-                      remote_message: str | None = None, traceback: str = "",
-                      task_id: str | None = None, worker: str | None = None,
-                      module: str | None = None) -> BaseException:
-    """The exception (not raised) that stands for a task whose error has ``kind``, with
-    message ``text``: the class :data:`FAILURE_EXCEPTIONS` names (:class:`TaskFailed`
-    for an unknown kind). ``remote_type``/``remote_message``/``traceback`` fill a
-    :class:`RemoteError`; ``module`` names a ``ModuleNotFoundError``'s module."""
-    try:
-        cls = FAILURE_EXCEPTIONS[FailureKind(kind)]
-    except ValueError:
-        cls = TaskFailed
-    if cls is RemoteError:
-        err = RemoteError(remote_type, text, traceback, task_id, worker)
-        err.remote_message = text if remote_message is None else remote_message
-        return err
-    if cls is ModuleNotFoundError:
-        return ModuleNotFoundError(text, name=module)
-    if cls is TaskTimeout:
-        return TaskTimeout(text)
-    return cls(text, task_id, worker)

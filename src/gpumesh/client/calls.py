@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .. import wire
-from ..errors import RemoteTraceback, TaskFailed, failure_exception
+from ..errors import RemoteTraceback, TaskFailed
+from ..protocol import failure_exception
 
 #: Keys of a ``.map`` item that are scheduling hints, not arguments (spec: "a payload's
 #: gpu_memory_mb hint"; ``cost`` weighs a task for the scheduler). Removed before the
