@@ -112,6 +112,52 @@ def test_the_docstring_lists_every_api_route():
             assert template in doc, template
 
 
+def _doc_rows(title: str) -> dict[str, str]:
+    """The rows of the module docstring's table after ``title``: first word -> the line."""
+    doc = protocol.__doc__
+    block = doc[doc.index(title):].split("::\n\n", 1)[1].split("\n\n", 1)[0]
+    rows = {}
+    for line in block.splitlines():
+        words = line.split()
+        if words and not words[0].startswith("("):
+            key = words[1] if words[0].isdigit() else words[0]
+            rows[key] = line
+    return rows
+
+
+def test_the_docstring_has_one_line_for_every_error_code_and_failure_kind():
+    codes = _doc_rows("Error codes:")
+    assert set(codes) == {c.value for c in ErrorCode}
+    kinds = _doc_rows("Failure kinds:")
+    assert set(kinds) == {k.value for k in FailureKind}
+    messages = _doc_rows("Messages (")
+    assert set(messages) == {"JobSubmit", "LeaseRequest", "TaskGrant", "ResultPost", "ResultPage"}
+    for kind, line in kinds.items():  # "-> X" agrees with the table
+        if "->" in line and kind != "raised":
+            assert protocol.FAILURE_EXCEPTIONS[FailureKind(kind)].__name__ == line.split("->")[1].strip()
+
+
+@pytest.mark.parametrize("code", [c.value for c in ErrorCode])
+def test_what_the_docstring_says_the_caller_raises_for_each_code_is_what_it_raises(code):
+    from gpumesh.transport import check
+    line = _doc_rows("Error codes:")[code]
+    status = int(line.split()[0])
+    body = json.dumps({"error": code, "message": "m"}).encode()
+
+    class Resp:
+        status_code, text = status, body.decode()
+
+        def json(self):
+            return json.loads(body)
+
+    with pytest.raises(errors.MeshError) as got:
+        check(Resp(), "http://test")
+    said = line.split("->")[1].split()[0] if "->" in line else "RequestRejected"
+    if "from RequestRejected" in line:  # the client turns it into `said` (test_routing)
+        said = "RequestRejected"
+    assert type(got.value).__name__ == said
+
+
 def _docstrings(tree: ast.AST) -> set[int]:
     ids = set()
     for node in ast.walk(tree):
