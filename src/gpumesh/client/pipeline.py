@@ -30,8 +30,9 @@ One exception, deliberately: what **cannot be pickled** (a lambda over a lock, a
 file argument, a generator as a result) would fail on a mesh, but a call that runs here
 only because the mesh is away is the spec's promise "runs locally and returns the same
 value": it keeps working. The object is used as it is (no copy) and a one-line notice
-per distinct cause says that a mesh could not run it. ``.local()`` is a plain call and
-takes no part in any of this.
+per distinct cause says that a mesh could not run it. Strict results (JSON only) are
+not applied here either: nothing crossed a trust boundary (see :mod:`gpumesh.strict`).
+``.local()`` is a plain call and takes no part in any of this.
 """
 
 from __future__ import annotations
