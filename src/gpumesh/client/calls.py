@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .. import wire
-from ..errors import RemoteError, RemoteTraceback, TaskFailed, TaskTimeout
-from ..protocol import failure_exception
+from ..errors import RemoteTraceback, TaskFailed
+from ..protocol import FailureKind, failure_exception
 
 #: Keys of a ``.map`` item that are scheduling hints, not arguments (spec: "a payload's
 #: gpu_memory_mb hint"; ``cost`` weighs a task for the scheduler). Removed before the
@@ -236,9 +236,11 @@ def outcome_value(outcome: tuple, index: int, where: str, call: Call | None = No
                   n: int = 1, hint: str = "", name: str | None = None) -> Any:
     """What a task wrapper returned (``("ok", value)``, ``("raised", exc or None, type
     name, message, traceback text)``, ``("exit", code)`` or ``("timeout", seconds)``: see
-    :data:`gpumesh.client.backends.base.run_task`) -> the value, or raise what the task
-    raised. Its text names the ``.map`` item of ``n``, the call of function ``name``
-    with its arguments ``call`` and ``where`` it ran, then ``hint``."""
+    :data:`gpumesh.client.taskwrap.run_task`) -> the value, or raise what the task
+    raised: the function's own exception, else the class the failure-kind table
+    (:data:`gpumesh.protocol.FAILURE_EXCEPTIONS`) names, as a coordinator result would
+    give. Its text names the ``.map`` item of ``n``, the call of function ``name`` with
+    its arguments ``call`` and ``where`` it ran, then ``hint``."""
     kind = outcome[0]
     if kind == "ok":
         return outcome[1]
@@ -255,17 +257,19 @@ def outcome_value(outcome: tuple, index: int, where: str, call: Call | None = No
                 exc.add_note(f"[gpumesh] raised by {place}; remote traceback above"
                              + (f"\n[gpumesh] {hint}" if hint else ""))
             raise exc
-        err = RemoteError(type_name, f"{message} ({place})" + (f"; {hint}" if hint else ""),
-                          tb, str(index), where)
-        err.remote_message, err.index = message, index
+        err = failure_exception(FailureKind.RAISED, f"{message} ({place})" + (f"; {hint}" if hint else ""),
+                                remote_type=type_name, remote_message=message, traceback=tb,
+                                task_id=str(index), worker=where)
+        err.index = index
         err.__cause__ = cause
         raise err
     if kind == "timeout":
-        raise TaskTimeout(f"the task ran past its timeout of {outcome[1]:g} s "
-                          f"(task #{index} on {where})")
-    if kind == "exit":
-        raise TaskFailed(f"the task called sys.exit({outcome[1]}) (task #{index} on {where})",
-                         str(index), where)
+        raise failure_exception(FailureKind.TIMEOUT, f"the task ran past its timeout of "
+                                f"{outcome[1]:g} s (task #{index} on {where})")
+    if kind == "exit":  # as a worker of the native mesh reports it
+        raise failure_exception(FailureKind.EXIT, f"the task called sys.exit({outcome[1]}) "
+                                f"(task #{index} on {where})", remote_type="SystemExit",
+                                task_id=str(index), worker=where)
     raise TaskFailed(f"unexpected task outcome {kind!r} (task #{index} on {where})", str(index), where)
 
 

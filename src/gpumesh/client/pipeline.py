@@ -226,7 +226,8 @@ def run(mesh: Any, job: Job, handle: dict | None = None,
         backend = INLINE
         runner = backend.run(job)
         first = next(runner)
-    assert first is STARTED, first
+    if first is not STARTED:
+        raise RuntimeError(f"{type(backend).__name__}.run yielded {first!r} before STARTED")
     bar = None
     try:
         if handle is not None:
@@ -245,11 +246,9 @@ def run(mesh: Any, job: Job, handle: dict | None = None,
                 if not job.return_exceptions:
                     raise
                 value = e
+                cancelled += isinstance(e, Cancelled)
+                failed += not isinstance(e, Cancelled)
             got += 1
-            if isinstance(value, Cancelled):
-                cancelled += 1
-            elif isinstance(value, BaseException) and job.return_exceptions:
-                failed += 1
             if bar is not None:
                 bar.update(got, failed=failed, cancelled=cancelled)
             yield index, value
