@@ -165,6 +165,9 @@ def fill(template: str, **params: str) -> str:
     return template.format(**{k: quote(str(v), safe="") for k, v in params.items()})
 
 
+# The concrete paths: one function per template with a parameter, named as the constant
+# in lower case (each parameter is one percent-encoded segment, see fill).
+
 def worker(wid: str) -> str:
     return fill(WORKER, wid=wid)
 
