@@ -450,3 +450,26 @@ def test_a_lease_answer_without_tasks_is_a_wire_error():
         TaskGrant.list_from_dict({"jobs": []})
     with pytest.raises(errors.WireError, match="lease answer must be a JSON object"):
         TaskGrant.list_from_dict([])
+
+
+def test_the_agent_skips_a_lease_answer_that_is_not_one_and_frees_the_slots(caplog):
+    from gpumesh.worker.agent import WorkerAgent
+    released: list = []
+    started: list = []
+
+    class Agent:  # the two members _start touches besides starting task threads
+        _busy = {0: 1, 1: 1}
+
+        def _release(self, slots):
+            released.extend(slots)
+
+        def _run_task(self, *a):
+            started.append(a)
+
+    chunks, _ = wire.pack_frames([json.dumps({"tasks": [{"task_id": 5, "lease_id": "l"}]}).encode(),
+                                  b"args"])
+    body = bytearray(b"".join(bytes(c) for c in chunks))
+    with caplog.at_level("ERROR", logger="gpumesh.worker"):
+        WorkerAgent._start(Agent(), body, [0, 1])
+    assert released == [0, 1] and started == []
+    assert "field 'task_id' must be str, got int" in caplog.text
