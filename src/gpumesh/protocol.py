@@ -165,6 +165,9 @@ def fill(template: str, **params: str) -> str:
     return template.format(**{k: quote(str(v), safe="") for k, v in params.items()})
 
 
+# The concrete paths: one function per template with a parameter, named as the constant
+# in lower case (each parameter is one percent-encoded segment, see fill).
+
 def worker(wid: str) -> str:
     return fill(WORKER, wid=wid)
 
@@ -410,14 +413,14 @@ class JobSubmit:
     costs: list[float] | None = None          # one per task (scheduling weight)
     result_format: str | None = None          # "json" (strict results); unset: pickle
     isolation: str | None = None              # "job"; unset: "task"
-    require: dict | None = None               # hardware.Requirements.to_meta()
-    gpu_memory_mb: list | None = None         # per-task GPU memory hints (MiB)
+    require: dict[str, Any] | None = None     # hardware.Requirements.to_meta()
+    gpu_memory_mb: list[Any] | None = None    # per-task GPU memory hints (MiB)
     retries: int | None = None                # gpumesh.retries.to_meta()
-    retry_on: list | None = None
+    retry_on: list[str] | None = None
     require_worker: bool | None = None        # refuse (no_workers) when none is alive
     wait: float | None = None                 # long-poll the first results page (s)
     output: bool | None = None                # that page also carries what tasks printed
-    caller: dict | None = None                # {"host", "pid"} of the caller
+    caller: dict[str, Any] | None = None      # {"host", "pid"} of the caller
     handoff: bool | None = None               # the caller maps same-machine files
 
     def as_dict(self) -> dict[str, Any]:
@@ -443,7 +446,7 @@ class JobSubmit:
                    result_format=_get(d, m, "result_format", str, None),
                    isolation=_get(d, m, "isolation", str, None),
                    require=_get(d, m, "require", dict, None),
-                   gpu_memory_mb=_get(d, m, "gpu_memory_mb", (list, dict), None),
+                   gpu_memory_mb=_get(d, m, "gpu_memory_mb", list, None),
                    retries=_get(d, m, "retries", int, None),
                    retry_on=_get(d, m, "retry_on", list, None),
                    require_worker=_get(d, m, "require_worker", bool, None),
@@ -540,7 +543,7 @@ class ResultPost:
     empty frame when ``handoff_files`` names the file that holds it."""
 
     status: str                               # "ok", "error" or "retry" (RESULT_STATUSES)
-    error: dict | None = None                 # {"kind": FailureKind, "type", "message", ...}
+    error: dict[str, Any] | None = None       # {"kind": FailureKind, "type", "message", ...}
     handoff_files: dict[str, str] | None = None  # {"0": name in the handoff directory}
 
     def as_dict(self) -> dict[str, Any]:
@@ -566,7 +569,7 @@ class ResultItem:
     state: str                                # "done" or "failed"
     seq: int                                  # the job's result cursor (after=)
     worker: str | None = None
-    error: dict | None = None                 # a failed task's error (see FailureKind)
+    error: dict[str, Any] | None = None       # a failed task's error (see FailureKind)
     has_payload: bool = False                 # the page carries its payload frame, in order
     file: str | None = None                   # same machine: the store's file of its result
 
@@ -599,7 +602,7 @@ class ResultPage:
     state: str                                # the job's state
     workers_alive: int
     workers_able: int                         # alive workers that could run every task
-    output: list[dict] | None = None          # [{"seq", "task_id", "index", "stream", "worker"}]
+    output: list[dict[str, Any]] | None = None  # [{"seq", "task_id", "index", "stream", "worker"}]
     output_skipped: int | None = None         # chunks dropped from the bounded buffer
     job_id: str | None = None
     created: bool | None = None
