@@ -10,7 +10,7 @@ slot nothing, and listings show the labels: ``[paused: owner]``, ``[outside hour
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 WORKER_STATES = ("paused", "outside_hours")
 GPU_STATES = ("yielding", "hot", "power")
@@ -51,7 +51,7 @@ def check_gpu_states(value, field: str = "gpu_states") -> dict[str, dict]:
     return out
 
 
-def closed_slots(info: Mapping, slot_list: list[Mapping]) -> set[int]:
+def closed_slots(info: Mapping, slot_list: Sequence[Mapping]) -> set[int]:
     """Ids of the slots of a worker (``info`` as registered/heartbeated) that take no new
     task: all of them while the worker is closed, else those on a closed GPU."""
     if info.get("owner"):

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from . import availability
@@ -316,7 +316,7 @@ def device_key(slot: Mapping) -> str:
     return f"cuda:{slot['gpu']}" if slot.get("kind") == "cuda" else str(slot.get("kind", "cpu"))
 
 
-def slots_of(worker_id: str, info: Mapping, slots: list[Mapping] | None = None) -> list[Slot]:
+def slots_of(worker_id: str, info: Mapping, slots: Sequence[Mapping] | None = None) -> list[Slot]:
     """The :class:`Slot` views of a worker description (``info`` as registered/listed)."""
     if slots is None:
         slots = info.get("slot_list") or [{"id": i, "kind": "cpu"} for i in range(int(info.get("slots") or 1))]

@@ -183,7 +183,7 @@ class Transport:
                                      timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=read))
 
     def request(self, method: str, path: str, *, json: Any = None,
-                content: bytes | Iterable[bytes] | None = None, params: dict | None = None,
+                content: bytes | Iterable[bytes | memoryview] | None = None, params: dict | None = None,
                 timeout: float | None = None, headers: dict | None = None) -> Response:
         """Send one request and return the (successful) response with its body read.
         ``content`` may be an iterable of bytes when ``headers`` give its Content-Length

@@ -123,7 +123,7 @@ def _code_pickler() -> type:
         table = cloudpickle.Pickler.dispatch_table
         anonymous = table[types.CodeType]
 
-        def reduce_code(code: types.CodeType):
+        def reduce_code(code: types.CodeType) -> tuple[Any, tuple[Any, ...]]:
             rebuild, args = anonymous(code)[:2]
             if _ANONYMOUS_FILE in args:
                 # The first such string is co_filename (co_name comes after it).
@@ -131,7 +131,7 @@ def _code_pickler() -> type:
                 args = args[:at] + (code.co_filename,) + args[at + 1:]
             return rebuild, args
 
-        def reducer_override(self, obj):
+        def reducer_override(self: Any, obj: object) -> Any:
             # Bytecode is about to travel: note it (see Payload.by_value).
             if type(obj) is types.CodeType:
                 self.saw_code = True
@@ -186,7 +186,8 @@ def dumps(obj: Any, *, code: bool = False) -> Payload:
         head += struct.pack("<Q", b.nbytes)
     chunks: list[Chunk] = [bytes(head)]
     off = len(head)
-    for part in (stream, *buffers):
+    parts: list[Chunk] = [stream, *buffers]
+    for part in parts:
         pad = _pad(off)
         if pad:
             chunks.append(b"\0" * pad)

@@ -23,6 +23,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from email.utils import parsedate_to_datetime
+from typing import Any
 from urllib.parse import urlsplit
 
 import click
@@ -175,7 +176,7 @@ def _network(url: str, fingerprint: str | None) -> tuple[list[Check], bool]:
             fix = "mDNS (.local) names need Avahi/Bonjour here; use the coordinator's IP address instead"
         return [Check("resolve", "fail", f"cannot resolve {host} ({getattr(e, 'strerror', None) or e})",
                       fix)], False
-    addrs = list(dict.fromkeys(info[4][0] for info in infos))
+    addrs = list(dict.fromkeys(str(info[4][0]) for info in infos))
     checks = [Check("resolve", "ok", f"{host} is an IP address" if literal else
                     f"{host} -> {', '.join(addrs[:4])}")]
     loopback = all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs)
@@ -260,7 +261,8 @@ def _tls(url: str, host: str, port: int, fingerprint: str | None) -> Check:
     except OSError as e:
         return Check("tls", "fail", f"the TLS connection to {host}:{port} failed ({e})",
                      "retry; if it persists, check what listens on that port")
-    issuer = dict(x[0] for x in cert.get("issuer", ()) if x).get("organizationName", "a trusted CA")
+    rdns: Any = cert.get("issuer", ())  # ((("organizationName", "..."),), ...)
+    issuer = dict(x[0] for x in rdns if x).get("organizationName", "a trusted CA")
     return Check("tls", "ok", f"certificate for {host} verified (issued by {issuer})")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Any
 
 import click
 
@@ -79,7 +80,7 @@ def _wait(mesh, job_id: str, total: int, quiet: bool) -> None:
     from ..client import scripts
     from ..client.progress import Progress, bar_text
     started = time.monotonic()
-    done = [0, {}]
+    done: list[Any] = [0, {}]  # tasks final, counts
     with Progress(total, "tasks", enabled=None if not quiet else False, delay=0) as bar:
         def on_progress(n_final: int, n_tasks: int, counts: dict) -> None:
             done[:] = n_final, counts

@@ -142,7 +142,7 @@ def decode_result(item: dict, payload: memoryview | None, strict: bool = False, 
             except NotJSON as e:
                 raise TaskFailed(f"{e} (task {item.get('task_id')} on worker {item.get('worker')})",
                                  item.get("task_id"), item.get("worker")) from None
-        return wire.loads(payload)
+        return wire.loads(payload)  # type: ignore[arg-type]  # (a done result has one)
     raise failure(item, None if strict else payload, call=call, n=n, hint=hint, name=name)
 
 
@@ -186,10 +186,10 @@ def failure(item: dict, payload: memoryview | None, *, call: Call | None = None,
     exc = failure_exception(kind, message + tail, remote_type=err.get("type", "Exception"),
                             remote_message=message, traceback=tb, task_id=task_id,
                             worker=worker, module=err.get("module"))
-    cause = RemoteTraceback(tb) if tb else None
-    if cause is not None:
-        exc.__cause__ = cause
-    return _located(exc, cause, item, err)
+    remote = RemoteTraceback(tb) if tb else None
+    if remote is not None:
+        exc.__cause__ = remote
+    return _located(exc, remote, item, err)
 
 
 def _located(exc: BaseException, cause: RemoteTraceback | None, item: dict, err: dict) -> BaseException:
@@ -260,7 +260,7 @@ def outcome_value(outcome: tuple, index: int, where: str, call: Call | None = No
         err = failure_exception(FailureKind.RAISED, f"{message} ({place})" + (f"; {hint}" if hint else ""),
                                 remote_type=type_name, remote_message=message, traceback=tb,
                                 task_id=str(index), worker=where)
-        err.index = index
+        err.index = index  # type: ignore[attr-defined]  # (as TaskFailed's .index)
         err.__cause__ = cause
         raise err
     if kind == "timeout":

@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from .. import config, hardware, protocol, versions
 from ..handoff import Handoff
@@ -112,7 +112,7 @@ class GPUMesh:
                 self._handoff = Handoff.probe(self.http)
             except Unreachable:  # the call itself will say so; asked again next time
                 return None
-        return self._handoff
+        return cast("Handoff | None", self._handoff)  # (probed by now)
 
     def close(self) -> None:
         if self._http is not None:
@@ -350,7 +350,7 @@ class GPUMesh:
         isolation = check_isolation(isolation)
         fn = unwrap(function)
         calls, hints = _calls.map_items(fn, params)
-        extra = {} if isolation == "task" else {"isolation": isolation}
+        extra: dict[str, Any] = {} if isolation == "task" else {"isolation": isolation}
         return self.run_calls(fn, calls, hints=hints, timeout=_check_timeout(timeout),
                               return_exceptions=bool(return_exceptions), **extra)
 

@@ -235,6 +235,7 @@ class NativeBackend(Backend):
         (the job is then cancelled), or with ``return_exceptions`` the job is cancelled
         here and each unfinished call's outcome is that WorkerLost."""
         mesh, job_id, n, timeout = self.mesh, job.job_id, job.n, job.timeout
+        assert job_id is not None  # (run gave the job its id)
         seen = bytearray(n)  # 1 once an index's result was delivered: never twice
         got, after, out_after = 0, -1, -1
         handoff = mesh.handoff

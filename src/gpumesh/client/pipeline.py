@@ -255,7 +255,7 @@ def run(mesh: Any, job: Job, handle: dict | None = None,
     finally:
         if bar is not None:
             bar.close()
-        runner.close()  # a failure, Ctrl+C, a closed iterator: the backend cancels what is left
+        runner.close()  # type: ignore[attr-defined]  # (each backend's run is a generator) a failure, Ctrl+C, a closed iterator: the backend cancels what is left
 
 
 # ------------------------------------------------------------------ inline -----------

@@ -120,7 +120,7 @@ def submit(mesh, script, payloads: Iterable[Any], *, name: str | None = None,
     source, default_name = read_script(script)
     payloads = list(payloads) if not isinstance(payloads, (str, bytes, dict)) else payloads
     args = encode_payloads(payloads)
-    hints = payload_hints(payloads)
+    hints = payload_hints(payloads)  # type: ignore[arg-type]  # (a list: encode_payloads said so)
     if costs is not None and len(costs) != len(args):
         raise ValueError(f"{len(costs)} costs for {len(args)} payloads")
     if costs is None:

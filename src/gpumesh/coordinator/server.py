@@ -13,6 +13,7 @@ import logging
 import socket
 import threading
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -80,9 +81,9 @@ def _head_timeout_protocol():
             if not self.transport.is_closing():
                 self.transport.close()
 
-        def connection_made(self, transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport) -> None:
             super().connection_made(transport)
-            self.transport = _HeadWithBody(self.transport)
+            self.transport = _HeadWithBody(self.transport)  # type: ignore[assignment]  # wraps it
             self._arm_head_timer()
 
         def on_message_begin(self) -> None:
@@ -94,7 +95,7 @@ def _head_timeout_protocol():
             super().on_headers_complete()
 
         def on_response_complete(self) -> None:
-            self.transport.flush()  # a response without body writes (HEAD) sends its head now
+            self.transport.flush()  # type: ignore[attr-defined]  # (_HeadWithBody's) a response without body writes (HEAD) sends its head now
             super().on_response_complete()
 
         def connection_lost(self, exc) -> None:
@@ -206,7 +207,7 @@ class Server:
         except ImportError:
             loop = "asyncio"
         http = _head_timeout_protocol() or "h11"
-        tls = {}
+        tls: dict[str, Any] = {}
         if tls_cert is not None:
             tls = {"ssl_certfile": str(tls_cert), "ssl_keyfile": str(tls_key) if tls_key else None}
         self.uvicorn = _Uvicorn(self.coord, uvicorn.Config(

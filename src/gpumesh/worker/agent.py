@@ -196,6 +196,7 @@ class WorkerAgent(OwnerRules):
         self.http.close()
         if self._own_cache:
             shutil.rmtree(self.cache, ignore_errors=True)
+            assert self._cache_lock is not None  # (made with the cache it owns)
             self._cache_lock.release()
 
     # ------------------------------------------------------------------ registration -
@@ -245,7 +246,7 @@ class WorkerAgent(OwnerRules):
             if not self._registered.is_set():
                 continue
             try:
-                resp = self.http.request("POST", protocol.worker_heartbeat(self.id),
+                resp = self.http.request("POST", protocol.worker_heartbeat(self._wid),
                                          json={"running": sorted(self._held),
                                                **self._device_state(), **self._owner_report()},
                                          timeout=5)
@@ -292,7 +293,7 @@ class WorkerAgent(OwnerRules):
             self.on_event("scored", line)
         if self._registered.is_set():
             try:
-                self.http.request("POST", protocol.worker_heartbeat(self.id),
+                self.http.request("POST", protocol.worker_heartbeat(self._wid),
                                   json={"scores": scores, "score": self.info["score"]}, timeout=5)
             except Exception as e:  # noqa: BLE001 - the next heartbeat carries them too
                 log.debug("could not report the scores now: %s", e)
@@ -317,7 +318,7 @@ class WorkerAgent(OwnerRules):
                 continue
             try:
                 # The coordinator pings every SESSION_PING_S: three missed pings = gone.
-                with self.http.stream_lines(protocol.worker_session(self.id),
+                with self.http.stream_lines(protocol.worker_session(self._wid),
                                             timeout=3 * SESSION_PING_S) as (status, lines):
                     if status == 404:
                         self._lost_registration()
@@ -377,7 +378,7 @@ class WorkerAgent(OwnerRules):
                     self._busy[k] += 1  # reserved by this request
             try:
                 body = self.http.stream_into(
-                    "POST", protocol.worker_lease(self.id),
+                    "POST", protocol.worker_lease(self._wid),
                     json=protocol.LeaseRequest(slots=len(free), free=free, wait=LONG_POLL_S,
                                                handoff=self.handoff is not None).as_dict(),
                     timeout=LONG_POLL_S + 10, buffer_for=membody.buffer_for)
@@ -474,6 +475,7 @@ class WorkerAgent(OwnerRules):
                         self._hand_back(task, why, backoff_delays())
                         task, args = None, None
                     else:  # it finished first: its result stands
+                        assert outcome is not None  # (None: not run, only when handed back)
                         task, args = self._post_result(task, outcome, slot)
                 finally:
                     self._held.discard(held)
@@ -493,7 +495,8 @@ class WorkerAgent(OwnerRules):
                 args_fd, args_range, args = args.fd, (args.offset, args.length), None
         elif task.args_file:  # same machine: the arguments are the store's file
             try:
-                args_fd = os.open(self.handoff.blob_dir / task.args_file, os.O_RDONLY | os.O_CLOEXEC)
+                args_fd = os.open(self.handoff.blob_dir / task.args_file,  # type: ignore[union-attr]  # None: caught
+                                  os.O_RDONLY | os.O_CLOEXEC)
             except (OSError, AttributeError, TypeError) as e:
                 return Outcome("retry", {"kind": protocol.FailureKind.FETCH,
                                          "message": f"could not open the task's arguments: {e}"})
@@ -533,10 +536,12 @@ class WorkerAgent(OwnerRules):
                         handoff_name=name, sys_path=sys_path, slot=slot)
                 finally:
                     if env_key is not None:
+                        assert self.envs is not None  # (env_key came from it)
                         self.envs.release(env_key)
             return outcome
         finally:
             if name is not None and (outcome is None or outcome.handoff_file != name):
+                assert drop is not None  # (name came from it)
                 drop.discard(name)
             if args_fd is not None and args_range is None:  # (a memory file closes itself)
                 os.close(args_fd)
@@ -572,7 +577,7 @@ class WorkerAgent(OwnerRules):
         tracing.mark("agent.post")
         drop = self.handoff
         meta = protocol.ResultPost(outcome.status, outcome.error)
-        frames = [json.dumps(meta.as_dict()).encode()]
+        frames: list[wire.Chunk] = [json.dumps(meta.as_dict()).encode()]
         if outcome.handoff_file is not None:  # the task left its result as a file
             meta = protocol.ResultPost(outcome.status, outcome.error, {"0": outcome.handoff_file})
             frames = [json.dumps(meta.as_dict()).encode(), b""]

@@ -31,6 +31,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..limits import MAX_WARM_FUNCTIONS, WARM_IDLE_S
 from ..protocol import FailureKind, TaskGrant
@@ -164,7 +165,7 @@ class Executor:
         self._zygote: subprocess.Popen | None = None
         self._zygote_ctrl: socket.socket | None = None
         self._closed = False
-        self._running: dict[str, tuple[Host, _Pending]] = {}
+        self._running: dict[str, tuple[Host | None, _Pending]] = {}  # None: a script
         # isolation="job" tasks run in spawned processes that a slot keeps for its job
         # (started on the first such task; see gpumesh.worker.spawn).
         self._job_runtime: Executor | None = None
@@ -209,7 +210,7 @@ class Executor:
                 return host
             zygote = self._zygote_socket()
             mine, theirs = runner.control_pair()
-            msg = {"op": "host", "path": blob_path}
+            msg: dict[str, Any] = {"op": "host", "path": blob_path}
             if sys_path:
                 msg["sys_path"] = list(sys_path)
             runner.send_msg(zygote, msg, [theirs.fileno()])
@@ -277,8 +278,8 @@ class Executor:
         out, err = self.output_paths()
         try:
             with host.lock:
-                msg = {"op": "run", "task_id": task_id, "stdout": out, "stderr": err,
-                       "result_format": result_format}
+                msg: dict[str, Any] = {"op": "run", "task_id": task_id, "stdout": out,
+                                       "stderr": err, "result_format": result_format}
                 if env:
                     msg["env"] = env
                 if handoff_dir:
@@ -309,7 +310,7 @@ class Executor:
             theirs.close()  # idempotent
 
     def _exchange(self, host: Host, pending: _Pending, sock: socket.socket,
-                  args: bytes | bytearray | None, timeout: float | None) -> Outcome:
+                  args: bytes | bytearray | memoryview | None, timeout: float | None) -> Outcome:
         deadline = None if timeout is None else time.monotonic() + timeout
         if args is None:  # the task maps its arguments' file
             pass
@@ -326,7 +327,7 @@ class Executor:
             meta, fds = runner.recv_blob_fds(sock)
             if deadline is not None:
                 sock.settimeout(max(0.001, deadline - time.monotonic()))
-            payload = runner.recv_blob(sock)
+            payload: bytearray | memoryview = runner.recv_blob(sock)
             if fds:
                 payload = _map_read_only(fds[0])
         except (socket.timeout, TimeoutError):
@@ -360,7 +361,8 @@ class Executor:
             return
         host.preloaded.update(new)
         # One control message each up to ~32 KiB of names (messages are single datagrams).
-        batches, size = [[]], 0
+        batches: list[list[str]] = [[]]
+        size = 0
         for name in new:
             if size > 32 * 1024:
                 batches.append([])
@@ -375,7 +377,7 @@ class Executor:
             pass
 
     @staticmethod
-    def _send_args(sock: socket.socket, args: bytes | bytearray) -> None:
+    def _send_args(sock: socket.socket, args: bytes | bytearray | memoryview) -> None:
         try:
             runner.send_blob(sock, args)
         except OSError:

@@ -17,12 +17,18 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .. import protocol
 from ..errors import RequestRejected
 from ..transport import Unreachable
 from .device import GpuMonitor, descends_from
 from .owner import Decision, OwnerState
+
+if TYPE_CHECKING:
+    from ..transport import Transport
+    from .executor import Executor
 
 log = logging.getLogger("gpumesh.worker")
 
@@ -35,6 +41,25 @@ HAND_BACK_S = 60.0
 
 class OwnerRules:
     """The owner's rules applied by a running agent (a mixin; see the module docstring)."""
+
+    # What it uses of the agent (WorkerAgent sets them in __init__), for type checkers.
+    id: str | None
+    info: dict
+    slot_list: list[dict]
+    http: Transport
+    executor: Executor
+    stopping: threading.Event
+    on_event: Callable[[str, str], None]
+    _registered: threading.Event
+    _held: set[str]
+    _free_cv: threading.Condition
+
+    @property
+    def _wid(self) -> str:
+        """The id the coordinator gave this worker: set by the first registration, before
+        any loop that uses it starts, and never unset."""
+        assert self.id is not None
+        return self.id
 
     def _init_owner(self, owner: OwnerState, gpus: list[dict]) -> None:
         """Set up after the agent's ``slot_list``: the decision in force, the slot each
@@ -57,7 +82,8 @@ class OwnerRules:
         d = self._decision
         if d.worker is not None:
             return d.worker["label"]
-        st = d.gpus.get(self._slot_gpu.get(slot))
+        gpu = self._slot_gpu.get(slot)
+        st = d.gpus.get(gpu) if gpu is not None else None
         return st["label"] if st else "handed back by its worker"
 
     def _owner_report(self) -> dict:
@@ -76,7 +102,7 @@ class OwnerRules:
                     self._owner_due.clear()
                     if not self._registered.is_set():
                         continue  # the registration carries it
-                    self.http.request("POST", protocol.worker_heartbeat(self.id),
+                    self.http.request("POST", protocol.worker_heartbeat(self._wid),
                                       json={"running": sorted(self._held), **self._owner_report()},
                                       timeout=5)
             except Exception as e:  # noqa: BLE001 - never let the owner thread die

@@ -37,6 +37,8 @@ class MemBody(mmap.mmap):
     ``fd`` stays open as long as this object lives (it is what a task process is given);
     raises ``OSError`` if the file cannot be made (the caller then uses a ``bytearray``)."""
 
+    fd: int
+
     def __new__(cls, size: int):
         fd = os.memfd_create("gpumesh-args", os.MFD_CLOEXEC)
         try:

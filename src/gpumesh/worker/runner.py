@@ -43,6 +43,7 @@ import socket
 import struct
 import sys
 import traceback
+from typing import Any
 
 from gpumesh import tracing
 from gpumesh.protocol import FailureKind
@@ -385,6 +386,7 @@ def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None)
     send_msg(ctrl, {"op": "ready"})
     # Children write to files, and what they print should leave at each line (it is
     # forwarded live): set that up once here rather than in every child.
+    stream: Any  # (a TextIOWrapper, or whatever stands in for one: hence the except)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.reconfigure(line_buffering=True, encoding="utf-8", errors="backslashreplace")
@@ -398,8 +400,9 @@ def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None)
     wake = _wakeup_pipe()
     children: dict[int, bytes | None] = {}  # pid -> run message (None: the spare, not yet given one)
     spare: _Spare | None = _Spare.fork(fn, ctrl, wake, children)
+    watched: list[socket.socket | int] = [ctrl, wake]
     while True:
-        ready, _, _ = select.select([ctrl, wake], [], [])
+        ready, _, _ = select.select(watched, [], [])
         if wake in ready:
             try:
                 os.read(wake, 4096)

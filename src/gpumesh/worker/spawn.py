@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 from .. import handoff
 from ..limits import HANDOFF_MIN_BYTES, MAX_WARM_FUNCTIONS, WARM_IDLE_S
@@ -162,6 +163,7 @@ class SpawnExecutor(Executor):
         hello: dict = {"port": port, "token": token.hex(), "agent": os.getpid()}
         if fn_hash is not None:
             hello["load"] = self._load_msg(fn_hash, child)
+        assert proc.stdin is not None  # stdin=PIPE
         try:
             proc.stdin.write(json.dumps(hello).encode() + b"\n")
             proc.stdin.close()
@@ -281,9 +283,10 @@ class SpawnExecutor(Executor):
             if handoff_dir is None:  # a big result comes back as a file of the spool
                 handoff_dir, handoff_name = self._spool_str, handoff.new_name()
                 result_name = handoff_name
-            msg = {"op": "run", "task_id": task_id, "stdout": out, "stderr": err,
-                   "result_format": result_format, "handoff_dir": handoff_dir,
-                   "handoff_name": handoff_name, "keep": keep}
+            msg: dict[str, Any] = {
+                "op": "run", "task_id": task_id, "stdout": out, "stderr": err,
+                "result_format": result_format, "handoff_dir": handoff_dir,
+                "handoff_name": handoff_name, "keep": keep}
             if env:
                 msg["env"] = env
             if args_fd is not None:
@@ -340,6 +343,7 @@ class SpawnExecutor(Executor):
                     child.fn_hash = fn_hash
                     msg = self._load_msg(fn_hash, child)
                 child.send(msg)
+            assert child.sock is not None  # (connected: see _connected)
             reply = json.loads(runner.recv_blob(child.sock))
         except (OSError, EOFError, ValueError):
             return self._lost(child, pending, "the task process died loading the function")
@@ -351,6 +355,7 @@ class SpawnExecutor(Executor):
 
     def _exchange_spawned(self, child: _Child, pending: _Pending, args, timeout: float | None) -> Outcome:
         sock = child.sock
+        assert sock is not None  # (connected: see _connected)
         deadline = None if timeout is None else time.monotonic() + timeout
         if args is not None:
             if len(args) <= INLINE_ARGS_BYTES:

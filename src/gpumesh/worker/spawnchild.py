@@ -27,6 +27,7 @@ import signal
 import socket
 import struct
 import sys
+from typing import Any
 
 
 def _send(sock: socket.socket, msg: dict) -> None:
@@ -123,6 +124,7 @@ def main() -> int:
     sock = socket.create_connection(("127.0.0.1", int(hello["port"])))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.sendall(bytes.fromhex(hello["token"]))
+    stream: Any  # (a TextIOWrapper, or whatever stands in for one: hence the except)
     for stream in (sys.stdout, sys.stderr):  # what a task prints leaves at each line
         try:
             stream.reconfigure(line_buffering=True, encoding="utf-8", errors="backslashreplace")

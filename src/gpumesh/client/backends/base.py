@@ -91,7 +91,7 @@ class EngineMesh(GPUMesh, metaclass=abc.ABCMeta):
         if self.strict:
             raise EngineCannotExpress(f"strict results (JSON only) are a native-mesh feature; "
                                       f"{self.engine} unpickles results")
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # type: ignore[assignment]  # (GPUMesh's, re-entrant here)
         self._engine: Any = None
         self._down_until = 0.0
         self._announced = False
@@ -150,8 +150,8 @@ class EngineMesh(GPUMesh, metaclass=abc.ABCMeta):
     def _engine_workers(self) -> list[dict]:
         """The engine's own view of its workers, as ``GPUMesh.workers()`` dicts."""
 
-    def _run(self, fn: Callable, calls: list[_calls.Call], resources: dict, timeout: float | None,
-             name: str) -> Iterator[tuple[int, tuple]]:
+    def _run(self, fn: Callable, calls: list[_calls.Call], resources: dict,  # type: ignore[empty-body]
+             timeout: float | None, name: str) -> Iterator[tuple[int, tuple]]:  # (each engine's)
         """Run the calls; yields ``(index, outcome)`` as each finishes."""
 
     # ------------------------------------------------------------ connection ----------
@@ -240,4 +240,4 @@ class EngineBackend(Backend):
                     raise TaskFailed(f"{mesh.engine} could not run the task: {type(e).__name__}: {e}") from e
                 yield index, outcome
         finally:
-            run.close()  # a failure, Ctrl+C or a closed iterator: the generator cancels what is left
+            run.close()  # type: ignore[attr-defined]  # (a generator) a failure, Ctrl+C or a closed iterator: the generator cancels what is left
