@@ -22,6 +22,7 @@ from typing import Any
 from .. import availability, hardware, packages, retries
 from ..limits import (LONG_POLL_MAX_S, MAX_HEARTBEAT_TASKS, MAX_META_JSON_BYTES, MAX_RETRIES,
                       MAX_RETRY_TYPES, MAX_STRING_CHARS, MAX_TASKS_PER_JOB)
+from ..protocol import ErrorCode
 from . import people
 from .model import HTTPError
 
@@ -53,7 +54,7 @@ _TYPE_NAMES = {str: "string", int: "integer", NUMBER: "number", bool: "boolean",
 
 
 def bad(message: str) -> HTTPError:
-    return HTTPError(400, "bad_request", message)
+    return HTTPError(400, ErrorCode.BAD_REQUEST, message)
 
 
 # ---------------------------------------------------------------- value checks -----
