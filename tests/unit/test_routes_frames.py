@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import struct
 
@@ -159,3 +160,66 @@ def test_writer_output_read_back_by_the_reader():
     writer = wire.FramesWriter([len(f) for f in FRAMES])
     data = b"".join(writer.pieces(FRAMES))
     assert read(data, [65, 130])[0] == FRAMES
+
+
+# ---------------------------------------------------------------- the coordinator's driver
+from .routes_app import api  # noqa: E402,F401  (fixture)
+
+
+def _pieces(data: bytes, sizes: list[int]):
+    """``data`` as a chunked request body, cut into pieces of ``sizes`` (cycled)."""
+    pos, k = 0, 0
+    while pos < len(data):
+        n = sizes[k % len(sizes)]
+        yield data[pos:pos + n]
+        pos, k = pos + n, k + 1
+
+
+def test_a_chunked_submit_in_odd_pieces_streams_its_big_argument_into_a_file(api):
+    from gpumesh.limits import INLINE_BLOB_BYTES
+    api.worker()
+    blob, fn = api.fn_blob()
+    big = wire.dumps(((b"q" * (INLINE_BLOB_BYTES * 3),), {}))
+    small = wire.dumps(((1,), {}))
+    meta = json.dumps({"job_id": "abcdef02", "fn": fn, "fn_inline": True, "n_tasks": 2}).encode()
+    body = body_of([meta, blob, big, small])
+    r = api.call("POST", "/v1/jobs", content=_pieces(body, [1, 7, 63, 4096, 65537]))
+    assert r.status_code == 200, r.text
+    inline0, file0 = api.store.task_args(api.store.task_rows("abcdef02")[0]["id"])
+    inline1, file1 = api.store.task_args(api.store.task_rows("abcdef02")[1]["id"])
+    assert inline0 is None and file0 is not None  # the big one went to a file...
+    assert api.store.file_path(file0).read_bytes() == big.to_bytes()
+    assert file1 is None and bytes(inline1) == small.to_bytes()  # ...the small one stayed inline
+    assert list(api.store.incoming_dir.iterdir()) == []
+
+
+def test_a_chunked_submit_cut_short_is_refused_and_leaves_no_file(api):
+    from gpumesh.limits import INLINE_BLOB_BYTES
+    api.worker()
+    blob, fn = api.fn_blob()
+    big = wire.dumps(((b"q" * (INLINE_BLOB_BYTES * 2),), {}))
+    meta = json.dumps({"job_id": "abcdef03", "fn": fn, "fn_inline": True, "n_tasks": 1}).encode()
+    body = body_of([meta, blob, big])
+    cut = body[:len(body) - 1000]
+    message = api.refusal("POST", "/v1/jobs", 400, "bad_request", content=_pieces(cut, [50000]))
+    assert message == "body is not a gpumesh frames message: frames body truncated"
+    assert list(api.store.incoming_dir.iterdir()) == []
+    assert api.store.recent_job_ids(5) == []
+
+
+def test_a_streamed_body_with_bad_meta_is_refused_before_its_payloads(api, monkeypatch):
+    from gpumesh.limits import INLINE_BLOB_BYTES
+    body = body_of([b"[1, 2]", b"p" * (INLINE_BLOB_BYTES * 2)])
+    opened = []
+    monkeypatch.setattr(api.store, "incoming", lambda: opened.append(1))
+    message = api.refusal("POST", "/v1/jobs", 400, "bad_request", content=_pieces(body, [4096]))
+    assert message == "frame 0 must be a JSON object"
+    assert opened == []  # refused at frame 0: no file was opened for the payload
+
+
+def test_a_streamed_header_announcing_more_than_the_body_limit_is_a_413(api):
+    from gpumesh.limits import MAX_BODY_BYTES
+    head = wire.frames_header([10, MAX_BODY_BYTES + 1])
+    r = api.call("POST", "/v1/jobs", content=_pieces(head + b"{}", [16]))
+    assert r.status_code == 413 and r.json()["error"] == "too_large"
+    assert "GPUMESH_MAX_BODY_MB" in r.json()["message"]
