@@ -14,7 +14,9 @@ from gpumesh.coordinator.core import JobReleased, NoWorkers, StaleLease, Unknown
 from gpumesh.limits import AUTH_FAIL_MAX
 from gpumesh.protocol import ErrorCode
 
-from .routes_app import WORKER, api  # noqa: F401  (fixture)
+from .routes_app import WORKER, api_fixture
+
+api = api_fixture
 
 
 @pytest.mark.parametrize("exc, status, code, message", [

@@ -163,7 +163,9 @@ def test_writer_output_read_back_by_the_reader():
 
 
 # ---------------------------------------------------------------- the coordinator's driver
-from .routes_app import api  # noqa: E402,F401  (fixture)
+from .routes_app import api_fixture  # noqa: E402
+
+api = api_fixture
 
 
 def _pieces(data: bytes, sizes: list[int]):

@@ -12,7 +12,9 @@ from gpumesh import protocol, wire
 from gpumesh.coordinator import schemas
 from gpumesh.limits import LONG_POLL_MAX_S, MAX_STRING_CHARS, MAX_TASKS_PER_JOB
 
-from .routes_app import WORKER, api  # noqa: F401  (fixture)
+from .routes_app import WORKER, api_fixture
+
+api = api_fixture
 
 WID = "0123456789ab"
 
