@@ -191,6 +191,7 @@ async def frames_streamed(request: Request, store) -> tuple[dict, list]:
                 raise not_frames(str(e)) from None
             for ev in events:
                 if isinstance(ev, wire.FrameData):
+                    assert sink is not None  # (a frame's bytes come after its start)
                     sink.write(ev.data)
                 elif isinstance(ev, wire.FrameStart):
                     if ev.index and ev.size > INLINE_BLOB_BYTES:
@@ -199,6 +200,7 @@ async def frames_streamed(request: Request, store) -> tuple[dict, list]:
                     else:
                         sink = _Filling(ev.size)
                 elif isinstance(ev, wire.FrameEnd):
+                    assert sink is not None
                     kept.append(sink.finish() if isinstance(sink, _Filling) else _finished(sink))
                     if ev.index == 0:  # refuse bad meta before taking in the payloads
                         meta = _meta(kept[0])
@@ -212,6 +214,7 @@ async def frames_streamed(request: Request, store) -> tuple[dict, list]:
         reader.close()
     except WireError as e:
         raise not_frames(str(e)) from None
+    assert meta is not None  # (the reader ended cleanly, so frame 0 did)
     return meta, kept[1:]
 
 
@@ -301,6 +304,7 @@ class Part:
 
 def _read_part(part: Part) -> bytes:
     """A small file part's bytes, zero-padded to the announced size (see frames_response)."""
+    assert part.path is not None  # (a part without data is a file)
     with open(part.path, "rb") as fh:
         data = fh.read(part.size)
     return data + b"\0" * (part.size - len(data))
@@ -337,13 +341,13 @@ def frames_response(meta: dict, parts: list[Part],
         # Most answers (a lease of small tasks, a page of small results) are a few hundred
         # bytes: one plain response skips the streaming machinery (a task group and a
         # disconnect listener per response), which costs more than the body itself.
-        body = bytearray()
+        small = bytearray()
         for piece in layout.pieces(parts):
             if not isinstance(piece, Part):
-                body += piece
+                small += piece
             else:
-                body += piece.data if piece.data is not None else _read_part(piece)
-        return _FramesResponse(bytes(body), on_sent)
+                small += piece.data if piece.data is not None else _read_part(piece)
+        return _FramesResponse(bytes(small), on_sent)
 
     async def body() -> AsyncIterator[bytes]:
         if on_sent is None:
@@ -365,6 +369,7 @@ def frames_response(meta: dict, parts: list[Part],
             elif piece.data is not None:
                 yield bytes(piece.data)
             else:
+                assert piece.path is not None
                 with open(piece.path, "rb") as fh:
                     remaining = piece.size
                     while remaining > 0:

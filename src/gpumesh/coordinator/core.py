@@ -30,7 +30,9 @@ import asyncio
 import logging
 import secrets
 import time
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable
+from typing import Any
 
 from .. import availability, hardware
 from ..limits import HEARTBEAT_INTERVAL_S, MAX_ATTEMPTS, WORKER_TTL_S
@@ -61,16 +63,16 @@ def new_id(nbytes: int = 6) -> str:
 class Coordinator:
     """All mutable coordinator state. ``clock`` is injectable for tests (seconds)."""
 
-    def __init__(self, store: Store, clock=time.monotonic):
+    def __init__(self, store: Store, clock: Callable[[], float] = time.monotonic):
         self.store = store
         self.clock = clock
         self.started = clock()
         self.workers: dict[str, Worker] = {}
         self.jobs: dict[str, Job] = {}
         self.leases: dict[str, Lease] = {}
-        self.queue = RunQueue()
+        self.queue: RunQueue[hardware.Requirements] = RunQueue()
         self.task_meta: dict[str, tuple[int, int]] = {}  # open task id -> (index, attempts)
-        self.idle: OrderedDict[str, tuple[asyncio.Future, int, list[int] | None]] = OrderedDict()
+        self.idle: OrderedDict[str, tuple[asyncio.Future[list[Grant]], int, list[int] | None]] = OrderedDict()
         self.task_cost: dict[str, float] = {}  # open task id -> cost, for jobs whose costs vary
         self.retried: dict[str, int] = {}  # open task id -> re-runs after a retry_on exception
         self.preempted_runs: dict[str, int] = {}  # open task id -> attempts handed back
@@ -130,7 +132,7 @@ class Coordinator:
                      "(kept for workers that come back)", len(self.jobs), len(self.queue), len(self.leases))
 
     # ------------------------------------------------------------ workers --------
-    def register(self, info: dict, worker_id: str | None, slots: int) -> Worker:
+    def register(self, info: dict[str, Any], worker_id: str | None, slots: int) -> Worker:
         """Add a worker (or bring one back under the id it had). Leases it held survive."""
         wid = worker_id or new_id()
         w = self.workers.get(wid)
@@ -153,7 +155,7 @@ class Coordinator:
             raise UnknownWorker(wid)
         return w
 
-    def heartbeat(self, wid: str, running: list[str] | None, info: dict | None) -> dict:
+    def heartbeat(self, wid: str, running: list[str] | None, info: dict[str, Any] | None) -> dict[str, Any]:
         """Mark ``wid`` alive. ``running`` lists the task ids the worker is executing:
         leases it holds but does not know about (a lost lease response) are requeued.
         Returns ``{"cancel": [task ids the worker should kill]}``."""
@@ -195,8 +197,8 @@ class Coordinator:
             held = set(running)
             now = self.clock()
             forgotten = [tid for tid in w.leases
-                         if tid not in held and self.leases[tid].delivered is not None
-                         and now - self.leases[tid].delivered > 2 * HEARTBEAT_INTERVAL_S]
+                         if tid not in held and (sent := self.leases[tid].delivered) is not None
+                         and now - sent > 2 * HEARTBEAT_INTERVAL_S]
             self._requeue(forgotten, reason="the worker no longer reported it")
             cancel = [tid for tid in held if tid not in w.leases]
         return {"cancel": cancel}
@@ -288,7 +290,7 @@ class Coordinator:
         old = self.idle.pop(wid, None)
         if old and not old[0].done():
             old[0].set_result([])
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[list[Grant]] = asyncio.get_running_loop().create_future()
         self.idle[wid] = (fut, slots, free)
         try:
             return await asyncio.wait_for(fut, wait)
@@ -341,7 +343,7 @@ class Coordinator:
         if self.max_running:
             running = self.running_by_owner()
 
-            def owner_ok(owner) -> bool:
+            def owner_ok(owner: Any) -> bool:  # a job's owner: a person's name, or None
                 cap = self.max_running.get(owner)
                 return cap is None or running[owner] < cap
         taken = []
@@ -384,15 +386,15 @@ class Coordinator:
             self.on_grants(grants, now)
         return grants
 
-    def running_by_owner(self) -> Counter:
+    def running_by_owner(self) -> Counter[str | None]:
         """Leased tasks per person (O(leases): at most the pool's slots, plus a few)."""
-        out: Counter = Counter()
+        out: Counter[str | None] = Counter()
         for lease in self.leases.values():
             job = self.jobs.get(lease.job_id)
             out[job.owner if job else None] += 1
         return out
 
-    def _choose(self, job_id: str, q, slot: hardware.Slot, ctx: _Placing) -> int | None:
+    def _choose(self, job_id: str, q: deque[str], slot: hardware.Slot, ctx: _Placing) -> int | None:
         """Position in job ``job_id``'s queue ``q`` of the task ``slot`` should run, or
         None if it can run none of the first ``placement.HEAD_WINDOW``. The job's
         requirements were checked already, for its whole lane (see :meth:`_grant`)."""
@@ -446,7 +448,7 @@ class Coordinator:
         scores = w.info.get("scores") or {}
         return max([float(v) for v in scores.values()] + [float(w.info.get("score") or 0)])
 
-    def _requeue(self, task_ids: list[str], reason: str, error: dict | None = None,
+    def _requeue(self, task_ids: list[str], reason: str, error: dict[str, Any] | None = None,
                  preempted: bool = False) -> None:
         """Put leased tasks back in line (or fail them as lost after ``MAX_ATTEMPTS``
         losses); each attempt that ended so is added to its task's history, with
@@ -493,8 +495,8 @@ class Coordinator:
             self._wake_idle()
 
     # ------------------------------------------------------------ jobs -----------
-    def submit(self, job_id: str, name: str, kind: str, fn_hash: str | None, meta: dict,
-               args: list, costs: list[float], require_worker: bool,
+    def submit(self, job_id: str, name: str, kind: str, fn_hash: str | None, meta: dict[str, Any],
+               args: list[Any], costs: list[float], require_worker: bool,
                owner: str | None = None) -> tuple[Job, bool]:
         """Create a job with one task per ``args`` payload, owned by the person ``owner``.
         Idempotent on ``job_id``: returns ``(job, created)``. Raises ``NoWorkers`` when
@@ -503,6 +505,7 @@ class Coordinator:
             job = self.jobs.get(job_id)
             if job is None:
                 row = self.store.job_row(job_id)
+                assert row is not None  # (job_exists said so)
                 job = Job(job_id, row["kind"], row["fn_hash"], row["meta"], row["n_tasks"],
                           n_final=row["n_tasks"], state=row["state"], owner=row.get("owner"))
             return job, False
@@ -560,7 +563,7 @@ class Coordinator:
         pool = [self.worker_view(w) for w in self.alive_workers()]
         return f"no alive worker can ever run this job ({wants}); {hardware.describe_pool(pool)}"
 
-    def worker_view(self, w: Worker) -> dict:
+    def worker_view(self, w: Worker) -> dict[str, Any]:
         """A worker as ``GET /v1/workers`` lists it."""
         d = dict(w.info)
         lacks = sorted(m for m, ws in self.lacking.items() if w.id in ws)
@@ -580,8 +583,8 @@ class Coordinator:
             raise UnknownJob(job_id)
         return job
 
-    def post_result(self, task_id: str, lease_id: str, status: str, error: dict | None,
-                    payload) -> str | None:
+    def post_result(self, task_id: str, lease_id: str, status: str, error: dict[str, Any] | None,
+                    payload: Any) -> str | None:
         """Accept a worker's result under ``lease_id``; raises ``StaleLease`` otherwise.
         Returns the id of the worker that held the lease (None if it is gone).
 
@@ -619,7 +622,7 @@ class Coordinator:
             self._wake_idle()  # a person at their cap may have a task to start now
         return lease.worker_id if w and w.alive else None
 
-    def _missing_module(self, lease: Lease, error: dict) -> dict | None:
+    def _missing_module(self, lease: Lease, error: dict[str, Any]) -> dict[str, Any] | None:
         """The task failed on ``lease``'s worker with ModuleNotFoundError: none of the job's
         tasks goes to that worker again. If another alive worker could run it, re-queue it
         there and return None; otherwise return the task's final error, which names the
@@ -695,15 +698,17 @@ class Coordinator:
             return None
         return "waiting: every worker that can run it is unavailable: " + "; ".join(why)
 
-    def _retry_raised(self, lease: Lease, error: dict | None) -> bool:
+    def _retry_raised(self, lease: Lease, error: dict[str, Any] | None) -> bool:
         """If the function raised an exception its job retries (``retry_on``: the type or
         one of its bases, by name) and retries are left, re-queue the task, to run on
         another worker when one can (see :meth:`_choose`). Returns whether it did."""
         job = self.jobs.get(lease.job_id)
         names = job.meta.get("retry_on") if job is not None else None
-        if not names or not isinstance(error, dict) or error.get("kind") != "raised":
+        if job is None or not names or not isinstance(error, dict) or error.get("kind") != "raised":
             return False
-        mro = error.get("mro") if isinstance(error.get("mro"), list) else [error.get("type")]
+        mro = error.get("mro")
+        if not isinstance(mro, list):
+            mro = [error.get("type")]
         if not any(isinstance(t, str) and t in names for t in mro):
             return False
         done = self.retried.get(lease.task_id, 0)
@@ -757,8 +762,8 @@ class Coordinator:
                 self.idle[wid] = (waiter[0], waiter[1] + 1, waiter[2] + [slot])
         return grants
 
-    def _finalize(self, job_id: str, task_id: str, state: str, error: dict | None,
-                  payload, worker_id: str | None = None) -> None:
+    def _finalize(self, job_id: str, task_id: str, state: str, error: dict[str, Any] | None,
+                  payload: Any, worker_id: str | None = None) -> None:
         job = self.jobs[job_id]
         if error is not None and worker_id:
             error.setdefault("worker", worker_id)
@@ -791,7 +796,7 @@ class Coordinator:
             if w:
                 w.leases.discard(tid)
                 w.push(f"cancel {tid}")  # now, not at the next heartbeat
-        rows = []
+        rows: list[tuple[str, str, int, dict[str, Any] | None]] = []
         for tid in pending + leased:
             rows.append((tid, "cancelled", job.next_seq,
                          {"kind": "cancelled", "type": "Cancelled", "message": "the job was cancelled"}))
@@ -899,7 +904,7 @@ class _Placing:
         self.coord = coord
         self._gpu_jobs: bool | None = None
         self._slots: list[hardware.Slot] | None = None
-        self._stragglers: dict[str, set] = {}
+        self._stragglers: dict[str, set[placement.SlotKey]] = {}
         self._best: dict[str, float] = {}
 
     def gpu_jobs_pending(self) -> bool:
@@ -918,7 +923,7 @@ class _Placing:
             self._slots = [s for w in self.coord.alive_workers() for s in w.slot_views()]
         return self._slots
 
-    def stragglers(self, fn: str) -> set:
+    def stragglers(self, fn: str) -> set[placement.SlotKey]:
         if fn not in self._stragglers:
             self._stragglers[fn] = self.coord.stats.stragglers(fn, self.coord.clock())
         return self._stragglers[fn]

@@ -178,6 +178,7 @@ class Field:
 
     def _check_type(self, v: Any) -> None:
         name, kind = self.name, self.kind
+        assert kind is not None  # (only called for a field with a type)
         if kind in (int, float) or kind == NUMBER:
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise bad(f"field {name!r} must be a number, got {type(v).__name__}")
@@ -192,7 +193,7 @@ class Field:
                 raise bad(self.type_error.format(name=repr(name)))
             raise bad(f"field {name!r} must be {getattr(kind, '__name__', kind)}, "
                       f"got {type(v).__name__}")
-        if kind is str:
+        if kind is str and isinstance(v, str):  # (always a str then: see above)
             check_str(v, name)
         elif kind is dict:
             check_meta(v, name)

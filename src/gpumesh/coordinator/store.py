@@ -31,6 +31,7 @@ import sqlite3
 import stat
 import time
 from collections.abc import Iterable, Iterator
+from typing import IO, Any, cast
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,7 +112,7 @@ class Incoming:
         self.path: Path | None = path
         self.size = 0
         self._full_sync = full_sync
-        self._fh = open(path, "xb")
+        self._fh: IO[bytes] | None = open(path, "xb")
 
     @classmethod
     def claimed(cls, path: Path, size: int, full_sync: bool) -> Incoming:
@@ -122,6 +123,7 @@ class Incoming:
         return inc
 
     def write(self, data: Chunk) -> None:
+        assert self._fh is not None, "write after finish"
         self.size += self._fh.write(data)
 
     def finish(self) -> None:
@@ -139,6 +141,7 @@ class Incoming:
     def sha256(self) -> str:
         import hashlib
         h = hashlib.sha256()
+        assert self.path is not None, "sha256 of an adopted payload"
         with open(self.path, "rb") as fh:
             while chunk := fh.read(1 << 20):
                 h.update(chunk)
@@ -188,7 +191,7 @@ class FinalTask:
     state: str
     seq: int
     worker_id: str | None
-    error: dict | None
+    error: dict[str, Any] | None
     result: bytes | None
     result_file: str | None
     result_size: int
@@ -348,7 +351,7 @@ class Store:
         return self.blob_dir / "fn" / h[:2] / h
 
     # ---------------------------------------------------------- jobs -------------
-    def create_job(self, job_id: str, name: str, kind: str, fn_hash: str | None, meta: dict,
+    def create_job(self, job_id: str, name: str, kind: str, fn_hash: str | None, meta: dict[str, Any],
                    tasks: list[tuple[str, int, float, Chunk | Incoming]],
                    owner: str | None = None) -> None:
         """Insert a job and its tasks ``(task_id, index, cost, args_payload)`` atomically;
@@ -383,7 +386,7 @@ class Store:
         rows = self.db.execute("SELECT id FROM jobs ORDER BY created DESC LIMIT ?", (limit,))
         return [r[0] for r in rows.fetchall()]
 
-    def job_row(self, job_id: str) -> dict | None:
+    def job_row(self, job_id: str) -> dict[str, Any] | None:
         row = self.db.execute(
             "SELECT id, name, kind, fn_hash, meta, n_tasks, created, state, released, owner"
             " FROM jobs WHERE id=?", (job_id,)).fetchone()
@@ -424,10 +427,11 @@ class Store:
             self._remove_file(f"fn/{h[:2]}/{h}")
         return ids
 
-    def active_jobs(self) -> list[dict]:
+    def active_jobs(self) -> list[dict[str, Any]]:
         ids = [r[0] for r in self.db.execute(
             "SELECT id FROM jobs WHERE state='active' OR released=0 ORDER BY created")]
-        return [self.job_row(i) for i in ids]
+        # (each id was just read from jobs, so each has a row)
+        return cast("list[dict[str, Any]]", [self.job_row(i) for i in ids])
 
     def open_tasks(self) -> list[OpenTask]:
         """Pending and leased tasks, in job-creation then index order (uses tasks_open)."""
@@ -438,7 +442,9 @@ class Store:
         for r in rows:
             history = _history(r[8])
             raised = [e for e in history if e.get("retried")]
-            out.append(OpenTask(*r[:8], retried=len(raised),
+            tid, job_id, idx, state, attempts, cost, lease_id, worker_id = r[:8]
+            out.append(OpenTask(tid, job_id, idx, state, attempts, cost, lease_id, worker_id,
+                                retried=len(raised),
                                 raised_on=tuple(str(e.get("worker")) for e in raised),
                                 preempted=sum(1 for e in history if e.get("preempted"))))
         return out
@@ -479,7 +485,7 @@ class Store:
                 " started=?, gpu=? WHERE id=?",
                 [(lid, wid, now, 1 if tid in on_gpu else 0, tid) for tid, lid, wid in grants])
 
-    def add_history(self, entries: dict[str, dict]) -> None:
+    def add_history(self, entries: dict[str, dict[str, Any]]) -> None:
         """Append an ended attempt to each task's history: ``{task_id: entry}`` (JSON)."""
         with self._tx():
             self.db.executemany(
@@ -493,7 +499,7 @@ class Store:
                 " WHERE id=? AND state='leased'",
                 [(t,) for t in task_ids])
 
-    def finish(self, task_id: str, state: str, seq: int, error: dict | None,
+    def finish(self, task_id: str, state: str, seq: int, error: dict[str, Any] | None,
                result: Chunk | Incoming | None, job_id: str) -> None:
         """Record a final result (value or failure). ``state`` is 'done', 'failed' or
         'cancelled'. ``result`` may be a finished :class:`Incoming` file (adopted)."""
@@ -505,7 +511,7 @@ class Store:
             " lease_id=NULL WHERE id=?",
             (state, seq, json.dumps(error) if error else None, inline, fname, time.time(), task_id))
 
-    def finish_many(self, rows: list[tuple[str, str, int, dict | None]]) -> None:
+    def finish_many(self, rows: list[tuple[str, str, int, dict[str, Any] | None]]) -> None:
         """Final failures without payloads: ``(task_id, state, seq, error)``, one transaction."""
         now = time.time()
         with self._tx():
@@ -563,7 +569,7 @@ class Store:
             yield FinalTask(tid, idx, state, seq, wid, json.loads(err) if err else None,
                             res, rfile, size)
 
-    def task_rows(self, job_id: str) -> list[dict]:
+    def task_rows(self, job_id: str) -> list[dict[str, Any]]:
         rows = self.db.execute(
             "SELECT id, idx, state, attempts, worker_id, error, cost, history FROM tasks"
             " WHERE job_id=? ORDER BY idx", (job_id,)).fetchall()
@@ -577,7 +583,7 @@ class Store:
         return out
 
     # ---------------------------------------------------------- people -----------
-    def tokens(self) -> list[dict]:
+    def tokens(self) -> list[dict[str, Any]]:
         """Every added token: ``{"name", "role", "digest", "max_running", "created"}``."""
         keys = ("name", "role", "digest", "max_running", "created")
         return [dict(zip(keys, r)) for r in self.db.execute(
@@ -592,7 +598,7 @@ class Store:
     def revoke_token(self, name: str) -> None:
         self.db.execute("DELETE FROM tokens WHERE name=?", (name,))
 
-    def recent_jobs(self, limit: int) -> list[dict]:
+    def recent_jobs(self, limit: int) -> list[dict[str, Any]]:
         """The ``limit`` most recent jobs as :meth:`job_row` gives them, newest first."""
         ids = [r[0] for r in self.db.execute(
             "SELECT id FROM jobs ORDER BY created DESC LIMIT ?", (limit,))]
@@ -620,7 +626,7 @@ class Store:
         "tasks"}}``. Counts each task's last attempt (the one that produced its result).
         Reads the finished tasks of the window (index ``tasks_finished``): meant for a
         metrics scrape or a dashboard refresh, not the request path."""
-        out: dict = {}
+        out: dict[str, Any] = {}
         for owner, gpu, secs, n in self.db.execute(
                 "SELECT j.owner, COALESCE(t.gpu, 0), SUM(t.finished - t.started), COUNT(*)"
                 " FROM tasks t JOIN jobs j ON j.id = t.job_id"
@@ -631,7 +637,7 @@ class Store:
             d["tasks"] += n
         return out
 
-def _history(text: str | None) -> list[dict]:
+def _history(text: str | None) -> list[dict[str, Any]]:
     """A task's history column: one JSON object per line (lines that do not parse are
     skipped: a history is information, never a reason to fail a listing)."""
     out = []

@@ -57,7 +57,7 @@ from starlette.routing import Route
 from .. import availability
 from . import people
 from .auth import AuthRefused
-from .core import JobReleased, UnknownJob
+from .model import JobReleased, UnknownJob
 
 #: A dashboard session lasts this long (seconds) from sign-in.
 SESSION_TTL_S = 12 * 3600.0
@@ -92,7 +92,7 @@ class Session:
 
 
 def _static(name: str) -> bytes:
-    return resources.files("gpumesh.coordinator").joinpath("static", name).read_bytes()
+    return resources.files("gpumesh.coordinator").joinpath("static").joinpath(name).read_bytes()
 
 
 def _json(data, status: int = 200, headers: dict | None = None) -> JSONResponse:
@@ -117,7 +117,7 @@ def routes(coord, auth) -> list[Route]:
     def session_of(request: Request) -> Session | None:
         sid = request.cookies.get(COOKIE)
         s = sessions.get(sid) if sid else None
-        if s is None:
+        if s is None or sid is None:
             return None
         if s.expires < time.time() or (s.digest is not None and
                                        (auth.people is None or not auth.people.has_digest(s.digest))):
@@ -208,7 +208,7 @@ def routes(coord, auth) -> list[Route]:
     async def logout(request: Request, s: Session) -> Response:
         sessions.pop(request.cookies.get(COOKIE, ""), None)
         resp = _json({"signed_out": True})
-        resp.delete_cookie(COOKIE, path=None)
+        resp.delete_cookie(COOKIE, path=None)  # type: ignore[arg-type]  # as set: no Path
         return resp
 
     async def state(request: Request, s: Session) -> Response:

@@ -7,6 +7,8 @@ Routes that read results or output, cancel, retry or release admit only the job'
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -107,8 +109,8 @@ async def results(request: Request) -> Response:
     jid = path_id(request, "jid", "job id")
     after = int(query_float(request, "after", -1, -1, 1e15))
     wait = query_float(request, "wait", 0, 0, LONG_POLL_MAX_S)
-    out_after = request.query_params.get("out_after")
-    out_after = None if out_after is None else int(query_float(request, "out_after", -1, -1, 1e15))
+    raw_after = request.query_params.get("out_after")
+    out_after = None if raw_after is None else int(query_float(request, "out_after", -1, -1, 1e15))
     owned(request, jid, "read the results of")
     if jid not in coord.jobs:
         if coord.store.job_exists(jid):
@@ -125,7 +127,9 @@ def results_page(coord: Coordinator, job, after: int, out_after: int | None, ext
     """Frames: JSON (results, counts, output chunks) + result payloads + output bytes.
     ``by_path`` (the caller shares this machine): a result the store keeps as a file is
     named by ``file`` (relative to the blob directory) instead of sent."""
-    items, parts, budget = [], [], RESULT_PAGE_BYTES
+    items: list[dict[str, Any]] = []
+    parts: list[Part] = []
+    budget = RESULT_PAGE_BYTES
     for t in coord.store.results_after(job.id, after, RESULT_PAGE_COUNT):
         size = 0 if by_path and t.result_file is not None else t.result_size
         if parts and size > budget:
