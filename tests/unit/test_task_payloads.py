@@ -14,6 +14,7 @@ import pytest
 
 from gpumesh import wire
 from gpumesh.limits import HANDOFF_MIN_BYTES
+from gpumesh.payloadref import PayloadRef
 from gpumesh.worker import membody
 from gpumesh.worker.executor import Executor
 
@@ -77,9 +78,9 @@ def test_a_big_argument_in_shared_memory_is_mapped_by_the_task(executor):
     body = membody.buffer_for(len(raw))
     memoryview(body)[:] = raw
     rng = membody.slices(body)[1]
-    assert isinstance(rng, membody.ArgsRange)
+    assert isinstance(rng, PayloadRef) and rng.kind == "shm"
     h, path = _blob(tmp, _sum_and_where)
-    out = ex.run("t1", h, path, None, timeout=60, args_fd=rng.fd, args_range=(rng.offset, rng.length))
+    out = ex.run("t1", h, path, None, timeout=60, args_ref=rng)
     assert out.status == "ok", out.error
     n, digest, memfds = wire.loads(out.payload)
     assert (n, digest) == (arg.nbytes, hashlib.sha256(arg).hexdigest())

@@ -40,6 +40,7 @@ from typing import Any
 
 from .. import config, hardware, retries, tracing, versions, wire
 from ..handoff import Handoff, worth_it
+from ..payloadref import handoff_meta
 from ..errors import MeshUnavailable, RequestRejected, Unsatisfiable, WorkerLost
 from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, NO_WORKER_WAIT_S,
                       PROBE_CACHE_S, PROBE_DOWN_CACHE_S, PROBE_TIMEOUT_S, RELEASE_BATCH_MAX,
@@ -460,7 +461,7 @@ class GPUMesh:
                     files[str(len(frames) - 1)] = written[-1]
                     a = b""
                 frames.append(a)
-            frames[0] = json.dumps(dict(meta, handoff_files=files)).encode()
+            frames[0] = json.dumps(handoff_meta(meta, files)).encode()
         else:
             frames.extend(args)
         chunks, size = wire.pack_frames(frames)

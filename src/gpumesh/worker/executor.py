@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..limits import MAX_WARM_FUNCTIONS, WARM_IDLE_S
+from ..payloadref import PayloadRef
 from . import procs, runner
 
 log = logging.getLogger("gpumesh.worker")
@@ -238,16 +239,15 @@ class Executor:
     # ------------------------------------------------------------------ tasks -------
     def run(self, task_id: str, fn_hash: str, blob_path: str, args: bytes | bytearray | None,
             timeout: float | None, result_format: str = "pickle", env: dict | None = None,
-            args_fd: int | None = None, args_range: tuple[int, int] | None = None,
+            args_ref: PayloadRef | None = None,
             handoff_dir: str | None = None, handoff_name: str | None = None,
             sys_path: list[str] | None = None, isolation: str = "task",
             job_id: str | None = None, slot=None) -> Outcome:
         """Run one task to completion; never raises for anything the task does.
         ``result_format="json"``: the task sends its value as JSON (strict results).
         ``env``: variables set in the task's process (its slot's GPU, for one).
-        ``args_fd`` (instead of ``args``): an open file holding the arguments, which the
-        task maps (the caller keeps ownership of the descriptor); ``args_range``: only
-        ``(offset, length)`` bytes of that file are the arguments. ``handoff_dir``: let
+        ``args_ref`` (instead of ``args``): the arguments as a file or shared memory,
+        which the task maps (gpumesh.payloadref; the caller releases it). ``handoff_dir``: let
         the task leave a big result there, named ``handoff_name`` (see gpumesh.handoff;
         ``Outcome.handoff_file``). ``sys_path``: directories put in front of the function's
         ``sys.path`` (a task environment, see gpumesh.worker.envs). ``isolation="job"``: run it in the
@@ -255,7 +255,7 @@ class Executor:
         if isolation == "job" and job_id is not None:
             return self._jobs_executor().run(
                 task_id, fn_hash, blob_path, args, timeout, result_format=result_format, env=env,
-                args_fd=args_fd, args_range=args_range, handoff_dir=handoff_dir,
+                args_ref=args_ref, handoff_dir=handoff_dir,
                 handoff_name=handoff_name, sys_path=sys_path, isolation=isolation,
                 job_id=job_id, slot=slot)
         try:
@@ -283,15 +283,13 @@ class Executor:
                 if handoff_dir:
                     msg["handoff_dir"], msg["handoff_name"] = handoff_dir, handoff_name
                 fds = [theirs.fileno()]
-                if args_fd is not None:
-                    msg["args_file"] = True
-                    fds.append(args_fd)
-                    if args_range is not None:
-                        msg["args_range"] = list(args_range)
+                if args_ref is not None:
+                    msg["args"], passed = args_ref.to_meta()
+                    fds += passed
                 runner.send_run(host.ctrl, msg, fds)
             theirs.close()
             self._running[task_id] = (host, pending)
-            outcome = self._exchange(host, pending, mine, None if args_fd is not None else args,
+            outcome = self._exchange(host, pending, mine, None if args_ref is not None else args,
                                      timeout)
             if outcome.status == "error" and outcome.error is not None:
                 tail = _tail(err, STDERR_TAIL_BYTES)
@@ -482,6 +480,9 @@ def make_executor(runtime: str | None = None, spool: Path | None = None) -> Exec
     unknown runtime or one this Python cannot run."""
     name, _why = procs.choose_runtime(runtime)
     if name == "spawn":
+        from . import membody
         from .spawn import SpawnExecutor
-        return SpawnExecutor(spool)
+        executor = SpawnExecutor(spool)
+        membody.share_by_name(executor.spool)  # big arguments: files its processes map
+        return executor
     return Executor(spool)
