@@ -77,7 +77,7 @@ class PayloadRef:
         if kind == "inline":
             if data is None:
                 raise BadRef("payload reference: an inline payload needs its 'data'")
-        elif kind == "shm" and fd is not None:
+        elif fd is not None:  # an open file (a memory file has no path; a pinned one may)
             if type(fd) is not int or fd < 0:
                 raise BadRef(f"payload reference: 'fd' must be an open descriptor, not {fd!r}")
         elif not isinstance(path, (str, os.PathLike)) or not str(path):
@@ -204,8 +204,6 @@ def from_meta(meta: Any, fds: Sequence[int] = ()) -> PayloadRef:
     fd = None
     if "fd" in meta:
         at = meta["fd"]
-        if kind != "shm":
-            raise BadRef(f"payload reference: 'fd' is only for shm payloads, not {kind}")
         if type(at) is not int or not 0 <= at < len(fds):
             raise BadRef(f"payload reference: 'fd' must index the {len(fds)} descriptor(s) "
                          f"passed with it, not {at!r}")

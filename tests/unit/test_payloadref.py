@@ -67,6 +67,11 @@ def test_pinned_store_file_reads_after_the_file_is_removed(tmp_path):
     meta, fds = ref.to_meta()
     assert meta == {"kind": "store", "offset": 0, "fd": 0} and fds == [ref.fd]
     assert bytes(ref.open()) == DATA
+    passed = os.dup(fds[0])  # the task process's copy of the descriptor
+    theirs = payloadref.from_meta(meta, [passed])
+    assert bytes(theirs.open()) == DATA
+    theirs.release()
+    assert not _fd_open(passed)
     ref.release()
 
 
@@ -149,7 +154,7 @@ def test_share_by_name_makes_answers_files_and_slices_refs(tmp_path, monkeypatch
     ({"kind": "store", "path": ""}, "'path'"),
     ({"kind": "shm", "fd": 1}, "'fd' must index the 1 descriptor"),
     ({"kind": "shm", "fd": "0"}, "'fd'"),
-    ({"kind": "store", "fd": 0}, "'fd' is only for shm"),
+    ({"kind": "store", "fd": -1}, "'fd'"),
     ({"kind": "store", "path": "p", "offset": -1}, "'offset'"),
     ({"kind": "store", "path": "p", "offset": True}, "'offset'"),
     ({"kind": "store", "path": "p", "size": 1.5}, "'size'"),
@@ -179,3 +184,42 @@ def test_handoff_names_reads_the_http_key():
                        ({"0": "../x.part"}, "is not a handoff file name")):
         with pytest.raises(BadRef, match=f"^handoff_files: .*{msg}"):
             payloadref.handoff_names({"handoff_files": names}, 2)
+
+
+def _mapped_from(data):
+    """A task: its argument's length and the files of the spool its process maps."""
+    view = memoryview(data)
+    with open("/proc/self/maps") as fh:
+        files = sorted({line.split()[5] for line in fh
+                        if len(line.split()) > 5 and "/spool/" in line.split()[5]})
+    return view.nbytes, bytes(view[:4]), files
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc (Linux)")
+def test_spawned_task_maps_the_answer_file_itself_and_nothing_is_left(tmp_path, monkeypatch):
+    """The spawn runtime: a big argument is read into a spool file (the portable shared
+    memory) and the task process maps its range of that file; no copy is written."""
+    np = pytest.importorskip("numpy")
+    from gpumesh.worker.spawn import SpawnExecutor
+    monkeypatch.setattr(membody, "_named_dir", None)
+    ex = SpawnExecutor(spool=tmp_path / "spool")
+    try:
+        membody.share_by_name(ex.spool)
+        arg = np.frombuffer(DATA, np.uint8)  # out of band: the pickle holds a view of the file
+        chunks, size = wire.pack_frames([b'{"tasks": [1]}', wire.dumps(((arg,), {}))])
+        body = membody.buffer_for(size)
+        memoryview(body)[:] = b"".join(bytes(memoryview(c).cast("B")) for c in chunks)
+        ref = membody.slices(body)[1]
+        path = ref.path
+        assert ref.kind == "shm" and os.path.dirname(path) == str(ex.spool)
+        fn = wire.dumps(_mapped_from, code=True)
+        blob = tmp_path / fn.sha256()
+        blob.write_bytes(fn.to_bytes())
+        out = ex.run("t1", fn.sha256(), str(blob), None, timeout=120, args_ref=ref)
+        assert out.status == "ok", out.error
+        assert wire.loads(out.payload) == (len(DATA), DATA[:4], [path])
+        del body
+        ref.release()
+        assert [n for n in os.listdir(ex.spool) if n.endswith(".part")] == []
+    finally:
+        ex.close()
