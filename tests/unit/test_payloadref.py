@@ -9,6 +9,7 @@ import pytest
 
 from gpumesh import handoff, payloadref, wire
 from gpumesh.payloadref import BadRef, PayloadRef
+from gpumesh.protocol import TaskGrant
 from gpumesh.worker import membody
 
 DATA = bytes(range(256)) * 4096  # 1 MiB, bigger than HANDOFF_MIN_BYTES
@@ -215,7 +216,7 @@ def test_spawned_task_maps_the_answer_file_itself_and_nothing_is_left(tmp_path, 
         fn = wire.dumps(_mapped_from, code=True)
         blob = tmp_path / fn.sha256()
         blob.write_bytes(fn.to_bytes())
-        out = ex.run("t1", fn.sha256(), str(blob), None, timeout=120, args_ref=ref)
+        out = ex.run(TaskGrant("t1", "-", fn.sha256(), timeout=120), str(blob), None, args_ref=ref)
         assert out.status == "ok", out.error
         assert wire.loads(out.payload) == (len(DATA), DATA[:4], [path])
         del body

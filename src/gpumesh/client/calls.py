@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .. import wire
-from ..errors import (Cancelled, RemoteError, RemoteTraceback, TaskCrashed, TaskFailed,
-                      TaskTimeout, WorkerLost)
+from ..errors import RemoteTraceback, TaskFailed
+from ..protocol import failure_exception
 
 #: Keys of a ``.map`` item that are scheduling hints, not arguments (spec: "a payload's
 #: gpu_memory_mb hint"; ``cost`` weighs a task for the scheduler). Removed before the
@@ -183,24 +183,9 @@ def failure(item: dict, payload: memoryview | None, *, call: Call | None = None,
                 cause.tb = text + "\n" + tb
             return _located(exc, cause, item, err)
         exc = None
-    if kind == "missing_module":  # no worker had it: raised as itself, naming them
-        exc = ModuleNotFoundError(message + tail, name=err.get("module"))
-        cause = RemoteTraceback(tb) if tb else None
-        exc.__cause__ = cause
-        return _located(exc, cause, item, err)
-    if kind == "timeout":
-        exc = TaskTimeout(message + tail)
-    elif kind == "crashed":
-        exc = TaskCrashed(message + tail, task_id, worker)
-    elif kind == "lost":
-        exc = WorkerLost(message + tail, task_id, worker)
-    elif kind == "cancelled":
-        exc = Cancelled(message + tail, task_id, worker)
-    elif kind in ("raised", "unpickle", "result_unpicklable", "exit", "result_not_json"):
-        exc = RemoteError(err.get("type", "Exception"), message + tail, tb, task_id, worker)
-        exc.remote_message = message
-    else:
-        exc = TaskFailed(f"{message}{tail}", task_id, worker)
+    exc = failure_exception(kind, message + tail, remote_type=err.get("type", "Exception"),
+                            remote_message=message, traceback=tb, task_id=task_id,
+                            worker=worker, module=err.get("module"))
     cause = RemoteTraceback(tb) if tb else None
     if cause is not None:
         exc.__cause__ = cause

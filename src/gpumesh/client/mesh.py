@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .. import config, hardware, retries, tracing, versions, wire
+from .. import config, hardware, protocol, retries, tracing, versions, wire
 from ..handoff import Handoff, worth_it
 from ..payloadref import handoff_meta
 from ..errors import MeshUnavailable, RequestRejected, Unsatisfiable, WorkerLost
@@ -165,11 +165,11 @@ class GPUMesh:
         Raises :class:`~gpumesh.errors.MeshUnavailable` if the coordinator does not
         answer, :class:`~gpumesh.errors.AuthError` if it refuses the token.
         """
-        return self.http.request("GET", "/v1/workers", timeout=10).json()
+        return self.http.request("GET", protocol.WORKERS, timeout=10).json()
 
     def jobs(self, limit: int = 20) -> list[dict]:
         """The most recent jobs, newest first: ``id, name, kind, state, n_tasks, counts``."""
-        return self.http.request("GET", "/v1/jobs", params={"limit": limit}, timeout=10).json()
+        return self.http.request("GET", protocol.JOBS, params={"limit": limit}, timeout=10).json()
 
     def status(self, job_id: str) -> dict:
         """One job: ``id, name, kind, state, n_tasks, counts`` (tasks per state),
@@ -213,17 +213,16 @@ class GPUMesh:
         shown this once (the coordinator keeps only its SHA-256). Raises RequestRejected
         (400 bad name/role, 403 not an admin, 409 name taken)."""
         body = {"name": name, "role": role, "max_running": max_running}
-        return self.http.request("POST", "/v1/tokens", json=body, timeout=10).json()
+        return self.http.request("POST", protocol.TOKENS, json=body, timeout=10).json()
 
     def tokens(self) -> list[dict]:
         """The people's tokens (admin only): ``[{"name", "role", "max_running", "created"}]``."""
-        return self.http.request("GET", "/v1/tokens", timeout=10).json()
+        return self.http.request("GET", protocol.TOKENS, timeout=10).json()
 
     def revoke_token(self, name: str) -> None:
         """Revoke ``name``'s token at once (admin only). Raises RequestRejected (404) for
         an unknown name."""
-        from urllib.parse import quote
-        self.http.request("DELETE", f"/v1/tokens/{quote(name, safe='')}", timeout=10)
+        self.http.request("DELETE", protocol.token(name), timeout=10)
 
     def submit(self, name: str | None = None, script=None, payloads=(), *,
                timeout: float | None = None) -> str:
@@ -297,7 +296,7 @@ class GPUMesh:
         if now < self._probe_down_until:  # a frozen coordinator costs one probe timeout, not one per call
             return False
         try:
-            health = self.http.request("GET", "/v1/health", timeout=PROBE_TIMEOUT_S)
+            health = self.http.request("GET", protocol.HEALTH, timeout=PROBE_TIMEOUT_S)
         except Unreachable:
             notice(f"coordinator at {self.url} is unreachable; running locally")
             self._probe_down_until = time.monotonic() + PROBE_DOWN_CACHE_S
@@ -471,7 +470,7 @@ class GPUMesh:
             try:
                 tracing.mark("caller.submit")
                 page = self.http.stream_into(
-                    "POST", "/v1/jobs", content=wire.iter_chunks(chunks),
+                    "POST", protocol.JOBS, content=wire.iter_chunks(chunks),
                     headers={"content-type": "application/x-gpumesh-frames",
                              "content-length": str(size)}, timeout=LONG_POLL_S + 600)
                 tracing.mark("caller.answered")
@@ -479,15 +478,15 @@ class GPUMesh:
                 return page if page is not None else bytearray()
             except RequestRejected as e:
                 code = getattr(e, "code", "")
-                if code == "no_workers":
+                if code == protocol.ErrorCode.NO_WORKERS:
                     return None
-                if code == "unsatisfiable":  # nothing was stored; the message lists the pool
+                if code == protocol.ErrorCode.UNSATISFIABLE:  # nothing was stored; the message lists the pool
                     raise Unsatisfiable(str(e).rsplit(" (HTTP", 1)[0]) from None
-                if code == "missing_blob":  # coordinator lost it (fresh data dir): upload
+                if code == protocol.ErrorCode.MISSING_BLOB:  # coordinator lost it (fresh data dir): upload
                     self._known_blobs.discard(fn_hash)
                     self._upload_blob(fn_hash, fn_payload)
                     continue
-                if code == "handoff_missing" and handoff is not None:
+                if code == protocol.ErrorCode.HANDOFF_MISSING and handoff is not None:
                     # Its handoff directory is not the one we wrote to (restarted, or a
                     # look-alike path): send the bytes, and stop handing off to it.
                     self._handoff = None
@@ -508,13 +507,13 @@ class GPUMesh:
 
     def _upload_blob(self, h: str, payload: wire.Payload) -> None:
         try:
-            self.http.request("HEAD", f"/v1/blobs/{h}", timeout=10)
+            self.http.request("HEAD", protocol.blob(h), timeout=10)
             self._known_blobs.add(h)
             return
         except RequestRejected as e:
             if e.status != 404:
                 raise
-        self.http.request("PUT", f"/v1/blobs/{h}", content=wire.iter_chunks(payload.chunks),
+        self.http.request("PUT", protocol.blob(h), content=wire.iter_chunks(payload.chunks),
                           headers={"content-length": str(payload.size)}, timeout=600)
         self._known_blobs.add(h)
 
@@ -619,7 +618,7 @@ class GPUMesh:
             if printer is not None:
                 params["out_after"] = out_after
             try:
-                body = self.http.stream_into("GET", f"/v1/jobs/{job_id}/results", params=params,
+                body = self.http.stream_into("GET", protocol.job_results(job_id), params=params,
                                              timeout=wait + 15)
                 last_contact, attempt = time.monotonic(), 0
             except Unreachable as e:
@@ -640,7 +639,7 @@ class GPUMesh:
 
     def _cancel_quietly(self, job_id: str) -> None:
         try:
-            self.http.request("POST", f"/v1/jobs/{job_id}/cancel", timeout=5)
+            self.http.request("POST", protocol.job_cancel(job_id), timeout=5)
         except Exception as e:  # noqa: BLE001 - the original error matters more
             log.debug("cancel of %s failed: %s", job_id, e)
 
@@ -727,7 +726,7 @@ class _Janitor:
     def _send(self, batch: list[str], timeout: float) -> None:
         try:
             if batch:
-                self._mesh.http.request("POST", "/v1/jobs/release", json={"jobs": batch}, timeout=timeout)
+                self._mesh.http.request("POST", protocol.JOBS_RELEASE, json={"jobs": batch}, timeout=timeout)
         except Exception as e:  # noqa: BLE001 - best effort (see the class docstring)
             log.debug("release of %d job(s) failed: %s", len(batch), e)
         finally:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from .. import wire
+from .. import protocol, wire
 from ..errors import RequestRejected, Unsatisfiable
 from ..limits import INLINE_FUNCTION_BYTES, MAX_TASKS_PER_JOB
 from .calls import HINT_KEYS
@@ -139,11 +139,11 @@ def submit(mesh, script, payloads: Iterable[Any], *, name: str | None = None,
     frames.extend(args)
     chunks, size = wire.pack_frames(frames)
     try:
-        mesh.http.request("POST", "/v1/jobs", content=wire.iter_chunks(chunks),
+        mesh.http.request("POST", protocol.JOBS, content=wire.iter_chunks(chunks),
                           headers={"content-type": "application/x-gpumesh-frames",
                                    "content-length": str(size)}, timeout=600)
     except RequestRejected as e:
-        if getattr(e, "code", "") == "unsatisfiable":  # nothing was stored; it lists the pool
+        if getattr(e, "code", "") == protocol.ErrorCode.UNSATISFIABLE:  # nothing was stored; it lists the pool
             raise Unsatisfiable(str(e).rsplit(" (HTTP", 1)[0]) from None
         raise
     return job_id
