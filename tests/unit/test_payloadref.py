@@ -127,7 +127,13 @@ def test_shm_file_is_the_portable_kind_mapped_by_path_and_unlinked(tmp_path):
     assert os.path.exists(body.path)  # the receiver does not own it
     sender.release()
     assert not os.path.exists(body.path)  # the sender's release unlinked it
+    assert body.closed  # unmapped first, as Windows needs to remove a file
     assert bytes(view) == DATA and os.listdir(tmp_path) == []
+    kept = membody.FileBody(10, str(tmp_path))
+    held = memoryview(kept)  # still viewed in this process: the map stays, the file goes
+    PayloadRef.shared(kept, 0, 10).release()
+    assert not kept.closed and os.listdir(tmp_path) == []
+    held.release()
 
 
 def test_share_by_name_makes_answers_files_and_slices_refs(tmp_path, monkeypatch):

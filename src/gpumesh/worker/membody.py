@@ -87,6 +87,12 @@ class FileBody(mmap.mmap):
         return self
 
     def unlink(self) -> None:
+        """Remove the file now (its task is done with it). The map is closed first where
+        nothing views it any more: Windows removes no file that is still mapped."""
+        try:
+            self.close()
+        except BufferError:  # still viewed here: it is removed when this object goes
+            pass
         self._gone()
 
 
