@@ -158,7 +158,7 @@ class PayloadRef:
         if self.owned and self.path is not None and self.kind in ("handoff", "shm"):
             try:
                 os.unlink(self.path)
-            except OSError:  # gone already; or mapped, on Windows: the spool sweep takes it
+            except OSError:  # gone already; or still mapped on Windows: it goes with the spool
                 pass
         unlink = getattr(self.keep, "unlink", None)
         if self.kind == "shm" and unlink is not None:
