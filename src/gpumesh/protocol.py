@@ -34,10 +34,63 @@ the concrete path, e.g. ``job_results(jid)`` -> ``/v1/jobs/<jid>/results``)::
     GET    /metrics                      METRICS           Prometheus metrics
     GET    /ui, /ui/..., /ui/api/...     UI_*              the dashboard (see coordinator/ui.py)
 
-Every refusal is ``{"error": <ErrorCode>, "message": text}`` with a 4xx/5xx status
-(see :class:`ErrorCode` for each code and its status). A task that fails carries
-``{"kind": <FailureKind>, "type": ..., "message": ..., ...}`` (see :class:`FailureKind`),
-and :data:`gpumesh.errors.FAILURE_EXCEPTIONS` says which exception the caller raises.
+Messages (frame 0 of a frames body, see :mod:`gpumesh.wire`, or a JSON body)::
+
+    JobSubmit     caller -> POST /v1/jobs: the job (function hash, n_tasks, timeout, ...)
+    LeaseRequest  worker -> POST .../lease: how many tasks, which slots are free, long-poll
+    TaskGrant     coordinator -> worker: one task of a lease answer {"tasks": [...]}
+    ResultPost    worker -> POST .../result: status ok | error | retry, the error dict
+    ResultPage    coordinator -> caller: results after a seq (ResultItem each), counts, output
+
+Error codes: every refusal is ``{"error": code, "message": text}``::
+
+    400 bad_request         a field, query parameter or body is malformed (415 at /ui/login)
+    401 unauthorized        no token, or a wrong one                       -> AuthError
+    429 locked_out          too many wrong tokens from this address        -> AuthError
+    403 forbidden           this token's role may not do this              -> AuthError
+    403 not_yours           the job belongs to another person
+    403 safe_mode           serve --safe-mode takes script jobs only
+    403 csrf                dashboard change without its CSRF token, or cross-origin
+    401 signed_out          dashboard request without a session            -> AuthError
+    404 not_found           no such route (or wheel, or dashboard file)
+    404 unknown_worker      the worker is not registered: it registers again
+    404 unknown_job         no such job
+    404 unknown_task        the job has no such task
+    404 unknown_blob        no such function blob
+    404 unknown_token       nobody of that name has a token
+    405 method_not_allowed  the route does not take this method
+    409 stale_lease         the lease is no longer current: the result is dropped
+    409 handoff_missing     a hand-off file the body names is not there: sent again as bytes
+    409 missing_blob        upload the function blob first: the caller uploads, resends
+    409 no_workers          no worker is alive: the caller runs the call here
+    409 unsatisfiable       no alive worker can meet them -> Unsatisfiable (GPUMesh's, from RequestRejected)
+    409 version_mismatch    the client runs another gpumesh version        -> VersionMismatch
+    409 exists              that person already has a token
+    410 released            the job's results were already collected
+    413 too_large           the body is over the coordinator's limit       -> PayloadTooLarge
+    500 internal            a bug; the coordinator logs it and keeps serving
+    503 dist_unavailable    the coordinator cannot build its wheel
+    (any other 4xx code)                                                   -> RequestRejected
+
+Failure kinds: a failed task's error is ``{"kind", "type", "message", ...}`` (also
+``traceback``, ``stderr_tail``, ``code``, ``module``, ``worker``, ``hostname``, ``attempt``
+where known); what the caller raises is :data:`FAILURE_EXCEPTIONS`::
+
+    raised              the function raised          -> its own exception (else RemoteError)
+    unpickle            function or arguments do not load on the worker       -> RemoteError
+    exit                the function called sys.exit()                        -> RemoteError
+    result_unpicklable  the return value cannot be pickled                    -> RemoteError
+    result_not_json     strict mesh: the value is not JSON                    -> RemoteError
+    timeout             ran past timeout=; its process tree was killed        -> TaskTimeout
+    crashed             its process died (signal, os._exit, segfault)         -> TaskCrashed
+    cancelled           the job was cancelled                                 -> Cancelled
+    script              a script exited non-zero or printed no JSON line      -> TaskFailed
+    requires            the worker cannot provide the job's requires=         -> TaskFailed
+    missing_module      (coordinator) no able worker has the module   -> ModuleNotFoundError
+    lost                (coordinator) it lost its worker too often            -> WorkerLost
+    host_died           retry: the function's host died or could not start (re-queued)
+    fetch               retry: the function blob or arguments could not be fetched
+    handoff             retry: a same-machine hand-off file was gone
 """
 
 from __future__ import annotations
@@ -111,6 +164,9 @@ def fill(template: str, **params: str) -> str:
     for a missing parameter."""
     return template.format(**{k: quote(str(v), safe="") for k, v in params.items()})
 
+
+# The concrete paths: one function per template with a parameter, named as the constant
+# in lower case (each parameter is one percent-encoded segment, see fill).
 
 def worker(wid: str) -> str:
     return fill(WORKER, wid=wid)
@@ -190,59 +246,60 @@ class _StrEnum(str, Enum):
 
 
 class ErrorCode(_StrEnum):
-    """The ``error`` of every refusal the coordinator answers, with its HTTP status."""
+    """The ``error`` of every refusal the coordinator answers (the module docstring gives
+    each one's HTTP status, meaning and what the caller makes of it)."""
 
-    BAD_REQUEST = "bad_request"            # 400 (415 at /ui/login): a field, query or body is malformed
-    UNAUTHORIZED = "unauthorized"          # 401: no token, or a wrong one
-    LOCKED_OUT = "locked_out"              # 429: too many wrong tokens from this address (Retry-After)
-    FORBIDDEN = "forbidden"                # 403: this token's role may not do this
-    NOT_YOURS = "not_yours"                # 403: the job belongs to another person
-    SAFE_MODE = "safe_mode"                # 403: this coordinator takes only script jobs
-    CSRF = "csrf"                          # 403: dashboard change without its CSRF token / cross-origin
-    SIGNED_OUT = "signed_out"              # 401: dashboard request without a session
-    NOT_FOUND = "not_found"                # 404: no such route (or dist/static file)
-    UNKNOWN_WORKER = "unknown_worker"      # 404: the worker is not registered (register again)
-    UNKNOWN_JOB = "unknown_job"            # 404: no such job
-    UNKNOWN_TASK = "unknown_task"          # 404: the job has no such task
-    UNKNOWN_BLOB = "unknown_blob"          # 404: no such function blob
-    UNKNOWN_TOKEN = "unknown_token"        # 404: nobody of that name has a token
-    METHOD_NOT_ALLOWED = "method_not_allowed"  # 405
-    STALE_LEASE = "stale_lease"            # 409: the lease is no longer current (result dropped)
-    HANDOFF_MISSING = "handoff_missing"    # 409: a hand-off file named in the body is not there
-    MISSING_BLOB = "missing_blob"          # 409: upload the job's function blob first
-    NO_WORKERS = "no_workers"              # 409: no worker is alive (the caller may run it here)
-    UNSATISFIABLE = "unsatisfiable"        # 409: no alive worker can meet the requirements
-    VERSION_MISMATCH = "version_mismatch"  # 409: the client runs another gpumesh version
-    EXISTS = "exists"                      # 409: that person already has a token
-    RELEASED = "released"                  # 410: the job's results were already collected
-    TOO_LARGE = "too_large"                # 413: the body is over the coordinator's limit
-    INTERNAL = "internal"                  # 500: a bug; see the coordinator's log
-    DIST_UNAVAILABLE = "dist_unavailable"  # 503: the coordinator cannot build its wheel
+    BAD_REQUEST = "bad_request"
+    UNAUTHORIZED = "unauthorized"
+    LOCKED_OUT = "locked_out"
+    FORBIDDEN = "forbidden"
+    NOT_YOURS = "not_yours"
+    SAFE_MODE = "safe_mode"
+    CSRF = "csrf"
+    SIGNED_OUT = "signed_out"
+    NOT_FOUND = "not_found"
+    UNKNOWN_WORKER = "unknown_worker"
+    UNKNOWN_JOB = "unknown_job"
+    UNKNOWN_TASK = "unknown_task"
+    UNKNOWN_BLOB = "unknown_blob"
+    UNKNOWN_TOKEN = "unknown_token"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    STALE_LEASE = "stale_lease"
+    HANDOFF_MISSING = "handoff_missing"
+    MISSING_BLOB = "missing_blob"
+    NO_WORKERS = "no_workers"
+    UNSATISFIABLE = "unsatisfiable"
+    VERSION_MISMATCH = "version_mismatch"
+    EXISTS = "exists"
+    RELEASED = "released"
+    TOO_LARGE = "too_large"
+    INTERNAL = "internal"
+    DIST_UNAVAILABLE = "dist_unavailable"
 
 
 class FailureKind(_StrEnum):
-    """The ``kind`` of a task's error dict: who decided the task failed, and why.
+    """The ``kind`` of a task's error dict (the module docstring says what each means).
 
-    ``status`` says what the worker posts: ``error`` ends the task (the caller raises the
-    exception in :data:`gpumesh.errors.FAILURE_EXCEPTIONS`), ``retry`` re-queues it
-    without blaming the function (only the coordinator's log and the task's history see
-    the kind)."""
+    A worker posts most with ``status: error``, which ends the task (the caller raises
+    what :data:`FAILURE_EXCEPTIONS` names); ``host_died``, ``fetch`` and ``handoff`` with
+    ``status: retry``, which re-queues it without blaming the function (only the
+    coordinator's log and the task's history see those)."""
 
-    RAISED = "raised"                          # error: the function raised (pickled exception follows)
-    UNPICKLE = "unpickle"                      # error: the function or its arguments did not unpickle
-    EXIT = "exit"                              # error: the function called sys.exit()
-    RESULT_UNPICKLABLE = "result_unpicklable"  # error: the return value could not be pickled
-    RESULT_NOT_JSON = "result_not_json"        # error: result_format="json" and the value is not JSON
-    TIMEOUT = "timeout"                        # error: ran past timeout=; its process tree was killed
-    CRASHED = "crashed"                        # error: the task's process died (signal, os._exit)
-    CANCELLED = "cancelled"                    # error: the job was cancelled (worker kill or coordinator)
-    SCRIPT = "script"                          # error: a script exited non-zero or printed no JSON line
-    REQUIRES = "requires"                      # error: the worker cannot install the job's requires=
-    MISSING_MODULE = "missing_module"          # error (coordinator): no worker that could run it has the module
-    LOST = "lost"                              # error (coordinator): the task lost its worker too often
-    HOST_DIED = "host_died"                    # retry: the worker's function host died or could not start
-    FETCH = "fetch"                            # retry: the worker could not fetch the function/script blob
-    HANDOFF = "handoff"                        # retry: a same-machine hand-off file was gone
+    RAISED = "raised"
+    UNPICKLE = "unpickle"
+    EXIT = "exit"
+    RESULT_UNPICKLABLE = "result_unpicklable"
+    RESULT_NOT_JSON = "result_not_json"
+    TIMEOUT = "timeout"
+    CRASHED = "crashed"
+    CANCELLED = "cancelled"
+    SCRIPT = "script"
+    REQUIRES = "requires"
+    MISSING_MODULE = "missing_module"
+    LOST = "lost"
+    HOST_DIED = "host_died"
+    FETCH = "fetch"
+    HANDOFF = "handoff"
 
 
 # --------------------------------------------------------- failure -> caller -----
@@ -356,14 +413,14 @@ class JobSubmit:
     costs: list[float] | None = None          # one per task (scheduling weight)
     result_format: str | None = None          # "json" (strict results); unset: pickle
     isolation: str | None = None              # "job"; unset: "task"
-    require: dict | None = None               # hardware.Requirements.to_meta()
-    gpu_memory_mb: list | None = None         # per-task GPU memory hints (MiB)
+    require: dict[str, Any] | None = None     # hardware.Requirements.to_meta()
+    gpu_memory_mb: list[Any] | None = None    # per-task GPU memory hints (MiB)
     retries: int | None = None                # gpumesh.retries.to_meta()
-    retry_on: list | None = None
+    retry_on: list[str] | None = None
     require_worker: bool | None = None        # refuse (no_workers) when none is alive
     wait: float | None = None                 # long-poll the first results page (s)
     output: bool | None = None                # that page also carries what tasks printed
-    caller: dict | None = None                # {"host", "pid"} of the caller
+    caller: dict[str, Any] | None = None      # {"host", "pid"} of the caller
     handoff: bool | None = None               # the caller maps same-machine files
 
     def as_dict(self) -> dict[str, Any]:
@@ -389,7 +446,7 @@ class JobSubmit:
                    result_format=_get(d, m, "result_format", str, None),
                    isolation=_get(d, m, "isolation", str, None),
                    require=_get(d, m, "require", dict, None),
-                   gpu_memory_mb=_get(d, m, "gpu_memory_mb", (list, dict), None),
+                   gpu_memory_mb=_get(d, m, "gpu_memory_mb", list, None),
                    retries=_get(d, m, "retries", int, None),
                    retry_on=_get(d, m, "retry_on", list, None),
                    require_worker=_get(d, m, "require_worker", bool, None),
@@ -486,7 +543,7 @@ class ResultPost:
     empty frame when ``handoff_files`` names the file that holds it."""
 
     status: str                               # "ok", "error" or "retry" (RESULT_STATUSES)
-    error: dict | None = None                 # {"kind": FailureKind, "type", "message", ...}
+    error: dict[str, Any] | None = None       # {"kind": FailureKind, "type", "message", ...}
     handoff_files: dict[str, str] | None = None  # {"0": name in the handoff directory}
 
     def as_dict(self) -> dict[str, Any]:
@@ -512,7 +569,7 @@ class ResultItem:
     state: str                                # "done" or "failed"
     seq: int                                  # the job's result cursor (after=)
     worker: str | None = None
-    error: dict | None = None                 # a failed task's error (see FailureKind)
+    error: dict[str, Any] | None = None       # a failed task's error (see FailureKind)
     has_payload: bool = False                 # the page carries its payload frame, in order
     file: str | None = None                   # same machine: the store's file of its result
 
@@ -545,7 +602,7 @@ class ResultPage:
     state: str                                # the job's state
     workers_alive: int
     workers_able: int                         # alive workers that could run every task
-    output: list[dict] | None = None          # [{"seq", "task_id", "index", "stream", "worker"}]
+    output: list[dict[str, Any]] | None = None  # [{"seq", "task_id", "index", "stream", "worker"}]
     output_skipped: int | None = None         # chunks dropped from the bounded buffer
     job_id: str | None = None
     created: bool | None = None

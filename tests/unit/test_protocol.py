@@ -112,6 +112,52 @@ def test_the_docstring_lists_every_api_route():
             assert template in doc, template
 
 
+def _doc_rows(title: str) -> dict[str, str]:
+    """The rows of the module docstring's table after ``title``: first word -> the line."""
+    doc = protocol.__doc__
+    block = doc[doc.index(title):].split("::\n\n", 1)[1].split("\n\n", 1)[0]
+    rows = {}
+    for line in block.splitlines():
+        words = line.split()
+        if words and not words[0].startswith("("):
+            key = words[1] if words[0].isdigit() else words[0]
+            rows[key] = line
+    return rows
+
+
+def test_the_docstring_has_one_line_for_every_error_code_and_failure_kind():
+    codes = _doc_rows("Error codes:")
+    assert set(codes) == {c.value for c in ErrorCode}
+    kinds = _doc_rows("Failure kinds:")
+    assert set(kinds) == {k.value for k in FailureKind}
+    messages = _doc_rows("Messages (")
+    assert set(messages) == {"JobSubmit", "LeaseRequest", "TaskGrant", "ResultPost", "ResultPage"}
+    for kind, line in kinds.items():  # "-> X" agrees with the table
+        if "->" in line and kind != "raised":
+            assert protocol.FAILURE_EXCEPTIONS[FailureKind(kind)].__name__ == line.split("->")[1].strip()
+
+
+@pytest.mark.parametrize("code", [c.value for c in ErrorCode])
+def test_what_the_docstring_says_the_caller_raises_for_each_code_is_what_it_raises(code):
+    from gpumesh.transport import check
+    line = _doc_rows("Error codes:")[code]
+    status = int(line.split()[0])
+    body = json.dumps({"error": code, "message": "m"}).encode()
+
+    class Resp:
+        status_code, text = status, body.decode()
+
+        def json(self):
+            return json.loads(body)
+
+    with pytest.raises(errors.MeshError) as got:
+        check(Resp(), "http://test")
+    said = line.split("->")[1].split()[0] if "->" in line else "RequestRejected"
+    if "from RequestRejected" in line:  # the client turns it into `said` (test_routing)
+        said = "RequestRejected"
+    assert type(got.value).__name__ == said
+
+
 def _docstrings(tree: ast.AST) -> set[int]:
     ids = set()
     for node in ast.walk(tree):
@@ -140,37 +186,48 @@ def test_no_code_outside_protocol_spells_a_v1_path():
 
 # ------------------------------------------------------------------- codes ---------
 
-_REFUSALS = {"HTTPError", "_err", "AuthRefused", "_refuse"}
+#: What the coordinator's modules call to refuse a request: (status, code, message).
+_REFUSALS = {"HTTPError", "_err", "AuthRefused", "_refuse", "error"}
+
+
+def _code_values(node: ast.AST | None) -> set[str]:
+    """The codes an expression can be: a string literal, ``ErrorCode.X``, or either
+    branch of ``a if cond else b``."""
+    if isinstance(node, ast.IfExp):
+        return _code_values(node.body) | _code_values(node.orelse)
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+            and node.value.id == "ErrorCode"):
+        return {ErrorCode[node.attr].value}
+    return set()
 
 
 def _answered_codes() -> set[str]:
-    """The code argument of every refusal the coordinator's modules construct: a string
-    literal, or a local name and every string literal assigned to it."""
-    found = set()
+    """Every code the coordinator's modules answer: each ``ErrorCode.X`` they name, and
+    the code argument of every refusal they construct (a literal, or a local name and
+    what is assigned to it)."""
+    found: set[str] = set()
     for _, tree in _modules(SRC / "coordinator"):
         assigned: dict[str, set[str]] = {}
         for node in ast.walk(tree):
             if isinstance(node, ast.Assign):
                 for t in node.targets:
                     if isinstance(t, ast.Name):
-                        v = node.value
-                        values = [v.body, v.orelse] if isinstance(v, ast.IfExp) else [v]
-                        assigned.setdefault(t.id, set()).update(
-                            c.value for c in values
-                            if isinstance(c, ast.Constant) and isinstance(c.value, str))
+                        assigned.setdefault(t.id, set()).update(_code_values(node.value))
+            elif isinstance(node, ast.Attribute):
+                found |= _code_values(node)
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call) or len(node.args) < 2:
                 continue
-            name = getattr(node.func, "id", getattr(node.func, "attr", None))
-            if name not in _REFUSALS:
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            if name not in _REFUSALS or (name == "error" and not isinstance(f, ast.Name)):
                 continue
             code = node.args[1]
-            if isinstance(code, ast.Constant) and isinstance(code.value, str):
-                found.add(code.value)
-            elif isinstance(code, ast.Name) and code.id in assigned:
-                found |= assigned[code.id]
-            elif isinstance(code, ast.Attribute) and code.attr in ErrorCode.__members__:
-                found.add(ErrorCode[code.attr].value)
+            found |= _code_values(code)
+            if isinstance(code, ast.Name):
+                found |= assigned.get(code.id, set())
     return found
 
 
@@ -393,3 +450,26 @@ def test_a_lease_answer_without_tasks_is_a_wire_error():
         TaskGrant.list_from_dict({"jobs": []})
     with pytest.raises(errors.WireError, match="lease answer must be a JSON object"):
         TaskGrant.list_from_dict([])
+
+
+def test_the_agent_skips_a_lease_answer_that_is_not_one_and_frees_the_slots(caplog):
+    from gpumesh.worker.agent import WorkerAgent
+    released: list = []
+    started: list = []
+
+    class Agent:  # the two members _start touches besides starting task threads
+        _busy = {0: 1, 1: 1}
+
+        def _release(self, slots):
+            released.extend(slots)
+
+        def _run_task(self, *a):
+            started.append(a)
+
+    chunks, _ = wire.pack_frames([json.dumps({"tasks": [{"task_id": 5, "lease_id": "l"}]}).encode(),
+                                  b"args"])
+    body = bytearray(b"".join(bytes(c) for c in chunks))
+    with caplog.at_level("ERROR", logger="gpumesh.worker"):
+        WorkerAgent._start(Agent(), body, [0, 1])
+    assert released == [0, 1] and started == []
+    assert "field 'task_id' must be str, got int" in caplog.text

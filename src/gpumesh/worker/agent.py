@@ -621,7 +621,11 @@ class WorkerAgent(OwnerRules):
                 self.stopping.wait(next(delays))
                 continue
             got = membody.slices(body)
-            granted = protocol.TaskGrant.list_from_dict(json.loads(bytes(got[0])))
+            try:
+                granted = protocol.TaskGrant.list_from_dict(json.loads(bytes(got[0])))
+            except (ValueError, WireError) as e:  # the result stands; a bad grant is skipped
+                log.error("ignored a next task that is not one: %s", e)
+                return None, None
             if granted:
                 return granted[0], got[1]
             return None, None
