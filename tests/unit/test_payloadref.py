@@ -203,13 +203,16 @@ def _mapped_from(data):
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc (Linux)")
-def test_spawned_task_maps_the_answer_file_itself_and_nothing_is_left(tmp_path, monkeypatch):
-    """The spawn runtime: a big argument is read into a spool file (the portable shared
-    memory) and the task process maps its range of that file; no copy is written."""
+@pytest.mark.parametrize("runtime", ["spawn", "fork"])
+def test_task_maps_the_answer_file_itself_and_nothing_is_left(tmp_path, monkeypatch, runtime):
+    """The spawn runtime (and the fork runtime where there is no memfd): a big argument is
+    read into a spool file (the portable shared memory) and the task process maps its
+    range of that file; no copy is written."""
     np = pytest.importorskip("numpy")
+    from gpumesh.worker.executor import Executor
     from gpumesh.worker.spawn import SpawnExecutor
     monkeypatch.setattr(membody, "_named_dir", None)
-    ex = SpawnExecutor(spool=tmp_path / "spool")
+    ex = (SpawnExecutor if runtime == "spawn" else Executor)(spool=tmp_path / "spool")
     try:
         membody.share_by_name(ex.spool)
         arg = np.frombuffer(DATA, np.uint8)  # out of band: the pickle holds a view of the file
@@ -228,5 +231,22 @@ def test_spawned_task_maps_the_answer_file_itself_and_nothing_is_left(tmp_path, 
         del body
         ref.release()
         assert [n for n in os.listdir(ex.spool) if n.endswith(".part")] == []
+    finally:
+        ex.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the fork runtime needs os.fork")
+def test_without_memfd_the_fork_runtime_also_shares_answers_by_name(tmp_path, monkeypatch):
+    from gpumesh.worker import executor as executor_mod
+    monkeypatch.setattr(membody, "_named_dir", None)
+    if hasattr(os, "memfd_create"):
+        ex = executor_mod.make_executor("fork", tmp_path / "a")
+        ex.close()
+        assert membody._named_dir is None  # Linux: memory files, passed as descriptors
+        monkeypatch.delattr(os, "memfd_create")
+    ex = executor_mod.make_executor("fork", tmp_path / "b")
+    try:
+        assert membody._named_dir == str(tmp_path / "b")
+        assert isinstance(membody.buffer_for(len(DATA)), membody.FileBody)
     finally:
         ex.close()

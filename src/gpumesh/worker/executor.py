@@ -479,10 +479,12 @@ def make_executor(runtime: str | None = None, spool: Path | None = None) -> Exec
     :func:`gpumesh.worker.procs.choose_runtime` says). Raises ``ValueError`` for an
     unknown runtime or one this Python cannot run."""
     name, _why = procs.choose_runtime(runtime)
+    from . import membody
     if name == "spawn":
-        from . import membody
         from .spawn import SpawnExecutor
-        executor = SpawnExecutor(spool)
-        membody.share_by_name(executor.spool)  # big arguments: files its processes map
-        return executor
-    return Executor(spool)
+        executor: Executor = SpawnExecutor(spool)
+    else:
+        executor = Executor(spool)
+    if name == "spawn" or not hasattr(os, "memfd_create"):
+        membody.share_by_name(executor.spool)  # big arguments: files its task processes map
+    return executor

@@ -14,7 +14,8 @@ leads to nothing else: an answer that carries several tasks gives each big argum
 memory file of its own (one more copy, for those answers only).
 
 Where a task process cannot be handed a descriptor (the spawn runtime: Windows, macOS,
-or ``--runtime spawn`` on Linux) the same buffer is a file of the worker's spool
+or ``--runtime spawn`` on Linux), or there is no ``memfd_create`` (the fork runtime on
+macOS), the same buffer is a file of the worker's spool
 (:class:`FileBody`, mapped shared) and the task maps its range by path: one copy from the
 socket there too. :func:`share_by_name` turns that on. Either way a task's arguments are
 a ``shm`` :class:`~gpumesh.payloadref.PayloadRef`.
