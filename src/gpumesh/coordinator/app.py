@@ -12,24 +12,29 @@ This module only wires the app: the routes are module-level functions in
 bodies are read and written by :mod:`.bodies`, and the errors that carry their status
 (:mod:`.model`, :class:`~.auth.AuthRefused`) are answered by the handlers here.
 
+Routes by module (paths are :mod:`gpumesh.protocol`'s)::
+
+    routes.meta
     GET    /v1/health                          liveness (no auth)
-    GET    /v1/openapi.json                    this API as OpenAPI 3.1 (no auth)
+    GET    /v1/openapi.json                    this API as OpenAPI 3.1 (no auth; :mod:`.openapi`)
     GET    /v1/dist/gpumesh-<version>-py3-none-any.whl  this gpumesh's wheel (no auth)
-    GET    /metrics                            Prometheus text (:mod:`.metrics`)
-    GET    /ui[...]                            the dashboard (:mod:`.ui`)
+    routes.workers
     GET    /v1/workers                         the pool
-    GET    /v1/workers/{id}/session            the worker's pulse (held open; closing = gone)
     POST   /v1/workers                         register         {hostname, ..., slots, id?}
     POST   /v1/workers/{id}/heartbeat          keep alive       {running: [task ids]}
+    GET    /v1/workers/{id}/session            the worker's pulse (held open; closing = gone)
     DELETE /v1/workers/{id}                    leave; leases are re-queued at once
     POST   /v1/workers/{id}/lease              long-poll for up to {slots} tasks
+    routes.tasks
     POST   /v1/tasks/{id}/result?lease=L       a result, fenced by lease id
-    POST   /v1/tasks/{id}/output?lease=L       what a running task printed
     POST   /v1/tasks/{id}/release?lease=L      hand a running task back (preempted)
+    POST   /v1/tasks/{id}/output?lease=L       what a running task printed
+    routes.blobs
     GET    /v1/handoff                         same-machine payload files (gpumesh.handoff)
     HEAD   /v1/blobs/{sha256}                  is this function blob here?
-    PUT    /v1/blobs/{sha256}                  upload a function blob (hash verified)
     GET    /v1/blobs/{sha256}                  download it
+    PUT    /v1/blobs/{sha256}                  upload a function blob (hash verified)
+    routes.jobs
     POST   /v1/jobs                            submit a job with all its arguments
     GET    /v1/jobs                            recent jobs
     GET    /v1/jobs/{id}                       status, counts and tasks
@@ -37,13 +42,17 @@ bodies are read and written by :mod:`.bodies`, and the errors that carry their s
                                                long-poll for results with seq > S (and
                                                task output with seq > O)
     GET    /v1/jobs/{id}/logs[?task=T]         what each task printed (kept per task)
+    POST   /v1/jobs/release                    release several jobs {"jobs": [...]}
     POST   /v1/jobs/{id}/release               the caller holds every result
-    POST   /v1/jobs/release                    the same for several jobs {"jobs": [...]}
     POST   /v1/jobs/{id}/cancel                cancel what has not finished
     POST   /v1/jobs/{id}/retry                 re-queue its failed tasks (script jobs)
+    routes.tokens
     GET    /v1/tokens                          the people's tokens (admin; never a token)
     POST   /v1/tokens                          add one {name, role, max_running} (admin)
     DELETE /v1/tokens/{name}                   revoke it at once (admin)
+    metrics, ui (leaves, own modules)
+    GET    /metrics                            Prometheus text
+    GET    /ui[...]                            the dashboard
 
 Who may call what is :mod:`.people`'s: each route names the roles it admits, and the
 job routes that read results or output, cancel, retry or release admit only the job's

@@ -27,6 +27,7 @@ from starlette.responses import Response, StreamingResponse
 from .. import payloadref, wire
 from ..errors import WireError
 from ..limits import INLINE_BLOB_BYTES, MAX_BODY_BYTES, MAX_JSON_BODY_BYTES, MiB
+from ..protocol import ErrorCode
 from .model import HTTPError
 from .store import Incoming
 
@@ -43,12 +44,12 @@ INCOMING = "gpumesh.incoming"
 
 
 def _bad(message: str) -> HTTPError:
-    return HTTPError(400, "bad_request", message)
+    return HTTPError(400, ErrorCode.BAD_REQUEST, message)
 
 
 def too_big(limit: int, setting: str) -> HTTPError:
     size = f"{limit // MiB} MiB" if limit >= MiB else f"{limit // 1024} KiB"
-    return HTTPError(413, "too_large", f"request body is over the coordinator's limit of {size} "
+    return HTTPError(413, ErrorCode.TOO_LARGE, f"request body is over the coordinator's limit of {size} "
                                        f"(set {setting} on the coordinator to raise it)")
 
 
@@ -270,7 +271,7 @@ def take_handoffs(request: Request, names: dict | None, frames: list, store) -> 
         except ValueError as e:
             raise _bad(f"handoff_files: {e}") from None
         except FileNotFoundError:
-            raise HTTPError(409, "handoff_missing",
+            raise HTTPError(409, ErrorCode.HANDOFF_MISSING,
                             f"handoff file {name} is not in this coordinator's handoff "
                             "directory; send the payload in the body") from None
         spool.append(inc)

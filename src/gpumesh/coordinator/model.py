@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .. import hardware
+from ..protocol import ErrorCode
 from . import placement
 
 
@@ -24,7 +25,7 @@ class CoordinatorError(Exception):
     ``message`` is the text sent; subclasses derive it from their arguments (an id)."""
 
     status = 500
-    code = "internal"
+    code: str = ErrorCode.INTERNAL
 
     @property
     def message(self) -> str:
@@ -46,7 +47,7 @@ class HTTPError(CoordinatorError):
 class NoWorkers(CoordinatorError):
     """Submit asked for a live worker and there is none."""
 
-    status, code = 409, "no_workers"
+    status, code = 409, ErrorCode.NO_WORKERS
 
     @property
     def message(self) -> str:
@@ -56,7 +57,7 @@ class NoWorkers(CoordinatorError):
 class UnknownWorker(CoordinatorError):
     """A worker id the coordinator does not know (e.g. it restarted): register again."""
 
-    status, code = 404, "unknown_worker"
+    status, code = 404, ErrorCode.UNKNOWN_WORKER
 
     @property
     def message(self) -> str:
@@ -66,7 +67,7 @@ class UnknownWorker(CoordinatorError):
 class UnknownJob(CoordinatorError):
     """A job id the coordinator does not know (never submitted, or purged)."""
 
-    status, code = 404, "unknown_job"
+    status, code = 404, ErrorCode.UNKNOWN_JOB
 
     @property
     def message(self) -> str:
@@ -77,7 +78,7 @@ class Unsatisfiable(CoordinatorError):
     """No alive worker could ever run the job (its requirements or GPU memory hints);
     the message lists what the pool has. Nothing is stored."""
 
-    status, code = 409, "unsatisfiable"
+    status, code = 409, ErrorCode.UNSATISFIABLE
 
 
 class JobReleased(CoordinatorError):
@@ -86,7 +87,7 @@ class JobReleased(CoordinatorError):
     ``JobReleased(job_id)`` is what a retry meets; ``JobReleased(job_id, text)`` answers
     ``text`` instead (a results read after the caller collected them)."""
 
-    status, code = 410, "released"
+    status, code = 410, ErrorCode.RELEASED
 
     def __init__(self, job_id: str, text: str | None = None):
         super().__init__(job_id)
@@ -106,7 +107,7 @@ class StaleLease(CoordinatorError):
 
     ``why``: what the answer adds in parentheses (a result post says what happened)."""
 
-    status, code = 409, "stale_lease"
+    status, code = 409, ErrorCode.STALE_LEASE
 
     def __init__(self, task_id: str, why: str | None = None):
         super().__init__(task_id)

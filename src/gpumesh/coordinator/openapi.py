@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from .. import protocol
 from .._version import __version__
 from ..limits import LONG_POLL_MAX_S, MAX_BODY_BYTES, MAX_JSON_BODY_BYTES, OUTPUT_BODY_BYTES
 from . import schemas
@@ -102,13 +103,13 @@ _DOC: dict[str, Any] = {
     },
     "security": [{"bearer": []}],
     "paths": {
-        "/v1/health": {"get": {
+        protocol.HEALTH: {"get": {
             "operationId": "health", "security": [], "summary": "liveness (no auth)",
             "responses": {"200": {"description": "up", **_json({"type": "object"})}}}},
-        "/v1/openapi.json": {"get": {
+        protocol.OPENAPI: {"get": {
             "operationId": "openapi", "security": [], "summary": "this description (no auth)",
             "responses": {"200": {"description": "OpenAPI 3.1", **_json({"type": "object"})}}}},
-        "/v1/dist/{name}": {"get": {
+        protocol.DIST_FILE: {"get": {
             "operationId": "wheel", "security": [],
             "summary": "the wheel of the gpumesh this coordinator runs (no auth)",
             "description": "pip install http://HOST:PORT/v1/dist/gpumesh-<version>-py3-none-any.whl "
@@ -120,7 +121,7 @@ _DOC: dict[str, Any] = {
                           "404": {"description": "not this coordinator's wheel", **_json(_ref("Error"))},
                           "503": {"description": "the wheel cannot be made here",
                                   **_json(_ref("Error"))}}}},
-        "/v1/workers": {
+        protocol.WORKERS: {
             "get": {"operationId": "listWorkers", "summary": "the pool",
                     "responses": {"200": {"description": "workers", **_json({"type": "array"})}, **_errors()}},
             "post": {"operationId": "register", "tags": ["worker"], "summary": "register a worker",
@@ -128,28 +129,28 @@ _DOC: dict[str, Any] = {
                      "responses": {"200": {"description": "registered", **_json(_ref("Registered"))},
                                    **_errors(413)}},
         },
-        "/v1/workers/{wid}/heartbeat": {"post": {
+        protocol.WORKER_HEARTBEAT: {"post": {
             "operationId": "heartbeat", "tags": ["worker"], "parameters": [_WID],
             "requestBody": {"required": False, **_json(_ref("Heartbeat"))},
             "responses": {"200": {"description": "task ids to cancel", **_json({"type": "object"})},
                           **_errors(404, 413)}}},
-        "/v1/workers/{wid}/session": {"get": {
+        protocol.WORKER_SESSION: {"get": {
             "operationId": "session", "tags": ["worker"], "parameters": [_WID],
             "summary": "the worker's pulse: a response held open while the worker lives",
             "x-long-lived": True,
             "responses": {"200": {"description": "lines: open, ping, cancel <task id>",
                                   "content": {"text/plain": {"schema": {"type": "string"}}}},
                           **_errors(404)}}},
-        "/v1/workers/{wid}": {"delete": {
+        protocol.WORKER: {"delete": {
             "operationId": "deregister", "tags": ["worker"], "parameters": [_WID],
             "responses": {"200": {"description": "leases re-queued", **_json({"type": "object"})},
                           **_errors()}}},
-        "/v1/workers/{wid}/lease": {"post": {
+        protocol.WORKER_LEASE: {"post": {
             "operationId": "lease", "tags": ["worker"], "parameters": [_WID],
             "summary": "long-poll for up to `slots` tasks",
             "requestBody": {"required": False, **_json(_ref("LeaseRequest"))},
             "responses": {"200": _FRAMES_ANSWER, **_errors(404, 413)}}},
-        "/v1/tasks/{tid}/result": {"post": {
+        protocol.TASK_RESULT: {"post": {
             "operationId": "postResult", "tags": ["worker"],
             "parameters": [_TID, _LEASE, _query("next", {"enum": ["0", "1"]},
                                                 "1: answer with this slot's next task"),
@@ -159,24 +160,24 @@ _DOC: dict[str, Any] = {
                                   "the slot the task ran in")],
             "requestBody": {"required": True, "content": {FRAMES: {"schema": _ref("ResultMeta")}}},
             "responses": {"200": _FRAMES_ANSWER, **_errors(409, 413)}}},
-        "/v1/tasks/{tid}/release": {"post": {
+        protocol.TASK_RELEASE: {"post": {
             "operationId": "handBack", "tags": ["worker"], "parameters": [_TID, _LEASE],
             "summary": "hand a running task back (its owner's rules): re-queued as preempted, "
                        "the attempt not counted",
             "requestBody": {"required": False, **_json(_ref("HandBack"))},
             "responses": {"200": {"description": "re-queued", **_json({"type": "object"})},
                           **_errors(409, 413)}}},
-        "/v1/tasks/{tid}/output": {"post": {
+        protocol.TASK_OUTPUT: {"post": {
             "operationId": "postOutput", "tags": ["worker"], "parameters": [_TID, _LEASE],
             "requestBody": {"required": True, "content": {FRAMES: {"schema": _ref("OutputMeta")}}},
             "responses": {"200": {"description": "accepted", **_json({"type": "object"})},
                           **_errors(409, 413)}}},
-        "/v1/handoff": {"get": {
+        protocol.HANDOFF: {"get": {
             "operationId": "handoff", "tags": ["worker"],
             "summary": "where a caller or worker on this machine may hand payloads off as files",
             "responses": {"200": {"description": "the directories", **_json(_ref("Handoff"))},
                           **_errors()}}},
-        "/v1/blobs/{h}": {
+        protocol.BLOB: {
             "get": {"operationId": "getBlob", "tags": ["worker"], "parameters": [_SHA],
                     "responses": {"200": {"description": "the blob", "content": {
                         "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
@@ -191,7 +192,7 @@ _DOC: dict[str, Any] = {
                     "responses": {"200": {"description": "stored", **_json({"type": "object"})},
                                   **_errors(413)}},
         },
-        "/v1/jobs": {
+        protocol.JOBS: {
             "post": {"operationId": "submit", "summary": "submit a job with all its arguments",
                      "requestBody": {"required": True, "content": {FRAMES: {"schema": _ref("JobSubmit")}}},
                      "responses": {"200": {"description": "accepted (JSON) or, with wait, a results "
@@ -207,11 +208,11 @@ _DOC: dict[str, Any] = {
                     "responses": {"200": {"description": "jobs, newest first", **_json({"type": "array"})},
                                   **_errors()}},
         },
-        "/v1/jobs/{jid}": {"get": {
+        protocol.JOB: {"get": {
             "operationId": "jobStatus", "parameters": [_JID],
             "responses": {"200": {"description": "the job: state, counts, released, result_format and its tasks",
                                   **_json({"type": "object"})}, **_errors(404)}}},
-        "/v1/jobs/{jid}/results": {"get": {
+        protocol.JOB_RESULTS: {"get": {
             "operationId": "results",
             "parameters": [_JID,
                            _query("after", {"type": "integer", "minimum": -1, "maximum": 10**15},
@@ -224,29 +225,29 @@ _DOC: dict[str, Any] = {
                                   "1: results kept as files are named by path (file), not sent")],
             "responses": {"200": _FRAMES_ANSWER, "204": {"description": "the caller went away"},
                           **_errors(404, 410)}}},
-        "/v1/jobs/{jid}/logs": {"get": {
+        protocol.JOB_LOGS: {"get": {
             "operationId": "jobLogs",
             "parameters": [_JID, _query("task", {"type": "string", "pattern": HEX_ID}, "one task only")],
             "responses": {"200": {"description": "stdout and stderr per task, and per attempt (attempts: attempt, worker, hostname, ended, stdout, stderr)", **_json({"type": "object"})},
                           **_errors(404)}}},
-        "/v1/jobs/release": {"post": {
+        protocol.JOBS_RELEASE: {"post": {
             "operationId": "releaseMany",
             "requestBody": {"required": True, **_json(_ref(schemas.RELEASE_JOBS.name))},
             "responses": {"200": {"description": "how many known jobs were released",
                                   **_json({"type": "object"})}, **_errors(400)}}},
-        "/v1/jobs/{jid}/release": {"post": {
+        protocol.JOB_RELEASE: {"post": {
             "operationId": "release", "parameters": [_JID],
             "responses": {"200": {"description": "released", **_json({"type": "object"})}, **_errors(404)}}},
-        "/v1/jobs/{jid}/cancel": {"post": {
+        protocol.JOB_CANCEL: {"post": {
             "operationId": "cancel", "parameters": [_JID],
             "responses": {"200": {"description": "how many tasks were cancelled (0 for a job that had ended) and the job's state afterwards", **_json({"type": "object"})},
                           **_errors(404)}}},
-        "/v1/jobs/{jid}/retry": {"post": {
+        protocol.JOB_RETRY: {"post": {
             "operationId": "retry", "parameters": [_JID],
             "responses": {"200": {"description": "how many failed tasks were re-queued",
                                   **_json({"type": "object"})},
                           **_errors(404, 410)}}},
-        "/v1/tokens": {
+        protocol.TOKENS: {
             "get": {"operationId": "listTokens", "tags": ["people"],
                     "summary": "the people's tokens: name, role, max_running, created (admin)",
                     "responses": {"200": {"description": "never a token or its hash",
@@ -257,13 +258,13 @@ _DOC: dict[str, Any] = {
                      "responses": {"200": {"description": "the new token (shown once)",
                                            **_json({"type": "object"})}, **_errors(409)}},
         },
-        "/metrics": {"get": {
+        protocol.METRICS: {"get": {
             "operationId": "metrics", "tags": ["monitoring"],
             "summary": "Prometheus text format (see docs/monitoring.md); the API token or "
                        "serve --metrics-token",
             "responses": {"200": {"description": "metrics", "content": {
                 "text/plain": {"schema": {"type": "string"}}}}, **_errors()}}},
-        "/v1/tokens/{name}": {"delete": {
+        protocol.TOKEN: {"delete": {
             "operationId": "revokeToken", "tags": ["people"],
             "parameters": [_path_param("name", "^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$", "the person")],
             "summary": "revoke a person's token at once (admin)",

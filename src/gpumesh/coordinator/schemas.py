@@ -22,6 +22,7 @@ from typing import Any
 from .. import availability, hardware, packages, retries
 from ..limits import (LONG_POLL_MAX_S, MAX_HEARTBEAT_TASKS, MAX_META_JSON_BYTES, MAX_RETRIES,
                       MAX_RETRY_TYPES, MAX_STRING_CHARS, MAX_TASKS_PER_JOB)
+from ..protocol import ErrorCode
 from . import people
 from .model import HTTPError
 
@@ -53,7 +54,7 @@ _TYPE_NAMES = {str: "string", int: "integer", NUMBER: "number", bool: "boolean",
 
 
 def bad(message: str) -> HTTPError:
-    return HTTPError(400, "bad_request", message)
+    return HTTPError(400, ErrorCode.BAD_REQUEST, message)
 
 
 # ---------------------------------------------------------------- value checks -----
@@ -197,10 +198,13 @@ class Field:
             check_meta(v, name)
 
     def json_schema(self) -> dict:
+        extra = self.schema or {}
         out: dict[str, Any] = {}
-        if self.kind is not None:
+        # An enum says it all; a pattern bounds the length itself (and a generator that
+        # meets both a pattern and a maxLength has to filter, which is slow to fuzz).
+        if self.kind is not None and "enum" not in extra:
             out["type"] = _TYPE_NAMES[self.kind]
-        if self.kind is str:
+        if self.kind is str and not {"enum", "pattern"} & set(extra):
             out["maxLength"] = MAX_STRING_CHARS
         if self.lo is not None:
             out["minimum"] = self.lo
@@ -208,7 +212,7 @@ class Field:
             out["maximum"] = self.hi
         if self.doc:
             out["description"] = self.doc
-        out.update(self.schema or {})
+        out.update(extra)
         return out
 
 

@@ -22,8 +22,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ... import versions
+from ... import protocol, versions
 from ..._version import __version__
+from ...protocol import ErrorCode
 from .. import bodies, dist, people
 from ..auth import Authenticator, AuthRefused
 from ..core import Coordinator
@@ -98,7 +99,7 @@ def endpoint(ep: Endpoint) -> Handler:
             raise  # answered by the app's exception handlers
         except Exception:  # a bug must not take the coordinator down
             log.exception("error handling %s %s", request.method, request.url.path)
-            return error(500, "internal", "internal error; see the coordinator log")
+            return error(500, ErrorCode.INTERNAL, "internal error; see the coordinator log")
         finally:  # payload files of the body that were not stored: gone
             if bodies.INCOMING in request.scope:
                 bodies.discard_incoming(request)
@@ -112,9 +113,9 @@ async def _admit(request: Request, ep: Endpoint) -> None:
     who = await ctx(request).auth.identity(client, request.headers)
     if who.role not in ep.allowed:
         if who.role == people.ROLE_WORKER:
-            raise HTTPError(403, "forbidden", f"the worker token cannot {ep.action or 'do this'}; "
+            raise HTTPError(403, ErrorCode.FORBIDDEN, f"the worker token cannot {ep.action or 'do this'}; "
                                               "this needs the main token")
-        raise HTTPError(403, "forbidden", f"{who.name}'s token ({who.role}) cannot "
+        raise HTTPError(403, ErrorCode.FORBIDDEN, f"{who.name}'s token ({who.role}) cannot "
                                           f"{ep.action or 'do this'}")
     request.scope["gpumesh.who"] = who
 
@@ -133,9 +134,9 @@ def check_version(request: Request, worker_route: bool) -> None:
     agent = versions.parse_agent(request.headers.get("user-agent"))
     if agent is None or agent[0] == __version__:
         return  # not gpumesh's own client (curl, a test, a proxy's probe), or ours
-    role = "worker" if worker_route and request.url.path.startswith(("/v1/workers", "/v1/tasks")) \
+    role = "worker" if worker_route and request.url.path.startswith(protocol.WORKER_PREFIXES) \
         else "caller"
-    raise HTTPError(409, "version_mismatch",
+    raise HTTPError(409, ErrorCode.VERSION_MISMATCH,
                     versions.refusal(role, agent[0][:40], __version__, base_url(request)))
 
 
@@ -187,7 +188,7 @@ def owned(request: Request, jid: str, action: str) -> None:
 
 
 def not_yours(jid: str, owner: str | None, who: people.Identity, action: str) -> HTTPError:
-    return HTTPError(403, "not_yours", f"job {jid} belongs to {owner or 'admin'}: "
+    return HTTPError(403, ErrorCode.NOT_YOURS, f"job {jid} belongs to {owner or 'admin'}: "
                                        f"{who.name} cannot {action} it")
 
 

@@ -9,14 +9,16 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from ... import protocol
 from ...limits import MiB
+from ...protocol import ErrorCode
 from .. import people
 from ..bodies import read_body
 from ..schemas import bad, is_sha256
 from .base import ctx, error, route
 
 
-@route("/v1/handoff", ["GET"], roles=people.CALLER_AND_WORKER)
+@route(protocol.HANDOFF, ["GET"], roles=people.CALLER_AND_WORKER)
 async def handoff_dirs(request: Request) -> Response:
     """Where a sender on this machine may leave payload files, and where the store's
     payload files are (see :mod:`gpumesh.handoff`)."""
@@ -33,12 +35,12 @@ def _blob_name(request: Request) -> str:
     return h
 
 
-@route("/v1/blobs/{h}", ["HEAD", "GET"], roles=people.CALLER_AND_WORKER)
+@route(protocol.BLOB, ["HEAD", "GET"], roles=people.CALLER_AND_WORKER)
 async def get_blob(request: Request) -> Response:
     h = _blob_name(request)
     path = ctx(request).coord.store.blob_file(h)
     if path is None:
-        return error(404, "unknown_blob", f"no blob {h}")
+        return error(404, ErrorCode.UNKNOWN_BLOB, f"no blob {h}")
     size = path.stat().st_size
     if request.method == "HEAD":
         return Response(status_code=200, headers={"content-length": str(size)})
@@ -51,7 +53,7 @@ async def get_blob(request: Request) -> Response:
                              headers={"content-length": str(size)})
 
 
-@route("/v1/blobs/{h}", ["PUT"], action="upload function blobs")
+@route(protocol.BLOB, ["PUT"], action="upload function blobs")
 async def put_blob(request: Request) -> Response:
     h = _blob_name(request)
     body = await read_body(request)

@@ -10,8 +10,9 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ... import tracing
+from ... import protocol, tracing
 from ...limits import LONG_POLL_MAX_S, RESULT_PAGE_BYTES, RESULT_PAGE_COUNT
+from ...protocol import ErrorCode
 from .. import people
 from ..bodies import Part, frames_response, frames_streamed, json_body, sha256, take_handoffs
 from ..core import Coordinator
@@ -22,7 +23,7 @@ from .base import (ctx, not_yours, owned, path_id, query_float, route, until_dis
                    who_of)
 
 
-@route("/v1/jobs", ["POST"], action="submit jobs")
+@route(protocol.JOBS, ["POST"], action="submit jobs")
 async def submit(request: Request) -> Response:
     tracing.mark("coordinator.submit")
     c = ctx(request)
@@ -31,7 +32,7 @@ async def submit(request: Request) -> Response:
     v = JOB_SUBMIT.read(meta)
     job_id, kind, fn, n = v["job_id"], v["kind"], v["fn"], v["n_tasks"]
     if c.safe_mode and kind == "function":
-        raise HTTPError(403, "safe_mode",
+        raise HTTPError(403, ErrorCode.SAFE_MODE,
                         "this coordinator runs in safe mode (serve --safe-mode): it refuses "
                         "function jobs, whose pickled code and arguments run on the workers; "
                         "submit a script job instead")
@@ -47,7 +48,7 @@ async def submit(request: Request) -> Response:
             raise bad("inline function blob does not match 'fn'")
         coord.store.put_blob(fn, blob if isinstance(blob, Incoming) else [blob])
     elif not coord.store.has_blob(fn):
-        raise HTTPError(409, "missing_blob", f"upload blob {fn} first (PUT /v1/blobs/{fn})")
+        raise HTTPError(409, ErrorCode.MISSING_BLOB, f"upload blob {fn} first (PUT /v1/blobs/{fn})")
     job_meta = {"timeout": v["timeout"], "name": v["name"],
                 "caller": v["caller"] if v["caller"] is not None else {}}
     require, vram, retry = v["require"], v["gpu_memory_mb"], v["retry_on"]
@@ -77,7 +78,7 @@ async def submit(request: Request) -> Response:
     return results_page(coord, waited, -1, out_after, info, v["handoff"])
 
 
-@route("/v1/jobs", ["GET"], action="list jobs", roles=people.READ)
+@route(protocol.JOBS, ["GET"], action="list jobs", roles=people.READ)
 async def list_jobs(request: Request) -> Response:
     coord = ctx(request).coord
     limit = int(query_float(request, "limit", 20, 1, 1000))
@@ -85,7 +86,7 @@ async def list_jobs(request: Request) -> Response:
                          for jid in coord.store.recent_job_ids(limit)])
 
 
-@route("/v1/jobs/{jid}", ["GET"], action="read job status", roles=people.READ)
+@route(protocol.JOB, ["GET"], action="read job status", roles=people.READ)
 async def job_status(request: Request) -> Response:
     jid = path_id(request, "jid", "job id")
     view = job_view(ctx(request).coord, jid, with_tasks=True)
@@ -100,7 +101,7 @@ async def job_status(request: Request) -> Response:
     return JSONResponse(view)
 
 
-@route("/v1/jobs/{jid}/results", ["GET"], action="read results", roles=people.READ)
+@route(protocol.JOB_RESULTS, ["GET"], action="read results", roles=people.READ)
 async def results(request: Request) -> Response:
     coord = ctx(request).coord
     jid = path_id(request, "jid", "job id")
@@ -152,7 +153,7 @@ def results_page(coord: Coordinator, job, after: int, out_after: int | None, ext
     return frames_response(meta, parts)
 
 
-@route("/v1/jobs/{jid}/logs", ["GET"], action="read logs", roles=people.READ)
+@route(protocol.JOB_LOGS, ["GET"], action="read logs", roles=people.READ)
 async def job_logs(request: Request) -> Response:
     """Each task's kept stdout and stderr (text, invalid UTF-8 replaced)."""
     coord = ctx(request).coord
@@ -174,11 +175,11 @@ async def job_logs(request: Request) -> Response:
                     "stderr": "".join(a["stderr"] for a in attempts),
                     "attempts": attempts})
     if task is not None and not out:
-        raise HTTPError(404, "unknown_task", f"job {jid} has no task {task}")
+        raise HTTPError(404, ErrorCode.UNKNOWN_TASK, f"job {jid} has no task {task}")
     return JSONResponse({"job_id": jid, "tasks": out})
 
 
-@route("/v1/jobs/release", ["POST"], action="release jobs")
+@route(protocol.JOBS_RELEASE, ["POST"], action="release jobs")
 async def release_many(request: Request) -> Response:
     """Release several collected jobs in one request (the caller batches them)."""
     coord = ctx(request).coord
@@ -196,7 +197,7 @@ async def release_many(request: Request) -> Response:
     return JSONResponse({"released": released})
 
 
-@route("/v1/jobs/{jid}/release", ["POST"], action="release jobs")
+@route(protocol.JOB_RELEASE, ["POST"], action="release jobs")
 async def release(request: Request) -> Response:
     jid = path_id(request, "jid", "job id")
     owned(request, jid, "release")
@@ -204,7 +205,7 @@ async def release(request: Request) -> Response:
     return JSONResponse({"released": True})
 
 
-@route("/v1/jobs/{jid}/cancel", ["POST"], action="cancel jobs")
+@route(protocol.JOB_CANCEL, ["POST"], action="cancel jobs")
 async def cancel(request: Request) -> Response:
     coord = ctx(request).coord
     jid = path_id(request, "jid", "job id")
@@ -218,7 +219,7 @@ async def cancel(request: Request) -> Response:
     return JSONResponse({"cancelled": n, "state": coord.jobs[jid].state})
 
 
-@route("/v1/jobs/{jid}/retry", ["POST"], action="retry jobs")
+@route(protocol.JOB_RETRY, ["POST"], action="retry jobs")
 async def retry(request: Request) -> Response:
     jid = path_id(request, "jid", "job id")
     owned(request, jid, "retry")

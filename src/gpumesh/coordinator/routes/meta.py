@@ -9,7 +9,9 @@ import logging
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ... import protocol
 from ..._version import __version__
+from ...protocol import ErrorCode
 from .. import dist
 from ..model import HTTPError
 from .base import base_url, ctx, error, route
@@ -17,29 +19,29 @@ from .base import base_url, ctx, error, route
 log = logging.getLogger("gpumesh.coordinator")
 
 
-@route("/v1/health", ["GET"], auth_required=False)
+@route(protocol.HEALTH, ["GET"], auth_required=False)
 async def health(request: Request) -> Response:
     return JSONResponse({"ok": True, "version": __version__})
 
 
-@route("/v1/openapi.json", ["GET"], auth_required=False)
+@route(protocol.OPENAPI, ["GET"], auth_required=False)
 async def openapi(request: Request) -> Response:
     from ..openapi import spec
     return JSONResponse(spec())
 
 
-@route(dist.DIST_PATH + "/{name}", ["GET"], auth_required=False)
+@route(protocol.DIST_FILE, ["GET"], auth_required=False)
 async def wheel(request: Request) -> Response:
     """The wheel of this gpumesh, for other machines to install (no token: public code)."""
     name = request.path_params["name"]
     if name != dist.wheel_name():
-        raise HTTPError(404, "not_found", f"no file {name[:100]!r} here: this coordinator "
+        raise HTTPError(404, ErrorCode.NOT_FOUND, f"no file {name[:100]!r} here: this coordinator "
                                           f"serves {dist.wheel_name()} (the gpumesh it runs)")
     try:
         data = await asyncio.to_thread(ctx(request).wheels.get)
     except (dist.DistUnavailable, OSError) as e:
         log.warning("cannot serve the wheel: %s", e)
-        raise HTTPError(503, "dist_unavailable", f"cannot make the wheel: {e}") from None
+        raise HTTPError(503, ErrorCode.DIST_UNAVAILABLE, f"cannot make the wheel: {e}") from None
     return Response(data, media_type="application/zip",
                     headers={"content-disposition": f'attachment; filename="{name}"'})
 
@@ -47,11 +49,11 @@ async def wheel(request: Request) -> Response:
 async def not_found(request: Request, exc: Exception) -> Response:
     if request.url.path.startswith("/api/"):  # PyPI's other gpumesh (3.x) speaks /api/...
         return other_project(request)
-    return error(404, "not_found", f"no route {request.method} {request.url.path}")
+    return error(404, ErrorCode.NOT_FOUND, f"no route {request.method} {request.url.path}")
 
 
 async def bad_method(request: Request, exc: Exception) -> Response:
-    return error(405, "method_not_allowed", f"{request.method} is not allowed on {request.url.path}")
+    return error(405, ErrorCode.METHOD_NOT_ALLOWED, f"{request.method} is not allowed on {request.url.path}")
 
 
 def other_project(request: Request) -> Response:

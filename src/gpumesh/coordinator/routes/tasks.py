@@ -9,7 +9,7 @@ import re
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ... import tracing
+from ... import protocol, tracing
 from ...limits import OUTPUT_BODY_BYTES
 from ..bodies import frames, frames_streamed, json_body, read_body, take_handoffs
 from ..model import StaleLease
@@ -18,7 +18,7 @@ from .base import ctx, lease_of, path_id, route
 from .workers import lease_response
 
 
-@route("/v1/tasks/{tid}/result", ["POST"], worker=True)
+@route(protocol.TASK_RESULT, ["POST"], worker=True)
 async def result(request: Request) -> Response:
     tracing.mark("coordinator.result")
     coord = ctx(request).coord
@@ -46,7 +46,7 @@ async def result(request: Request) -> Response:
     return lease_response(coord, [])
 
 
-@route("/v1/tasks/{tid}/release", ["POST"], worker=True)
+@route(protocol.TASK_RELEASE, ["POST"], worker=True)
 async def hand_back(request: Request) -> Response:
     """The worker hands a running task back (its owner's rules): re-queued as
     preempted, the attempt not counted; fenced by the lease like a result."""
@@ -57,7 +57,7 @@ async def hand_back(request: Request) -> Response:
     return JSONResponse({"requeued": True})
 
 
-@route("/v1/tasks/{tid}/output", ["POST"], worker=True)
+@route(protocol.TASK_OUTPUT, ["POST"], worker=True)
 async def task_output(request: Request) -> Response:
     tid = path_id(request, "tid", "task id")
     lease_id = lease_of(request)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ... import protocol
+from ...protocol import ErrorCode
 from .. import people
 from ..bodies import json_body
 from ..model import HTTPError
@@ -12,12 +14,12 @@ from ..schemas import NEW_TOKEN
 from .base import ctx, route
 
 
-@route("/v1/tokens", ["GET"], action="list tokens", roles=people.ADMIN)
+@route(protocol.TOKENS, ["GET"], action="list tokens", roles=people.ADMIN)
 async def list_tokens(request: Request) -> Response:
     return JSONResponse(ctx(request).people.list())
 
 
-@route("/v1/tokens", ["POST"], action="add tokens", roles=people.ADMIN)
+@route(protocol.TOKENS, ["POST"], action="add tokens", roles=people.ADMIN)
 async def add_token(request: Request) -> Response:
     """A new person's token, drawn here and answered once (only its digest is kept)."""
     from ...config import generate_token
@@ -26,14 +28,14 @@ async def add_token(request: Request) -> Response:
     try:
         row = ctx(request).people.add(v["name"], v["role"], v["max_running"], token)
     except ValueError as e:
-        code = "exists" if "already has a token" in str(e) else "bad_request"
-        raise HTTPError(409 if code == "exists" else 400, code, str(e)) from None
+        code = ErrorCode.EXISTS if "already has a token" in str(e) else ErrorCode.BAD_REQUEST
+        raise HTTPError(409 if code is ErrorCode.EXISTS else 400, code, str(e)) from None
     return JSONResponse(dict(row, token=token))
 
 
-@route("/v1/tokens/{name}", ["DELETE"], action="revoke tokens", roles=people.ADMIN)
+@route(protocol.TOKEN, ["DELETE"], action="revoke tokens", roles=people.ADMIN)
 async def revoke_token(request: Request) -> Response:
     name = request.path_params["name"]
     if not ctx(request).people.revoke(name):
-        raise HTTPError(404, "unknown_token", f"nobody is called {name[:80]!r} here")
+        raise HTTPError(404, ErrorCode.UNKNOWN_TOKEN, f"nobody is called {name[:80]!r} here")
     return JSONResponse({"revoked": name})

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from ... import tracing
+from ... import protocol, tracing
 from ..._version import __version__
 from ...limits import HEARTBEAT_INTERVAL_S, SESSION_PING_S, WORKER_TTL_S
 from .. import people
@@ -32,13 +32,13 @@ def _info(v: dict, keys: tuple[str, ...]) -> dict:
     return info
 
 
-@route("/v1/workers", ["GET"], action="list the workers", roles=people.READ)
+@route(protocol.WORKERS, ["GET"], action="list the workers", roles=people.READ)
 async def list_workers(request: Request) -> Response:
     coord = ctx(request).coord
     return JSONResponse([coord.worker_view(w) for w in coord.workers.values()])
 
 
-@route("/v1/workers", ["POST"], worker=True)
+@route(protocol.WORKERS, ["POST"], worker=True)
 async def register(request: Request) -> Response:
     v = REGISTRATION.read(await json_body(request))
     info = _info(v, _INFO)
@@ -48,7 +48,7 @@ async def register(request: Request) -> Response:
                          "version": __version__})
 
 
-@route("/v1/workers/{wid}/heartbeat", ["POST"], worker=True)
+@route(protocol.WORKER_HEARTBEAT, ["POST"], worker=True)
 async def heartbeat(request: Request) -> Response:
     wid = path_id(request, "wid", "worker id")
     v = HEARTBEAT.read(await json_body(request))
@@ -56,7 +56,7 @@ async def heartbeat(request: Request) -> Response:
     return JSONResponse(ctx(request).coord.heartbeat(wid, v["running"], info))
 
 
-@route("/v1/workers/{wid}/session", ["GET"], worker=True)
+@route(protocol.WORKER_SESSION, ["GET"], worker=True)
 async def session(request: Request) -> Response:
     """The worker's pulse: an open response that only ends when either side goes.
     A worker process that dies closes its sockets at once, so its tasks are re-queued
@@ -86,13 +86,13 @@ async def session(request: Request) -> Response:
     return StreamingResponse(pulse(), media_type="text/plain")
 
 
-@route("/v1/workers/{wid}", ["DELETE"], worker=True)
+@route(protocol.WORKER, ["DELETE"], worker=True)
 async def deregister(request: Request) -> Response:
     wid = path_id(request, "wid", "worker id")
     return JSONResponse({"requeued": ctx(request).coord.deregister(wid)})
 
 
-@route("/v1/workers/{wid}/lease", ["POST"], worker=True)
+@route(protocol.WORKER_LEASE, ["POST"], worker=True)
 async def lease(request: Request) -> Response:
     coord = ctx(request).coord
     wid = path_id(request, "wid", "worker id")
