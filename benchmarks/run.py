@@ -254,6 +254,9 @@ def run_child(name: str, cfg: dict, out: Path) -> int:
         "    _fh.write(f'{os.getpid()}\\n')\n")
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(moddir), *filter(None, [os.environ.get("PYTHONPATH")])])
+    # multiprocessing's spawn (Dask's worker processes) gives a child its parent's
+    # sys.path rather than PYTHONPATH's.
+    sys.path.insert(0, str(moddir))
     system = SYSTEMS[name](workdir)
     started = []
 
