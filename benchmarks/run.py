@@ -182,7 +182,8 @@ def settings(args) -> dict:
         "slow_import_s": SLOW_IMPORT_S,
         # Ray with max_calls=1 starts a process per task (~0.25 s here): a 1,000-task map
         # would take minutes, and its workers abort under it ("Mutex corrupt").
-        "map_tasks_isolated": min(args.map_tasks or 1000, 100),
+        "map_tasks_isolated": min(args.map_tasks or 1000, 50 if quick else 100),
+        "latency_calls_isolated": min(args.calls or 200, 20 if quick else 50),
         # Wait after the last call before the last RSS: gpumesh releases the task
         # processes of functions not used for GPUMESH_SPARE_IDLE (60 s) s.
         "release_s": args.release if args.release is not None else (0.0 if quick else 70.0),
@@ -280,7 +281,9 @@ def run_child(name: str, cfg: dict, out: Path) -> int:
         for _ in range(cfg["warmup_calls"]):
             system.call(noop, 0)
         ts = []
-        for i in range(cfg["latency_calls"]):
+        calls = cfg["latency_calls_isolated"] if name == "ray-isolated" else cfg["latency_calls"]
+        det["latency_calls"] = calls
+        for i in range(calls):
             t0 = time.perf_counter()
             v = system.call(noop, i)
             ts.append((time.perf_counter() - t0) * 1e3)
