@@ -611,6 +611,8 @@ def build_rows(systems: list[str], results: dict, cfg: dict) -> list[dict]:
     for each pair of RATIOS present, and ``winner`` (the best system on the row)."""
     rows = []
     for key, label, unit, better in all_rows():
+        if key == "rss_released_MiB" and not cfg.get("release_s"):
+            continue  # not measured in this run
         vals = {s: (results.get(s) or {}).get("figures", {}).get(key) for s in systems}
         row = {"key": key, "figure": label.format(**cfg), "unit": unit, "better": better,
                "values": vals, "ratios": {}, "winner": None}
