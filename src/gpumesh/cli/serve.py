@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from .. import config
+from .. import config, protocol
 from ..limits import DEFAULT_PORT, MIN_TOKEN_CHARS
 from .common import fail
 from .secrecy import hide
@@ -131,7 +131,7 @@ class _MeshLogFormat(logging.Formatter):
 @click.option("--token", default=None, metavar="TOKEN",
               help="Token callers and workers must present [default: $GPUMESH_TOKEN, else a new one].")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where jobs, tasks and results are stored [default: ~/.gpumesh].")
+              help="Where jobs, tasks and results are stored [default: ~/.gpumesh; see docs/cli.md on macOS/Windows].")
 @click.option("--no-self-worker", is_flag=True, help="Do not join this machine as a worker [default: it joins].")
 @click.option("--slots", type=click.IntRange(1, 1024), default=1, show_default=True,
               help="Tasks the self-worker runs at once.")
@@ -261,6 +261,9 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
                        worker_token=worker_token is not None, safe_mode=safe_mode, public=public,
                        tls_flags=tls_flags):
         click.echo(line)
+    from ..winplat import firewall_lines
+    for line in firewall_lines(host, port):  # Windows only: the inbound rule (spec: as Administrator)
+        click.echo(line)
     tok = "<your worker token>" if worker_token else (token if generated else "<your token>")
     tunnel = reach.announce(net, public, host, port, fingerprint, tok)
     # mDNS does not cross a tailnet, and announcing a tailnet address on the LAN says nothing useful
@@ -356,7 +359,7 @@ def _self_check(url: str, fingerprint: str | None, timeout: float = 5.0) -> str 
         else:
             conn = http.client.HTTPConnection(host, parts.port or 80, timeout=timeout)
         try:
-            conn.request("GET", "/v1/health")
+            conn.request("GET", protocol.HEALTH)
             if fingerprint and parts.scheme == "https":
                 from ..tls import fingerprint_der, normalise_fingerprint
                 der = conn.sock.getpeercert(binary_form=True)  # type: ignore[union-attr]
@@ -370,11 +373,11 @@ def _self_check(url: str, fingerprint: str | None, timeout: float = 5.0) -> str 
     except (OSError, http.client.HTTPException, ssl.SSLError) as e:
         return f"the coordinator at {url} did not answer ({e})"
     if resp.status != 200:
-        return f"GET {url}/v1/health answered HTTP {resp.status}"
+        return f"GET {url}{protocol.HEALTH} answered HTTP {resp.status}"
     try:
         json.loads(body)
     except ValueError:
-        return f"GET {url}/v1/health did not answer JSON"
+        return f"GET {url}{protocol.HEALTH} did not answer JSON"
     return None
 
 
