@@ -163,6 +163,8 @@ class Executor:
         # an idle worker, or one that only runs scripts, keeps no interpreter around.
         self._zygote: subprocess.Popen | None = None
         self._zygote_ctrl: socket.socket | None = None
+        self._zygote_used = 0.0  # when the zygote last started (see _janitor)
+        self._janitor_started = False
         self._closed = False
         self._running: dict[str, tuple[Host, _Pending]] = {}
         # isolation="job" tasks run in spawned processes that a slot keeps for its job
@@ -195,7 +197,7 @@ class Executor:
                 child.close()
             self._zygote_ctrl = ctrl
             self._zygote_used = time.monotonic()
-            if not getattr(self, "_janitor_started", False):
+            if not self._janitor_started:
                 self._janitor_started = True
                 threading.Thread(target=self._janitor, name="fork-janitor", daemon=True).start()
         assert self._zygote_ctrl is not None
