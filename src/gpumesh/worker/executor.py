@@ -218,7 +218,8 @@ class Executor:
                     if not host.tasks and host.ready.is_set() and now - host.last_used > WARM_IDLE_S:
                         del self._hosts[key]
                         host.close()
-                idle = time.monotonic() - max([self._zygote_used, *(h.last_used for h in self._hosts.values())])
+                last = max([self._zygote_used, *(h.last_used for h in self._hosts.values())])
+                idle = time.monotonic() - last
                 zygote, ctrl = self._zygote, self._zygote_ctrl
                 if zygote is None or self._hosts or self._running or idle <= WARM_IDLE_S:
                     continue
