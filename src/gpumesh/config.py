@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from . import limits
 from .limits import DEFAULT_PORT
 
 
@@ -28,7 +29,7 @@ def home_dir() -> Path:
 
 
 def config_path() -> Path:
-    env = os.environ.get("GPUMESH_CONFIG")
+    env = limits.setting("GPUMESH_CONFIG")
     return Path(env).expanduser() if env else home_dir() / "config.json"
 
 
@@ -82,7 +83,7 @@ def resolve(url: str | None = None, token: str | None = None,
     """
     saved: dict | None = None
     if url is None:
-        url = os.environ.get("GPUMESH_URL") or None
+        url = limits.setting("GPUMESH_URL")
     if url is None:
         saved = load_saved()
         url = saved.get("url")
@@ -94,7 +95,7 @@ def resolve(url: str | None = None, token: str | None = None,
         token = saved.get("token")
     url = normalise_url(url or f"http://127.0.0.1:{DEFAULT_PORT}")
     if fingerprint is None:
-        fingerprint = os.environ.get("GPUMESH_FINGERPRINT") or None
+        fingerprint = limits.setting("GPUMESH_FINGERPRINT")
     if fingerprint is None and url.startswith("https://"):
         if saved is None:
             saved = load_saved()

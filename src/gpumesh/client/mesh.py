@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .. import config, hardware, retries, tracing, versions, wire
+from .. import config, hardware, limits, retries, tracing, versions, wire
 from ..handoff import Handoff, worth_it
 from ..errors import MeshUnavailable, RequestRejected, Unsatisfiable, WorkerLost
 from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, NO_WORKER_WAIT_S,
@@ -102,9 +102,9 @@ class GPUMesh:
                  strict: bool | None = None):
         ep = config.resolve(url, token, fingerprint)
         #: Print what remote tasks print (default on; ``GPUMESH_OUTPUT=0`` turns it off).
-        self.output = output if output is not None else os.environ.get("GPUMESH_OUTPUT", "1") != "0"
+        self.output = output if output is not None else limits.setting("GPUMESH_OUTPUT")
         #: Strict results: JSON only, nothing from a worker is unpickled.
-        self.strict = strict if strict is not None else os.environ.get("GPUMESH_STRICT_RESULTS") == "1"
+        self.strict = strict if strict is not None else limits.setting("GPUMESH_STRICT_RESULTS")
         self.url, self.token, self.fingerprint = ep.url, ep.token, ep.fingerprint
         if self.fingerprint:
             from ..tls import normalise_fingerprint
@@ -351,7 +351,7 @@ class GPUMesh:
             if handle is not None:
                 yield None
             return
-        if os.environ.get("GPUMESH_LOCAL") == "1":
+        if limits.setting("GPUMESH_LOCAL"):
             notice("GPUMESH_LOCAL=1: running locally")
             yield from _started(handle, iter_locally(fn, calls, return_exceptions, retry))
             return

@@ -66,7 +66,7 @@ from ..limits import (HANDOFF_TTL_S, INLINE_BLOB_BYTES, LONG_POLL_MAX_S, OUTPUT_
                       PURGE_INTERVAL_S, RESULT_PAGE_BYTES, RESULT_PAGE_COUNT, RETENTION_S,
                       SESSION_PING_S, SWEEP_INTERVAL_S)
 from ..limits import (MAX_HEARTBEAT_TASKS, MAX_JSON_BODY_BYTES, MAX_META_JSON_BYTES,
-                      MAX_STRING_CHARS)
+                      MAX_RELEASE_JOBS, MAX_STRING_CHARS)
 from ..errors import WireError
 from . import people
 from .auth import Authenticator, AuthRefused
@@ -79,8 +79,6 @@ from .. import hardware, retries
 log = logging.getLogger("gpumesh.coordinator")
 
 FRAMES = "application/x-gpumesh-frames"
-#: Most job ids one ``POST /v1/jobs/release`` takes.
-MAX_RELEASE_JOBS = 1000
 #: Frames bodies up to this size are built in memory and sent in one piece; larger
 #: ones (big arguments and results) are streamed from their files.
 SMALL_BODY_BYTES = 256 * 1024

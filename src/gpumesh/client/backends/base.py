@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from ... import hardware
+from ... import hardware, limits
 from ...errors import (MeshError, MeshUnavailable, RemoteError, RemoteTraceback, TaskFailed,
                        TaskTimeout, Unsatisfiable)
 from ...limits import PROBE_DOWN_CACHE_S, PROBE_TIMEOUT_S
@@ -170,8 +170,8 @@ class EngineMesh(GPUMesh, metaclass=abc.ABCMeta):
         if fingerprint:
             raise EngineCannotExpress(f"fingerprint= pins a native coordinator's certificate; "
                                       f"{self.engine} uses its own TLS configuration")
-        self.output = output if output is not None else os.environ.get("GPUMESH_OUTPUT", "1") != "0"
-        self.strict = strict if strict is not None else os.environ.get("GPUMESH_STRICT_RESULTS") == "1"
+        self.output = output if output is not None else limits.setting("GPUMESH_OUTPUT")
+        self.strict = strict if strict is not None else limits.setting("GPUMESH_STRICT_RESULTS")
         if self.strict:
             raise EngineCannotExpress(f"strict results (JSON only) are a native-mesh feature; "
                                       f"{self.engine} unpickles results")
@@ -281,7 +281,7 @@ class EngineMesh(GPUMesh, metaclass=abc.ABCMeta):
                                       f"retries lost tasks on its own, never raised exceptions")
         if unknown:
             raise EngineCannotExpress(f"the option(s) {unknown} have no {self.engine} equivalent")
-        if os.environ.get("GPUMESH_LOCAL") == "1":
+        if limits.setting("GPUMESH_LOCAL"):
             notice("GPUMESH_LOCAL=1: running locally")
             yield from _mesh._started(handle, _mesh.iter_locally(fn, calls, return_exceptions))
             return
