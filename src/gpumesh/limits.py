@@ -39,8 +39,6 @@ from typing import Any, Callable, Mapping, TypeVar
 T = TypeVar("T")
 
 MiB = 2**20
-#: Seconds in a day (usage windows of the dashboard and the metrics).
-DAY_S = 86400.0
 
 
 class SettingError(ValueError):
@@ -134,7 +132,8 @@ def _use(env: str, parse: Callable[[str], Any], default: Any, env_default: str, 
          used_by: str, meaning: str) -> None:
     """Declare a setting read only at its use, with :func:`setting` (``default``: the value
     while the variable is unset, e.g. None for "not set")."""
-    _declare(Setting(env, default, env_unit, meaning, env, env_default, env_unit, used_by, parse))
+    unit = env_unit or ("on/off" if isinstance(default, bool) or parse is _tristate else "text")
+    _declare(Setting(env, default, unit, meaning, env, env_default, env_unit, used_by, parse))
 
 
 def setting(env: str, environ: Mapping[str, str] | None = None) -> Any:
@@ -177,9 +176,15 @@ def _number(what: str, scale: float = 1.0, *, integer: bool = False, minimum: fl
 SECONDS = _number("seconds")
 
 
-def _off_if(*words: str) -> Callable[[str], bool]:
-    """An on/off switch that is on unless the text is one of ``words`` (after trimming and
-    lower-casing): any other text keeps it on, as it always has."""
+def _off_if(word: str) -> Callable[[str], bool]:
+    """An on/off switch that is on unless the text is exactly ``word``: any other text
+    keeps it on, as it always has."""
+    return lambda text: text != word
+
+
+def _off_words(*words: str) -> Callable[[str], bool]:
+    """An on/off switch that is on unless the text, trimmed and lower-cased, is one of
+    ``words``."""
     return lambda text: text.strip().lower() not in words
 
 
@@ -210,6 +215,8 @@ def _csv(text: str) -> list[str]:
     """Comma-separated items; empty ones are dropped (each item is checked where it is used)."""
     return [v for v in text.split(",") if v.strip()]
 
+
+DAY_S = _const("DAY_S", 86400.0, "s", "a day (usage windows of the dashboard and the metrics)")
 
 # --- network -------------------------------------------------------------------------
 DEFAULT_PORT = _const("DEFAULT_PORT", 8000, "port", "default coordinator port (`gpumesh serve --port`)")
@@ -386,7 +393,7 @@ _use("GPUMESH_HOST", _text, "127.0.0.1", "`127.0.0.1`", "address", "`serve`",
      "address to bind (as `--host`)")
 _use("GPUMESH_TRUSTED_PROXIES", _csv, [], "unset", "CIDRs, comma-separated", "`serve`",
      "as `--trusted-proxy`: reverse proxies whose `X-Forwarded-For` names the client")
-_use("GPUMESH_DISCOVERY", _off_if("0", "false", "no", "off"), True, "on", "",
+_use("GPUMESH_DISCOVERY", _off_words("0", "false", "no", "off"), True, "on", "",
      "`serve`, `join`, `radar`", "`0` (or `false`/`no`/`off`): no LAN discovery at all: nothing "
      "is announced or browsed, no mDNS socket is opened")
 _use("GPUMESH_OUTPUT", _off_if("0"), True, "`1`", "", "callers",

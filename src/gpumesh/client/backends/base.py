@@ -22,7 +22,6 @@ sends it back with its formatted traceback, so exceptions arrive as themselves w
 from __future__ import annotations
 
 import abc
-import os
 import secrets
 import socket
 import sys
