@@ -5,9 +5,11 @@ Order of precedence (first found wins), the same for the CLI and the Python API:
 1. explicit arguments (``GPUMesh(url, token=...)``, ``--url/--token``),
 2. ``$GPUMESH_URL`` / ``$GPUMESH_TOKEN`` / ``$GPUMESH_FINGERPRINT``,
 3. the config file ``gpumesh serve`` writes: ``$GPUMESH_CONFIG`` if set, else
-   ``~/.gpumesh/config.json`` (a JSON object ``{"url": ..., "token": ...}``, plus
-   ``"fingerprint"`` for a coordinator serving TLS; mode 0600). The saved fingerprint is
-   used only for the saved URL.
+   ``config.json`` in the config directory (``~/.gpumesh`` on Linux; the OS's per-user
+   folder on macOS and Windows, see :mod:`gpumesh.userdirs`) — a JSON object
+   ``{"url": ..., "token": ...}``, plus ``"fingerprint"`` for a coordinator serving TLS;
+   readable by its owner only (mode 0600; an owner-only ACL on Windows). The saved
+   fingerprint is used only for the saved URL.
 """
 
 from __future__ import annotations
@@ -19,18 +21,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from . import limits
+from . import limits, userdirs
 from .limits import DEFAULT_PORT
 
 
 def home_dir() -> Path:
-    """``~/.gpumesh`` (the default data directory and config location)."""
-    return Path.home() / ".gpumesh"
+    """The default data directory (``~/.gpumesh`` on Linux; see :mod:`gpumesh.userdirs`)."""
+    return userdirs.data_dir()
 
 
 def config_path() -> Path:
+    """``$GPUMESH_CONFIG`` if set; else the first config file that exists (today's
+    location, then one an older gpumesh left in ``~/.gpumesh`` on macOS/Windows); else
+    today's location, where ``save`` creates it."""
     env = limits.setting("GPUMESH_CONFIG")
-    return Path(env).expanduser() if env else home_dir() / "config.json"
+    if env:
+        return Path(env).expanduser()
+    return userdirs.config_file("config.json")
 
 
 @dataclass(frozen=True)
@@ -53,15 +60,20 @@ def load_saved() -> dict:
 
 
 def save(url: str, token: str, fingerprint: str | None = None) -> Path:
-    """Write ``{"url", "token"}`` (and ``"fingerprint"`` when given) to the config file
-    with mode 0600; returns its path.
+    """Write ``{"url", "token"}`` (and ``"fingerprint"`` when given) to the config file,
+    readable by its owner only (mode 0600; on Windows an ACL granting only this user,
+    or a logged warning saying that it could not be set); returns its path.
 
     Raises ``OSError`` if the directory cannot be created or written.
     """
+    from .winplat import restrict_to_owner
     path = config_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # Windows ignores the mode: restrict the file while it is still empty, so the token
+    # is never readable by others (a rename keeps the file's ACL).
+    restrict_to_owner(tmp)
     with os.fdopen(fd, "w") as fh:
         data = {"url": url, "token": token}
         if fingerprint:

@@ -114,3 +114,44 @@ def test_stopping_the_mesh_leaves_no_process_behind(win_mesh):
     win_mesh.stop()
     assert _gone(tree), [p for p in tree if psutil.pid_exists(p)]
     wait_for(lambda: True, 1, "")
+
+
+#: Imports every gpumesh module (the superset of what serve, join, a task process and a
+#: caller load), then reports what failed and which POSIX-only modules got loaded anyway.
+IMPORT_ALL = """
+import importlib, json, pkgutil, sys
+import gpumesh
+bad = {}
+for m in pkgutil.walk_packages(gpumesh.__path__, "gpumesh."):
+    try:
+        importlib.import_module(m.name)
+    except BaseException as e:
+        bad[m.name] = f"{type(e).__name__}: {e}"
+posix = sorted(n for n in ("fcntl", "resource", "pwd", "grp", "termios") if n in sys.modules)
+print(json.dumps({"n": len(sys.modules), "bad": bad, "posix": posix}))
+"""
+
+
+def test_every_gpumesh_module_imports_without_posix_only_modules(tmp_path):
+    env = _env({k: v for k, v in os.environ.items() if not k.startswith("GPUMESH_")})
+    env["HOME"] = str(tmp_path)
+    r = subprocess.run([sys.executable, "-c", IMPORT_ALL], env=env, capture_output=True,
+                       text=True, timeout=240, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout.strip().splitlines()[-1])
+    assert rep["bad"] == {}
+    assert rep["posix"] == []
+    # the surface was really in force (sitecustomize loaded; fcntl refused)
+    probe = subprocess.run([sys.executable, "-c", "import fcntl"], env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert probe.returncode == 1 and "(tests/winsurface)" in probe.stderr
+
+
+def test_the_cli_commands_load_under_the_surface(tmp_path):
+    # every command's --help imports its module and what it needs to parse its flags
+    env = _env({k: v for k, v in os.environ.items() if not k.startswith("GPUMESH_")})
+    env["HOME"] = str(tmp_path)
+    for command in ("serve", "join", "submit", "doctor", "workers", "pause", "token"):
+        r = subprocess.run([sys.executable, "-m", "gpumesh", command, "--help"], env=env,
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert r.returncode == 0 and r.stdout.startswith("Usage: "), (command, r.stderr)

@@ -30,6 +30,8 @@ def main(verbose: int, log_json: bool, no_color: bool) -> None:
     2 usage error (a bad flag or argument). Full reference: docs/cli.md.
     """
     from .. import logs
+    from ..winplat import safe_streams
+    safe_streams()  # a cp1252 console must not crash on a hostname or a ✓
     if no_color:
         os.environ["NO_COLOR"] = "1"  # rich and our own output honour it
     logs.configure(verbose, log_json)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import click
 
-from .. import config
+from .. import userdirs
 from .common import fail
 
 #: Settings of the config file, with the flag each one mirrors.
@@ -40,8 +40,8 @@ SETTINGS = {"gpus": "--gpus", "cpu_slots": "--cpu-slots", "max_gpu_memory": "--m
 
 
 def worker_config_path() -> Path:
-    """``~/.gpumesh/worker.toml``."""
-    return config.home_dir() / "worker.toml"
+    """``~/.gpumesh/worker.toml`` (on macOS/Windows: see gpumesh.userdirs)."""
+    return userdirs.config_file("worker.toml")
 
 
 def load_worker_config(path: Path | None = None) -> dict:

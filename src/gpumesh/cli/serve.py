@@ -131,7 +131,7 @@ class _MeshLogFormat(logging.Formatter):
 @click.option("--token", default=None, metavar="TOKEN",
               help="Token callers and workers must present [default: $GPUMESH_TOKEN, else a new one].")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where jobs, tasks and results are stored [default: ~/.gpumesh].")
+              help="Where jobs, tasks and results are stored [default: ~/.gpumesh; see docs/cli.md on macOS/Windows].")
 @click.option("--no-self-worker", is_flag=True, help="Do not join this machine as a worker [default: it joins].")
 @click.option("--slots", type=click.IntRange(1, 1024), default=1, show_default=True,
               help="Tasks the self-worker runs at once.")
@@ -260,6 +260,9 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
     for line in banner(host, port, token, show_token=generated, fingerprint=fingerprint,
                        worker_token=worker_token is not None, safe_mode=safe_mode, public=public,
                        tls_flags=tls_flags):
+        click.echo(line)
+    from ..winplat import firewall_lines
+    for line in firewall_lines(host, port):  # Windows only: the inbound rule (spec: as Administrator)
         click.echo(line)
     tok = "<your worker token>" if worker_token else (token if generated else "<your token>")
     tunnel = reach.announce(net, public, host, port, fingerprint, tok)

@@ -15,7 +15,7 @@ distributions already, or on one whose owner allows installs (``gpumesh join
 Everything the worker itself imports before a task (gpumesh, cloudpickle) still comes
 from the worker's own environment; anything else the task imports comes from the
 environment first. The cache is ``$GPUMESH_ENV_DIR`` (default
-``~/.cache/gpumesh/envs``), capped at ``$GPUMESH_ENV_CACHE_MB`` (default 5120 MiB).
+``~/.cache/gpumesh/envs`` on Linux, see ``gpumesh.userdirs``), capped at ``$GPUMESH_ENV_CACHE_MB`` (default 5120 MiB).
 An environment in use by a task of this worker is never evicted; one larger than the
 whole cap is still built, used and then the first to go. Two workers sharing the cache
 build one environment once (the second waits for the first's lock).
@@ -35,7 +35,7 @@ import threading
 import time
 from pathlib import Path
 
-from .. import limits, oslock
+from .. import limits, oslock, userdirs
 
 log = logging.getLogger("gpumesh.worker")
 
@@ -63,7 +63,7 @@ def find_uv() -> str | None:
 
 def default_root() -> Path:
     env = limits.setting("GPUMESH_ENV_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "gpumesh" / "envs"
+    return Path(env).expanduser() if env else userdirs.cache_dir() / "envs"
 
 
 def default_cap_bytes() -> int:

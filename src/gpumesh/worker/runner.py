@@ -386,7 +386,7 @@ def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None)
     # forwarded live): set that up once here rather than in every child.
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.reconfigure(line_buffering=True, errors="backslashreplace")
+            stream.reconfigure(line_buffering=True, encoding="utf-8", errors="backslashreplace")
         except (AttributeError, ValueError):
             pass
     # Objects that exist now are never collected in the children: moving them out of the

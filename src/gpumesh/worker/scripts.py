@@ -83,7 +83,10 @@ def run(script_path: str, payload: bytes, timeout: float | None, out: str, err: 
     from .executor import Outcome
 
     child_env = {k: v for k, v in os.environ.items() if k not in runner.SCRUBBED_ENV}
-    child_env.update({runner.IN_TASK_ENV: "1", SCRIPT_ENV: "1", "PYTHONUNBUFFERED": "1"})
+    # UTF-8 stdio whatever the worker's code page (cp1252 on Windows): the payload is
+    # written and the output read as UTF-8
+    child_env.update({runner.IN_TASK_ENV: "1", SCRIPT_ENV: "1", "PYTHONUNBUFFERED": "1",
+                      "PYTHONIOENCODING": "utf-8"})
     if env:
         child_env.update({str(k): str(v) for k, v in env.items()})
     # Beside the output files, in the worker's own directory: a worker killed mid-task

@@ -125,7 +125,7 @@ def main() -> int:
     sock.sendall(bytes.fromhex(hello["token"]))
     for stream in (sys.stdout, sys.stderr):  # what a task prints leaves at each line
         try:
-            stream.reconfigure(line_buffering=True, errors="backslashreplace")
+            stream.reconfigure(line_buffering=True, encoding="utf-8", errors="backslashreplace")
         except (AttributeError, ValueError):
             pass
     fn = None
