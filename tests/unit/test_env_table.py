@@ -43,31 +43,22 @@ def _is_environ_get(func: ast.expr) -> bool:
     return isinstance(func, ast.Name) and func.id == "getenv"
 
 
-def scan_source(text: str) -> tuple[set[str], dict[str, str]]:
-    """(every GPUMESH_* name the source uses as a value or keyword, {name: literal default}
-    for reads of the form ``environ.get("GPUMESH_X", "default")``)."""
+def scan_source(text: str) -> set[str]:
+    """Every GPUMESH_* name the source uses as a value or keyword."""
     names: set[str] = set()
-    defaults: dict[str, str] = {}
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and NAME.match(node.value):
             names.add(node.value)
         elif isinstance(node, ast.keyword) and node.arg and NAME.match(node.arg):
             names.add(node.arg)
-        if (isinstance(node, ast.Call) and _is_environ_get(node.func) and len(node.args) >= 2
-                and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args[:2])
-                and NAME.match(node.args[0].value) and node.args[1].value):
-            defaults[node.args[0].value] = node.args[1].value
-    return names, defaults
+    return names
 
 
-def scan_src() -> tuple[set[str], dict[str, str]]:
+def scan_src() -> set[str]:
     names: set[str] = set()
-    defaults: dict[str, str] = {}
     for path in sorted(SRC.rglob("*.py")):
-        n, d = scan_source(path.read_text(encoding="utf-8"))
-        names |= n
-        defaults.update(d)
-    return names, defaults
+        names |= scan_source(path.read_text(encoding="utf-8"))
+    return names
 
 
 def doc_table() -> dict[str, list[str]]:
@@ -106,13 +97,12 @@ env = dict(os.environ, GPUMESH_E="1")
 def f(): """Mentions GPUMESH_PROSE=1 in a docstring, and "GPUMESH_G" quoted."""
 msg = f"set GPUMESH_H={1}"
 '''
-    names, defaults = scan_source(src)
+    names = scan_source(src)
     assert names == {"GPUMESH_A", "GPUMESH_B", "GPUMESH_C", "GPUMESH_D", "GPUMESH_E", "GPUMESH_F"}
-    assert defaults == {"GPUMESH_A": "10"}
 
 
 def test_the_scan_of_src_sees_the_known_variables():
-    names, _ = scan_src()
+    names = scan_src()
     # one of each kind: a limits.py setting, a constant, a keyword, a click envvar
     assert {"GPUMESH_WORKER_TTL", "GPUMESH_DISCOVERY", "GPUMESH_EXIT_WITH_PARENT",
             "GPUMESH_LOG_JSON"} <= names
@@ -194,13 +184,13 @@ def test_every_gpumesh_variable_src_reads_by_name_is_in_the_table():
 
 
 def test_every_variable_named_in_src_is_in_the_settings_table():
-    names, _ = scan_src()
+    names = scan_src()
     missing = sorted(names - set(limits.env_rows()))
     assert not missing, f"named in src/ but not declared in gpumesh/limits.py: {missing}"
 
 
 def test_every_table_variable_is_named_in_src():
-    names, _ = scan_src()
+    names = scan_src()
     stale = sorted(n for n in limits.env_rows() if n.startswith("GPUMESH_"))
     stale = [n for n in stale if n not in names]
     assert not stale, f"declared in gpumesh/limits.py but never named in src/: {stale}"
