@@ -41,6 +41,8 @@ from ..limits import MiB
 log = logging.getLogger("gpumesh.worker.device")
 
 _NVIDIA_SMI_QUERY = "index,name,memory.total,memory.free,driver_version"
+#: Seconds a hardware query tool (``nvidia-smi``, ``sysctl``) may take: a wedged driver must
+#: not hang a worker's start. Only this module runs them.
 _TOOL_TIMEOUT_S = 5.0
 #: Environment variable of the fake-GPU testing hook (see the module docstring).
 FAKE_GPUS_ENV = "GPUMESH_FAKE_GPUS"
