@@ -332,7 +332,7 @@ def callers_main(url: str, n_callers: int, batch: int, seconds: float, rate: flo
 
     def refuse(fn, calls):
         raise RuntimeError("the load generator's job ran locally: the coordinator saw no worker")
-    mesh_mod.run_locally = refuse
+    mesh_mod.pipeline.InlineBackend.run = refuse  # every local fallback
     m = GPUMesh(url, token=TOKEN, output=False)
 
     @accelerate(m)

@@ -338,8 +338,8 @@ class GPUMeshSystem:
         def refuse(fn, calls):
             raise RuntimeError("gpumesh fell back to running the call locally "
                                "(coordinator unreachable or no live worker)")
-        if hasattr(mesh_mod, "run_locally"):
-            mesh_mod.run_locally = refuse
+        if hasattr(mesh_mod, "pipeline"):
+            mesh_mod.pipeline.InlineBackend.run = refuse  # every local fallback
 
     def check(self) -> None:
         """Raise if a process of the mesh has exited or a worker is no longer alive."""

@@ -22,6 +22,10 @@ An exception raised by *your* function is re-raised at the caller as itself (sam
 and message) whenever it can be pickled; gpumesh attaches the remote traceback as its
 ``__cause__`` (a :class:`RemoteTraceback`). Only when that is impossible do you get a
 :class:`RemoteError`.
+
+Which exception a failed task becomes at the caller, by the ``kind`` of its error
+(:class:`gpumesh.protocol.FailureKind`), is :data:`gpumesh.protocol.FAILURE_EXCEPTIONS`;
+an unknown kind (a newer worker's) is a :class:`TaskFailed`.
 """
 
 from __future__ import annotations

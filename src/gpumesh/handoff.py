@@ -93,11 +93,12 @@ class Handoff:
         """Ask the coordinator behind ``http`` (a :class:`~gpumesh.transport.Transport`).
         None when disabled, refused, unknown to an older coordinator, or unusable here.
         Raises :class:`~gpumesh.transport.Unreachable` like any request."""
+        from . import protocol
         from .errors import RequestRejected
         if not enabled():
             return None
         try:
-            answer = http.request("GET", "/v1/handoff", timeout=10).json()
+            answer = http.request("GET", protocol.HANDOFF, timeout=10).json()
         except RequestRejected:
             return None
         return cls.from_answer(answer) if isinstance(answer, dict) else None

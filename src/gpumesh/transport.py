@@ -49,6 +49,7 @@ from urllib3.exceptions import (ConnectTimeoutError, HTTPError, NewConnectionErr
 from .errors import AuthError, MeshUnavailable, PayloadTooLarge, RequestRejected, VersionMismatch
 from .limits import (CONNECT_TIMEOUT_S, READ_TIMEOUT_S, TCP_KEEPCNT, TCP_KEEPIDLE_S,
                      TCP_KEEPINTVL_S)
+from .protocol import ErrorCode
 
 #: Connections kept open to the coordinator per Transport (a worker with many slots posts
 #: many results at once; beyond this, extra connections are opened and closed after use).
@@ -346,15 +347,15 @@ def check(resp: Response, url: str) -> None:
         words = " ".join(re.sub(r"<[^>]*>", " ", resp.text[:2000]).split())[:200]
         code, message = "", (f"the server at {url} answered with a page that is not gpumesh's"
                              f" ({words or 'empty'}): check the URL, path prefix included")
-    if resp.status_code == 401 or (resp.status_code == 403 and code in ("", "forbidden")):
+    if resp.status_code == 401 or (resp.status_code == 403 and code in ("", ErrorCode.FORBIDDEN)):
         raise AuthError(f"the coordinator at {url} refused the token ({resp.status_code}: {message}); "
                         "check --token / $GPUMESH_TOKEN")
-    if resp.status_code == 429 and code == "locked_out":
+    if resp.status_code == 429 and code == ErrorCode.LOCKED_OUT:
         raise AuthError(f"the coordinator at {url} refused the token ({message}); "
                         "check --token / $GPUMESH_TOKEN")
     if resp.status_code == 413:
         raise PayloadTooLarge(message or "request over the coordinator's size limit")
-    if code == "version_mismatch":
+    if code == ErrorCode.VERSION_MISMATCH:
         raise VersionMismatch(message)
     err = RequestRejected(f"{message} (HTTP {resp.status_code})", resp.status_code)
     err.code = code  # type: ignore[attr-defined]

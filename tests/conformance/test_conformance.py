@@ -16,7 +16,7 @@ import cloudpickle
 import pytest
 
 from gpumesh import (GPUMesh, RemoteTraceback, TaskTimeout, Unsatisfiable, accelerate)
-from gpumesh.client import mesh as mesh_mod
+from gpumesh.client import pipeline
 from gpumesh.client import remote as remote_mod
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -34,10 +34,9 @@ def m(backend):
 
 @pytest.fixture(autouse=True)
 def engine_only(monkeypatch):
-    def refuse(fn, calls, *_):
-        raise AssertionError(f"{fn!r} ran locally although the backend is up")
-    monkeypatch.setattr(mesh_mod, "run_locally", refuse)
-    monkeypatch.setattr(mesh_mod, "iter_locally", refuse)  # the fallback of .map/.imap
+    def refuse(backend, job):
+        raise AssertionError(f"{job.fn!r} ran locally although the backend is up")
+    monkeypatch.setattr(pipeline.InlineBackend, "run", refuse)  # every local fallback
     monkeypatch.delenv("GPUMESH_LOCAL", raising=False)
 
 

@@ -20,14 +20,14 @@ import pytest
 import gpumesh
 from gpumesh import (GPUMesh, MeshError, RemoteError, RemoteTraceback, TaskCrashed, TaskFailed,
                      TaskTimeout, Unsatisfiable, accelerate)
-from gpumesh.client import mesh as mesh_mod
+from gpumesh.client import pipeline
 from gpumesh.client import remote as remote_mod
 from gpumesh.errors import RequestRejected
 
 # Module-level functions and classes of this file travel by value, as they would from a
 # user's script (__main__): the workers need not import the test suite.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-_real_run_locally = mesh_mod.run_locally
+_real_inline_run = pipeline.InlineBackend.run
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +40,9 @@ def client(shared_mesh):
 @pytest.fixture(autouse=True)
 def mesh_only(monkeypatch):
     """Fail loudly if a call falls back to running in this process."""
-    def refuse(fn, calls):
-        raise AssertionError(f"{fn!r} ran locally although the mesh is up")
-    monkeypatch.setattr(mesh_mod, "run_locally", refuse)
+    def refuse(backend, job):
+        raise AssertionError(f"{job.fn!r} ran locally although the mesh is up")
+    monkeypatch.setattr(pipeline.InlineBackend, "run", refuse)
     monkeypatch.delenv("GPUMESH_LOCAL", raising=False)
 
 
@@ -662,8 +662,8 @@ def test_install_then_bare_accelerate(client, monkeypatch):
 
 
 def test_gpumesh_local_forces_local(client, monkeypatch, capsys):
-    monkeypatch.setattr(mesh_mod, "run_locally", _real_run_locally)
-    monkeypatch.setattr(mesh_mod, "_notices", set())
+    monkeypatch.setattr(pipeline.InlineBackend, "run", _real_inline_run)
+    monkeypatch.setattr(pipeline, "_notices", set())
     monkeypatch.setenv("GPUMESH_LOCAL", "1")
 
     @accelerate(client)

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from gpumesh import AuthError, GPUMesh, MeshError, accelerate
-from gpumesh.client import mesh as mesh_mod
+from gpumesh.client import pipeline
 
 from ..conftest import TOKEN, free_port
 
@@ -17,7 +17,7 @@ from ..conftest import TOKEN, free_port
 @pytest.fixture(autouse=True)
 def fresh_notices(monkeypatch):
     """Notices print once per process; give each test its own 'process'."""
-    monkeypatch.setattr(mesh_mod, "_notices", set())
+    monkeypatch.setattr(pipeline, "_notices", set())
     monkeypatch.delenv("GPUMESH_LOCAL", raising=False)
 
 
@@ -45,19 +45,19 @@ def run_within(seconds, thunk):
 
 def test_closed_port_runs_locally_with_one_notice(capsys):
     m = GPUMesh(f"http://127.0.0.1:{free_port()}", token=TOKEN)
-    pids = []
+    seen = []
 
     @accelerate(m)
     def f(x):
-        pids.append(os.getpid())  # runs in this very process
-        return x * x
+        seen.append(x)  # a copy of the list, as on a worker (the inline backend's round trip)
+        return x * x, os.getpid()  # runs in this very process
 
     t0 = time.monotonic()
-    assert f(3) == 9
-    assert f.map([{"x": i} for i in range(5)]) == [0, 1, 4, 9, 16]
-    assert f(4) == 16
+    assert f(3) == (9, os.getpid())
+    assert f.map([{"x": i} for i in range(5)]) == [(i * i, os.getpid()) for i in range(5)]
+    assert f(4) == (16, os.getpid())
     assert time.monotonic() - t0 < 15
-    assert pids == [os.getpid()] * 7
+    assert seen == []  # the caller's objects are not the function's: same as on the mesh
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if "running locally" in ln]
     assert len(lines) == 1, err
@@ -165,9 +165,9 @@ def test_coordinator_killed_after_accept_never_runs_locally(make_mesh, monkeypat
     mesh = make_mesh(workers=1)
     client = mesh.client()
 
-    def refuse(fn, calls):
+    def refuse(backend, job):
         raise AssertionError("an accepted job was re-run locally")
-    monkeypatch.setattr(mesh_mod, "run_locally", refuse)
+    monkeypatch.setattr(pipeline.InlineBackend, "run", refuse)
 
     @accelerate(client)
     def slow(x):

@@ -131,11 +131,11 @@ def secure_mesh(tmp_path):
 @pytest.fixture
 def no_local_fallback(monkeypatch):
     """Fail loudly if a call falls back to running in this process."""
-    from gpumesh.client import mesh as mesh_mod
+    from gpumesh.client import pipeline
 
-    def refuse(fn, calls):
-        raise AssertionError(f"{fn!r} ran locally although the mesh is up")
-    monkeypatch.setattr(mesh_mod, "run_locally", refuse)
+    def refuse(backend, job):
+        raise AssertionError(f"{job.fn!r} ran locally although the mesh is up")
+    monkeypatch.setattr(pipeline.InlineBackend, "run", refuse)
     monkeypatch.delenv("GPUMESH_LOCAL", raising=False)
 
 

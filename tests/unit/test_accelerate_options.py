@@ -8,6 +8,7 @@ import pytest
 
 from gpumesh import GPUMesh, Unsatisfiable, accelerate
 from gpumesh.client import mesh as mesh_mod
+from gpumesh.client import pipeline
 from gpumesh.hardware import Requirements
 
 M = GPUMesh("http://127.0.0.1:9", token="t")   # never contacted here
@@ -58,7 +59,7 @@ MACHINE = {"hostname": "me", "cpu": "Intel i7", "cores": 8, "ram_mb": 16000, "mp
 
 @pytest.fixture
 def this_machine(monkeypatch):
-    monkeypatch.setattr(mesh_mod, "_this_machine", MACHINE)
+    monkeypatch.setattr(pipeline, "_this_machine", MACHINE)
 
 
 @pytest.mark.parametrize("require, hints", [

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from gpumesh import wire
+from gpumesh.protocol import TaskGrant
 from gpumesh.cli.serve import _self_check
 from gpumesh.worker.executor import Executor
 
@@ -67,19 +68,19 @@ def test_zygote_starts_with_the_first_function_task(tmp_path):
         blob = tmp_path / "fn"
         blob.write_bytes(wire.dumps(abs, code=True).to_bytes())
         args = wire.dumps(((-3,), {})).to_bytes()
-        out = ex.run("t1", "h" * 64, str(blob), args, timeout=30)
+        out = ex.run(TaskGrant("t1", "-", "h" * 64, timeout=30), str(blob), args)
         assert out.status == "ok", out.error
         assert wire.loads(bytearray(out.payload)) == 3
         started = _children() - before
         assert len(started) == 1  # the zygote (hosts are its children)
-        out = ex.run("t2", "h" * 64, str(blob), wire.dumps(((-4,), {})).to_bytes(), timeout=30)
+        out = ex.run(TaskGrant("t2", "-", "h" * 64, timeout=30), str(blob), wire.dumps(((-4,), {})).to_bytes())
         assert wire.loads(bytearray(out.payload)) == 4
         assert _children() - before == started  # the same zygote, not a new one
     finally:
         ex.close()
     assert _children() == before
     # Closed: no zygote is started any more, the task is handed back.
-    out = ex.run("t3", "h" * 64, str(blob), args, timeout=30)
+    out = ex.run(TaskGrant("t3", "-", "h" * 64, timeout=30), str(blob), args)
     assert out.status == "retry"
     assert _children() == before
 
@@ -92,13 +93,13 @@ def test_a_dead_zygote_is_replaced(tmp_path):
     try:
         blob = tmp_path / "fn"
         blob.write_bytes(wire.dumps(abs, code=True).to_bytes())
-        assert ex.run("t1", "a" * 64, str(blob), wire.dumps(((-1,), {})).to_bytes(), timeout=30).status == "ok"
+        assert ex.run(TaskGrant("t1", "-", "a" * 64, timeout=30), str(blob), wire.dumps(((-1,), {})).to_bytes()).status == "ok"
         (zygote,) = _children() - before
         os.kill(zygote, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while ex._zygote.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
-        out = ex.run("t2", "b" * 64, str(blob), wire.dumps(((-2,), {})).to_bytes(), timeout=30)
+        out = ex.run(TaskGrant("t2", "-", "b" * 64, timeout=30), str(blob), wire.dumps(((-2,), {})).to_bytes())
         assert out.status == "ok", out.error
         assert wire.loads(bytearray(out.payload)) == 2
         assert len(_children() - before) == 1 and zygote not in _children()

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from gpumesh import wire
+from gpumesh.protocol import TaskGrant
 from gpumesh.worker.executor import Executor
 
 from ..conftest import wait_for
@@ -41,7 +42,7 @@ def run(tmp_path):
             blobs[h] = tmp_path / h
             blobs[h].write_bytes(b"".join(bytes(c) for c in payload.chunks))
         args = b"".join(bytes(c) for c in wire.dumps(((), {})).chunks)
-        out = ex.run(os.urandom(8).hex(), h, str(blobs[h]), args, timeout=30)
+        out = ex.run(TaskGrant(os.urandom(8).hex(), "-", h, timeout=30), str(blobs[h]), args)
         assert out.status == "ok", out.error
         return wire.loads(out.payload)
 

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from gpumesh import wire
+from gpumesh.protocol import TaskGrant
 from gpumesh.limits import HANDOFF_MIN_BYTES
 from gpumesh.worker import procs
 from gpumesh.worker.executor import Executor, make_executor
@@ -39,7 +40,9 @@ def _call(ex, tmp_path, fn, *args, task_id=None, **kw):
     h, path = _blob(tmp_path, fn)
     body = b"".join(bytes(c) for c in wire.dumps((args, {})).chunks)
     ex.new_output()
-    return ex.run(task_id or os.urandom(8).hex(), h, path, body, kw.pop("timeout", 60), **kw)
+    grant = {k: kw.pop(k) for k in ("result_format", "isolation", "job_id") if k in kw}
+    return ex.run(TaskGrant(task_id or os.urandom(8).hex(), "-", h, timeout=kw.pop("timeout", 60),
+                            **grant), path, body, **kw)
 
 
 def _value(out):
@@ -193,7 +196,7 @@ def test_a_function_that_cannot_load_is_an_unpickle_error(ex, tmp_path):
     path = tmp_path / ("0" * 64)
     path.write_bytes(b"not a pickle")
     ex.new_output()
-    out = ex.run("t1", "0" * 64, str(path), b"", 30)
+    out = ex.run(TaskGrant("t1", "-", "0" * 64, timeout=30), str(path), b"")
     assert out.status == "error" and out.error["kind"] == "unpickle"
 
 
@@ -276,6 +279,7 @@ def test_task_processes_end_when_the_agent_is_killed(tmp_path):
         import os, threading
         from pathlib import Path
         from gpumesh import wire
+        from gpumesh.protocol import TaskGrant
         from gpumesh.worker.spawn import SpawnExecutor
 
         def hold():
@@ -292,7 +296,7 @@ def test_task_processes_end_when_the_agent_is_killed(tmp_path):
 
         def run():
             ex.new_output()
-            ex.run("t", payload.sha256(), str(blob), args, None)
+            ex.run(TaskGrant("t", "-", payload.sha256()), str(blob), args)
         threading.Thread(target=run).start()
         threading.Event().wait()
     """))
@@ -328,7 +332,7 @@ def test_a_task_cancelled_before_its_process_connected_ends_at_once(ex, tmp_path
         os.kill(child.pid, signal.SIGSTOP)
         return child
     ex._spawn = slow_spawn
-    t = threading.Thread(target=lambda: got.update(out=ex.run("t-early", h, path, body, 60)))
+    t = threading.Thread(target=lambda: got.update(out=ex.run(TaskGrant("t-early", "-", h, timeout=60), path, body)))
     t.start()
     deadline = time.monotonic() + 10
     while "t-early" not in ex.running() and time.monotonic() < deadline:

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from gpumesh import wire
+from gpumesh.protocol import TaskGrant
 from gpumesh.limits import HANDOFF_MIN_BYTES
 from gpumesh.worker import membody
 from gpumesh.worker.executor import Executor
@@ -53,7 +54,8 @@ def _blob(tmp_path, fn) -> tuple[str, str]:
 def _call(ex, tmp_path, fn, *args, **kw):
     h, path = _blob(tmp_path, fn)
     body = b"".join(bytes(c) for c in wire.dumps((args, {})).chunks)
-    return ex.run(os.urandom(8).hex(), h, path, body, timeout=60, **kw)
+    grant = {k: kw.pop(k) for k in ("result_format", "isolation", "job_id") if k in kw}
+    return ex.run(TaskGrant(os.urandom(8).hex(), "-", h, timeout=60, **grant), path, body, **kw)
 
 
 def test_a_big_result_comes_back_as_a_memory_file(executor):
@@ -79,7 +81,8 @@ def test_a_big_argument_in_shared_memory_is_mapped_by_the_task(executor):
     rng = membody.slices(body)[1]
     assert isinstance(rng, membody.ArgsRange)
     h, path = _blob(tmp, _sum_and_where)
-    out = ex.run("t1", h, path, None, timeout=60, args_fd=rng.fd, args_range=(rng.offset, rng.length))
+    out = ex.run(TaskGrant("t1", "-", h, timeout=60), path, None, args_fd=rng.fd,
+                 args_range=(rng.offset, rng.length))
     assert out.status == "ok", out.error
     n, digest, memfds = wire.loads(out.payload)
     assert (n, digest) == (arg.nbytes, hashlib.sha256(arg).hexdigest())

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 import click
 
-from .. import config, limits
+from .. import config, limits, protocol
 from .._version import __version__
 from ..limits import CLOCK_SKEW_FAIL_S, CLOCK_SKEW_WARN_S, CONNECT_TIMEOUT_S
 from .common import endpoint_options
@@ -320,7 +320,7 @@ def _coordinator(url: str | None, token: str | None, fingerprint: str | None = N
     try:
         try:
             sent = wall_clock()
-            resp = http.request("GET", "/v1/health", timeout=5)
+            resp = http.request("GET", protocol.HEALTH, timeout=5)
             answered = wall_clock()
             health = resp.json()
         except Unreachable as e:
@@ -346,7 +346,7 @@ def _coordinator(url: str | None, token: str | None, fingerprint: str | None = N
                                 "(the coordinator printed it)"))
             return checks
         try:
-            workers = http.request("GET", "/v1/workers", timeout=5).json()
+            workers = http.request("GET", protocol.WORKERS, timeout=5).json()
         except AuthError as e:
             text = str(e)
             if "worker token" in text or "403" in text:

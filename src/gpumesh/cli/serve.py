@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from .. import config, limits
+from .. import config, limits, protocol
 from ..limits import DEFAULT_PORT, MIN_TOKEN_CHARS
 from .common import fail
 from .secrecy import hide
@@ -359,7 +359,7 @@ def _self_check(url: str, fingerprint: str | None, timeout: float = 5.0) -> str 
         else:
             conn = http.client.HTTPConnection(host, parts.port or 80, timeout=timeout)
         try:
-            conn.request("GET", "/v1/health")
+            conn.request("GET", protocol.HEALTH)
             if fingerprint and parts.scheme == "https":
                 from ..tls import fingerprint_der, normalise_fingerprint
                 der = conn.sock.getpeercert(binary_form=True)  # type: ignore[union-attr]
@@ -373,11 +373,11 @@ def _self_check(url: str, fingerprint: str | None, timeout: float = 5.0) -> str 
     except (OSError, http.client.HTTPException, ssl.SSLError) as e:
         return f"the coordinator at {url} did not answer ({e})"
     if resp.status != 200:
-        return f"GET {url}/v1/health answered HTTP {resp.status}"
+        return f"GET {url}{protocol.HEALTH} answered HTTP {resp.status}"
     try:
         json.loads(body)
     except ValueError:
-        return f"GET {url}/v1/health did not answer JSON"
+        return f"GET {url}{protocol.HEALTH} did not answer JSON"
     return None
 
 

@@ -1,7 +1,7 @@
 """Turning user calls into task arguments and task results back into values or errors.
 
-Pure functions, shared by every backend and by local execution, so a call means the same
-thing wherever it runs.
+Pure functions, shared by every backend (the native coordinator, the engines and the inline
+one that runs calls here), so a call means the same thing wherever it runs.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .. import wire
-from ..errors import (Cancelled, RemoteError, RemoteTraceback, TaskCrashed, TaskFailed,
-                      TaskTimeout, WorkerLost)
+from ..errors import RemoteTraceback, TaskFailed
+from ..protocol import FailureKind, failure_exception
 
 #: Keys of a ``.map`` item that are scheduling hints, not arguments (spec: "a payload's
 #: gpu_memory_mb hint"; ``cost`` weighs a task for the scheduler). Removed before the
@@ -183,24 +183,9 @@ def failure(item: dict, payload: memoryview | None, *, call: Call | None = None,
                 cause.tb = text + "\n" + tb
             return _located(exc, cause, item, err)
         exc = None
-    if kind == "missing_module":  # no worker had it: raised as itself, naming them
-        exc = ModuleNotFoundError(message + tail, name=err.get("module"))
-        cause = RemoteTraceback(tb) if tb else None
-        exc.__cause__ = cause
-        return _located(exc, cause, item, err)
-    if kind == "timeout":
-        exc = TaskTimeout(message + tail)
-    elif kind == "crashed":
-        exc = TaskCrashed(message + tail, task_id, worker)
-    elif kind == "lost":
-        exc = WorkerLost(message + tail, task_id, worker)
-    elif kind == "cancelled":
-        exc = Cancelled(message + tail, task_id, worker)
-    elif kind in ("raised", "unpickle", "result_unpicklable", "exit", "result_not_json"):
-        exc = RemoteError(err.get("type", "Exception"), message + tail, tb, task_id, worker)
-        exc.remote_message = message
-    else:
-        exc = TaskFailed(f"{message}{tail}", task_id, worker)
+    exc = failure_exception(kind, message + tail, remote_type=err.get("type", "Exception"),
+                            remote_message=message, traceback=tb, task_id=task_id,
+                            worker=worker, module=err.get("module"))
     cause = RemoteTraceback(tb) if tb else None
     if cause is not None:
         exc.__cause__ = cause
@@ -245,3 +230,72 @@ def with_source(tb: str) -> str:
         if source:
             out.append(f"{indent}  {source}\n")
     return "".join(out)
+
+
+def outcome_value(outcome: tuple, index: int, where: str, call: Call | None = None,
+                  n: int = 1, hint: str = "", name: str | None = None) -> Any:
+    """What a task wrapper returned (``("ok", value)``, ``("raised", exc or None, type
+    name, message, traceback text)``, ``("exit", code)`` or ``("timeout", seconds)``: see
+    :data:`gpumesh.client.taskwrap.run_task`) -> the value, or raise what the task
+    raised: the function's own exception, else the class the failure-kind table
+    (:data:`gpumesh.protocol.FAILURE_EXCEPTIONS`) names, as a coordinator result would
+    give. Its text names the ``.map`` item of ``n``, the call of function ``name`` with
+    its arguments ``call`` and ``where`` it ran, then ``hint``."""
+    kind = outcome[0]
+    if kind == "ok":
+        return outcome[1]
+    if kind == "raised":
+        exc, type_name, message, tb = outcome[1:]
+        tb = with_source(tb)
+        shown = f"{name or 'the function'}({describe_call(call)})" if call is not None else "the task"
+        place = (f".map item {index} of {n}, {shown}," if n > 1 else shown) + f" on {where}"
+        cause = RemoteTraceback(tb)
+        cause.index = index
+        if isinstance(exc, BaseException):
+            exc.__cause__ = cause
+            if sys.version_info >= (3, 11):
+                exc.add_note(f"[gpumesh] raised by {place}; remote traceback above"
+                             + (f"\n[gpumesh] {hint}" if hint else ""))
+            raise exc
+        err = failure_exception(FailureKind.RAISED, f"{message} ({place})" + (f"; {hint}" if hint else ""),
+                                remote_type=type_name, remote_message=message, traceback=tb,
+                                task_id=str(index), worker=where)
+        err.index = index
+        err.__cause__ = cause
+        raise err
+    if kind == "timeout":
+        raise failure_exception(FailureKind.TIMEOUT, f"the task ran past its timeout of "
+                                f"{outcome[1]:g} s (task #{index} on {where})")
+    if kind == "exit":  # as a worker of the native mesh reports it
+        raise failure_exception(FailureKind.EXIT, f"the task called sys.exit({outcome[1]}) "
+                                f"(task #{index} on {where})", remote_type="SystemExit",
+                                task_id=str(index), worker=where)
+    raise TaskFailed(f"unexpected task outcome {kind!r} (task #{index} on {where})", str(index), where)
+
+
+def dump_call(fn: Callable, call: Call, i: int, n: int) -> wire.Payload:
+    """One call's ``(args, kwargs)`` as a payload. If it cannot be pickled, the error
+    (the pickler's own type: usually TypeError or PicklingError) names the argument."""
+    try:
+        return wire.dumps(call)
+    except Exception as e:  # noqa: BLE001 - re-raised with the argument named
+        args, kwargs = call
+        where_ = "" if n == 1 else f" (item {i} of the map)"
+        culprit = next((f"argument {k}" for k, a in enumerate(args) if not picklable(a)),
+                       None) or next((f"keyword argument {k!r}" for k, a in kwargs.items()
+                                      if not picklable(a)), "an argument")
+        fname = getattr(fn, "__qualname__", "the function")
+        try:
+            err = type(e)(f"{culprit} of {fname}{where_} cannot be sent to a worker: {e}")
+        except Exception:  # noqa: BLE001 - an exception type with another signature
+            raise e from None
+        raise err from e
+
+
+def picklable(value: Any) -> bool:
+    """Whether ``value`` survives :func:`gpumesh.wire.dumps`."""
+    try:
+        wire.dumps(value)
+        return True
+    except Exception:  # noqa: BLE001
+        return False

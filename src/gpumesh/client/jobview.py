@@ -24,6 +24,7 @@ from typing import Any
 
 from .. import wire
 from ..errors import RequestRejected
+from ..protocol import ResultPage
 from .paths import job_path
 
 #: The text the terminal shows for a finished task whose result was released.
@@ -75,19 +76,19 @@ def _read_results(mesh, job_id: str) -> dict[str, memoryview | None]:
         if not body:
             return out
         frames = wire.unpack_frames(body)
-        page = json.loads(bytes(frames[0]))
-        if not page["results"]:
+        page = ResultPage.from_dict(json.loads(bytes(frames[0])))
+        if not page.results:
             return out
         k = 1
-        for item in page["results"]:
+        for item in page.results:
             payload = None
-            if item["has_payload"]:
+            if item.has_payload:
                 payload, k = frames[k], k + 1  # a view into the page: no copy
-            if item["state"] == "done":
-                out[item["task_id"]] = payload
-            after = max(after, item["seq"])
-        seen += len(page["results"])
-        if seen >= page["n_final"]:
+            if item.state == "done":
+                out[item.task_id] = payload
+            after = max(after, item.seq)
+        seen += len(page.results)
+        if seen >= page.n_final:
             return out
 
 

@@ -4,14 +4,25 @@ from __future__ import annotations
 
 import re
 
+from .. import protocol
+
 #: What a job id looks like (the coordinator checks the same): hex digits.
 JOB_ID = re.compile(r"[0-9a-f]{4,64}")
 
+#: The job routes by the action a path ends in ("": the job itself).
+_JOB_ROUTES = {"": protocol.JOB, "results": protocol.JOB_RESULTS, "logs": protocol.JOB_LOGS,
+               "release": protocol.JOB_RELEASE, "cancel": protocol.JOB_CANCEL,
+               "retry": protocol.JOB_RETRY}
+
 
 def job_path(job_id: str, action: str = "") -> str:
-    """``/v1/jobs/<job_id>[/<action>]``. Raises ``ValueError`` for a string that is not a
-    job id (empty, ``../x``...), so that it never becomes part of a URL."""
+    """``/v1/jobs/<job_id>[/<action>]`` (``action``: results, logs, release, cancel or
+    retry). Raises ``ValueError`` for a string that is not a job id (empty, ``../x``...),
+    so that it never becomes part of a URL, and for an action the coordinator has no
+    route for."""
     if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
         raise ValueError(f"{str(job_id)[:80]!r} is not a job id (ids are hex digits, "
                          "as `gpumesh jobs` lists them)")
-    return f"/v1/jobs/{job_id}/{action}" if action else f"/v1/jobs/{job_id}"
+    if action not in _JOB_ROUTES:
+        raise ValueError(f"no job route ends in {action!r}")
+    return protocol.fill(_JOB_ROUTES[action], jid=job_id)

@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import config
+from .. import config, protocol
 from ..errors import MeshError
 from ..transport import Transport
 
@@ -92,7 +92,7 @@ def start_coordinator(port: int = 8000, token: str | None = None, host: str = "1
         if proc.poll() is not None:
             raise RuntimeError(f"the coordinator exited with code {proc.returncode}: {handle.log_tail()}")
         try:
-            probe.request("GET", "/v1/health", timeout=1)
+            probe.request("GET", protocol.HEALTH, timeout=1)
             return handle
         except MeshError:
             pass
@@ -107,14 +107,14 @@ def add_worker(url: str, token: str | None = None, slots: int = 1) -> WorkerHand
     if ep.token:
         env["GPUMESH_TOKEN"] = ep.token
     http = Transport(ep.url, ep.token, fingerprint=ep.fingerprint)
-    before = {w["id"] for w in http.request("GET", "/v1/workers", timeout=10).json()}
+    before = {w["id"] for w in http.request("GET", protocol.WORKERS, timeout=10).json()}
     proc, log_path = _spawn(["join", ep.url, "--slots", str(slots)], env, "worker")
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the worker exited with code {proc.returncode}: "
                                f"{Path(log_path).read_text(errors='replace')[-4000:]}")
-        for w in http.request("GET", "/v1/workers", timeout=10).json():
+        for w in http.request("GET", protocol.WORKERS, timeout=10).json():
             if w["id"] not in before and w.get("alive"):
                 return WorkerHandle(w, proc, log_path)
         time.sleep(0.05)

@@ -1,10 +1,10 @@
 """The decorators: ``@accelerate(mesh, ...)``, bare ``@accelerate``, and ``@mesh``.
 
 A decorated function becomes a :class:`RemoteFunction`; calling it, or its ``.map``,
-goes through :meth:`GPUMesh.run_calls` (mesh when available, else locally), so the
-value is the same either way. Inside a task (``GPUMESH_IN_TASK`` is set by the runner)
-decorated functions run inline: a task waiting for a child task that can never get a
-slot would deadlock a small mesh.
+goes through :meth:`GPUMesh.run_calls` (mesh when available, else locally on the inline
+backend), so the value is the same either way. Inside a task (``GPUMESH_IN_TASK`` is set
+by the runner) decorated functions run inline, on the same inline backend: a task
+waiting for a child task that can never get a slot would deadlock a small mesh.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any
 from .. import retries as _retries
 from ..hardware import Requirements
 from . import calls as _calls
-from .mesh import GPUMesh, _check_timeout, _started, check_isolation, iter_locally, run_locally
+from . import pipeline
+from .mesh import GPUMesh, _check_timeout, check_isolation
 from .sweep import Results
 
 #: Options ``@accelerate`` accepts. ``gpu`` (a kind: "cuda", "mps", "gpu", "cpu", or a
@@ -92,8 +93,19 @@ class RemoteFunction:
             kwargs, hint = _calls.split_hints(_calls.explicit_params(fn), kwargs)
             hints = [hint]
         if self._inline():
-            return fn(*args, **kwargs)
+            return self._run_inline([(args, kwargs)], hints)[0][1]
         return self.mesh.run_calls(fn, [(args, kwargs)], hints=hints, **self._call_options())[0]
+
+    def _run_inline(self, calls: list[_calls.Call], hints: list[dict] | None = None,
+                    return_exceptions: bool = False, handle: dict | None = None):
+        """Inside a task: the calls on the inline backend, with this function's options;
+        a list of ``(index, value)`` (an iterator with ``handle``)."""
+        job = pipeline.Job(self.__gpumesh_wrapped__, calls, hints or [{}] * len(calls),
+                           timeout=self.options["timeout"], name=self._call_options()["name"],
+                           retry=self.retry, return_exceptions=return_exceptions,
+                           streaming=handle is not None)
+        run = pipeline.run(None, job, handle, backend=pipeline.INLINE)
+        return run if handle is not None else list(run)
 
     def _call_options(self) -> dict:
         fn = self.__gpumesh_wrapped__
@@ -121,9 +133,7 @@ class RemoteFunction:
         fn = self.__gpumesh_wrapped__
         calls, hints = _calls.map_items(fn, list(items))
         if self._inline():
-            if not return_exceptions and self.retry is None:
-                return run_locally(fn, calls)
-            return [v for _, v in iter_locally(fn, calls, return_exceptions, self.retry)]
+            return [v for _, v in self._run_inline(calls, hints, bool(return_exceptions))]
         return self.mesh.run_calls(fn, calls, hints=hints, return_exceptions=bool(return_exceptions),
                                    **self._call_options())
 
@@ -140,7 +150,7 @@ class RemoteFunction:
         calls, hints = _calls.map_items(fn, list(items))
         flag = bool(return_exceptions)
         if self._inline():
-            return Results(lambda h: _started(h, iter_locally(fn, calls, flag, self.retry)), len(calls))
+            return Results(lambda h: self._run_inline(calls, hints, flag, h), len(calls))
         mesh = self.mesh
         return Results(lambda h: mesh.iter_calls(fn, calls, hints=hints, return_exceptions=flag,
                                                  handle=h, **self._call_options()), len(calls))

@@ -3,7 +3,9 @@
 A script job runs ``python SCRIPT`` once per payload on the workers; the payload arrives
 as JSON on the script's stdin and the result is the last stdout line that parses as JSON
 (see :mod:`gpumesh.worker.scripts`). Results are JSON both ways: nothing is pickled, so
-a coordinator in safe mode accepts these jobs.
+a coordinator in safe mode accepts these jobs. The job is sent and its results read
+through the native backend's submit and long-poll (:mod:`gpumesh.client.native`): the
+same idempotent resend with backoff, blob upload and reconnect as a function job.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import wire
-from ..errors import RequestRejected, Unsatisfiable
 from ..limits import INLINE_FUNCTION_BYTES, MAX_TASKS_PER_JOB
+from . import native
 from .calls import HINT_KEYS
 from .paths import job_path
 
@@ -124,34 +126,22 @@ def submit(mesh, script, payloads: Iterable[Any], *, name: str | None = None,
     if costs is None:
         costs = [h.get("cost", 1.0) for h in hints]
     h = hashlib.sha256(source).hexdigest()
+    blob = wire.Payload([source])
+    backend = mesh._backend()
+    if not isinstance(backend, native.NativeBackend):
+        mesh.http  # noqa: B018 - an engine has no coordinator API: this raises, saying so
     inline = len(source) <= INLINE_FUNCTION_BYTES
-    if not inline:
-        mesh._upload_blob(h, _Blob(source))
+    if not inline and h not in mesh._known_blobs:
+        backend.upload_blob(h, blob)
     job_id = secrets.token_hex(6)
     meta = {"job_id": job_id, "kind": "script", "fn": h, "fn_inline": inline,
             "n_tasks": len(args), "timeout": timeout, "name": (name or default_name)[:200],
             "result_format": "json", "costs": costs}
     if any(h.get("gpu_memory_mb") for h in hints):
         meta["gpu_memory_mb"] = [h.get("gpu_memory_mb") for h in hints]
-    frames: list = [json.dumps(meta).encode()]
-    if inline:
-        frames.append(source)
-    frames.extend(args)
-    chunks, size = wire.pack_frames(frames)
-    try:
-        mesh.http.request("POST", "/v1/jobs", content=wire.iter_chunks(chunks),
-                          headers={"content-type": "application/x-gpumesh-frames",
-                                   "content-length": str(size)}, timeout=600)
-    except RequestRejected as e:
-        if getattr(e, "code", "") == "unsatisfiable":  # nothing was stored; it lists the pool
-            raise Unsatisfiable(str(e).rsplit(" (HTTP", 1)[0]) from None
-        raise
+    # Queued even with no worker connected yet (no require_worker): never a local run.
+    backend.send_job(meta, h, blob, inline, args, fallback=False)
     return job_id
-
-
-class _Blob:
-    def __init__(self, data: bytes):
-        self.chunks, self.size = [data], len(data)
 
 
 def wait(mesh, job_id: str, on_progress: Callable[[int, int, dict], None] | None = None,
@@ -165,12 +155,16 @@ def wait(mesh, job_id: str, on_progress: Callable[[int, int, dict], None] | None
     out: dict[str, dict] = {}
     after = -1
     deadline = None if timeout is None else time.monotonic() + timeout
+    job_path(job_id)  # ValueError for what is not a job id, before any request
+    reconnect: dict = {}
     while True:
-        body = mesh.http.stream_into("GET", job_path(job_id, "results"),
-                                     params={"after": after, "wait": POLL_S}, timeout=POLL_S + 30)
+        try:
+            body = native.poll_results(mesh, job_id, {"after": after, "wait": POLL_S}, POLL_S,
+                                       reconnect)
+        except native.Retrying:
+            body = None
         if body:
-            frames = wire.unpack_frames(body)
-            page = json.loads(bytes(frames[0]))
+            page, frames = native.read_page(body)
             k = 1
             for item in page["results"]:
                 payload = None

@@ -32,6 +32,7 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
+from .. import protocol
 from .._version import __version__
 
 log = logging.getLogger("gpumesh.coordinator")
@@ -39,7 +40,7 @@ log = logging.getLogger("gpumesh.coordinator")
 DIST_NAME = "gpumesh"
 WHEEL_TAG = "py3-none-any"
 #: Route prefix the wheel is served under (no token needed).
-DIST_PATH = "/v1/dist"
+DIST_PATH = protocol.DIST
 #: Distribution metadata files that describe one installation, not the package: never copied.
 _LOCAL_FILES = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json", "WHEEL"}
 #: Timestamp of every entry (zip's epoch, 1980): same code, same wheel bytes.

@@ -33,10 +33,10 @@ import threading
 import time
 from pathlib import Path
 
-from .. import hardware, packages, tracing, versions, wire
+from .. import hardware, packages, protocol, tracing, versions, wire
 from ..handoff import Handoff, map_fd, new_name
 from .._version import __version__
-from ..errors import AuthError, RequestRejected
+from ..errors import AuthError, RequestRejected, WireError
 from ..limits import (BACKOFF_BASE_S, BACKOFF_MAX_S, HEARTBEAT_INTERVAL_S, LONG_POLL_S,
                       OUTPUT_BODY_BYTES, OUTPUT_FLUSH_S, SESSION_PING_S)
 from ..transport import Transport, Unreachable
@@ -59,8 +59,8 @@ FORWARD_CAP_BYTES = 16 * 2**20
 class _OutputCursor:
     """How far a running task's output files have been forwarded."""
 
-    def __init__(self, task: dict, out: str, err: str):
-        self.task_id, self.lease_id = task["task_id"], task["lease_id"]
+    def __init__(self, task: protocol.TaskGrant, out: str, err: str):
+        self.task_id, self.lease_id = task.task_id, task.lease_id
         self.paths = (out, err)
         self.offsets = [0, 0]
         self.lock = threading.Lock()
@@ -184,7 +184,7 @@ class WorkerAgent(OwnerRules):
         # result a dying task might still post; then kill the task processes.
         if self.id is not None and self._registered.is_set():
             try:
-                self.http.request("DELETE", f"/v1/workers/{self.id}", timeout=3)
+                self.http.request("DELETE", protocol.worker(self.id), timeout=3)
             except Exception as e:  # noqa: BLE001 - best effort; pulse and TTL cover it
                 log.debug("deregister failed: %s", e)
         self.stopping.set()
@@ -210,7 +210,7 @@ class WorkerAgent(OwnerRules):
                                 **self._owner_report())
                     if self.id:
                         body["id"] = self.id
-                    resp = self.http.request("POST", "/v1/workers", json=body, timeout=10)
+                    resp = self.http.request("POST", protocol.WORKERS, json=body, timeout=10)
                     self._check_version(resp.json())
                     self.id = resp.json()["id"]
                     self.handoff = Handoff.probe(self.http)  # the coordinator may have moved
@@ -231,7 +231,7 @@ class WorkerAgent(OwnerRules):
         registration answers named their version says it in /v1/health)."""
         theirs = answer.get("version")
         if theirs is None:
-            theirs = self.http.request("GET", "/v1/health", timeout=10).json().get("version")
+            theirs = self.http.request("GET", protocol.HEALTH, timeout=10).json().get("version")
         versions.check_coordinator(theirs, self.url, "worker")
 
     def _lost_registration(self) -> None:
@@ -245,7 +245,7 @@ class WorkerAgent(OwnerRules):
             if not self._registered.is_set():
                 continue
             try:
-                resp = self.http.request("POST", f"/v1/workers/{self.id}/heartbeat",
+                resp = self.http.request("POST", protocol.worker_heartbeat(self.id),
                                          json={"running": sorted(self._held),
                                                **self._device_state(), **self._owner_report()},
                                          timeout=5)
@@ -253,7 +253,7 @@ class WorkerAgent(OwnerRules):
                     self.executor.cancel(task_id)
                 delays = backoff_delays()
             except RequestRejected as e:
-                if getattr(e, "code", "") == "unknown_worker":
+                if getattr(e, "code", "") == protocol.ErrorCode.UNKNOWN_WORKER:
                     self._lost_registration()
             except Unreachable:
                 self.stopping.wait(next(delays))
@@ -292,7 +292,7 @@ class WorkerAgent(OwnerRules):
             self.on_event("scored", line)
         if self._registered.is_set():
             try:
-                self.http.request("POST", f"/v1/workers/{self.id}/heartbeat",
+                self.http.request("POST", protocol.worker_heartbeat(self.id),
                                   json={"scores": scores, "score": self.info["score"]}, timeout=5)
             except Exception as e:  # noqa: BLE001 - the next heartbeat carries them too
                 log.debug("could not report the scores now: %s", e)
@@ -317,7 +317,7 @@ class WorkerAgent(OwnerRules):
                 continue
             try:
                 # The coordinator pings every SESSION_PING_S: three missed pings = gone.
-                with self.http.stream_lines(f"/v1/workers/{self.id}/session",
+                with self.http.stream_lines(protocol.worker_session(self.id),
                                             timeout=3 * SESSION_PING_S) as (status, lines):
                     if status == 404:
                         self._lost_registration()
@@ -352,7 +352,7 @@ class WorkerAgent(OwnerRules):
                     return
                 chunks, size = wire.pack_frames([b"{}", out, err])
                 try:
-                    self.http.request("POST", f"/v1/tasks/{cursor.task_id}/output",
+                    self.http.request("POST", protocol.task_output(cursor.task_id),
                                       params={"lease": cursor.lease_id},
                                       content=wire.iter_chunks(chunks),
                                       headers={"content-length": str(size)}, timeout=30)
@@ -377,16 +377,16 @@ class WorkerAgent(OwnerRules):
                     self._busy[k] += 1  # reserved by this request
             try:
                 body = self.http.stream_into(
-                    "POST", f"/v1/workers/{self.id}/lease",
-                    json={"slots": len(free), "free": free, "wait": LONG_POLL_S,
-                          "handoff": self.handoff is not None},
+                    "POST", protocol.worker_lease(self.id),
+                    json=protocol.LeaseRequest(slots=len(free), free=free, wait=LONG_POLL_S,
+                                               handoff=self.handoff is not None).as_dict(),
                     timeout=LONG_POLL_S + 10, buffer_for=membody.buffer_for)
                 delays = backoff_delays()
                 away = False
             except RequestRejected as e:
                 away = False
                 self._release(free)
-                if getattr(e, "code", "") == "unknown_worker":
+                if getattr(e, "code", "") == protocol.ErrorCode.UNKNOWN_WORKER:
                     self._lost_registration()
                 else:
                     log.warning("lease refused: %s", e)
@@ -408,12 +408,16 @@ class WorkerAgent(OwnerRules):
         """Start a thread for each task of a lease answer; release the reserved slots
         (``free``) that got none."""
         frames = membody.slices(body)
-        tasks = json.loads(bytes(frames[0]))["tasks"]
+        try:
+            tasks = protocol.TaskGrant.list_from_dict(json.loads(bytes(frames[0])))
+        except (ValueError, WireError) as e:  # a coordinator that is not ours (or a bug)
+            log.error("ignored a lease answer that is not one: %s", e)
+            tasks = []
         if tasks:
             tracing.mark("agent.leased")
         left = list(free)
         for task, args in zip(tasks, frames[1:]):
-            slot = task.get("slot")
+            slot = task.slot
             if slot in left:
                 left.remove(slot)  # the request's reservation becomes the task's
             elif slot in self._busy:
@@ -426,7 +430,7 @@ class WorkerAgent(OwnerRules):
             else:
                 slot = None
             t = threading.Thread(target=self._run_task, args=(task, args, slot),
-                                 name=f"task-{task['task_id']}", daemon=True)
+                                 name=f"task-{task.task_id}", daemon=True)
             t.start()
         self._release(left)
 
@@ -437,7 +441,7 @@ class WorkerAgent(OwnerRules):
                     self._busy[k] -= 1
             self._free_cv.notify_all()
 
-    def _run_task(self, task: dict | None, args, slot: int | None = None) -> None:
+    def _run_task(self, task: protocol.TaskGrant | None, args, slot: int | None = None) -> None:
         """Run granted tasks in ``slot`` until the coordinator has no next one for it.
         ``args``: the task's argument frame, a ``memoryview`` or (a big one read into
         shared memory) a :class:`membody.ArgsRange`."""
@@ -445,7 +449,7 @@ class WorkerAgent(OwnerRules):
             self.scorer.task_started()  # a running benchmark is killed before the task starts
         try:
             while task is not None:
-                held = task["task_id"]
+                held = task.task_id
                 self._held.add(held)  # reported by heartbeats until its result is delivered
                 self._slot_task[slot] = held
                 if not self._slot_open(slot):  # granted just as the owner closed the slot
@@ -453,9 +457,9 @@ class WorkerAgent(OwnerRules):
                 outcome = None
                 if held not in self._handing_back:
                     try:
-                        path = self._function_blob(task["fn"])
+                        path = self._function_blob(task.fn)
                     except Exception as e:  # noqa: BLE001
-                        outcome = Outcome("retry", {"kind": "fetch",
+                        outcome = Outcome("retry", {"kind": protocol.FailureKind.FETCH,
                                                     "message": f"could not fetch the function: {e}"})
                     else:
                         if held not in self._handing_back:
@@ -464,7 +468,7 @@ class WorkerAgent(OwnerRules):
                 self._slot_task.pop(slot, None)
                 why = self._handing_back.pop(held, None)
                 try:
-                    killed = outcome is None or (outcome.error or {}).get("kind") == "cancelled"
+                    killed = outcome is None or (outcome.error or {}).get("kind") == protocol.FailureKind.CANCELLED
                     if why is not None and killed:
                         # killed (or never started) for the owner: preempted, not failed
                         self._hand_back(task, why, backoff_delays())
@@ -479,57 +483,54 @@ class WorkerAgent(OwnerRules):
                 self.scorer.task_finished()
             self._release([slot])
 
-    def _run_one(self, task: dict, path: Path, args, slot: int | None) -> Outcome:
+    def _run_one(self, task: protocol.TaskGrant, path: Path, args, slot: int | None) -> Outcome:
         """Run one task in the executor, forwarding what it prints."""
         args_fd = args_range = None
         if isinstance(args, membody.ArgsRange):  # big, from another machine: in shared memory
-            if task.get("kind") == "script":
+            if task.kind == "script":
                 args = args.view()
             else:
                 args_fd, args_range, args = args.fd, (args.offset, args.length), None
-        elif task.get("args_file"):  # same machine: the arguments are the store's file
+        elif task.args_file:  # same machine: the arguments are the store's file
             try:
-                args_fd = os.open(self.handoff.blob_dir / task["args_file"], os.O_RDONLY | os.O_CLOEXEC)
+                args_fd = os.open(self.handoff.blob_dir / task.args_file, os.O_RDONLY | os.O_CLOEXEC)
             except (OSError, AttributeError, TypeError) as e:
-                return Outcome("retry", {"kind": "fetch",
+                return Outcome("retry", {"kind": protocol.FailureKind.FETCH,
                                          "message": f"could not open the task's arguments: {e}"})
-        cursor = self._output[task["task_id"]] = _OutputCursor(task, *self.executor.new_output())
+        cursor = self._output[task.task_id] = _OutputCursor(task, *self.executor.new_output())
         drop = self.handoff
         # The name the task may leave its result under: ours, so that whatever becomes of the
         # task (killed mid-write, cancelled, crashed) no file is left behind unclaimed.
         name = new_name() if drop is not None else None
         outcome = None
         try:
-            if task.get("kind") == "script":  # python SCRIPT, payload on stdin
+            if task.kind == "script":  # python SCRIPT, payload on stdin
                 if args_fd is not None:
                     args = map_fd(args_fd)
-                outcome = self.executor.run_script(task["task_id"], str(path), args,
-                                                   task.get("timeout"), env=self._slot_env.get(slot))
+                outcome = self.executor.run_script(task.task_id, str(path), args,
+                                                   task.timeout, env=self._slot_env.get(slot))
             else:
                 env_key, sys_path = None, None
-                missing = packages.unmet(task.get("requires") or (), self._packages.current)
+                missing = packages.unmet(task.requires or (), self._packages.current)
                 if missing:  # the coordinator sends these only to a worker allowing installs
                     if self.envs is None:
-                        outcome = Outcome("error", {"kind": "requires", "type": "Unsatisfiable",
+                        outcome = Outcome("error", {"kind": protocol.FailureKind.REQUIRES, "type": "Unsatisfiable",
                                                     "message": f"this worker lacks {missing} and "
                                                                "does not allow installs"})
                         return outcome
                     try:
-                        env_key, site = self.envs.acquire(task["requires"])
+                        env_key, site = self.envs.acquire(list(task.requires or ()))
                     except InstallError as e:
-                        outcome = Outcome("error", {"kind": "requires", "type": "InstallError",
+                        outcome = Outcome("error", {"kind": protocol.FailureKind.REQUIRES, "type": "InstallError",
                                                     "message": str(e)})
                         return outcome
                     sys_path = [site]
                 tracing.mark("agent.run")
                 try:
                     outcome = self.executor.run(
-                        task["task_id"], task["fn"], str(path), args, task.get("timeout"),
-                        result_format=task.get("result_format", "pickle"),
-                        env=self._slot_env.get(slot), args_fd=args_fd, args_range=args_range,
-                        handoff_dir=str(drop.drop_dir) if drop else None, handoff_name=name,
-                        sys_path=sys_path, isolation=task.get("isolation", "task"),
-                        job_id=task.get("job_id"), slot=slot)
+                        task, str(path), args, env=self._slot_env.get(slot), args_fd=args_fd,
+                        args_range=args_range, handoff_dir=str(drop.drop_dir) if drop else None,
+                        handoff_name=name, sys_path=sys_path, slot=slot)
                 finally:
                     if env_key is not None:
                         self.envs.release(env_key)
@@ -539,7 +540,7 @@ class WorkerAgent(OwnerRules):
                 drop.discard(name)
             if args_fd is not None and args_range is None:  # (a memory file closes itself)
                 os.close(args_fd)
-            del self._output[task["task_id"]]
+            del self._output[task.task_id]
             self._forward_output(cursor, final=True)  # before the result: order kept
 
     def _function_blob(self, h: str) -> Path:
@@ -555,7 +556,7 @@ class WorkerAgent(OwnerRules):
         with lock:
             if path.exists():
                 return path
-            data = self.http.stream_into("GET", f"/v1/blobs/{h}", timeout=600)
+            data = self.http.stream_into("GET", protocol.blob(h), timeout=600)
             if data is None or hashlib.sha256(data).hexdigest() != h:
                 raise RuntimeError(f"function blob {h[:12]} arrived corrupted")
             tmp = path.with_suffix(".tmp")
@@ -564,18 +565,17 @@ class WorkerAgent(OwnerRules):
         self._blobs[h] = path
         return path
 
-    def _post_result(self, task: dict, outcome: Outcome,
-                     slot: int | None = None) -> tuple[dict | None, memoryview | None]:
+    def _post_result(self, task: protocol.TaskGrant, outcome: Outcome,
+                     slot: int | None = None) -> tuple[protocol.TaskGrant | None, memoryview | None]:
         """Deliver a result (retrying while the coordinator is away). The answer may carry
         the next task for this slot: returns ``(task, args)`` or ``(None, None)``."""
         tracing.mark("agent.post")
         drop = self.handoff
-        meta = {"status": outcome.status}
-        if outcome.error is not None:
-            meta["error"] = outcome.error
-        frames = [json.dumps(meta).encode()]
+        meta = protocol.ResultPost(outcome.status, outcome.error)
+        frames = [json.dumps(meta.as_dict()).encode()]
         if outcome.handoff_file is not None:  # the task left its result as a file
-            frames = [json.dumps(dict(meta, handoff_files={"0": outcome.handoff_file})).encode(), b""]
+            meta = protocol.ResultPost(outcome.status, outcome.error, {"0": outcome.handoff_file})
+            frames = [json.dumps(meta.as_dict()).encode(), b""]
         elif outcome.payload is not None:
             frames.append(outcome.payload)
         try:
@@ -584,12 +584,13 @@ class WorkerAgent(OwnerRules):
             if outcome.handoff_file is not None and drop is not None:
                 drop.discard(outcome.handoff_file)  # unless the coordinator took it
 
-    def _send_result(self, task: dict, frames: list, slot: int | None) -> tuple[dict | None, memoryview | None]:
+    def _send_result(self, task: protocol.TaskGrant, frames: list,
+                     slot: int | None) -> tuple[protocol.TaskGrant | None, memoryview | None]:
         chunks, size = wire.pack_frames(frames)
         delays = backoff_delays()
         deadline = time.monotonic() + 3600
         while time.monotonic() < deadline:
-            params = {"lease": task["lease_id"]}
+            params = {"lease": task.lease_id}
             if not self.stopping.is_set() and self._slot_open(slot):
                 params["next"] = "1"
                 if slot is not None:
@@ -600,20 +601,21 @@ class WorkerAgent(OwnerRules):
                 # a small result goes as one bytes object: cheaper than a chunk iterator
                 content = b"".join(chunks) if size <= 1 << 20 else wire.iter_chunks(chunks)
                 body = self.http.stream_into(
-                    "POST", f"/v1/tasks/{task['task_id']}/result", params=params,
+                    "POST", protocol.task_result(task.task_id), params=params,
                     content=content, headers={"content-length": str(size)}, timeout=600,
                     buffer_for=membody.buffer_for)
             except RequestRejected as e:
-                if getattr(e, "code", "") == "handoff_missing" and len(frames) == 2 and not frames[1]:
+                if (getattr(e, "code", "") == protocol.ErrorCode.HANDOFF_MISSING and len(frames) == 2
+                        and not frames[1]):
                     # The coordinator does not see the file (it moved to another data
                     # directory, say): the payload is lost with it, so the task runs again.
-                    log.warning("task %s: %s; handing the task back", task["task_id"], e)
+                    log.warning("task %s: %s; handing the task back", task.task_id, e)
                     self.handoff = None
-                    frames = [json.dumps({"status": "retry", "error": {
-                        "kind": "handoff", "message": str(e)}}).encode()]
+                    frames = [json.dumps(protocol.ResultPost("retry", {
+                        "kind": protocol.FailureKind.HANDOFF, "message": str(e)}).as_dict()).encode()]
                     chunks, size = wire.pack_frames(frames)
                     continue
-                log.info("result for task %s refused: %s", task["task_id"], e)
+                log.info("result for task %s refused: %s", task.task_id, e)
                 return None, None
             except Unreachable:
                 if self.stopping.is_set():
@@ -621,7 +623,11 @@ class WorkerAgent(OwnerRules):
                 self.stopping.wait(next(delays))
                 continue
             got = membody.slices(body)
-            granted = json.loads(bytes(got[0]))["tasks"]
+            try:
+                granted = protocol.TaskGrant.list_from_dict(json.loads(bytes(got[0])))
+            except (ValueError, WireError) as e:  # the result stands; a bad grant is skipped
+                log.error("ignored a next task that is not one: %s", e)
+                return None, None
             if granted:
                 return granted[0], got[1]
             return None, None

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..limits import ERROR_TAIL_BYTES, MAX_WARM_FUNCTIONS, WARM_IDLE_S
+from ..protocol import FailureKind, TaskGrant
 from . import procs, runner
 
 log = logging.getLogger("gpumesh.worker")
@@ -234,14 +235,15 @@ class Executor:
             host.close()
 
     # ------------------------------------------------------------------ tasks -------
-    def run(self, task_id: str, fn_hash: str, blob_path: str, args: bytes | bytearray | None,
-            timeout: float | None, result_format: str = "pickle", env: dict | None = None,
-            args_fd: int | None = None, args_range: tuple[int, int] | None = None,
-            handoff_dir: str | None = None, handoff_name: str | None = None,
-            sys_path: list[str] | None = None, isolation: str = "task",
-            job_id: str | None = None, slot=None) -> Outcome:
-        """Run one task to completion; never raises for anything the task does.
-        ``result_format="json"``: the task sends its value as JSON (strict results).
+    def run(self, task: TaskGrant, blob_path: str, args: bytes | bytearray | memoryview | None = None,
+            *, env: dict | None = None, args_fd: int | None = None,
+            args_range: tuple[int, int] | None = None, handoff_dir: str | None = None,
+            handoff_name: str | None = None, sys_path: list[str] | None = None,
+            slot=None) -> Outcome:
+        """Run the granted ``task`` (function blob at ``blob_path``, arguments ``args``) to
+        completion; never raises for anything the task does. From the grant: its id,
+        function, ``timeout``, ``result_format`` (``"json"``: the task sends its value as
+        JSON, strict results), ``isolation`` and job.
         ``env``: variables set in the task's process (its slot's GPU, for one).
         ``args_fd`` (instead of ``args``): an open file holding the arguments, which the
         task maps (the caller keeps ownership of the descriptor); ``args_range``: only
@@ -249,17 +251,16 @@ class Executor:
         the task leave a big result there, named ``handoff_name`` (see gpumesh.handoff;
         ``Outcome.handoff_file``). ``sys_path``: directories put in front of the function's
         ``sys.path`` (a task environment, see gpumesh.worker.envs). ``isolation="job"``: run it in the
-        process ``slot`` keeps for ``job_id`` (tasks of one job share it; gpumesh.worker.spawn)."""
-        if isolation == "job" and job_id is not None:
+        process ``slot`` keeps for the job (tasks of one job share it; gpumesh.worker.spawn)."""
+        if task.isolation == "job" and task.job_id is not None:
             return self._jobs_executor().run(
-                task_id, fn_hash, blob_path, args, timeout, result_format=result_format, env=env,
-                args_fd=args_fd, args_range=args_range, handoff_dir=handoff_dir,
-                handoff_name=handoff_name, sys_path=sys_path, isolation=isolation,
-                job_id=job_id, slot=slot)
+                task, blob_path, args, env=env, args_fd=args_fd, args_range=args_range,
+                handoff_dir=handoff_dir, handoff_name=handoff_name, sys_path=sys_path, slot=slot)
+        task_id, fn_hash, timeout, result_format = task.task_id, task.fn, task.timeout, task.result_format
         try:
             host = self._host(fn_hash, blob_path, sys_path)
         except OSError as e:  # the zygote could not be started, or we are closing
-            return Outcome("retry", {"kind": "host_died",
+            return Outcome("retry", {"kind": FailureKind.HOST_DIED,
                                      "message": f"could not start the function's host: {e}"})
         host.ready.wait()
         if host.load_error is not None:
@@ -267,7 +268,7 @@ class Executor:
             return Outcome("error", dict(host.load_error))
         if host.dead:
             self.forget(host.key)
-            return Outcome("retry", {"kind": "host_died", "message": "the function's host process died"})
+            return Outcome("retry", {"kind": FailureKind.HOST_DIED, "message": "the function's host process died"})
         mine, theirs = socket.socketpair()
         pending = _Pending()
         host.tasks[task_id] = pending
@@ -297,7 +298,7 @@ class Executor:
                     outcome.error["stderr_tail"] = tail
             return outcome
         except OSError as e:
-            return Outcome("retry", {"kind": "host_died", "message": f"could not start the task: {e}"})
+            return Outcome("retry", {"kind": FailureKind.HOST_DIED, "message": f"could not start the task: {e}"})
         finally:
             self._running.pop(task_id, None)
             host.tasks.pop(task_id, None)
@@ -328,7 +329,7 @@ class Executor:
                 payload = _map_read_only(fds[0])
         except (socket.timeout, TimeoutError):
             self._kill(pending, "timeout")
-            return Outcome("error", {"kind": "timeout", "type": "TaskTimeout",
+            return Outcome("error", {"kind": FailureKind.TIMEOUT, "type": "TaskTimeout",
                                      "message": f"the task ran longer than its timeout of {timeout:g}s"})
         except (EOFError, OSError):
             return self._died(pending)
@@ -384,7 +385,7 @@ class Executor:
         pending.exited.wait(5)
         code = pending.code
         if code is None:
-            return Outcome("retry", {"kind": "host_died", "message": "the task's host process died"})
+            return Outcome("retry", {"kind": FailureKind.HOST_DIED, "message": "the task's host process died"})
         if code < 0:
             try:
                 name = signal.Signals(-code).name
@@ -393,7 +394,7 @@ class Executor:
             msg = f"the task process was killed by {name}"
         else:
             msg = f"the task process exited with code {code} before returning a result"
-        return Outcome("error", {"kind": "crashed", "type": "TaskCrashed", "message": msg, "code": code})
+        return Outcome("error", {"kind": FailureKind.CRASHED, "type": "TaskCrashed", "message": msg, "code": code})
 
     @staticmethod
     def _killed_outcome(pending: _Pending) -> Outcome:

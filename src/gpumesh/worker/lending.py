@@ -18,6 +18,7 @@ import os
 import threading
 import time
 
+from .. import protocol
 from ..errors import RequestRejected
 from ..transport import Unreachable
 from .device import GpuMonitor, descends_from
@@ -75,7 +76,7 @@ class OwnerRules:
                     self._owner_due.clear()
                     if not self._registered.is_set():
                         continue  # the registration carries it
-                    self.http.request("POST", f"/v1/workers/{self.id}/heartbeat",
+                    self.http.request("POST", protocol.worker_heartbeat(self.id),
                                       json={"running": sorted(self._held), **self._owner_report()},
                                       timeout=5)
             except Exception as e:  # noqa: BLE001 - never let the owner thread die
@@ -122,19 +123,19 @@ class OwnerRules:
                 self.on_event("owner", f"cuda:{i} {now['label']}: no new tasks there" if now
                               else f"cuda:{i} taking tasks again")
 
-    def _hand_back(self, task: dict, reason: str, delays) -> None:
+    def _hand_back(self, task: protocol.TaskGrant, reason: str, delays) -> None:
         """Give a task back to the coordinator as preempted, retrying while it is away
         after each of ``delays`` (seconds, an iterator)."""
         deadline = time.monotonic() + HAND_BACK_S
         while time.monotonic() < deadline:
             try:
-                self.http.request("POST", f"/v1/tasks/{task['task_id']}/release",
-                                  params={"lease": task["lease_id"]}, json={"reason": reason},
+                self.http.request("POST", protocol.task_release(task.task_id),
+                                  params={"lease": task.lease_id}, json={"reason": reason},
                                   timeout=10)
-                self.on_event("handed_back", f"task {task['task_id']} handed back ({reason})")
+                self.on_event("handed_back", f"task {task.task_id} handed back ({reason})")
                 return
             except RequestRejected as e:  # already re-queued or cancelled meanwhile
-                log.info("hand-back of task %s refused: %s", task["task_id"], e)
+                log.info("hand-back of task %s refused: %s", task.task_id, e)
                 return
             except Unreachable:
                 if self.stopping.wait(next(delays)):

@@ -45,6 +45,7 @@ import sys
 import traceback
 
 from gpumesh import tracing
+from gpumesh.protocol import FailureKind
 from gpumesh.retries import type_name
 
 #: Whether marks are written (gpumesh.tracing): one global read in a task process, where
@@ -267,7 +268,7 @@ def run_task(fn, data: socket.socket, result_format: str | None = None,
         args, kwargs = wire.loads(recv_blob(data) if args_fd is None
                                   else handoff.map_fd(args_fd, *(args_range or ())))
     except BaseException as e:  # noqa: BLE001 - any unpickling failure is the task's error
-        reply({"status": "error", "error": describe_exception(e, "unpickle")})
+        reply({"status": "error", "error": describe_exception(e, FailureKind.UNPICKLE)})
         return
     try:
         value = fn(*args, **kwargs)
@@ -282,16 +283,16 @@ def run_task(fn, data: socket.socket, result_format: str | None = None,
         added_path = [p for p in sys.path if p not in loaded_path and isinstance(p, str)][:16]
     except BaseException as e:  # noqa: BLE001
         if isinstance(e, SystemExit):
-            err = describe_exception(e, "exit")
+            err = describe_exception(e, FailureKind.EXIT)
             err["message"] = f"the task called sys.exit({e.code!r})"
             reply({"status": "error", "error": err})
             return
         if not isinstance(e, Exception):
             # KeyboardInterrupt, GeneratorExit...: re-raised at the caller they would look
             # like the caller's own Ctrl+C. They arrive as a RemoteError naming them.
-            reply({"status": "error", "error": describe_exception(e, "exit")})
+            reply({"status": "error", "error": describe_exception(e, FailureKind.EXIT)})
             return
-        err = describe_exception(e, "raised", own_frames=1)  # from the function's own frame
+        err = describe_exception(e, FailureKind.RAISED, own_frames=1)  # from the function's own frame
         try:
             payload = None if as_json else wire.dumps(e)  # strict callers never unpickle
         except BaseException:  # noqa: BLE001 - the exception itself cannot travel
@@ -303,7 +304,7 @@ def run_task(fn, data: socket.socket, result_format: str | None = None,
         try:
             data_json = encode(value)
         except NotJSON as e:
-            reply({"status": "error", "error": {"kind": "result_not_json", "type": "NotJSON",
+            reply({"status": "error", "error": {"kind": FailureKind.RESULT_NOT_JSON, "type": "NotJSON",
                                                 "message": str(e), "traceback": ""}})
             return
         reply(_ok_meta(imported, added_path), _Bytes(data_json))
@@ -311,7 +312,7 @@ def run_task(fn, data: socket.socket, result_format: str | None = None,
     try:
         payload = wire.dumps(value)
     except BaseException as e:  # noqa: BLE001
-        err = describe_exception(e, "result_unpicklable")
+        err = describe_exception(e, FailureKind.RESULT_UNPICKLABLE)
         err["message"] = f"the return value ({type(value).__qualname__}) cannot be pickled: {err['message']}"
         reply({"status": "error", "error": err})
         return
@@ -379,7 +380,7 @@ def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None)
         if not callable(fn):
             raise TypeError(f"the job's function is a {type(fn).__name__}, not callable")
     except BaseException as e:  # noqa: BLE001
-        send_msg(ctrl, {"op": "load_error", "error": describe_exception(e, "unpickle")})
+        send_msg(ctrl, {"op": "load_error", "error": describe_exception(e, FailureKind.UNPICKLE)})
         return
     send_msg(ctrl, {"op": "ready"})
     # Children write to files, and what they print should leave at each line (it is

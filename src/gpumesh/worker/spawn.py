@@ -36,6 +36,7 @@ import time
 
 from .. import handoff
 from ..limits import HANDOFF_MIN_BYTES, MAX_WARM_FUNCTIONS, WARM_IDLE_S
+from ..protocol import TaskGrant
 from . import procs, runner
 from .executor import INLINE_ARGS_BYTES, Executor, Outcome, _Pending
 
@@ -229,14 +230,15 @@ class SpawnExecutor(Executor):
             c.close()
 
     # ------------------------------------------------------------------ tasks -------
-    def run(self, task_id: str, fn_hash: str, blob_path: str, args, timeout: float | None,
-            result_format: str = "pickle", env: dict | None = None, args_fd: int | None = None,
-            args_range: tuple[int, int] | None = None, handoff_dir: str | None = None,
-            handoff_name: str | None = None, sys_path: list[str] | None = None,
-            isolation: str = "task", job_id: str | None = None, slot=None) -> Outcome:
+    def run(self, task: TaskGrant, blob_path: str, args=None, *, env: dict | None = None,
+            args_fd: int | None = None, args_range: tuple[int, int] | None = None,
+            handoff_dir: str | None = None, handoff_name: str | None = None,
+            sys_path: list[str] | None = None, slot=None) -> Outcome:
         """As :meth:`Executor.run`. ``isolation="job"``: the task runs in the process this
-        ``slot`` keeps for ``job_id`` (started on the job's first task there, replaced
+        ``slot`` keeps for its job (started on the job's first task there, replaced
         after a crash, timeout or cancel, never given another job's task)."""
+        task_id, fn_hash, timeout, result_format = task.task_id, task.fn, task.timeout, task.result_format
+        isolation, job_id = task.isolation, task.job_id
         if sys_path:  # a task environment (requires=): processes of its own, keyed by both
             fn_hash = "|".join([fn_hash, *sys_path])
             self._front_paths[fn_hash] = list(sys_path)

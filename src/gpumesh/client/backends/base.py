@@ -1,9 +1,11 @@
-"""What every engine backend shares: routing, fallback, the task wrapper, results.
+"""What every engine backend shares: the connection, the pool views, the checks.
 
-A backend (``dask.py``, ``ray.py``) subclasses :class:`EngineMesh` and implements four
-methods; everything the decorators and the pool API call (``run_calls``, ``workers``,
-``devices``, ``gpu_count``, ``total_score``...) is built on them here, so a call means the
-same thing on every engine:
+A backend (``dask.py``, ``ray.py``) subclasses :class:`EngineMesh` and implements the
+methods below; everything the decorators and the pool API call (``run_calls``,
+``workers``, ``devices``, ``gpu_count``, ``total_score``...) is built on them, and calls
+go through the caller's one pipeline (:mod:`gpumesh.client.pipeline`: routing, local
+fallback on the inline backend, decoding) through :class:`EngineBackend`, so a call
+means the same thing on every engine:
 
 * ``_connect()`` -> an engine handle, or raise ``OSError``/``ConnectionError``/``TimeoutError``
   when the engine cannot be reached (the call then runs here, with the native mesh's notice);
@@ -14,9 +16,10 @@ same thing on every engine:
 * ``_run(fn, calls, resources, timeout, name)`` -> a generator of ``(index, outcome)`` in
   completion order; closing it early (a failure, Ctrl+C) cancels what is left.
 
-Every task runs inside :data:`run_task`, which catches what the function raised and
-sends it back with its formatted traceback, so exceptions arrive as themselves with a
-:class:`~gpumesh.errors.RemoteTraceback` cause, whatever the engine does with errors.
+Every task runs inside :data:`~gpumesh.client.taskwrap.run_task`, which catches what the
+function raised and sends it back with its formatted traceback, so exceptions arrive as
+themselves with a :class:`~gpumesh.errors.RemoteTraceback` cause, whatever the engine
+does with errors (the inline backend runs calls inside the same wrapper).
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from __future__ import annotations
 import abc
 import secrets
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,105 +34,19 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ... import hardware, limits
-from ...errors import (MeshError, MeshUnavailable, RemoteError, RemoteTraceback, TaskFailed,
-                       TaskTimeout, Unsatisfiable)
+from ...errors import MeshError, MeshUnavailable, TaskFailed, Unsatisfiable
 from ...limits import PROBE_DOWN_CACHE_S, PROBE_TIMEOUT_S
 from .. import calls as _calls
-from .. import mesh as _mesh
+from ..calls import outcome_value  # noqa: F401 - re-exported (it lived here)
 from ..mesh import GPUMesh, notice
-
-_MISSING = object()
+from ..pipeline import STARTED, Backend, Fallback, Job
+from ..taskwrap import run_task  # noqa: F401 - re-exported for dask.py and ray.py
 
 
 class EngineCannotExpress(MeshError, ValueError):
     """A call asks for something (a GPU model, ``gpu_memory=``, a ``gpu_memory_mb`` hint,
     a native-only feature) that this engine's resource model cannot express. Raised at
     call time, before anything is submitted."""
-
-
-# The task wrapper is compiled from source into a module that cannot be imported, so
-# every engine's cloudpickle ships it by value: workers need not have gpumesh installed.
-_TASK_SRC = '''
-def run_task(fn, args, kwargs, timeout):
-    """Run fn(*args, **kwargs) on a worker -> ("ok", value) | ("raised", exc or None,
-    type name, message, traceback text) | ("exit", code) | ("timeout", seconds)."""
-    import os, threading, traceback
-    box = {}
-
-    def call():
-        previous = os.environ.get("GPUMESH_IN_TASK")
-        os.environ["GPUMESH_IN_TASK"] = "1"  # decorated calls inside the task run inline
-        try:
-            box["r"] = ("ok", fn(*args, **kwargs))
-        except SystemExit as e:
-            box["r"] = ("exit", repr(e.code))
-        except BaseException as e:
-            tb = "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next))
-            exc = e
-            try:
-                try:
-                    import cloudpickle as cp
-                except ImportError:
-                    from ray import cloudpickle as cp
-                cp.loads(cp.dumps(e))
-            except BaseException:
-                exc = None  # cannot travel as itself: the caller gets a RemoteError
-            e.__traceback__ = None
-            box["r"] = ("raised", exc, type(e).__qualname__, str(e), tb)
-        finally:
-            if previous is None:
-                os.environ.pop("GPUMESH_IN_TASK", None)
-            else:
-                os.environ["GPUMESH_IN_TASK"] = previous
-
-    if timeout is None:
-        call()
-        return box["r"]
-    t = threading.Thread(target=call, name="gpumesh-task", daemon=True)
-    t.start()
-    t.join(timeout)
-    if t.is_alive():
-        return ("timeout", timeout)
-    return box["r"]
-'''
-_ns: dict = {"__name__": "_gpumesh_engine_task"}
-exec(compile(_TASK_SRC, "<gpumesh task wrapper>", "exec"), _ns)
-run_task: Callable = _ns["run_task"]
-
-
-def outcome_value(outcome: tuple, index: int, where: str, call: _calls.Call | None = None,
-                  n: int = 1, hint: str = "", name: str | None = None) -> Any:
-    """What :data:`run_task` returned -> the value, or raise what the task raised (its
-    text names the ``.map`` item of ``n`` and the call of function ``name`` with its
-    arguments ``call``, then ``hint``)."""
-    kind = outcome[0]
-    if kind == "ok":
-        return outcome[1]
-    if kind == "raised":
-        exc, type_name, message, tb = outcome[1:]
-        tb = _calls.with_source(tb)
-        shown = f"{name or 'the function'}({_calls.describe_call(call)})" if call is not None else "the task"
-        place = (f".map item {index} of {n}, {shown}," if n > 1 else shown) + f" on {where}"
-        cause = RemoteTraceback(tb)
-        cause.index = index
-        if isinstance(exc, BaseException):
-            exc.__cause__ = cause
-            if sys.version_info >= (3, 11):
-                exc.add_note(f"[gpumesh] raised by {place}; remote traceback above"
-                             + (f"\n[gpumesh] {hint}" if hint else ""))
-            raise exc
-        err = RemoteError(type_name, f"{message} ({place})" + (f"; {hint}" if hint else ""),
-                          tb, str(index), where)
-        err.remote_message, err.index = message, index
-        err.__cause__ = cause
-        raise err
-    if kind == "timeout":
-        raise TaskTimeout(f"the task ran past its timeout of {outcome[1]:g} s "
-                          f"(task #{index} on {where})")
-    if kind == "exit":
-        raise TaskFailed(f"the task called sys.exit({outcome[1]}) (task #{index} on {where})",
-                         str(index), where)
-    raise TaskFailed(f"unexpected task outcome {kind!r} (task #{index} on {where})", str(index), where)
 
 
 def tcp_reachable(host: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> bool:
@@ -265,53 +181,53 @@ class EngineMesh(GPUMesh, metaclass=abc.ABCMeta):
         return self._engine_workers()
 
     # ------------------------------------------------------------ calls ---------------
-    def iter_calls(self, fn: Callable, calls: list[_calls.Call], *, hints: list[dict] | None = None,
-                   timeout: float | None = None, name: str | None = None,
-                   require: hardware.Requirements | None = None, return_exceptions: bool = False,
-                   handle: Any = None, **options: Any):
-        """As :meth:`GPUMesh.iter_calls`, on the engine (``run_calls`` collects it)."""
-        if not calls:
-            if handle is not None:
-                yield None
-            return
-        unknown = sorted(k for k, v in options.items() if v is not None)
-        if "retry" in unknown:
-            raise EngineCannotExpress(f"retries=/retry_on= are a native-mesh feature; {self.engine} "
+    def _backend(self) -> EngineBackend:
+        return EngineBackend(self)
+
+
+class EngineBackend(Backend):
+    """The pipeline's view of an :class:`EngineMesh` (see :mod:`gpumesh.client.pipeline`)."""
+
+    def __init__(self, mesh: EngineMesh):
+        self.mesh = mesh
+        self.where = f"{mesh.engine} at {mesh.url}"
+        self._resources: dict = {}
+
+    def check(self, job: Job, local: bool = False) -> None:
+        mesh = self.mesh
+        if job.retry is not None:
+            raise EngineCannotExpress(f"retries=/retry_on= are a native-mesh feature; {mesh.engine} "
                                       f"retries lost tasks on its own, never raised exceptions")
-        if unknown:
-            raise EngineCannotExpress(f"the option(s) {unknown} have no {self.engine} equivalent")
-        if limits.setting("GPUMESH_LOCAL"):
-            notice("GPUMESH_LOCAL=1: running locally")
-            yield from _mesh._started(handle, _mesh.iter_locally(fn, calls, return_exceptions))
+        if job.isolation != "task":
+            raise EngineCannotExpress(f"the option(s) ['isolation'] have no {mesh.engine} equivalent")
+        if local:
             return
-        if any(h.get("gpu_memory_mb") for h in hints or ()):
-            raise EngineCannotExpress(f"{self.engine} cannot reserve GPU memory per task: drop the "
+        if any(h.get("gpu_memory_mb") for h in job.hints):
+            raise EngineCannotExpress(f"{mesh.engine} cannot reserve GPU memory per task: drop the "
                                       f"gpu_memory_mb hint, or use the native mesh")
-        resources = self._resources(require)
-        if not self._reachable():
-            _mesh.check_local(fn, require, hints, f"the {self.engine} cluster at {self.url} is unreachable")
-            yield from _mesh._started(handle, _mesh.iter_locally(fn, calls, return_exceptions))
-            return
-        workers = self._engine_workers()
+        self._resources = mesh._resources(job.require)
+
+    def reachable(self) -> bool:
+        return self.mesh._reachable()
+
+    def unreachable_why(self) -> str:
+        return f"the {self.mesh.engine} cluster at {self.mesh.url} is unreachable"
+
+    def run(self, job: Job):
+        mesh, resources, require = self.mesh, self._resources, job.require
+        workers = mesh._engine_workers()
         if not any(w.get("alive", True) for w in workers):
-            _mesh.check_local(fn, require, hints, f"no worker is alive in the {self.engine} cluster at {self.url}")
-            notice(f"no live worker in the mesh at {self.url}; running locally")
-            yield from _mesh._started(handle, _mesh.iter_locally(fn, calls, return_exceptions))
-            return
-        why = self._unsatisfiable(resources, workers)
+            raise Fallback(f"no worker is alive in the {mesh.engine} cluster at {mesh.url}",
+                           f"no live worker in the mesh at {mesh.url}; running locally")
+        why = mesh._unsatisfiable(resources, workers)
         if why:
-            raise Unsatisfiable(f"no {self.engine} worker at {self.url} can run "
-                                f"{getattr(fn, '__qualname__', 'the function')} "
+            raise Unsatisfiable(f"no {mesh.engine} worker at {mesh.url} can run "
+                                f"{job.qualname or 'the function'} "
                                 f"({require.describe() if require else resources}): {why}")
-        label = f"{name or getattr(fn, '__qualname__', 'function')}-{secrets.token_hex(4)}"
-        where = f"{self.engine} at {self.url}"
-        n = len(calls)
-        hint = _calls.keep_going(".imap()" if handle is not None else ".map()") \
-            if n > 1 and not return_exceptions else ""
-        run = self._run(fn, calls, resources, timeout, label)
+        label = f"{job.name or job.qualname or 'function'}-{secrets.token_hex(4)}"
+        run = mesh._run(job.fn, job.calls, resources, job.timeout, label)
         try:
-            if handle is not None:
-                yield None
+            yield STARTED
             while True:
                 try:
                     index, outcome = next(run)
@@ -320,14 +236,7 @@ class EngineMesh(GPUMesh, metaclass=abc.ABCMeta):
                 except MeshError:
                     raise
                 except Exception as e:  # the engine's own failure (worker died, result unpicklable...)
-                    raise TaskFailed(f"{self.engine} could not run the task: {type(e).__name__}: {e}") from e
-                try:
-                    value = outcome_value(outcome, index, where, calls[index], n, hint,
-                                          getattr(fn, "__qualname__", None))
-                except Exception as e:  # noqa: BLE001 - what the task raised
-                    if not return_exceptions:
-                        raise
-                    value = e
-                yield index, value
+                    raise TaskFailed(f"{mesh.engine} could not run the task: {type(e).__name__}: {e}") from e
+                yield index, outcome
         finally:
             run.close()  # a failure, Ctrl+C or a closed iterator: the generator cancels what is left

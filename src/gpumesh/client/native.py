@@ -1,0 +1,424 @@
+"""The native backend: a job on a gpumesh coordinator over its HTTP API.
+
+::
+
+    pickle the function once (content-addressed: sha256); upload it only if the
+    coordinator lacks it (small ones ride inside the submit)
+      ▼
+    POST /v1/jobs  one request for the whole batch, idempotent on the job id
+      │   409 no_workers, or nothing reached it ──► Fallback (nothing was stored)
+      ▼
+    GET /v1/jobs/{id}/results?after=seq  long-poll; pages of results stream in
+      ▼
+    (index, ("result", entry, payload, strict)) as they come; the pipeline decodes them
+
+Once the coordinator has accepted a job the calls never silently re-run locally (that
+would run side effects twice): losing the coordinator then means waiting for it (up to
+``CALLER_RECONNECT_S``) and then :class:`~gpumesh.errors.MeshUnavailable`. Losing every
+worker means waiting for one to (re)join, for the call's ``timeout=`` or, without one,
+``NO_WORKER_WAIT_S``, and then :class:`~gpumesh.errors.WorkerLost`.
+
+Script jobs (:mod:`.scripts`) are submitted and collected through the same
+:meth:`NativeBackend.send_job` (retries, backoff, blob upload) and :func:`poll_results`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from .. import hardware, protocol, retries, tracing, versions, wire
+from ..errors import MeshUnavailable, RequestRejected, Unsatisfiable, WorkerLost
+from ..handoff import Handoff, worth_it
+from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, NO_WORKER_WAIT_S,
+                      RELEASE_BATCH_MAX, RELEASE_BATCH_S)
+from ..protocol import ErrorCode
+from ..transport import Unreachable
+from . import calls as _calls
+from .console import OutputPrinter
+from .pipeline import STARTED, Backend, Fallback, Job, backoff, notice
+
+log = logging.getLogger("gpumesh.client")
+
+_HOSTNAME = socket.gethostname()
+
+
+class NativeBackend(Backend):
+    """Runs jobs on ``mesh``'s coordinator. The mesh keeps what outlives one job (its
+    transport, the probe cache, the blobs the coordinator has, the handoff directories)."""
+
+    progress = True
+
+    def __init__(self, mesh: Any):
+        self.mesh = mesh
+        self.where = f"the mesh at {mesh.url}"
+
+    def reachable(self) -> bool:
+        return self.mesh._mesh_reachable()
+
+    def unreachable_why(self) -> str:
+        return f"the coordinator at {self.mesh.url} is unreachable"
+
+    def run(self, job: Job) -> Iterator[Any]:
+        mesh = self.mesh
+        job.job_id = job_id = secrets.token_hex(6)
+        printer = OutputPrinter(single=job.n == 1) if mesh.output else None
+        collected = accepted = False
+        try:
+            try:
+                first = self._submit(job, printer is not None)
+            except Fallback:
+                collected = True  # nothing was stored
+                raise
+            accepted = True
+            if job.streaming:
+                first = bytearray()  # (a submit that did not wait answers JSON, not a page)
+            if not mesh._announced:  # said once the mesh took a job: token and workers are fine
+                mesh._announced = True
+                notice(f"connected to coordinator at {mesh.url}")
+            yield STARTED
+            yield from self._collect(job, first, printer)
+            collected = True
+        finally:
+            if printer is not None:
+                printer.flush()
+            if not collected:  # Ctrl+C, a task failure, a lost coordinator, a closed iterator
+                self.cancel_quietly(job_id)
+                if accepted:  # and free its stored arguments and results: nobody will read them
+                    mesh._janitor.release(job_id)
+
+    # ------------------------------------------------------------------ submit -----
+    def _submit(self, job: Job, output: bool) -> bytearray:
+        """Submit the job and wait briefly for its first results in the same round trip
+        (not for ``.imap``). Returns that first results page; raises Fallback if the mesh
+        has no live worker or the submit reached nobody."""
+        mesh, fn, calls, hints = self.mesh, job.fn, job.calls, job.hints
+        fn_payload = wire.dumps(fn, code=True)
+        fn_hash = fn_payload.sha256()
+        args = [_calls.dump_call(fn, c, i, len(calls)) for i, c in enumerate(calls)]
+        require = job.require
+        if fn_payload.by_value or any(a.by_value for a in args):
+            # Bytecode travels: only workers of this Python minor version can load it safely.
+            require = dataclasses.replace(require or hardware.Requirements(),
+                                          python=versions.python_minor())
+        inline = fn_hash not in mesh._known_blobs and fn_payload.size <= INLINE_FUNCTION_BYTES
+        if fn_hash not in mesh._known_blobs and not inline:
+            self.upload_blob(fn_hash, fn_payload)
+        meta = {"job_id": job.job_id, "kind": "function", "fn": fn_hash, "fn_inline": inline,
+                "n_tasks": len(calls), "timeout": job.timeout, "require_worker": True,
+                "name": job.name or job.qualname or "function",
+                "costs": [h.get("cost", 1.0) for h in hints],
+                "wait": 0 if job.streaming else LONG_POLL_S,
+                "output": output, "caller": {"host": _HOSTNAME, "pid": os.getpid()}}
+        if mesh.strict:
+            meta["result_format"] = "json"  # the task answers in JSON; nothing is unpickled
+        if job.isolation != "task":
+            meta["isolation"] = job.isolation
+        if require:
+            meta["require"] = require.to_meta()
+        if job.retry:
+            meta.update(retries.to_meta(*job.retry))
+        if any(h.get("gpu_memory_mb") for h in hints):
+            meta["gpu_memory_mb"] = [h.get("gpu_memory_mb") for h in hints]
+        handoff = mesh.handoff
+        if handoff is not None:
+            meta["handoff"] = True  # big results come back as paths to map
+        written: list[str] = []  # handoff files: claimed by the coordinator, or deleted below
+        try:
+            return self.send_job(meta, fn_hash, fn_payload, inline, args, handoff, written)
+        finally:
+            for name in written:
+                handoff.discard(name)
+
+    def send_job(self, meta: dict, fn_hash: str, fn_payload: wire.Payload, inline: bool,
+                 args: list, handoff: Handoff | None = None, written: list[str] | None = None,
+                 fallback: bool = True) -> bytearray:
+        """POST a job: ``meta`` (the JSON head), the function or script blob ``fn_payload``
+        inside it when ``inline``, one frame per task in ``args``. Resent (idempotent on
+        the job id) with backoff until it is stored or refused, for up to
+        ``CALLER_RECONNECT_S``; a ``missing_blob`` refusal uploads the blob and resends.
+        Returns the coordinator's answer (the first results page for a function job that
+        waits). Raises :class:`Fallback` (``fallback``: a function job) when the mesh has
+        no live worker or the first attempt reached nobody, :class:`Unsatisfiable`,
+        :class:`MeshUnavailable` after the retries, and RequestRejected as refused."""
+        mesh = self.mesh
+        written = [] if written is None else written
+        frames: list = [json.dumps(meta).encode()]
+        if inline:
+            frames.append(fn_payload)
+        if handoff is not None and any(worth_it(a.size) for a in args):
+            # Same machine: big arguments go as files the coordinator renames into its
+            # store (gpumesh.handoff) and their frames stay empty.
+            files = {}
+            for a in args:
+                if worth_it(a.size):
+                    written.append(handoff.write(a.chunks))
+                    files[str(len(frames) - 1)] = written[-1]
+                    a = b""
+                frames.append(a)
+            frames[0] = json.dumps(dict(meta, handoff_files=files)).encode()
+        else:
+            frames.extend(args)
+        chunks, size = wire.pack_frames(frames)
+        deadline = time.monotonic() + CALLER_RECONNECT_S
+        attempt = 0
+        while True:
+            try:
+                tracing.mark("caller.submit")
+                page = mesh.http.stream_into(
+                    "POST", protocol.JOBS, content=wire.iter_chunks(chunks),
+                    headers={"content-type": "application/x-gpumesh-frames",
+                             "content-length": str(size)}, timeout=LONG_POLL_S + 600)
+                tracing.mark("caller.answered")
+                mesh._known_blobs.add(fn_hash)
+                return page if page is not None else bytearray()
+            except RequestRejected as e:
+                code = getattr(e, "code", "")
+                if code == ErrorCode.NO_WORKERS and fallback:
+                    raise Fallback(f"no worker is alive in the mesh at {mesh.url}",
+                                   f"no live worker in the mesh at {mesh.url}; running locally") from None
+                if code == ErrorCode.UNSATISFIABLE:  # nothing was stored; the message lists the pool
+                    raise Unsatisfiable(str(e).rsplit(" (HTTP", 1)[0]) from None
+                if code == ErrorCode.MISSING_BLOB:  # coordinator lost it (fresh data dir): upload
+                    mesh._known_blobs.discard(fn_hash)
+                    self.upload_blob(fn_hash, fn_payload)
+                    continue
+                if code == ErrorCode.HANDOFF_MISSING and handoff is not None:
+                    # Its handoff directory is not the one we wrote to (restarted, or a
+                    # look-alike path): send the bytes, and stop handing off to it.
+                    mesh._handoff = None
+                    return self.send_job(dict(meta, handoff=False), fn_hash, fn_payload,
+                                         inline, args, None, written, fallback)
+                raise
+            except Unreachable as e:
+                # Idempotent on job_id: resending is safe whether or not it arrived.
+                if not e.sent and attempt == 0:
+                    if not fallback:  # nothing to run here instead: say so at once
+                        raise
+                    notice(f"coordinator at {mesh.url} is unreachable; running locally")
+                    mesh._probe_ok_until = 0.0
+                    raise Fallback(self.unreachable_why()) from None
+                if time.monotonic() > deadline:
+                    raise MeshUnavailable(f"could not submit to {mesh.url} for "
+                                          f"{CALLER_RECONNECT_S:.0f}s: {e}") from e
+                time.sleep(backoff(attempt))
+                attempt += 1
+
+    def upload_blob(self, h: str, payload: wire.Payload) -> None:
+        """Store a function or script blob on the coordinator unless it has it."""
+        mesh = self.mesh
+        try:
+            mesh.http.request("HEAD", protocol.blob(h), timeout=10)
+            mesh._known_blobs.add(h)
+            return
+        except RequestRejected as e:
+            if e.status != 404:
+                raise
+        mesh.http.request("PUT", protocol.blob(h), content=wire.iter_chunks(payload.chunks),
+                          headers={"content-length": str(payload.size)}, timeout=600)
+        mesh._known_blobs.add(h)
+
+    # ------------------------------------------------------------------ collect ----
+    def _collect(self, job: Job, body: bytearray | None,
+                 printer: OutputPrinter | None) -> Iterator[tuple[int, tuple]]:
+        """Read result pages (the first came with the submit) until all calls' results are
+        in; yields ``(index, outcome)`` as they come. Once pages have said "no worker can
+        run it" for the job's timeout (None: NO_WORKER_WAIT_S), WorkerLost is raised
+        (the job is then cancelled), or with ``return_exceptions`` the job is cancelled
+        here and each unfinished call's outcome is that WorkerLost."""
+        mesh, job_id, n, timeout = self.mesh, job.job_id, job.n, job.timeout
+        seen = bytearray(n)  # 1 once an index's result was delivered: never twice
+        got, after, out_after = 0, -1, -1
+        handoff = mesh.handoff
+        # Nothing runs the job's tasks while the pool is empty: a task's timeout never
+        # starts, so the wait for a worker to (re)join is bounded here instead.
+        alone_limit = NO_WORKER_WAIT_S if timeout is None else timeout
+        alone_since: float | None = None
+        nobody = "no worker"  # or, with workers alive that cannot run the tasks, which one
+        reconnect: dict = {}
+        while True:
+            if body:
+                page, frames = read_page(body)
+                able = page.get("workers_able", page.get("workers_alive"))
+                if able == 0:
+                    alone_since = alone_since or time.monotonic()
+                    if page.get("workers_alive"):  # e.g. the only GPU box went, CPUs remain
+                        nobody = "no worker that can run its tasks"
+                        notice(f"no live worker in the mesh at {mesh.url} can run job {job_id}'s "
+                               f"tasks; waiting for one to (re)join (for up to {alone_limit:g}s)")
+                    elif not page["results"]:
+                        nobody = "no worker"
+                        notice(f"no live worker in the mesh at {mesh.url}; job {job_id} is "
+                               f"waiting for one to (re)join (for up to {alone_limit:g}s)")
+                elif able is not None:
+                    alone_since = None
+                k = 1 + sum(1 for item in page["results"] if item["has_payload"])
+                if printer is not None:
+                    # Output first: a task's prints come before its result (and its error).
+                    printer.skipped(page.get("output_skipped", 0))
+                    for chunk, data in zip(page.get("output", []), frames[k:]):
+                        printer.write(chunk, data)
+                        out_after = max(out_after, chunk["seq"])
+                k = 1
+                for item in page["results"]:
+                    payload = None
+                    if item["has_payload"]:
+                        payload, k = frames[k], k + 1
+                    elif "file" in item:  # same machine: map the store's file (gpumesh.handoff)
+                        try:
+                            payload = handoff.open(item["file"])
+                        except (OSError, AttributeError):  # gone (or not ours): ask over HTTP
+                            handoff = None
+                            break  # re-read from this result on
+                    idx = item["index"]
+                    after = max(after, item["seq"])
+                    if seen[idx]:  # never deliver a result twice
+                        continue
+                    seen[idx] = 1
+                    got += 1
+                    yield idx, ("result", item, payload, mesh.strict)
+                del frames, page
+            if got >= n:
+                break
+            wait = LONG_POLL_S
+            if alone_since is not None:
+                alone = time.monotonic() - alone_since
+                if alone >= alone_limit:
+                    why = (f"the call's timeout={timeout:g}s" if timeout is not None else
+                           f"the wait without a timeout=, GPUMESH_NO_WORKER_TIMEOUT="
+                           f"{alone_limit:g}s")
+                    lost = WorkerLost(f"{nobody} has been alive in the mesh at {mesh.url} for "
+                                      f"{alone:.0f}s ({why}); {n - got} of {n} task(s) of job "
+                                      f"{job_id} did not finish and were cancelled")
+                    if not job.return_exceptions:
+                        raise lost
+                    self.cancel_quietly(job_id)  # no task of it may run later
+                    for idx in range(n):
+                        if not seen[idx]:
+                            seen[idx] = 1
+                            yield idx, ("error", lost)
+                    break
+                wait = min(wait, max(0.05, alone_limit - alone))  # wake up when the time is up
+            params: dict = {"after": after, "wait": wait}
+            if handoff is not None:
+                params["handoff"] = 1
+            if printer is not None:
+                params["out_after"] = out_after
+            try:
+                body = poll_results(mesh, job_id, params, wait, reconnect)
+            except Retrying:
+                alone_since = None  # the pool is unknown until the coordinator answers again
+                body = None
+        mesh._janitor.release(job_id)
+
+    def cancel_quietly(self, job_id: str) -> None:
+        try:
+            self.mesh.http.request("POST", protocol.job_cancel(job_id), timeout=5)
+        except Exception as e:  # noqa: BLE001 - the original error matters more
+            log.debug("cancel of %s failed: %s", job_id, e)
+
+
+class Retrying(Exception):
+    """:func:`poll_results` got no answer, waited its backoff, and wants to be called again."""
+
+
+def poll_results(mesh: Any, job_id: str, params: dict, wait: float,
+                 state: dict) -> bytearray | None:
+    """One long-poll of ``job_id``'s results page (``params``: ``after``, ``wait``...):
+    the body, or None when nothing came within ``wait``. An unreachable coordinator is
+    retried with backoff: after each backoff sleep this raises :class:`Retrying` (so
+    that the caller re-checks its own deadlines before calling again with the same
+    ``state``, an empty dict at first); after ``CALLER_RECONNECT_S`` without an answer it
+    raises :class:`MeshUnavailable`."""
+    try:
+        body = mesh.http.stream_into("GET", protocol.job_results(job_id), params=params,
+                                     timeout=wait + 15)
+    except Unreachable as e:
+        since = state.setdefault("since", time.monotonic())
+        if time.monotonic() - since > CALLER_RECONNECT_S:
+            raise MeshUnavailable(
+                f"lost the coordinator at {mesh.url} for over {CALLER_RECONNECT_S:.0f}s "
+                f"while waiting for job {job_id}: {e}") from e
+        attempt = state.get("attempt", 0)
+        state["attempt"] = attempt + 1
+        time.sleep(backoff(attempt))
+        raise Retrying() from e
+    state.clear()
+    return body
+
+
+def read_page(body: bytearray) -> tuple[dict, list[memoryview]]:
+    """A results page body -> ``(its JSON head, its frames)`` (frame 0 is the head)."""
+    frames = wire.unpack_frames(body)
+    return json.loads(bytes(frames[0])), frames
+
+
+class Janitor:
+    """Releases collected jobs off the call's critical path, on a background thread, in
+    batches: the jobs collected within ``RELEASE_BATCH_S`` of each other go in one request
+    (a loop of single calls would otherwise add a request per call).
+
+    A release frees the coordinator's copy of a job's arguments and results. What is still
+    pending when the interpreter exits is sent then (a script that ends right after its
+    last call must not leave that call's payloads on the coordinator's disk until
+    retention); only a process that dies without exiting leaves them to retention.
+    """
+
+    def __init__(self, mesh: Any):
+        import atexit
+        self._mesh = mesh
+        self._pending: list[str] = []
+        self._sending = 0  # batches taken but not yet answered
+        self._cv = threading.Condition()
+        threading.Thread(target=self._run, name="gpumesh-release", daemon=True).start()
+        atexit.register(self.flush)
+
+    def release(self, job_id: str) -> None:
+        with self._cv:
+            self._pending.append(job_id)
+            self._cv.notify_all()
+
+    def _take(self) -> list[str]:
+        with self._cv:
+            batch = self._pending[:RELEASE_BATCH_MAX]
+            del self._pending[:len(batch)]
+            self._sending += bool(batch)
+            return batch
+
+    def _send(self, batch: list[str], timeout: float) -> None:
+        try:
+            if batch:
+                self._mesh.http.request("POST", protocol.JOBS_RELEASE, json={"jobs": batch},
+                                        timeout=timeout)
+        except Exception as e:  # noqa: BLE001 - best effort (see the class docstring)
+            log.debug("release of %d job(s) failed: %s", len(batch), e)
+        finally:
+            with self._cv:
+                self._sending -= bool(batch)
+                self._cv.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._pending:
+                    self._cv.wait()
+            time.sleep(RELEASE_BATCH_S)  # let the calls that follow join this batch
+            self._send(self._take(), timeout=10)
+
+    def flush(self, timeout: float = 3.0) -> None:
+        """Send every pending release now and wait (up to ``timeout`` seconds) for those the
+        thread is sending. Called at interpreter exit."""
+        deadline = time.monotonic() + timeout
+        while batch := self._take():
+            self._send(batch, timeout=max(0.1, deadline - time.monotonic()))
+        with self._cv:
+            while self._sending and time.monotonic() < deadline:
+                self._cv.wait(deadline - time.monotonic())

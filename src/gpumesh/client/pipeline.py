@@ -1,0 +1,358 @@
+"""The caller's pipeline: one path from a call to its values, whatever runs the tasks.
+
+::
+
+    GPUMesh.iter_calls(fn, calls, ...) ──► run(mesh, job)
+        route: GPUMESH_LOCAL=1 ──────────────────────────────► inline backend
+               backend.check(job)   refuses what it cannot express (EngineCannotExpress)
+               backend.reachable()  no ─► check_local (Unsatisfiable?) ─► inline backend
+        backend.run(job)   yields STARTED once the calls are under way, then
+                           (index, outcome) as each finishes; raises Fallback before
+                           STARTED when nothing was stored (no live worker) ─► inline
+        decode(outcome)  ─► the value, or the task's exception (raised, or in its place
+                           with return_exceptions); a progress bar where the backend has one
+        closing early (a failure, Ctrl+C, a closed .imap) closes the backend's run,
+        which cancels what is left
+
+A backend implements :class:`Backend`: ``run(job)`` plus, optionally, ``check`` and
+``reachable``. The native coordinator (:mod:`.native`), the engines
+(:mod:`.backends`) and :class:`InlineBackend` (this process) are the backends.
+
+**Local fallback is the inline backend**: the function, each call's arguments and its
+result (or exception) go through the same pickle round trip as on a worker, ``timeout=``
+is enforced the same way an engine worker does it (a thread that is no longer waited for
+past it: :class:`~gpumesh.errors.TaskTimeout`), and a raised exception comes back as
+itself with a :class:`~gpumesh.errors.RemoteTraceback` cause and a note naming the item.
+So a value computed here is a copy, exactly as a worker's would be: a function that
+mutates its arguments or module globals does not change the caller's objects here either.
+
+One exception, deliberately: what **cannot be pickled** (a lambda over a lock, an open
+file argument, a generator as a result) would fail on a mesh, but a call that runs here
+only because the mesh is away is the spec's promise "runs locally and returns the same
+value": it keeps working. The object is used as it is (no copy) and a one-line notice
+per distinct cause says that a mesh could not run it. Strict results (JSON only) are
+not applied here either: nothing crossed a trust boundary (see :mod:`gpumesh.strict`).
+``.local()`` is a plain call and takes no part in any of this.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import logging
+import random
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .. import hardware, limits, wire
+from ..errors import Cancelled, Unsatisfiable
+from . import calls as _calls
+from .progress import Progress
+from .taskwrap import run_task
+
+log = logging.getLogger("gpumesh.client")
+
+_notices: set[str] = set()
+_notice_lock = threading.Lock()
+
+#: What a backend's run yields once the calls are under way, before any outcome.
+STARTED = object()
+
+
+def notice(text: str) -> None:
+    """Print a one-line notice to stderr, once per process per distinct text."""
+    with _notice_lock:
+        if text in _notices:
+            return
+        _notices.add(text)
+    print(f"[gpumesh] {text}", file=sys.stderr, flush=True)
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait before retry ``attempt`` (0-based) of a request: full jitter,
+    growing from 0.2 s to at most 5 s."""
+    return random.uniform(0, min(5.0, 0.2 * 2 ** min(attempt, 10)))
+
+
+#: What ``isolation=`` accepts: a fresh process per task (the default), or one process
+#: per worker slot for the job's tasks.
+ISOLATIONS = ("task", "job")
+
+
+def check_isolation(isolation: Any) -> str:
+    """``isolation`` checked (None is ``"task"``); ``ValueError`` for anything else."""
+    if isolation is None:
+        return "task"
+    if not isinstance(isolation, str) or isolation not in ISOLATIONS:
+        raise ValueError(f"isolation must be 'task' or 'job', got {isolation!r}")
+    return isolation
+
+
+def check_timeout(timeout: Any) -> float | None:
+    """``timeout`` in seconds as a float (None: none); ``ValueError`` unless > 0."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    return float(timeout)
+
+
+@dataclasses.dataclass
+class Job:
+    """One batch of calls of one function, as every backend receives it."""
+
+    fn: Callable
+    calls: list[_calls.Call]
+    #: One ``{"cost", "gpu_memory_mb"}`` dict per call (keys present only when given).
+    hints: list[dict]
+    timeout: float | None = None
+    name: str | None = None
+    require: hardware.Requirements | None = None
+    #: ``(retries, exception types)`` (see :mod:`gpumesh.retries`), or None.
+    retry: tuple[int, tuple] | None = None
+    isolation: str = "task"
+    return_exceptions: bool = False
+    #: True for ``.imap()``: submit without waiting for a first result.
+    streaming: bool = False
+    #: Set by a backend that stores the job somewhere (the native coordinator's job id).
+    job_id: str | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.calls)
+
+    @property
+    def qualname(self) -> str | None:
+        return getattr(self.fn, "__qualname__", None)
+
+    @property
+    def via(self) -> str:
+        return ".imap()" if self.streaming else ".map()"
+
+
+class Fallback(Exception):
+    """Raised by a backend's run before it yields STARTED: nothing was stored, the calls
+    may run here. ``why`` words an Unsatisfiable from :func:`check_local`; ``notice``
+    (if any) is told before they run."""
+
+    def __init__(self, why: str, notice: str | None = None):
+        super().__init__(why)
+        self.why, self.notice = why, notice
+
+
+class Backend(abc.ABC):
+    """What runs a :class:`Job`'s calls (see the module docstring)."""
+
+    #: Where the tasks run, for messages ("this machine", "Dask at dask://host:8786").
+    where = "the mesh"
+    #: What happened to the other items when one failed (the error's hint says it).
+    stopped = "the batch's other tasks were cancelled"
+    #: Whether a batch shows a progress bar (the native mesh's does).
+    progress = False
+
+    def check(self, job: Job, local: bool = False) -> None:
+        """Raise if this backend cannot express ``job`` (before anything is sent);
+        ``local``: the job is about to run inline anyway (GPUMESH_LOCAL=1)."""
+
+    def reachable(self) -> bool:
+        """Whether the backend answers (if not, the calls run here)."""
+        return True
+
+    def unreachable_why(self) -> str:
+        return f"{self.where} is unreachable"
+
+    @abc.abstractmethod
+    def run(self, job: Job) -> Iterator[Any]:
+        """Yield :data:`STARTED` once the calls are under way, then ``(index, outcome)``
+        as each finishes, every index once. ``outcome`` is a :data:`run_task` tuple,
+        ``("result", item, payload, strict)`` (a coordinator result entry, see
+        :func:`~gpumesh.client.calls.decode_result`) or ``("error", exception)``.
+        Closing it early cancels what is left. Raise :class:`Fallback` before STARTED
+        when the calls were stored nowhere and may run here."""
+
+
+def decode(outcome: tuple, index: int, job: Job, where: str, hint: str) -> Any:
+    """An outcome -> its value, or raise the exception that stands for it."""
+    kind = outcome[0]
+    if kind == "result":
+        _, item, payload, strict = outcome
+        return _calls.decode_result(item, payload, strict, call=job.calls[index], n=job.n,
+                                    hint=hint, name=job.qualname)
+    if kind == "error":
+        raise outcome[1]
+    return _calls.outcome_value(outcome, index, where, job.calls[index], job.n, hint, job.qualname)
+
+
+def route(mesh: Any, job: Job) -> Backend:
+    """The backend that runs ``job``: ``mesh``'s own, or the inline one (GPUMESH_LOCAL=1,
+    or the mesh unreachable and this machine able to run it)."""
+    backend = mesh._backend()
+    local = limits.setting("GPUMESH_LOCAL")
+    backend.check(job, local)
+    if local:
+        notice("GPUMESH_LOCAL=1: running locally")
+        return INLINE
+    if not backend.reachable():
+        check_local(job.fn, job.require, job.hints, backend.unreachable_why())
+        return INLINE
+    return backend
+
+
+def run(mesh: Any, job: Job, handle: dict | None = None,
+        backend: Backend | None = None) -> Iterator[Any]:
+    """The pipeline: ``(index, value)`` as each call of ``job`` finishes (see the module
+    docstring). ``backend``: skip routing (None: :func:`route` on ``mesh``). With
+    ``handle`` (a dict, see :class:`~gpumesh.client.sweep.Results`) it yields ``None``
+    once the calls are under way (``handle["job_id"]`` set where the backend stored the
+    job), before any value."""
+    if not job.calls:
+        if handle is not None:
+            yield None
+        return
+    started = time.monotonic()  # the batch's start: the bar's delay, rate and ETA count from here
+    if backend is None:
+        backend = route(mesh, job)
+    runner = backend.run(job)
+    try:
+        first = next(runner)
+    except Fallback as e:
+        check_local(job.fn, job.require, job.hints, e.why)
+        if e.notice:
+            notice(e.notice)
+        backend = INLINE
+        runner = backend.run(job)
+        first = next(runner)
+    if first is not STARTED:
+        raise RuntimeError(f"{type(backend).__name__}.run yielded {first!r} before STARTED")
+    bar = None
+    try:
+        if handle is not None:
+            if job.job_id is not None:
+                handle["job_id"] = job.job_id
+            yield None
+        if backend.progress and job.n > 1:  # a bar once a batch takes over a second
+            bar = Progress(job.n, job.name or job.qualname or "tasks", started=started)
+        hint = (_calls.keep_going(job.via, stopped=backend.stopped)
+                if job.n > 1 and not job.return_exceptions else "")
+        failed = cancelled = got = 0
+        for index, outcome in runner:
+            try:
+                value = decode(outcome, index, job, backend.where, hint)
+            except Exception as e:  # noqa: BLE001 - what the task raised
+                if not job.return_exceptions:
+                    raise
+                value = e
+                cancelled += isinstance(e, Cancelled)
+                failed += not isinstance(e, Cancelled)
+            got += 1
+            if bar is not None:
+                bar.update(got, failed=failed, cancelled=cancelled)
+            yield index, value
+    finally:
+        if bar is not None:
+            bar.close()
+        runner.close()  # a failure, Ctrl+C, a closed iterator: the backend cancels what is left
+
+
+# ------------------------------------------------------------------ inline -----------
+
+class InlineBackend(Backend):
+    """Runs the calls in this process, one by one in input order, with a remote call's
+    semantics (see the module docstring): a pickle round trip of the function, the
+    arguments and the outcome, ``timeout=`` (:class:`~gpumesh.errors.TaskTimeout`) and
+    ``retries=``/``retry_on=`` as the coordinator applies them (each attempt gets fresh
+    copies of the arguments)."""
+
+    where = "this machine"
+    stopped = "the items after it did not run"
+
+    def run(self, job: Job) -> Iterator[Any]:
+        yield STARTED
+        name = job.qualname or "the function"
+        fn = _round_trip(job.fn, f"the function {name}", code=True)
+        retries, types = job.retry or (0, ())
+        for i, call in enumerate(job.calls):
+            payload = _arguments(job, i, call)
+            for attempt in range(retries + 1):
+                args, kwargs = call if payload is None else wire.loads(_joined(payload))
+                outcome = run_task(fn, args, kwargs, job.timeout, True)
+                if not (outcome[0] == "raised" and attempt < retries
+                        and isinstance(outcome[1], types)):
+                    break
+                log.info("%s raised %s (item %d, attempt %d); running it again", name,
+                         outcome[2], i, attempt + 1)
+            yield i, _copied(outcome, name)
+
+
+INLINE = InlineBackend()
+
+
+def _joined(payload: wire.Payload) -> bytes:
+    return b"".join(bytes(c) for c in payload.chunks)
+
+
+def _round_trip(obj: Any, what: str, code: bool = False) -> Any:
+    """``obj`` after a pickle round trip, or ``obj`` itself (with a notice) if it cannot
+    be pickled (see the module docstring)."""
+    try:
+        payload = wire.dumps(obj, code=code)
+    except Exception as e:  # noqa: BLE001 - the pickler's own error, told below
+        notice(f"{what} cannot be pickled, so a mesh could not run it ({type(e).__name__}: "
+               f"{e}); it runs here as it is")
+        return obj
+    return wire.loads(_joined(payload))
+
+
+def _arguments(job: Job, i: int, call: _calls.Call) -> wire.Payload | None:
+    """The call's arguments pickled as a worker would receive them; None (and a notice
+    naming the argument) if they cannot be."""
+    try:
+        return _calls.dump_call(job.fn, call, i, job.n)
+    except Exception as e:  # noqa: BLE001 - named by dump_call
+        notice(f"{e}; it runs here with the arguments as they are")
+        return None
+
+
+def _copied(outcome: tuple, name: str) -> tuple:
+    """A run_task outcome with its value or exception through a pickle round trip."""
+    if outcome[0] == "ok":
+        return ("ok", _round_trip(outcome[1], f"the value {name} returned"))
+    if outcome[0] == "raised" and outcome[1] is not None:
+        exc = _round_trip(outcome[1], f"the {outcome[2]} {name} raised")
+        return ("raised", exc, *outcome[2:])
+    return outcome
+
+
+# ------------------------------------------------------------------ local check ------
+
+_this_machine: dict | None = None
+
+
+def check_local(fn: Callable, require: hardware.Requirements | None, hints: list[dict] | None,
+                why: str) -> None:
+    """Before a call with hardware requirements runs here instead of on the mesh: raise
+    :class:`~gpumesh.errors.Unsatisfiable` unless this machine meets them."""
+    hint = max((h.get("gpu_memory_mb") or 0 for h in hints or ()), default=0)
+    if not require and not hint:
+        return
+    global _this_machine
+    if _this_machine is None:
+        from ..worker.device import detect  # NVML or nvidia-smi; never a CUDA context
+        _this_machine = detect()
+    info = _this_machine
+    if require is not None and require.requires:  # this process runs it: its own packages
+        from ..packages import installed
+        info = dict(info, packages=installed())
+    slots = hardware.slots_of("local", info, hardware.slot_list(info["gpus"], 1, info["mps"]))
+    reasons = []
+    for slot in slots:
+        reason = hardware.refusal(require or hardware.Requirements(), slot, hint or None)
+        if reason is None:
+            return
+        reasons.append(f"its {slot.device} {reason}")
+    wants = (require.describe() if require else "") + (f", gpu_memory_mb={hardware.format_mib(hint)}" if hint else "")
+    raise Unsatisfiable(f"{why}, and this machine cannot run {getattr(fn, '__qualname__', 'the function')} "
+                        f"({wants.strip(', ')}): " + "; ".join(reasons))

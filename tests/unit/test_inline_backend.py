@@ -1,0 +1,226 @@
+"""The inline backend: a call that runs here (mesh unreachable, GPUMESH_LOCAL=1, inside a
+task) has a remote call's semantics: a pickle round trip, timeout=, the exception wrapping.
+(tests/integration/test_inline_vs_mesh.py compares it with a real mesh.)"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+from gpumesh import GPUMesh, RemoteTraceback, TaskFailed, TaskTimeout, Unsatisfiable, accelerate
+from gpumesh.client import pipeline
+from gpumesh.hardware import Requirements
+
+from ..conftest import free_port
+
+STORE: list = []
+
+
+@pytest.fixture
+def m(monkeypatch):
+    """A mesh nothing answers for: every call falls back to the inline backend."""
+    monkeypatch.setattr(pipeline, "_notices", set())
+    monkeypatch.delenv("GPUMESH_LOCAL", raising=False)
+    monkeypatch.delenv("GPUMESH_IN_TASK", raising=False)
+    return GPUMesh(f"http://127.0.0.1:{free_port()}", token="t", output=False)
+
+
+def test_arguments_and_results_are_copies_as_on_a_worker(m):
+    @accelerate(m)
+    def grow(items):
+        items.append("added by the task")
+        return items
+
+    mine = [1, 2]
+    got = grow(mine)
+    assert got == [1, 2, "added by the task"]
+    assert mine == [1, 2]  # the caller's object is not the task's
+    assert got is not mine
+
+    @accelerate(m)
+    def shared():
+        return STORE
+
+    assert shared() == STORE and shared() is not STORE
+
+
+def test_timeout_is_enforced_locally(m):
+    @accelerate(m, timeout=0.3)
+    def sleepy(s):
+        time.sleep(s)
+        return s
+
+    assert sleepy(0) == 0
+    t0 = time.monotonic()
+    with pytest.raises(TaskTimeout, match="timeout of 0.3 s .*on this machine"):
+        sleepy(5)
+    assert time.monotonic() - t0 < 4  # the caller is not held for the function's 5 s
+    got = sleepy.map([0, 5, 0], return_exceptions=True)
+    assert got[0] == 0 and got[2] == 0 and isinstance(got[1], TaskTimeout)
+
+
+def test_an_exception_arrives_as_itself_with_its_traceback_as_cause(m):
+    @accelerate(m)
+    def boom(x):
+        raise KeyError(f"no {x}")
+
+    with pytest.raises(KeyError) as e:
+        boom("key")
+    assert e.value.args == ("no key",)
+    cause = e.value.__cause__
+    assert isinstance(cause, RemoteTraceback)
+    assert "raise KeyError" in cause.tb and cause.index == 0
+    if sys.version_info >= (3, 11):
+        (note,) = e.value.__notes__
+        assert note.startswith("[gpumesh] raised by ")
+        assert note.endswith(".boom('key') on this machine; remote traceback above")
+
+
+def test_a_map_failure_names_its_item_and_stops_the_rest(m):
+    ran = []
+
+    @accelerate(m)
+    def half(x):
+        ran.append(x)
+        if x == 1:
+            raise ValueError("odd")
+        return x / 2
+
+    with pytest.raises(ValueError) as e:
+        half.map([0, 1, 2])
+    assert isinstance(e.value.__cause__, RemoteTraceback) and e.value.__cause__.index == 1
+    if sys.version_info >= (3, 11):
+        note = e.value.__notes__[0]
+        assert note.startswith("[gpumesh] raised by .map item 1 of 3, ")
+        assert ".half(1), on this machine; remote traceback above" in note
+        assert "the items after it did not run; pass return_exceptions=True" in note
+
+
+def test_return_exceptions_puts_each_wrapped_exception_in_its_place(m):
+    @accelerate(m)
+    def inv(x):
+        return 1 / x
+
+    got = inv.map([1, 0, 4], return_exceptions=True)
+    assert got[0] == 1.0 and got[2] == 0.25
+    assert type(got[1]) is ZeroDivisionError
+    assert isinstance(got[1].__cause__, RemoteTraceback) and "1 / x" in got[1].__cause__.tb
+    assert sorted(inv.imap([1, 0], return_exceptions=True), key=lambda p: p[0])[0] == (0, 1.0)
+
+
+def test_unpicklable_argument_or_result_still_runs_with_a_notice(m, capsys):
+    lock = threading.Lock()
+
+    @accelerate(m)
+    def held(lk):
+        return lk.locked()
+
+    assert held(lock) is False  # a working local call keeps working (see pipeline's docstring)
+
+    @accelerate(m)
+    def make_lock():
+        return lock
+
+    assert make_lock() is lock  # no copy possible: the object itself
+    err = capsys.readouterr().err
+    assert "argument 0 of " in err and "cannot be sent to a worker" in err
+    assert "it runs here with the arguments as they are" in err
+    assert "the value " in err and "cannot be pickled, so a mesh could not run it" in err
+
+
+def test_sys_exit_is_a_task_failure_not_the_callers_exit(m):
+    @accelerate(m)
+    def quits():
+        sys.exit(3)
+
+    with pytest.raises(TaskFailed, match=r"sys.exit\(3\)"):
+        quits()
+
+
+def test_ctrl_c_still_interrupts_the_caller(m):
+    @accelerate(m)
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        interrupted()
+
+
+def test_retries_rerun_with_fresh_arguments(m):
+    @accelerate(m, retries=2, retry_on=OSError)
+    def flaky(box):
+        box.append(1)
+        if len(box) < 2:  # fresh copies each attempt: the box never grows past one
+            raise OSError("flaky")
+        return len(box)
+
+    with pytest.raises(OSError, match="flaky"):
+        flaky([])
+    assert flaky([0]) == 2
+
+
+def test_gpumesh_local_and_in_task_use_the_inline_backend(m, monkeypatch):
+    @accelerate(m, timeout=0.2)
+    def sleepy():
+        time.sleep(3)
+
+    monkeypatch.setenv("GPUMESH_LOCAL", "1")
+    with pytest.raises(TaskTimeout):
+        sleepy()
+    monkeypatch.delenv("GPUMESH_LOCAL")
+    monkeypatch.setenv("GPUMESH_IN_TASK", "1")  # a decorated call inside a task
+    with pytest.raises(TaskTimeout):
+        sleepy()
+    with pytest.raises(TaskTimeout):
+        sleepy.map([()])
+
+
+def test_local_does_not_take_part(m):
+    mine = []
+
+    @accelerate(m, timeout=0.1)
+    def grow(items):
+        items.append(1)
+        return items
+
+    assert grow.local(mine) is mine and mine == [1]  # a plain call
+
+
+class _Refusing(pipeline.Backend):
+    """A backend that stores nothing: the pipeline falls back to the inline backend."""
+
+    def __init__(self, why):
+        self.why = why
+
+    def run(self, job):
+        raise pipeline.Fallback(self.why, "stub: running locally")
+        yield  # pragma: no cover
+
+
+def test_a_fallback_runs_inline_after_the_local_check(monkeypatch, capsys):
+    monkeypatch.setattr(pipeline, "_notices", set())
+    monkeypatch.setattr(pipeline, "_this_machine", {"gpus": [], "mps": False, "cores": 4,
+                                                    "ram_mb": 8000, "cpu": "CPU"})
+
+    class Stub:
+        def _backend(self):
+            return _Refusing("no worker is alive in the stub")
+
+    job = pipeline.Job(lambda x: x + 1, [((1,), {}), ((2,), {})], [{}, {}])
+    assert list(pipeline.run(Stub(), job)) == [(0, 2), (1, 3)]
+    assert "stub: running locally" in capsys.readouterr().err
+    job = pipeline.Job(lambda x: x, [((1,), {})], [{}], require=Requirements(gpu="cuda"))
+    with pytest.raises(Unsatisfiable, match="^no worker is alive in the stub, and this machine"):
+        list(pipeline.run(Stub(), job))
+
+
+def test_inline_pid_is_this_process(m):
+    @accelerate(m)
+    def pid():
+        return os.getpid()
+
+    assert pid() == os.getpid()
