@@ -225,7 +225,7 @@ CONNECT_TIMEOUT_S = _const("CONNECT_TIMEOUT_S", 3.0, "s",
 READ_TIMEOUT_S = _const("READ_TIMEOUT_S", 30.0, "s",
                         "a client waits this long for an ordinary (non-long-poll) answer")
 PROBE_TIMEOUT_S = _const("PROBE_TIMEOUT_S", 2.0, "s",
-                         "the routing probe (`GET /v1/health`) may take this long before the "
+                         "the routing probe (`GET protocol.HEALTH`) may take this long before the "
                          "mesh counts as down")
 PROBE_CACHE_S = _const("PROBE_CACHE_S", 5.0, "s",
                        "a healthy probe result is trusted this long before the next call probes again")
@@ -298,7 +298,7 @@ RELEASE_BATCH_S = _const("RELEASE_BATCH_S", 0.2, "s",
 RELEASE_BATCH_MAX = _const("RELEASE_BATCH_MAX", 500, "count",
                            "most jobs a caller releases in one request (at most MAX_RELEASE_JOBS)")
 MAX_RELEASE_JOBS = _const("MAX_RELEASE_JOBS", 1000, "count",
-                          "most job ids one `POST /v1/jobs/release` takes")
+                          "most job ids one `POST protocol.JOBS_RELEASE` takes")
 MAX_TASKS_PER_JOB = _const("MAX_TASKS_PER_JOB", 1_000_000, "count", "most tasks one `.map` submit may carry")
 RESULT_PAGE_BYTES = _const("RESULT_PAGE_BYTES", 64 * MiB, "bytes",
                            "a results long-poll answers with at most this many bytes (always at least "
