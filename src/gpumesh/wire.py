@@ -17,6 +17,9 @@ of results)::
     b"GMF1" | u32 count | u64 len * count | pad | frame0 | pad | frame1 ...
 
   Frame 0 is JSON metadata by convention; the rest are usually payloads.
+  :class:`FramesWriter` lays a body out and :class:`FramesReader` takes one apart as its
+  bytes arrive, both without I/O of their own (the coordinator's HTTP bodies and
+  responses drive them); :func:`unpack_frames` splits a body already in memory.
 
 A reader that meets another magic raises :class:`~gpumesh.errors.WireError` naming both
 versions, instead of a pickle traceback.
@@ -28,7 +31,7 @@ import pickle
 import struct
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import WireError
 
@@ -239,20 +242,14 @@ def frames_header(lengths: Sequence[int]) -> bytes:
 
 def pack_frames(frames: Sequence[Chunk | Payload]) -> tuple[list[Chunk], int]:
     """Lay out ``frames`` as one body. Returns (chunks, total bytes); nothing is copied."""
-    lengths = [f.size if isinstance(f, Payload) else memoryview(f).nbytes for f in frames]
-    chunks: list[Chunk] = [frames_header(lengths)]
-    off = len(chunks[0])
-    for f, n in zip(frames, lengths):
-        pad = _pad(off)
-        if pad:
-            chunks.append(b"\0" * pad)
-            off += pad
-        if isinstance(f, Payload):
-            chunks.extend(f.chunks)
+    writer = FramesWriter([f.size if isinstance(f, Payload) else memoryview(f).nbytes for f in frames])
+    chunks: list[Chunk] = []
+    for piece in writer.pieces(frames):
+        if isinstance(piece, Payload):
+            chunks.extend(piece.chunks)
         else:
-            chunks.append(f)
-        off += n
-    return chunks, off
+            chunks.append(piece)
+    return chunks, writer.size
 
 
 def frame_offsets(lengths: Sequence[int]) -> Iterator[int]:
@@ -305,3 +302,200 @@ def iter_chunks(chunks: Iterable[Chunk], size: int = 1 << 20) -> Iterator[bytes 
         yield mv
     if pending:
         yield bytes(pending)
+
+
+# ---------------------------------------------------------------- incremental frames --
+_F = TypeVar("_F")
+
+
+class FramesWriter:
+    """The layout of a frames body whose frames are ``lengths`` bytes long, for a sender
+    that produces the frames itself (from memory, from files).
+
+    ``header`` is the header with its padding, ``offsets`` each frame's byte offset,
+    ``size`` the whole body's length. No I/O: :meth:`pieces` says what to send in order.
+    """
+
+    __slots__ = ("lengths", "header", "offsets", "size")
+
+    def __init__(self, lengths: Sequence[int]):
+        self.lengths = list(lengths)
+        self.header = frames_header(self.lengths)
+        self.offsets = list(frame_offsets(self.lengths))
+        self.size = self.offsets[-1] + self.lengths[-1] if self.lengths else len(self.header)
+
+    def pieces(self, frames: Sequence[_F]) -> Iterator[bytes | _F]:
+        """The body in order: ``bytes`` (the header, the zero padding before a frame) and,
+        in their places, the items of ``frames`` (one per length, passed through as they
+        are: the caller turns each into its bytes)."""
+        if len(frames) != len(self.lengths):
+            raise ValueError(f"{len(frames)} frames for a layout of {len(self.lengths)}")
+        yield self.header
+        pos = len(self.header)
+        for off, n, frame in zip(self.offsets, self.lengths, frames):
+            if off > pos:
+                yield b"\0" * (off - pos)
+            yield frame
+            pos = off + n
+
+
+class FramesTooLarge(WireError):
+    """A frames header announces a body longer than the reader's ``limit``."""
+
+
+class FrameStart:
+    """Frame ``index`` (``size`` bytes) begins; its bytes follow as :class:`FrameData`."""
+
+    __slots__ = ("index", "size")
+
+    def __init__(self, index: int, size: int):
+        self.index, self.size = index, size
+
+
+class FrameData:
+    """The next ``data`` bytes of frame ``index``: a view of the bytes fed (no copy)."""
+
+    __slots__ = ("index", "data")
+
+    def __init__(self, index: int, data: memoryview):
+        self.index, self.data = index, data
+
+
+class FrameEnd:
+    """Frame ``index`` is complete."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+
+class FramesHead:
+    """The header was read: the frames' ``lengths`` and the body's ``size`` (bytes)."""
+
+    __slots__ = ("lengths", "size")
+
+    def __init__(self, lengths: tuple[int, ...], size: int):
+        self.lengths, self.size = lengths, size
+
+
+FramesEvent = FramesHead | FrameStart | FrameData | FrameEnd
+
+
+class FramesReader:
+    """Takes a frames body apart as its bytes arrive, without I/O of its own.
+
+    :meth:`feed` takes the next bytes (any split: one byte at a time, the whole body)
+    and returns what they completed, in order: one :class:`FramesHead`, then per frame a
+    :class:`FrameStart`, its :class:`FrameData` pieces (views of the bytes fed; a
+    consumer that keeps them must copy) and a :class:`FrameEnd`. Padding is skipped, and
+    bytes after the last frame are ignored. :meth:`close` at the end of the body raises
+    unless the body was complete.
+
+    ``size``: the body's length when known in advance (an HTTP Content-Length); a header
+    that announces more is refused at once. ``limit``: the most bytes a body may hold;
+    a header announcing more raises :class:`FramesTooLarge`. Raises :class:`WireError`
+    (another magic, a truncated header or body) naming what is wrong.
+    """
+
+    __slots__ = ("size", "limit", "_head", "_lengths", "_offsets", "_pos", "_frame", "_in_frame",
+                 "body_size")
+
+    def __init__(self, size: int | None = None, limit: int | None = None):
+        self.size, self.limit = size, limit
+        self._head = bytearray()
+        self._lengths: tuple[int, ...] | None = None
+        self._offsets: list[int] = []
+        self._pos = 0  # bytes of the body consumed so far
+        self._frame = 0  # the frame being read (== count once all are)
+        self._in_frame = False
+        #: The whole body's length as the header announces it (None until it is read).
+        self.body_size: int | None = None
+
+    @property
+    def done(self) -> bool:
+        """Every frame was read."""
+        return self._lengths is not None and self._frame == len(self._lengths)
+
+    def feed(self, data: Chunk) -> list[FramesEvent]:
+        view = memoryview(data).cast("B")
+        events: list[FramesEvent] = []
+        if self._lengths is None:
+            view = self._read_head(view, events)
+            if self._lengths is None:
+                return events
+        lengths, offsets = self._lengths, self._offsets
+        while view.nbytes and self._frame < len(lengths):
+            i = self._frame
+            start = offsets[i]
+            if self._pos < start:  # padding before frame i
+                skip = min(start - self._pos, view.nbytes)
+                view, self._pos = view[skip:], self._pos + skip
+                if self._pos < start:
+                    break
+            if not self._in_frame:
+                self._in_frame = True
+                events.append(FrameStart(i, lengths[i]))
+            take = min(start + lengths[i] - self._pos, view.nbytes)
+            if take:
+                events.append(FrameData(i, view[:take]))
+                view, self._pos = view[take:], self._pos + take
+            if self._pos == start + lengths[i]:
+                self._end_frame(events)
+        self._empty_frames(events)
+        return events
+
+    def close(self) -> None:
+        """The body ended: raise :class:`WireError` unless every frame was read."""
+        if self._lengths is None and len(self._head) < 8:
+            raise WireError(f"frames body too short ({len(self._head)} bytes)")
+        if not self.done:
+            raise WireError("frames body truncated")
+
+    def _end_frame(self, events: list[FramesEvent]) -> None:
+        events.append(FrameEnd(self._frame))
+        self._frame += 1
+        self._in_frame = False
+
+    def _empty_frames(self, events: list[FramesEvent]) -> None:
+        """Frames of no bytes right where the body stands end without waiting for data."""
+        lengths = self._lengths
+        while (lengths is not None and self._frame < len(lengths) and lengths[self._frame] == 0
+               and self._offsets[self._frame] <= self._pos):
+            if not self._in_frame:
+                events.append(FrameStart(self._frame, 0))
+            self._in_frame = True
+            self._end_frame(events)
+
+    def _read_head(self, view: memoryview, events: list[FramesEvent]) -> memoryview:
+        head = self._head
+        if len(head) < 8:
+            take = min(8 - len(head), view.nbytes)
+            head += view[:take]
+            view = view[take:]
+            if len(head) < 8:
+                return view
+            _check_magic(memoryview(bytes(head)), FRAMES_MAGIC, "message")
+            (count,) = struct.unpack_from("<I", head, 4)
+            most = self.size if self.size is not None else self.limit
+            if most is not None and 8 + 8 * count > most:
+                raise WireError("frames header truncated")
+        (count,) = struct.unpack_from("<I", head, 4)
+        need = 8 + 8 * count - len(head)
+        take = min(need, view.nbytes)
+        head += view[:take]
+        view = view[take:]
+        if take < need:
+            return view
+        lengths = struct.unpack_from(f"<{count}Q", head, 8)
+        self._offsets = list(frame_offsets(lengths))
+        end = self._offsets[-1] + lengths[-1] if count else 8 + 8 * count
+        if self.size is not None and end > self.size:
+            raise WireError("frames body truncated")
+        if self.limit is not None and end > self.limit:
+            raise FramesTooLarge(f"frames body of {end} bytes is over the limit of {self.limit}")
+        self._lengths, self._pos, self.body_size = lengths, len(head), end
+        self._head = bytearray()
+        events.append(FramesHead(lengths, end))
+        self._empty_frames(events)
+        return view

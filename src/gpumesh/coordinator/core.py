@@ -27,16 +27,16 @@ Everything here runs on the event loop thread; there is no locking.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import secrets
 import time
 from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
 
 from .. import availability, hardware
 from ..limits import HEARTBEAT_INTERVAL_S, MAX_ATTEMPTS, WORKER_TTL_S
 from . import placement
+from .model import (CoordinatorError, Grant, Job, JobReleased, Lease, NoWorkers,  # noqa: F401
+                    StaleLease, UnknownJob, UnknownWorker, Unsatisfiable, Worker)
 from .output import OutputHub
 from .scheduler import RunQueue
 from .store import Store
@@ -50,136 +50,12 @@ RESULT_BATCH_S = 0.005
 FORGET_DEAD_AFTER_S = 300.0
 
 
-class NoWorkers(Exception):
-    """Submit asked for a live worker and there is none."""
-
-
-class UnknownWorker(Exception):
-    """A worker id the coordinator does not know (e.g. it restarted): register again."""
-
-
 #: Modules remembered as missing on some worker (for ``gpumesh doctor``), newest kept.
 MAX_LACKING_MODULES = 100
 
 
-class UnknownJob(Exception):
-    pass
-
-
-class Unsatisfiable(Exception):
-    """No alive worker could ever run the job (its requirements or GPU memory hints);
-    the message lists what the pool has. Nothing is stored."""
-
-
-class JobReleased(Exception):
-    """The job's arguments and results were already released (or purged)."""
-
-
-class StaleLease(Exception):
-    """A result posted under a lease that is no longer the task's current one."""
-
-
 def new_id(nbytes: int = 6) -> str:
     return secrets.token_hex(nbytes)
-
-
-@dataclass
-class Worker:
-    id: str
-    info: dict
-    slots: int
-    last_seen: float
-    alive: bool = True
-    leases: set[str] = field(default_factory=set)
-    session: int = 0  # id of the worker's current pulse connection (0: none open)
-    outbox: list[str] = field(default_factory=list)  # lines to push down the pulse
-    wake: asyncio.Event | None = None
-    slot_list: list[dict] = field(default_factory=list)  # [{"id", "kind", "gpu"?}]
-    views: list[hardware.Slot] | None = None  # slot_views() cache; None when info changed
-
-    def slot_views(self) -> list[hardware.Slot]:
-        """The worker's slots, strongest first (cached until its description changes)."""
-        if self.views is None:
-            if not self.slot_list:
-                self.slot_list = hardware.check_slot_list(None, self.slots, None)
-            self.views = placement.order_slots(hardware.slots_of(self.id, self.info, self.slot_list))
-        return self.views
-
-    def push(self, line: str) -> None:
-        """Queue a line for the worker's pulse connection (e.g. ``cancel <task id>``)."""
-        self.outbox.append(line)
-        if self.wake is not None:
-            self.wake.set()
-
-
-@dataclass
-class Lease:
-    task_id: str
-    job_id: str
-    lease_id: str
-    worker_id: str
-    granted: float
-    slot: int | None = None  # the worker's slot running it (None: unknown after a restart)
-    #: When the worker's copy of the lease (its lease answer) finished sending; None while
-    #: it is still on its way - a slow link must not make the task look forgotten.
-    delivered: float | None = None
-
-
-@dataclass
-class Job:
-    id: str
-    kind: str
-    fn_hash: str | None
-    meta: dict
-    n_tasks: int
-    n_final: int = 0
-    next_seq: int = 0
-    state: str = "active"
-    waiters: list[asyncio.Future] = field(default_factory=list)
-    require: hardware.Requirements = field(default_factory=hardware.Requirements)
-    vram_mb: dict[int, float] = field(default_factory=dict)  # task index -> gpu_memory_mb hint
-    costs_vary: bool = False  # tasks have different costs: choose by cost, not FIFO alone
-    #: The run queue lane: ``require``, plus "a GPU" when every task hints GPU memory
-    #: (such a job needs a GPU as surely as one that says ``gpu=``: CPU slots never look
-    #: at it, and GPU slots serve it first).
-    lane: hardware.Requirements = field(default_factory=hardware.Requirements)
-    owner: str | None = None  # the person who submitted it (None: from before people)
-    submitted: float = 0.0  # coordinator clock when it was submitted (or recovered)
-    preempted: int = 0  # tasks handed back by their workers' owners (see hand_back)
-    #: module -> workers whose run of this job failed with ModuleNotFoundError for it;
-    #: none of the job's tasks is granted to them again (see Coordinator._missing_module).
-    lacking: dict[str, set[str]] = field(default_factory=dict)
-
-    def excludes(self, worker_id: str) -> bool:
-        return any(worker_id in ws for ws in self.lacking.values())
-    #: open task id -> workers whose run of it raised a retry_on exception (run it elsewhere)
-    avoid: dict[str, set[str]] = field(default_factory=dict)
-
-    def prepare(self) -> None:
-        """Requirements and hints from ``meta`` (validated at submit)."""
-        self.require = hardware.Requirements.from_meta(self.meta.get("require"))
-        self.vram_mb = {int(k): float(v) for k, v in (self.meta.get("gpu_memory_mb") or {}).items()}
-        self.lane = self.require
-        if self.n_tasks and len(self.vram_mb) == self.n_tasks and self.require.gpu is None:
-            self.lane = dataclasses.replace(self.require, gpu="gpu")
-
-    def notify(self) -> None:
-        for f in self.waiters:
-            if not f.done():
-                f.set_result(None)
-        self.waiters.clear()
-
-
-@dataclass
-class Grant:
-    """One leased task as handed to a worker."""
-
-    task_id: str
-    job_id: str
-    index: int
-    lease_id: str
-    attempt: int
-    slot: int | None = None
 
 
 class Coordinator:

@@ -1,8 +1,11 @@
 """The coordinator's HTTP API as an OpenAPI 3.1 description (served at ``GET /v1/openapi.json``).
 
-Written by hand next to the routes in :mod:`.app`, and checked against them by the fuzz
-test (``tests/security/test_fuzz.py``), which generates requests from this description
-and asserts that the live coordinator never answers 5xx.
+The request bodies' schemas come from :mod:`.schemas`, the declarations the routes
+validate with; the operations (paths, parameters, answers) are written here next to the
+routes of :mod:`.routes`, and checked against them by ``tests/security/test_auth.py``
+(every route described, nothing else) and the fuzz test (``tests/security/test_fuzz.py``),
+which generates requests from this description and asserts that the live coordinator
+never answers 5xx.
 
 Bodies of type ``application/x-gpumesh-frames`` are the frames layout of
 :mod:`gpumesh.wire`; the schema given for them is that of frame 0 (JSON metadata), and
@@ -14,16 +17,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from .. import protocol
 from .._version import __version__
-from ..limits import (LONG_POLL_MAX_S, MAX_BODY_BYTES, MAX_HEARTBEAT_TASKS, MAX_JSON_BODY_BYTES,
-                      MAX_STRING_CHARS, MAX_TASKS_PER_JOB, OUTPUT_BODY_BYTES)
-from ..limits import MAX_RETRIES, MAX_RETRY_TYPES
-
-FRAMES = "application/x-gpumesh-frames"
-HEX_ID = "^[0-9a-f]{4,64}$"
-SHA256 = "^[0-9a-f]{64}$"
-
-_STR = {"type": "string", "maxLength": MAX_STRING_CHARS}
+from ..limits import LONG_POLL_MAX_S, MAX_BODY_BYTES, MAX_JSON_BODY_BYTES, OUTPUT_BODY_BYTES
+from . import schemas
+from .bodies import FRAMES
+from .schemas import HEX_ID, SHA256
 
 
 def _ref(name: str) -> dict:
@@ -65,115 +64,16 @@ _LEASE = _query("lease", {"type": "string", "pattern": HEX_ID}, "the lease id th
 _FRAMES_ANSWER = {"description": "frames: JSON metadata, then payloads",
                   "content": {FRAMES: {"schema": {"type": "string", "format": "binary"}}}}
 
-_HANDOFF_FILES = {"type": "object", "description": "frame number (0 = the first frame after "
-                  "this one) -> name of a file the sender wrote into handoff_dir; that frame is "
-                  "empty (see GET /v1/handoff)",
-                  "additionalProperties": {"type": "string", "pattern": "^[0-9a-f]{24}\\.part$"}}
-
-_PACKAGES = {"type": "object", "maxProperties": 5000, "description": "installed Python "
-             "distributions: normalised name -> version (gpumesh.packages)",
-             "additionalProperties": {"type": "string", "maxLength": 100}}
-#: The owner's rules as a worker reports them (gpumesh.availability).
-_OWNER_FIELDS = {
-    "owner": {"type": ["object", "null"], "description": "the whole worker takes no new task: "
-              "{state: paused|outside_hours, label, until?}; null: it does"},
-    "gpu_states": {"type": "object", "description": "GPU index -> {state: yielding|hot|power, "
-                   "label}: the GPUs that take no new task"},
-}
-
 _SCHEMAS: dict[str, Any] = {
+    **{body.name: body.json_schema() for body in schemas.BODIES},
     "Error": {"type": "object", "required": ["error", "message"],
               "properties": {"error": {"type": "string"}, "message": {"type": "string"}}},
-    "Registration": {
-        "type": "object",
-        "properties": {
-            "id": {"type": "string", "pattern": HEX_ID,
-                   "description": "come back under the id the worker had"},
-            "slots": {"type": "integer", "minimum": 1, "maximum": 1024},
-            **{k: _STR for k in ("hostname", "user", "device", "device_name", "platform",
-                                 "python", "version", "cpu")},
-            **{k: {"type": "number", "minimum": 0, "maximum": 1e12} for k in ("cores", "ram_mb", "score")},
-            "gpus": {"type": "array", "maxItems": 256, "items": {"type": "object"}},
-            "slot_list": {"type": "array", "maxItems": 1024, "description":
-                          "one slot per GPU, then CPU slots: {id, kind: cuda|mps|cpu, gpu: index} "
-                          "(see docs/hardware.md)", "items": {"type": "object"}},
-            "scores": {"type": "object", "description": "benchmark score per device (cpu, cuda:N, mps)"},
-            "packages": _PACKAGES,
-            "allow_installs": {"type": "boolean", "description": "builds task environments for "
-                               "requires= (gpumesh join --allow-installs)"},
-            **_OWNER_FIELDS,
-        },
-    },
     "Registered": {"type": "object", "properties": {"id": {"type": "string"},
                                                      "heartbeat_s": {"type": "number"},
                                                      "ttl_s": {"type": "number"},
                                                      "version": {"type": "string"}}},
-    "Heartbeat": {"type": "object", "properties": {
-        "running": {"type": "array", "maxItems": MAX_HEARTBEAT_TASKS,
-                    "items": {"type": "string", "pattern": HEX_ID}},
-        "score": {"type": "number", "minimum": 0, "maximum": 1e12},
-        "scores": {"type": "object", "description": "benchmark score per device (cpu, cuda:N, mps)"},
-        "gpu_free_mb": {"type": "object", "description": "free GPU memory in MiB per GPU index"},
-        "gpu_telemetry": {"type": "object", "description": "per GPU index: utilization_pct "
-                          "(0-100) and temperature_c, shown on the dashboard and /metrics"},
-        "packages": _PACKAGES,
-        **_OWNER_FIELDS}},
-    "HandBack": {"type": "object", "properties": {
-        "reason": {"type": "string", "maxLength": 200,
-                   "description": "why the worker gives the task back, e.g. 'paused: owner'"}}},
-    "LeaseRequest": {"type": "object", "properties": {
-        "slots": {"type": "integer", "minimum": 1, "maximum": 1024},
-        "free": {"type": "array", "maxItems": 1024, "description": "the free slots' ids",
-                 "items": {"type": "integer", "minimum": 0, "maximum": 1023}},
-        "wait": {"type": "number", "minimum": 0, "maximum": LONG_POLL_MAX_S},
-        "handoff": {"type": "boolean", "description": "the worker shares this machine (see "
-                    "GET /v1/handoff): arguments kept as files come as args_file, not bytes"}}},
-    "ResultMeta": {"type": "object", "required": ["status"], "properties": {
-        "status": {"enum": ["ok", "error", "retry"]},
-        "error": {"type": "object", "description": "kind, type, message, traceback, ..."},
-        "handoff_files": _HANDOFF_FILES},
-        "description": "frame 0 of a result; frame 1 (required for ok) is the payload"},
     "OutputMeta": {"type": "object",
                    "description": "frame 0 of an output post; frames 1 and 2 are stdout and stderr bytes"},
-    "JobSubmit": {
-        "type": "object", "required": ["job_id", "fn", "n_tasks"],
-        "description": "frame 0 of a submit; then the function blob when fn_inline, then one "
-                       "argument payload per task",
-        "properties": {
-            "job_id": {"type": "string", "pattern": HEX_ID,
-                       "description": "chosen by the caller; a resend with the same id is idempotent"},
-            "kind": {"enum": ["function", "script"]},
-            "name": _STR,
-            "fn": {"type": "string", "pattern": SHA256},
-            "fn_inline": {"type": "boolean"},
-            "n_tasks": {"type": "integer", "minimum": 0, "maximum": MAX_TASKS_PER_JOB},
-            "timeout": {"type": ["number", "null"], "minimum": 0.001, "maximum": 365 * 86400},
-            "costs": {"type": "array", "items": {"type": "number", "minimum": 0, "exclusiveMaximum": 1e9}},
-            "require": {"type": "object", "description": "hardware every task needs: gpu (kind or "
-                        "model), cores, memory and gpu_memory (bytes); see docs/hardware.md; python "
-                        "('3.11': code shipped by value only runs on workers of that Python); requires "
-                        "(PEP 508 strings: workers that have them or allow installs)"},
-            "gpu_memory_mb": {"type": "array", "description": "per task: free GPU memory it needs "
-                              "(MiB) or null", "items": {"type": ["number", "null"], "minimum": 0}},
-            "require_worker": {"type": "boolean"},
-            "wait": {"type": "number", "minimum": 0, "maximum": LONG_POLL_MAX_S},
-            "output": {"type": "boolean"},
-            "caller": {"type": "object"},
-            "isolation": {"enum": ["task", "job"], "description": "task (default): a fresh "
-                          "process per task; job: each worker slot keeps one process for the "
-                          "job's tasks (function jobs only)"},
-            "result_format": {"enum": ["pickle", "json"],
-                              "description": "json: the task returns its value as JSON (strict results)"},
-            "retries": {"type": "integer", "minimum": 1, "maximum": MAX_RETRIES,
-                        "description": "with retry_on: re-runs of a task whose function raised"},
-            "retry_on": {"type": "array", "maxItems": MAX_RETRY_TYPES, "items": _STR,
-                         "description": "exception type names (module.Qualname, builtins bare) "
-                                        "whose raising re-runs the task"},
-            "handoff_files": _HANDOFF_FILES,
-            "handoff": {"type": "boolean", "description": "with wait: name result files by path "
-                        "(as results?handoff=1)"},
-        },
-    },
     "Handoff": {"type": "object", "required": ["blob_dir", "handoff_dir", "nonce"], "properties": {
         "blob_dir": {"type": "string", "description": "absolute path of the store's payload files"},
         "handoff_dir": {"type": "string", "description": "absolute path where a sender on this "
@@ -203,13 +103,13 @@ _DOC: dict[str, Any] = {
     },
     "security": [{"bearer": []}],
     "paths": {
-        "/v1/health": {"get": {
+        protocol.HEALTH: {"get": {
             "operationId": "health", "security": [], "summary": "liveness (no auth)",
             "responses": {"200": {"description": "up", **_json({"type": "object"})}}}},
-        "/v1/openapi.json": {"get": {
+        protocol.OPENAPI: {"get": {
             "operationId": "openapi", "security": [], "summary": "this description (no auth)",
             "responses": {"200": {"description": "OpenAPI 3.1", **_json({"type": "object"})}}}},
-        "/v1/dist/{name}": {"get": {
+        protocol.DIST_FILE: {"get": {
             "operationId": "wheel", "security": [],
             "summary": "the wheel of the gpumesh this coordinator runs (no auth)",
             "description": "pip install http://HOST:PORT/v1/dist/gpumesh-<version>-py3-none-any.whl "
@@ -221,7 +121,7 @@ _DOC: dict[str, Any] = {
                           "404": {"description": "not this coordinator's wheel", **_json(_ref("Error"))},
                           "503": {"description": "the wheel cannot be made here",
                                   **_json(_ref("Error"))}}}},
-        "/v1/workers": {
+        protocol.WORKERS: {
             "get": {"operationId": "listWorkers", "summary": "the pool",
                     "responses": {"200": {"description": "workers", **_json({"type": "array"})}, **_errors()}},
             "post": {"operationId": "register", "tags": ["worker"], "summary": "register a worker",
@@ -229,28 +129,28 @@ _DOC: dict[str, Any] = {
                      "responses": {"200": {"description": "registered", **_json(_ref("Registered"))},
                                    **_errors(413)}},
         },
-        "/v1/workers/{wid}/heartbeat": {"post": {
+        protocol.WORKER_HEARTBEAT: {"post": {
             "operationId": "heartbeat", "tags": ["worker"], "parameters": [_WID],
             "requestBody": {"required": False, **_json(_ref("Heartbeat"))},
             "responses": {"200": {"description": "task ids to cancel", **_json({"type": "object"})},
                           **_errors(404, 413)}}},
-        "/v1/workers/{wid}/session": {"get": {
+        protocol.WORKER_SESSION: {"get": {
             "operationId": "session", "tags": ["worker"], "parameters": [_WID],
             "summary": "the worker's pulse: a response held open while the worker lives",
             "x-long-lived": True,
             "responses": {"200": {"description": "lines: open, ping, cancel <task id>",
                                   "content": {"text/plain": {"schema": {"type": "string"}}}},
                           **_errors(404)}}},
-        "/v1/workers/{wid}": {"delete": {
+        protocol.WORKER: {"delete": {
             "operationId": "deregister", "tags": ["worker"], "parameters": [_WID],
             "responses": {"200": {"description": "leases re-queued", **_json({"type": "object"})},
                           **_errors()}}},
-        "/v1/workers/{wid}/lease": {"post": {
+        protocol.WORKER_LEASE: {"post": {
             "operationId": "lease", "tags": ["worker"], "parameters": [_WID],
             "summary": "long-poll for up to `slots` tasks",
             "requestBody": {"required": False, **_json(_ref("LeaseRequest"))},
             "responses": {"200": _FRAMES_ANSWER, **_errors(404, 413)}}},
-        "/v1/tasks/{tid}/result": {"post": {
+        protocol.TASK_RESULT: {"post": {
             "operationId": "postResult", "tags": ["worker"],
             "parameters": [_TID, _LEASE, _query("next", {"enum": ["0", "1"]},
                                                 "1: answer with this slot's next task"),
@@ -260,24 +160,24 @@ _DOC: dict[str, Any] = {
                                   "the slot the task ran in")],
             "requestBody": {"required": True, "content": {FRAMES: {"schema": _ref("ResultMeta")}}},
             "responses": {"200": _FRAMES_ANSWER, **_errors(409, 413)}}},
-        "/v1/tasks/{tid}/release": {"post": {
+        protocol.TASK_RELEASE: {"post": {
             "operationId": "handBack", "tags": ["worker"], "parameters": [_TID, _LEASE],
             "summary": "hand a running task back (its owner's rules): re-queued as preempted, "
                        "the attempt not counted",
             "requestBody": {"required": False, **_json(_ref("HandBack"))},
             "responses": {"200": {"description": "re-queued", **_json({"type": "object"})},
                           **_errors(409, 413)}}},
-        "/v1/tasks/{tid}/output": {"post": {
+        protocol.TASK_OUTPUT: {"post": {
             "operationId": "postOutput", "tags": ["worker"], "parameters": [_TID, _LEASE],
             "requestBody": {"required": True, "content": {FRAMES: {"schema": _ref("OutputMeta")}}},
             "responses": {"200": {"description": "accepted", **_json({"type": "object"})},
                           **_errors(409, 413)}}},
-        "/v1/handoff": {"get": {
+        protocol.HANDOFF: {"get": {
             "operationId": "handoff", "tags": ["worker"],
             "summary": "where a caller or worker on this machine may hand payloads off as files",
             "responses": {"200": {"description": "the directories", **_json(_ref("Handoff"))},
                           **_errors()}}},
-        "/v1/blobs/{h}": {
+        protocol.BLOB: {
             "get": {"operationId": "getBlob", "tags": ["worker"], "parameters": [_SHA],
                     "responses": {"200": {"description": "the blob", "content": {
                         "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
@@ -292,7 +192,7 @@ _DOC: dict[str, Any] = {
                     "responses": {"200": {"description": "stored", **_json({"type": "object"})},
                                   **_errors(413)}},
         },
-        "/v1/jobs": {
+        protocol.JOBS: {
             "post": {"operationId": "submit", "summary": "submit a job with all its arguments",
                      "requestBody": {"required": True, "content": {FRAMES: {"schema": _ref("JobSubmit")}}},
                      "responses": {"200": {"description": "accepted (JSON) or, with wait, a results "
@@ -308,11 +208,11 @@ _DOC: dict[str, Any] = {
                     "responses": {"200": {"description": "jobs, newest first", **_json({"type": "array"})},
                                   **_errors()}},
         },
-        "/v1/jobs/{jid}": {"get": {
+        protocol.JOB: {"get": {
             "operationId": "jobStatus", "parameters": [_JID],
             "responses": {"200": {"description": "the job: state, counts, released, result_format and its tasks",
                                   **_json({"type": "object"})}, **_errors(404)}}},
-        "/v1/jobs/{jid}/results": {"get": {
+        protocol.JOB_RESULTS: {"get": {
             "operationId": "results",
             "parameters": [_JID,
                            _query("after", {"type": "integer", "minimum": -1, "maximum": 10**15},
@@ -325,55 +225,46 @@ _DOC: dict[str, Any] = {
                                   "1: results kept as files are named by path (file), not sent")],
             "responses": {"200": _FRAMES_ANSWER, "204": {"description": "the caller went away"},
                           **_errors(404, 410)}}},
-        "/v1/jobs/{jid}/logs": {"get": {
+        protocol.JOB_LOGS: {"get": {
             "operationId": "jobLogs",
             "parameters": [_JID, _query("task", {"type": "string", "pattern": HEX_ID}, "one task only")],
             "responses": {"200": {"description": "stdout and stderr per task, and per attempt (attempts: attempt, worker, hostname, ended, stdout, stderr)", **_json({"type": "object"})},
                           **_errors(404)}}},
-        "/v1/jobs/release": {"post": {
+        protocol.JOBS_RELEASE: {"post": {
             "operationId": "releaseMany",
-            "requestBody": {"required": True, **_json({
-                "type": "object", "required": ["jobs"],
-                "properties": {"jobs": {"type": "array", "minItems": 1, "maxItems": 1000,
-                                        "items": {"type": "string", "pattern": HEX_ID}}}})},
+            "requestBody": {"required": True, **_json(_ref(schemas.RELEASE_JOBS.name))},
             "responses": {"200": {"description": "how many known jobs were released",
                                   **_json({"type": "object"})}, **_errors(400)}}},
-        "/v1/jobs/{jid}/release": {"post": {
+        protocol.JOB_RELEASE: {"post": {
             "operationId": "release", "parameters": [_JID],
             "responses": {"200": {"description": "released", **_json({"type": "object"})}, **_errors(404)}}},
-        "/v1/jobs/{jid}/cancel": {"post": {
+        protocol.JOB_CANCEL: {"post": {
             "operationId": "cancel", "parameters": [_JID],
             "responses": {"200": {"description": "how many tasks were cancelled (0 for a job that had ended) and the job's state afterwards", **_json({"type": "object"})},
                           **_errors(404)}}},
-        "/v1/jobs/{jid}/retry": {"post": {
+        protocol.JOB_RETRY: {"post": {
             "operationId": "retry", "parameters": [_JID],
             "responses": {"200": {"description": "how many failed tasks were re-queued",
                                   **_json({"type": "object"})},
                           **_errors(404, 410)}}},
-        "/v1/tokens": {
+        protocol.TOKENS: {
             "get": {"operationId": "listTokens", "tags": ["people"],
                     "summary": "the people's tokens: name, role, max_running, created (admin)",
                     "responses": {"200": {"description": "never a token or its hash",
                                           **_json({"type": "array"})}, **_errors()}},
             "post": {"operationId": "addToken", "tags": ["people"],
                      "summary": "give a person their own token (admin); answered once",
-                     "requestBody": {"required": True, **_json({
-                         "type": "object", "required": ["name"],
-                         "properties": {
-                             "name": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$"},
-                             "role": {"enum": ["admin", "submit", "view", "worker"]},
-                             "max_running": {"type": ["integer", "null"], "minimum": 1,
-                                             "maximum": 1000000}}})},
+                     "requestBody": {"required": True, **_json(_ref(schemas.NEW_TOKEN.name))},
                      "responses": {"200": {"description": "the new token (shown once)",
                                            **_json({"type": "object"})}, **_errors(409)}},
         },
-        "/metrics": {"get": {
+        protocol.METRICS: {"get": {
             "operationId": "metrics", "tags": ["monitoring"],
             "summary": "Prometheus text format (see docs/monitoring.md); the API token or "
                        "serve --metrics-token",
             "responses": {"200": {"description": "metrics", "content": {
                 "text/plain": {"schema": {"type": "string"}}}}, **_errors()}}},
-        "/v1/tokens/{name}": {"delete": {
+        protocol.TOKEN: {"delete": {
             "operationId": "revokeToken", "tags": ["people"],
             "parameters": [_path_param("name", "^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$", "the person")],
             "summary": "revoke a person's token at once (admin)",

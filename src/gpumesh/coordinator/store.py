@@ -377,6 +377,11 @@ class Store:
     def job_exists(self, job_id: str) -> bool:
         return self.db.execute("SELECT 1 FROM jobs WHERE id=?", (job_id,)).fetchone() is not None
 
+    def recent_job_ids(self, limit: int) -> list[str]:
+        """The ids of the ``limit`` newest jobs, newest first."""
+        rows = self.db.execute("SELECT id FROM jobs ORDER BY created DESC LIMIT ?", (limit,))
+        return [r[0] for r in rows.fetchall()]
+
     def job_row(self, job_id: str) -> dict | None:
         row = self.db.execute(
             "SELECT id, name, kind, fn_hash, meta, n_tasks, created, state, released, owner"

@@ -36,6 +36,7 @@ import time
 
 from .. import handoff
 from ..limits import HANDOFF_MIN_BYTES, MAX_WARM_FUNCTIONS, WARM_IDLE_S
+from ..payloadref import PayloadRef
 from ..protocol import TaskGrant
 from . import procs, runner
 from .executor import INLINE_ARGS_BYTES, Executor, Outcome, _Pending
@@ -231,7 +232,7 @@ class SpawnExecutor(Executor):
 
     # ------------------------------------------------------------------ tasks -------
     def run(self, task: TaskGrant, blob_path: str, args=None, *, env: dict | None = None,
-            args_fd: int | None = None, args_range: tuple[int, int] | None = None,
+            args_ref: PayloadRef | None = None,
             handoff_dir: str | None = None, handoff_name: str | None = None,
             sys_path: list[str] | None = None, slot=None) -> Outcome:
         """As :meth:`Executor.run`. ``isolation="job"``: the task runs in the process this
@@ -270,7 +271,7 @@ class SpawnExecutor(Executor):
         self._running[task_id] = (None, pending)
         out, err = self.output_paths()
         result_name = None
-        args_path = None
+        spooled = None  # arguments this run wrote to the spool: released at the end
         try:
             if not self._connected(child, pending):
                 return self._lost(child, pending, "the task process did not start")
@@ -286,12 +287,15 @@ class SpawnExecutor(Executor):
                    "handoff_name": handoff_name, "keep": keep}
             if env:
                 msg["env"] = env
-            if args_fd is not None:
-                args = handoff.map_fd(args_fd, *(args_range or ()))
+            if args_ref is not None:
+                if args_ref.path is not None:  # a file (shared memory, the store's): mapped there
+                    msg["args"], args = args_ref.to_meta(by_path=True)[0], None
+                else:  # a memory file, which a spawned process cannot be passed: copied below
+                    args = args_ref.open()
             if args is not None and len(args) >= HANDOFF_MIN_BYTES:
-                args_path = os.path.join(self._spool_str, handoff.write_file(
-                    self._spool_str, [args]))
-                msg["args_path"], args = args_path, None
+                spooled = PayloadRef("handoff", owned=True, path=os.path.join(
+                    self._spool_str, handoff.write_file(self._spool_str, [args])))
+                msg["args"], args = spooled.to_meta(by_path=True)[0], None
             child.last_used = time.monotonic()
             child.send(msg)
             outcome = self._exchange_spawned(child, pending, args, timeout)
@@ -309,9 +313,10 @@ class SpawnExecutor(Executor):
         finally:
             self._running.pop(task_id, None)
             child.last_used = time.monotonic()
-            for name in (result_name, args_path and os.path.basename(args_path)):
-                if name:
-                    handoff.discard(self._spool_str, name)
+            if result_name:
+                handoff.discard(self._spool_str, result_name)
+            if spooled is not None:
+                spooled.release()
             with self._lock:
                 if keep:
                     self._jobs.pop(key[:2] + (task_id,), None)
@@ -422,11 +427,10 @@ class SpawnExecutor(Executor):
     def _take_file(self, name: str) -> memoryview:
         """A result the task left in the spool: mapped, and the file removed (where a
         mapped file cannot be removed, Windows, it goes when the map does)."""
-        path = os.path.join(self._spool_str, name)
-        view = handoff.map_file(path)
-        try:
-            os.unlink(path)
-        except OSError:
+        ref = PayloadRef("handoff", path=os.path.join(self._spool_str, name), owned=True)
+        view = ref.open()
+        ref.release()
+        if os.path.exists(ref.path):
             import weakref
             weakref.finalize(view.obj, handoff.discard, self._spool_str, name)
         return view

@@ -1,0 +1,218 @@
+"""What the coordinator keeps and what it refuses: its data classes and its errors.
+
+The data classes (:class:`Worker`, :class:`Lease`, :class:`Job`, :class:`Grant`) are the
+coordinator's in-memory state (:mod:`.core` owns and mutates them; the store keeps their
+durable part). The errors are what :class:`~.core.Coordinator` raises; each carries the
+HTTP ``status`` and error ``code`` that the routes answer with, so a route never maps
+them itself: the app's one exception handler (:func:`.app.create_app`) turns any
+:class:`CoordinatorError` into ``{"error": code, "message": text}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from dataclasses import dataclass, field
+
+from .. import hardware
+from ..protocol import ErrorCode
+from . import placement
+
+
+class CoordinatorError(Exception):
+    """A refusal the HTTP layer answers as ``status`` + ``{"error": code, "message": ...}``.
+
+    ``message`` is the text sent; subclasses derive it from their arguments (an id)."""
+
+    status = 500
+    code: str = ErrorCode.INTERNAL
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class HTTPError(CoordinatorError):
+    """A refusal decided at the boundary (validation, ownership, limits)."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(message)
+        self.status, self.code, self._message = status, code, message
+
+    @property
+    def message(self) -> str:
+        return self._message
+
+
+class NoWorkers(CoordinatorError):
+    """Submit asked for a live worker and there is none."""
+
+    status, code = 409, ErrorCode.NO_WORKERS
+
+    @property
+    def message(self) -> str:
+        return "no worker is alive in the mesh"
+
+
+class UnknownWorker(CoordinatorError):
+    """A worker id the coordinator does not know (e.g. it restarted): register again."""
+
+    status, code = 404, ErrorCode.UNKNOWN_WORKER
+
+    @property
+    def message(self) -> str:
+        return "worker is not registered (register again)"
+
+
+class UnknownJob(CoordinatorError):
+    """A job id the coordinator does not know (never submitted, or purged)."""
+
+    status, code = 404, ErrorCode.UNKNOWN_JOB
+
+    @property
+    def message(self) -> str:
+        return f"no such job {self}"
+
+
+class Unsatisfiable(CoordinatorError):
+    """No alive worker could ever run the job (its requirements or GPU memory hints);
+    the message lists what the pool has. Nothing is stored."""
+
+    status, code = 409, ErrorCode.UNSATISFIABLE
+
+
+class JobReleased(CoordinatorError):
+    """The job's arguments and results were already released (or purged).
+
+    ``JobReleased(job_id)`` is what a retry meets; ``JobReleased(job_id, text)`` answers
+    ``text`` instead (a results read after the caller collected them)."""
+
+    status, code = 410, ErrorCode.RELEASED
+
+    def __init__(self, job_id: str, text: str | None = None):
+        super().__init__(job_id)
+        self.job_id, self.text = job_id, text
+
+    @property
+    def message(self) -> str:
+        if self.text is not None:
+            return self.text
+        return (f"job {self.job_id} cannot be retried: its results belong to the caller that "
+                "submitted it (a function call or .map) or were already collected; call or "
+                "submit it again")
+
+
+class StaleLease(CoordinatorError):
+    """A result posted under a lease that is no longer the task's current one.
+
+    ``why``: what the answer adds in parentheses (a result post says what happened)."""
+
+    status, code = 409, ErrorCode.STALE_LEASE
+
+    def __init__(self, task_id: str, why: str | None = None):
+        super().__init__(task_id)
+        self.task_id, self.why = task_id, why
+
+    @property
+    def message(self) -> str:
+        text = "this lease is no longer current"
+        return f"{text} ({self.why})" if self.why else text
+
+
+@dataclass
+class Worker:
+    id: str
+    info: dict
+    slots: int
+    last_seen: float
+    alive: bool = True
+    leases: set[str] = field(default_factory=set)
+    session: int = 0  # id of the worker's current pulse connection (0: none open)
+    outbox: list[str] = field(default_factory=list)  # lines to push down the pulse
+    wake: asyncio.Event | None = None
+    slot_list: list[dict] = field(default_factory=list)  # [{"id", "kind", "gpu"?}]
+    views: list[hardware.Slot] | None = None  # slot_views() cache; None when info changed
+
+    def slot_views(self) -> list[hardware.Slot]:
+        """The worker's slots, strongest first (cached until its description changes)."""
+        if self.views is None:
+            if not self.slot_list:
+                self.slot_list = hardware.check_slot_list(None, self.slots, None)
+            self.views = placement.order_slots(hardware.slots_of(self.id, self.info, self.slot_list))
+        return self.views
+
+    def push(self, line: str) -> None:
+        """Queue a line for the worker's pulse connection (e.g. ``cancel <task id>``)."""
+        self.outbox.append(line)
+        if self.wake is not None:
+            self.wake.set()
+
+
+@dataclass
+class Lease:
+    task_id: str
+    job_id: str
+    lease_id: str
+    worker_id: str
+    granted: float
+    slot: int | None = None  # the worker's slot running it (None: unknown after a restart)
+    #: When the worker's copy of the lease (its lease answer) finished sending; None while
+    #: it is still on its way - a slow link must not make the task look forgotten.
+    delivered: float | None = None
+
+
+@dataclass
+class Job:
+    id: str
+    kind: str
+    fn_hash: str | None
+    meta: dict
+    n_tasks: int
+    n_final: int = 0
+    next_seq: int = 0
+    state: str = "active"
+    waiters: list[asyncio.Future] = field(default_factory=list)
+    require: hardware.Requirements = field(default_factory=hardware.Requirements)
+    vram_mb: dict[int, float] = field(default_factory=dict)  # task index -> gpu_memory_mb hint
+    costs_vary: bool = False  # tasks have different costs: choose by cost, not FIFO alone
+    #: The run queue lane: ``require``, plus "a GPU" when every task hints GPU memory
+    #: (such a job needs a GPU as surely as one that says ``gpu=``: CPU slots never look
+    #: at it, and GPU slots serve it first).
+    lane: hardware.Requirements = field(default_factory=hardware.Requirements)
+    owner: str | None = None  # the person who submitted it (None: from before people)
+    submitted: float = 0.0  # coordinator clock when it was submitted (or recovered)
+    preempted: int = 0  # tasks handed back by their workers' owners (see hand_back)
+    #: module -> workers whose run of this job failed with ModuleNotFoundError for it;
+    #: none of the job's tasks is granted to them again (see Coordinator._missing_module).
+    lacking: dict[str, set[str]] = field(default_factory=dict)
+
+    def excludes(self, worker_id: str) -> bool:
+        return any(worker_id in ws for ws in self.lacking.values())
+    #: open task id -> workers whose run of it raised a retry_on exception (run it elsewhere)
+    avoid: dict[str, set[str]] = field(default_factory=dict)
+
+    def prepare(self) -> None:
+        """Requirements and hints from ``meta`` (validated at submit)."""
+        self.require = hardware.Requirements.from_meta(self.meta.get("require"))
+        self.vram_mb = {int(k): float(v) for k, v in (self.meta.get("gpu_memory_mb") or {}).items()}
+        self.lane = self.require
+        if self.n_tasks and len(self.vram_mb) == self.n_tasks and self.require.gpu is None:
+            self.lane = dataclasses.replace(self.require, gpu="gpu")
+
+    def notify(self) -> None:
+        for f in self.waiters:
+            if not f.done():
+                f.set_result(None)
+        self.waiters.clear()
+
+
+@dataclass
+class Grant:
+    """One leased task as handed to a worker."""
+
+    task_id: str
+    job_id: str
+    index: int
+    lease_id: str
+    attempt: int
+    slot: int | None = None

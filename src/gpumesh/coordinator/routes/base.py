@@ -1,0 +1,217 @@
+"""What every route shares: registration, the auth gate, the app's state, small readers.
+
+A route is a module-level ``async def handler(request) -> Response`` registered with
+:func:`route`; :func:`endpoint` wraps it with the version check, the token check and
+role gate (:mod:`..auth`, :mod:`..people`), and the clean-up of a body's temporary files.
+What it needs of the coordinator comes from :func:`ctx` (``request.app.state``), never
+from a closure, so a route can be called in process by Starlette's ``TestClient``.
+
+Refusals are raised, not returned: a :class:`~..model.CoordinatorError` (which carries
+its status and code) or an :class:`~..auth.AuthRefused`; the app's exception handlers
+(:func:`..app.create_app`) turn them into ``{"error": code, "message": text}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ... import protocol, versions
+from ..._version import __version__
+from ...protocol import ErrorCode
+from .. import bodies, dist, people
+from ..auth import Authenticator, AuthRefused
+from ..core import Coordinator
+from ..model import CoordinatorError, HTTPError, UnknownJob
+from ..schemas import bad, check_id
+
+log = logging.getLogger("gpumesh.coordinator")
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+@dataclass
+class Context:
+    """What the routes of one app share (``request.app.state.gpumesh``)."""
+
+    coord: Coordinator
+    auth: Authenticator
+    people: people.People
+    #: serve --safe-mode: function (pickle) jobs are refused
+    safe_mode: bool
+    #: this gpumesh's wheel, for other machines to install (GET /v1/dist/...)
+    wheels: dist.WheelCache
+
+
+def ctx(request: Request) -> Context:
+    return request.app.state.gpumesh
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A registered route. ``roles``: who may call it (:mod:`..people`); ``action``
+    names what a refused role may not do, for its 403; ``worker``: a worker's route
+    (the worker token may call it, and a version refusal names the worker)."""
+
+    path: str
+    methods: tuple[str, ...]
+    handler: Handler
+    auth_required: bool = True
+    worker: bool = False
+    action: str = ""
+    roles: frozenset[str] | None = None
+
+    @property
+    def allowed(self) -> frozenset[str]:
+        return self.roles or (people.WORKER if self.worker else people.SUBMIT)
+
+
+#: Every route in registration order (Starlette matches in this order).
+ENDPOINTS: list[Endpoint] = []
+
+
+def route(path: str, methods: list[str], auth_required: bool = True, worker: bool = False,
+          action: str = "", roles: frozenset[str] | None = None) -> Callable[[Handler], Handler]:
+    """Register the decorated handler at ``path``. ``roles`` default: callers who may
+    submit, or with ``worker`` the worker token (and admins). Routes that need no token
+    answer every gpumesh version (a caller learns ours from health, and the wheel is how
+    another version gets this one); the others refuse other versions."""
+    def deco(fn: Handler) -> Handler:
+        ENDPOINTS.append(Endpoint(path, tuple(methods), fn, auth_required, worker, action, roles))
+        return fn
+    return deco
+
+
+def endpoint(ep: Endpoint) -> Handler:
+    """The ASGI-facing function of ``ep``: the gate, the handler, the clean-up."""
+    async def run(request: Request) -> Response:
+        try:
+            if ep.auth_required:
+                await _admit(request, ep)
+            return await ep.handler(request)
+        except (CoordinatorError, AuthRefused):
+            raise  # answered by the app's exception handlers
+        except Exception:  # a bug must not take the coordinator down
+            log.exception("error handling %s %s", request.method, request.url.path)
+            return error(500, ErrorCode.INTERNAL, "internal error; see the coordinator log")
+        finally:  # payload files of the body that were not stored: gone
+            if bodies.INCOMING in request.scope:
+                bodies.discard_incoming(request)
+    run.__name__ = ep.handler.__name__
+    return run
+
+
+async def _admit(request: Request, ep: Endpoint) -> None:
+    check_version(request, ep.worker)
+    client = request.client.host if request.client else None
+    who = await ctx(request).auth.identity(client, request.headers)
+    if who.role not in ep.allowed:
+        if who.role == people.ROLE_WORKER:
+            raise HTTPError(403, ErrorCode.FORBIDDEN, f"the worker token cannot {ep.action or 'do this'}; "
+                                              "this needs the main token")
+        raise HTTPError(403, ErrorCode.FORBIDDEN, f"{who.name}'s token ({who.role}) cannot "
+                                          f"{ep.action or 'do this'}")
+    request.scope["gpumesh.who"] = who
+
+
+def error(status: int, code: str, message: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": code, "message": message}, status_code=status, headers=headers)
+
+
+def base_url(request: Request) -> str:
+    """The coordinator's URL as this client reached it (what it can reach again)."""
+    return str(request.base_url).rstrip("/")
+
+
+def check_version(request: Request, worker_route: bool) -> None:
+    """Refuse (409 ``version_mismatch``) a gpumesh caller or worker of another version."""
+    agent = versions.parse_agent(request.headers.get("user-agent"))
+    if agent is None or agent[0] == __version__:
+        return  # not gpumesh's own client (curl, a test, a proxy's probe), or ours
+    role = "worker" if worker_route and request.url.path.startswith(protocol.WORKER_PREFIXES) \
+        else "caller"
+    raise HTTPError(409, ErrorCode.VERSION_MISMATCH,
+                    versions.refusal(role, agent[0][:40], __version__, base_url(request)))
+
+
+# ---------------------------------------------------------------- request readers --
+def who_of(request: Request) -> people.Identity:
+    return request.scope.get("gpumesh.who", people.MAIN)
+
+
+def path_id(request: Request, name: str, what: str) -> str:
+    """Path parameter ``name`` as a hex id; 400 naming ``what`` otherwise."""
+    return check_id(request.path_params[name], what)
+
+
+def lease_of(request: Request) -> str:
+    """The ``?lease=`` a task route is fenced by (400 unless an id)."""
+    lease_id = request.query_params.get("lease", "")
+    check_id(lease_id or "-", "lease id")
+    return lease_id
+
+
+def query_float(request: Request, name: str, default: float, lo: float, hi: float) -> float:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        raise bad(f"query parameter {name!r} must be a number") from None
+    if not lo <= v <= hi:
+        raise bad(f"query parameter {name!r} must be between {lo} and {hi}")
+    return v
+
+
+def owned(request: Request, jid: str, action: str) -> None:
+    """Refuse (403 ``not_yours``) unless the caller may ``action`` job ``jid``;
+    404 for an unknown job."""
+    coord = ctx(request).coord
+    who = who_of(request)
+    job = coord.jobs.get(jid)
+    if job is not None:
+        owner = job.owner
+    else:
+        found = coord.store.job_owners([jid])
+        if jid not in found:
+            raise UnknownJob(jid)
+        owner = found[jid]
+    if not who.may_touch(owner):
+        raise not_yours(jid, owner, who, action)
+
+
+def not_yours(jid: str, owner: str | None, who: people.Identity, action: str) -> HTTPError:
+    return HTTPError(403, ErrorCode.NOT_YOURS, f"job {jid} belongs to {owner or 'admin'}: "
+                                       f"{who.name} cannot {action} it")
+
+
+async def until_disconnect(request: Request, work: Awaitable) -> Any:
+    """Run ``work``; cancel it if the client goes away first (then return None)."""
+    task = asyncio.ensure_future(work)
+
+    async def watch():
+        while True:
+            msg = await request.receive()
+            if msg["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    return None

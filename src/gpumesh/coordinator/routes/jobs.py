@@ -1,0 +1,275 @@
+"""The caller's routes: submit a job with its arguments, list and read jobs, long-poll
+their results and output, read their logs, and release, cancel or retry them.
+
+Routes that read results or output, cancel, retry or release admit only the job's owner
+(or an admin): :func:`.base.owned`.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ... import protocol, tracing
+from ...limits import LONG_POLL_MAX_S, RESULT_PAGE_BYTES, RESULT_PAGE_COUNT
+from ...protocol import ErrorCode
+from .. import people
+from ..bodies import Part, frames_response, frames_streamed, json_body, sha256, take_handoffs
+from ..core import Coordinator
+from ..model import HTTPError, JobReleased, UnknownJob
+from ..schemas import JOB_SUBMIT, RELEASE_JOBS, bad, check_id
+from ..store import Incoming
+from .base import (ctx, not_yours, owned, path_id, query_float, route, until_disconnect,
+                   who_of)
+
+
+@route(protocol.JOBS, ["POST"], action="submit jobs")
+async def submit(request: Request) -> Response:
+    tracing.mark("coordinator.submit")
+    c = ctx(request)
+    coord = c.coord
+    meta, frames = await frames_streamed(request, coord.store)
+    v = JOB_SUBMIT.read(meta)
+    job_id, kind, fn, n = v["job_id"], v["kind"], v["fn"], v["n_tasks"]
+    if c.safe_mode and kind == "function":
+        raise HTTPError(403, ErrorCode.SAFE_MODE,
+                        "this coordinator runs in safe mode (serve --safe-mode): it refuses "
+                        "function jobs, whose pickled code and arguments run on the workers; "
+                        "submit a script job instead")
+    if len(frames) != n + (1 if v["fn_inline"] else 0):
+        raise bad(f"n_tasks is {n} but the body carries {len(frames)} payload frames")
+    if not (job_id in coord.jobs or coord.store.job_exists(job_id)):
+        # (a resent submit of a stored job: its files were claimed the first time)
+        frames = take_handoffs(request, v["handoff_files"], frames, coord.store)
+    args = frames
+    if v["fn_inline"]:
+        blob, args = frames[0], frames[1:]
+        if sha256(blob) != fn:
+            raise bad("inline function blob does not match 'fn'")
+        coord.store.put_blob(fn, blob if isinstance(blob, Incoming) else [blob])
+    elif not coord.store.has_blob(fn):
+        raise HTTPError(409, ErrorCode.MISSING_BLOB, f"upload blob {fn} first (PUT /v1/blobs/{fn})")
+    job_meta = {"timeout": v["timeout"], "name": v["name"],
+                "caller": v["caller"] if v["caller"] is not None else {}}
+    require, vram, retry = v["require"], v["gpu_memory_mb"], v["retry_on"]
+    if require:
+        job_meta["require"] = require.to_meta()
+    if vram:
+        job_meta["gpu_memory_mb"] = {str(i): x for i, x in vram.items()}
+    if v["result_format"] != "pickle":
+        job_meta["result_format"] = v["result_format"]
+    if v["isolation"] != "task":
+        job_meta["isolation"] = v["isolation"]
+    if retry is not None:
+        job_meta["retries"], job_meta["retry_on"] = retry
+    job, created = coord.submit(job_id, v["name"], kind, fn, job_meta, list(args), v["costs"],
+                                v["require_worker"], owner=who_of(request).name)
+    tracing.mark("coordinator.stored")
+    info = {"job_id": job.id, "n_tasks": job.n_tasks, "created": created}
+    if not v["wait"] or job.id not in coord.jobs:
+        return JSONResponse(info)
+    # Submit-and-wait: a short call's result comes back in the submit's own answer,
+    # saving the caller a round trip (the answer is a results page, cursor -1).
+    out_after = -1 if v["output"] else None
+    waited = await until_disconnect(request, coord.wait_results(job.id, -1, v["wait"], out_after))
+    if waited is None:
+        return Response(status_code=204)
+    tracing.mark("coordinator.answer")
+    return results_page(coord, waited, -1, out_after, info, v["handoff"])
+
+
+@route(protocol.JOBS, ["GET"], action="list jobs", roles=people.READ)
+async def list_jobs(request: Request) -> Response:
+    coord = ctx(request).coord
+    limit = int(query_float(request, "limit", 20, 1, 1000))
+    return JSONResponse([job_view(coord, jid, with_tasks=False)
+                         for jid in coord.store.recent_job_ids(limit)])
+
+
+@route(protocol.JOB, ["GET"], action="read job status", roles=people.READ)
+async def job_status(request: Request) -> Response:
+    jid = path_id(request, "jid", "job id")
+    view = job_view(ctx(request).coord, jid, with_tasks=True)
+    if view is None:
+        raise UnknownJob(jid)
+    if not who_of(request).may_touch(view["owner"]):
+        # Someone else's job: its shape and states, not its error texts (they may
+        # quote the arguments).
+        for t in view["tasks"]:
+            if t["error"]:
+                t["error"] = {k: t["error"][k] for k in ("kind", "type") if k in t["error"]}
+    return JSONResponse(view)
+
+
+@route(protocol.JOB_RESULTS, ["GET"], action="read results", roles=people.READ)
+async def results(request: Request) -> Response:
+    coord = ctx(request).coord
+    jid = path_id(request, "jid", "job id")
+    after = int(query_float(request, "after", -1, -1, 1e15))
+    wait = query_float(request, "wait", 0, 0, LONG_POLL_MAX_S)
+    out_after = request.query_params.get("out_after")
+    out_after = None if out_after is None else int(query_float(request, "out_after", -1, -1, 1e15))
+    owned(request, jid, "read the results of")
+    if jid not in coord.jobs:
+        if coord.store.job_exists(jid):
+            raise JobReleased(jid, f"job {jid}'s results were already collected")
+        raise UnknownJob(jid)
+    job = await until_disconnect(request, coord.wait_results(jid, after, wait, out_after))
+    if job is None:
+        return Response(status_code=204)
+    return results_page(coord, job, after, out_after, {}, request.query_params.get("handoff") == "1")
+
+
+def results_page(coord: Coordinator, job, after: int, out_after: int | None, extra: dict,
+                 by_path: bool = False) -> Response:
+    """Frames: JSON (results, counts, output chunks) + result payloads + output bytes.
+    ``by_path`` (the caller shares this machine): a result the store keeps as a file is
+    named by ``file`` (relative to the blob directory) instead of sent."""
+    items, parts, budget = [], [], RESULT_PAGE_BYTES
+    for t in coord.store.results_after(job.id, after, RESULT_PAGE_COUNT):
+        size = 0 if by_path and t.result_file is not None else t.result_size
+        if parts and size > budget:
+            break
+        budget -= size
+        items.append({"index": t.idx, "task_id": t.id, "state": t.state, "seq": t.seq,
+                      "worker": t.worker_id, "error": t.error,
+                      "has_payload": t.result is not None or t.result_file is not None})
+        if t.result is not None:
+            parts.append(Part(t.result))
+        elif t.result_file is not None and by_path:
+            items[-1]["has_payload"] = False
+            items[-1]["file"] = t.result_file
+        elif t.result_file is not None:
+            parts.append(Part(path=coord.store.file_path(t.result_file), size=t.result_size))
+    meta = dict(extra, results=items, n_tasks=job.n_tasks, n_final=job.n_final,
+                state=job.state, workers_alive=len(coord.alive_workers()),
+                workers_able=coord.able_workers(job))
+    if out_after is not None:  # the caller also wants what tasks printed
+        chunks, skipped = coord.output.since(job.id, out_after)
+        meta["output"] = [{"seq": c.seq, "task_id": c.task_id, "index": c.index,
+                           "stream": c.stream, "worker": c.worker} for c in chunks]
+        meta["output_skipped"] = skipped
+        parts += [Part(c.data) for c in chunks]
+    return frames_response(meta, parts)
+
+
+@route(protocol.JOB_LOGS, ["GET"], action="read logs", roles=people.READ)
+async def job_logs(request: Request) -> Response:
+    """Each task's kept stdout and stderr (text, invalid UTF-8 replaced)."""
+    coord = ctx(request).coord
+    jid = path_id(request, "jid", "job id")
+    task = request.query_params.get("task")
+    if task is not None:
+        check_id(task, "task id")
+    owned(request, jid, "read the output of")
+    rows = coord.store.task_rows(jid)
+    if not rows and not coord.store.job_exists(jid):
+        raise UnknownJob(jid)
+    out = []
+    for t in rows:
+        if task is not None and t["id"] != task:
+            continue
+        attempts = attempt_logs(coord, jid, t)
+        out.append({"id": t["id"], "index": t["index"], "state": t["state"],
+                    "stdout": "".join(a["stdout"] for a in attempts),
+                    "stderr": "".join(a["stderr"] for a in attempts),
+                    "attempts": attempts})
+    if task is not None and not out:
+        raise HTTPError(404, ErrorCode.UNKNOWN_TASK, f"job {jid} has no task {task}")
+    return JSONResponse({"job_id": jid, "tasks": out})
+
+
+@route(protocol.JOBS_RELEASE, ["POST"], action="release jobs")
+async def release_many(request: Request) -> Response:
+    """Release several collected jobs in one request (the caller batches them)."""
+    coord = ctx(request).coord
+    jobs = RELEASE_JOBS.read(await json_body(request))["jobs"]
+    released = 0
+    who = who_of(request)
+    owners = coord.store.job_owners(list(dict.fromkeys(jobs)))
+    for jid, owner in owners.items():
+        if not who.may_touch(owner):
+            raise not_yours(jid, owner, who, "release")
+    for jid in dict.fromkeys(jobs):  # unknown ids are skipped: retention got there first
+        if jid in coord.jobs or coord.store.job_exists(jid):
+            coord.release(jid)
+            released += 1
+    return JSONResponse({"released": released})
+
+
+@route(protocol.JOB_RELEASE, ["POST"], action="release jobs")
+async def release(request: Request) -> Response:
+    jid = path_id(request, "jid", "job id")
+    owned(request, jid, "release")
+    ctx(request).coord.release(jid)
+    return JSONResponse({"released": True})
+
+
+@route(protocol.JOB_CANCEL, ["POST"], action="cancel jobs")
+async def cancel(request: Request) -> Response:
+    coord = ctx(request).coord
+    jid = path_id(request, "jid", "job id")
+    owned(request, jid, "cancel")
+    if jid not in coord.jobs:  # finished a while ago: only the store still has it
+        row = coord.store.job_row(jid)
+        if row is None:
+            raise UnknownJob(jid)
+        return JSONResponse({"cancelled": 0, "state": row["state"]})
+    n = coord.cancel(jid)
+    return JSONResponse({"cancelled": n, "state": coord.jobs[jid].state})
+
+
+@route(protocol.JOB_RETRY, ["POST"], action="retry jobs")
+async def retry(request: Request) -> Response:
+    jid = path_id(request, "jid", "job id")
+    owned(request, jid, "retry")
+    return JSONResponse({"retried": ctx(request).coord.retry(jid)})
+
+
+# ---------------------------------------------------------------- views ------------
+def attempt_logs(coord: Coordinator, job_id: str, task: dict) -> list[dict]:
+    """A task's output attempt by attempt: ``[{"attempt", "worker", "hostname", "ended",
+    "stdout", "stderr"}]``; ``ended`` says why an earlier attempt ended without a result
+    (from the task's history), and is the task's state for its last attempt."""
+    history = {h.get("attempt"): h for h in task.get("history") or ()}
+    out = []
+
+    def text(stream: str, k: int) -> str:
+        return coord.output.task_log(job_id, task["id"], stream, k).decode("utf-8", "replace")
+
+    for k in range(1, max(int(task["attempts"] or 0), 1) + 1):
+        h = history.get(k)
+        last = h is None and k == task["attempts"]
+        worker = h.get("worker") if h else (task["worker_id"] if last else None)
+        if h:
+            hostname = h.get("hostname")
+        else:  # the current attempt has no history entry: name its worker as history would
+            w = coord.workers.get(worker) if worker else None
+            hostname = str(w.info["hostname"])[:200] if w is not None and w.info.get("hostname") else None
+        out.append({"attempt": k, "worker": worker, "hostname": hostname,
+                    "ended": h.get("ended") if h else task["state"],
+                    "stdout": text("stdout", k), "stderr": text("stderr", k)})
+    return out
+
+
+def job_view(coord: Coordinator, job_id: str, with_tasks: bool) -> dict | None:
+    """A job as ``GET /v1/jobs/{id}`` answers it (None for an unknown job)."""
+    row = coord.store.job_row(job_id)
+    if row is None:
+        return None
+    counts = coord.store.task_counts(job_id)
+    view = {"id": row["id"], "name": row["name"], "kind": row["kind"], "state": row["state"],
+            "n_tasks": row["n_tasks"], "counts": counts, "created": row["created"],
+            # released: the results were collected (or let go) and their payloads deleted
+            "released": bool(row["released"]),
+            "owner": row.get("owner") or people.MAIN_PERSON,
+            "result_format": (row["meta"] or {}).get("result_format", "pickle")}
+    if with_tasks:
+        view["tasks"] = coord.store.task_rows(job_id)
+    job = coord.jobs.get(job_id)
+    if job is not None and job.preempted:
+        view["preempted"] = job.preempted
+    waiting = coord.waiting_reason(job_id)
+    if waiting:
+        view["waiting"] = waiting
+    return view

@@ -1,0 +1,138 @@
+"""The pool's routes: register, heartbeat, the pulse session, leave, and the lease
+long-poll (whose answer, a frames body of tasks and their arguments, is also what a
+result post answers with: :func:`lease_response`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from ... import protocol, tracing
+from ..._version import __version__
+from ...limits import HEARTBEAT_INTERVAL_S, SESSION_PING_S, WORKER_TTL_S
+from .. import people
+from ..bodies import Part, frames_response, json_body
+from ..core import Coordinator
+from ..schemas import HEARTBEAT, LEASE_REQUEST, REGISTRATION
+from .base import ctx, path_id, route, until_disconnect
+
+#: Registration fields kept as the worker reports them (validated by REGISTRATION).
+_INFO = ("hostname", "user", "device", "device_name", "platform", "python", "version", "cpu",
+         "gpus", "cores", "ram_mb", "score", "slot_list", "owner", "gpu_states")
+#: Fields kept only when given (null: keep what there is).
+_IF_GIVEN = ("scores", "packages", "allow_installs", "gpu_free_mb", "gpu_telemetry")
+
+
+def _info(v: dict, keys: tuple[str, ...]) -> dict:
+    info = {k: v[k] for k in keys if k in v}
+    info.update({k: v[k] for k in _IF_GIVEN if v.get(k) is not None})
+    return info
+
+
+@route(protocol.WORKERS, ["GET"], action="list the workers", roles=people.READ)
+async def list_workers(request: Request) -> Response:
+    coord = ctx(request).coord
+    return JSONResponse([coord.worker_view(w) for w in coord.workers.values()])
+
+
+@route(protocol.WORKERS, ["POST"], worker=True)
+async def register(request: Request) -> Response:
+    v = REGISTRATION.read(await json_body(request))
+    info = _info(v, _INFO)
+    info.setdefault("score", 0.0)
+    w = ctx(request).coord.register(info, v["id"], v["slots"])
+    return JSONResponse({"id": w.id, "heartbeat_s": HEARTBEAT_INTERVAL_S, "ttl_s": WORKER_TTL_S,
+                         "version": __version__})
+
+
+@route(protocol.WORKER_HEARTBEAT, ["POST"], worker=True)
+async def heartbeat(request: Request) -> Response:
+    wid = path_id(request, "wid", "worker id")
+    v = HEARTBEAT.read(await json_body(request))
+    info = _info(v, ("score", "owner", "gpu_states"))
+    return JSONResponse(ctx(request).coord.heartbeat(wid, v["running"], info))
+
+
+@route(protocol.WORKER_SESSION, ["GET"], worker=True)
+async def session(request: Request) -> Response:
+    """The worker's pulse: an open response that only ends when either side goes.
+    A worker process that dies closes its sockets at once, so its tasks are re-queued
+    in milliseconds instead of after the heartbeat TTL."""
+    coord = ctx(request).coord
+    wid = path_id(request, "wid", "worker id")
+    sid = coord.session_opened(wid)
+
+    worker = coord.workers[wid]
+    wake = worker.wake = asyncio.Event()
+
+    async def pulse() -> AsyncIterator[bytes]:
+        try:
+            yield b"open\n"
+            while not coord.closing:
+                try:
+                    await asyncio.wait_for(wake.wait(), SESSION_PING_S)
+                except asyncio.TimeoutError:
+                    yield b"ping\n"
+                    continue
+                wake.clear()
+                lines, worker.outbox = worker.outbox, []
+                if lines:
+                    yield ("\n".join(lines) + "\n").encode()
+        finally:
+            coord.session_closed(wid, sid)
+    return StreamingResponse(pulse(), media_type="text/plain")
+
+
+@route(protocol.WORKER, ["DELETE"], worker=True)
+async def deregister(request: Request) -> Response:
+    wid = path_id(request, "wid", "worker id")
+    return JSONResponse({"requeued": ctx(request).coord.deregister(wid)})
+
+
+@route(protocol.WORKER_LEASE, ["POST"], worker=True)
+async def lease(request: Request) -> Response:
+    coord = ctx(request).coord
+    wid = path_id(request, "wid", "worker id")
+    v = LEASE_REQUEST.read(await json_body(request))
+    grants = await until_disconnect(request, coord.lease(wid, v["slots"], v["wait"], v["free"]))
+    return lease_response(coord, grants or [], v["handoff"])
+
+
+def lease_response(coord: Coordinator, grants, by_path: bool = False) -> Response:
+    """Frames: JSON ``{"tasks": [...]}`` then each task's argument payload.
+    ``by_path`` (the worker shares this machine): arguments the store keeps as files
+    travel as ``args_file`` (relative to the blob directory) and an empty frame."""
+    if grants:
+        tracing.mark("coordinator.grant")
+    tasks, parts, files = [], [], {}
+    for g in grants:
+        job = coord.jobs[g.job_id]
+        inline, fname = coord.store.task_args(g.task_id)
+        if fname is None:
+            parts.append(Part(inline))
+        elif by_path:  # same machine: the worker maps the file itself
+            files[g.task_id] = fname
+            parts.append(Part(b""))
+        else:
+            path = coord.store.file_path(fname)
+            parts.append(Part(path=path, size=path.stat().st_size))
+        tasks.append({"task_id": g.task_id, "job_id": g.job_id, "index": g.index,
+                      "lease_id": g.lease_id, "attempt": g.attempt, "kind": job.kind,
+                      "fn": job.fn_hash, "timeout": job.meta.get("timeout"),
+                      "name": job.meta.get("name", ""), "slot": g.slot,
+                      "result_format": job.meta.get("result_format", "pickle"),
+                      "isolation": job.meta.get("isolation", "task")})
+        if job.require.requires:  # built into a task environment if the worker lacks them
+            tasks[-1]["requires"] = list(job.require.requires)
+        if g.task_id in files:
+            tasks[-1]["args_file"] = files[g.task_id]
+    if not grants:
+        return frames_response({"tasks": tasks}, parts)
+    leases = [(g.task_id, g.lease_id) for g in grants]
+    # A lease counts as delivered only once its whole answer has left; one whose answer
+    # broke off goes back to the queue at once (see Coordinator.lease_delivered).
+    return frames_response({"tasks": tasks}, parts,
+                           on_sent=lambda ok: coord.lease_delivered(leases, ok))
