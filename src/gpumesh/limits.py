@@ -315,7 +315,12 @@ ERROR_TAIL_BYTES = _const("ERROR_TAIL_BYTES", 4096, "bytes",
 MAX_WARM_FUNCTIONS = _const("MAX_WARM_FUNCTIONS", 4, "count",
                             "warm per-function processes a worker keeps (least recently used "
                             "beyond this exit)")
-WARM_IDLE_S = _const("WARM_IDLE_S", 300.0, "s", "an idle warm per-function process lives this long")
+# A worker that keeps no warm process any more stops its zygote and generic spare too, so
+# its idle memory goes back to what it was before its first task.
+WARM_IDLE_S: float = _env(
+    "WARM_IDLE_S", "GPUMESH_WARM_IDLE", SECONDS, "60", "s", "`join`",
+    "a function's warm processes (its host, the task process started ahead for it) exit after "
+    "this long without a task of it; a worker with none left stops its zygote too")
 
 # --- what a worker reports and a job may ask for (worker, caller and coordinator check
 # --- the same limits) ---------------------------------------------------------------

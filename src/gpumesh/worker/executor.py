@@ -162,6 +162,8 @@ class Executor:
         # an idle worker, or one that only runs scripts, keeps no interpreter around.
         self._zygote: subprocess.Popen | None = None
         self._zygote_ctrl: socket.socket | None = None
+        self._zygote_used = 0.0  # when the zygote last started (see _janitor)
+        self._janitor_started = False
         self._closed = False
         self._running: dict[str, tuple[Host, _Pending]] = {}
         # isolation="job" tasks run in spawned processes that a slot keeps for its job
@@ -193,8 +195,41 @@ class Executor:
             finally:
                 child.close()
             self._zygote_ctrl = ctrl
+            self._zygote_used = time.monotonic()
+            if not self._janitor_started:
+                self._janitor_started = True
+                threading.Thread(target=self._janitor, name="fork-janitor", daemon=True).start()
         assert self._zygote_ctrl is not None
         return self._zygote_ctrl
+
+    def _janitor(self) -> None:
+        """Release what idles: hosts whose function ran no task for WARM_IDLE_S (with
+        their spare), then the zygote once it hosts none and has forked none for as long
+        (the next function task starts it again, ~0.1 s)."""
+        while not self._closed:
+            time.sleep(min(5.0, max(0.05, WARM_IDLE_S / 4)))
+            with self._lock:
+                if self._closed:
+                    return
+                now = time.monotonic()
+                for key, host in list(self._hosts.items()):
+                    # Not while it loads its function: its task is not counted yet.
+                    if not host.tasks and host.ready.is_set() and now - host.last_used > WARM_IDLE_S:
+                        del self._hosts[key]
+                        host.close()
+                last = max([self._zygote_used, *(h.last_used for h in self._hosts.values())])
+                idle = time.monotonic() - last
+                zygote, ctrl = self._zygote, self._zygote_ctrl
+                if zygote is None or self._hosts or self._running or idle <= WARM_IDLE_S:
+                    continue
+                self._zygote = self._zygote_ctrl = None
+            if ctrl is not None:
+                ctrl.close()  # the zygote exits when its control socket closes
+            try:
+                zygote.wait(5)
+            except subprocess.TimeoutExpired:
+                zygote.kill()
+                zygote.wait()
 
     def _host(self, fn_hash: str, blob_path: str, sys_path: list[str] | None = None) -> Host:
         # A function run in a task environment (requires=) has a host of its own, whose
@@ -262,6 +297,7 @@ class Executor:
             return Outcome("retry", {"kind": FailureKind.HOST_DIED,
                                      "message": f"could not start the function's host: {e}"})
         host.ready.wait()
+        host.last_used = time.monotonic()  # a slow load is not idle time (see _janitor)
         if host.load_error is not None:
             self.forget(host.key)
             return Outcome("error", dict(host.load_error))
