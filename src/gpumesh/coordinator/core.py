@@ -34,7 +34,7 @@ from collections import Counter, OrderedDict
 
 from .. import availability, hardware
 from ..limits import HEARTBEAT_INTERVAL_S, MAX_ATTEMPTS, WORKER_TTL_S
-from . import placement
+from . import placement, views
 from .model import (CoordinatorError, Grant, Job, JobReleased, Lease, NoWorkers,  # noqa: F401
                     StaleLease, UnknownJob, UnknownWorker, Unsatisfiable, Worker)
 from .output import OutputHub
@@ -534,45 +534,12 @@ class Coordinator:
         return job, True
 
     def unsatisfiable_message(self, req: hardware.Requirements, hint: float | None) -> str:
-        alive = self.alive_workers()
-        if req.python and not any(s.python in ("", req.python) for w in alive for s in w.slot_views()):
-            # The one refusal that is about software: say so in its own words.
-            others = sorted({f"Python {w.info.get('python', '?')} ({w.info.get('hostname', w.id)})"
-                             for w in alive})
-            return (f"this call ships code by value (a function, lambda or class defined in "
-                    f"__main__, a notebook or a closure), whose bytecode only loads on the Python "
-                    f"that made it: the caller runs Python {req.python} and the alive workers run "
-                    f"{', '.join(others)}; join a worker running Python {req.python}, or run the "
-                    f"caller on the workers' Python")
-        if req.requires:
-            from ..packages import unmet
-            lacking = [(w, unmet(req.requires, w.info.get("packages") or {})) for w in alive
-                       if not w.info.get("allow_installs")]
-            if len(lacking) == len(alive) and all(missing for _, missing in lacking):
-                who = "; ".join(f"{w.info.get('hostname', '?')} ({w.id}) lacks {', '.join(missing)}"
-                                for w, missing in lacking)
-                return (f"no alive worker has {', '.join(req.requires)} or allows installs: {who}; "
-                        f"join a worker with `gpumesh join --allow-installs` (it builds the "
-                        f"environment with uv) or install them on a worker")
-        wants = req.describe() if req else ""
-        if hint:
-            wants = (wants + ", " if wants else "") + f"gpu_memory_mb={hardware.format_mib(hint)}"
-        pool = [self.worker_view(w) for w in self.alive_workers()]
-        return f"no alive worker can ever run this job ({wants}); {hardware.describe_pool(pool)}"
+        """The text of the ``Unsatisfiable`` refusal (see :func:`.views.unsatisfiable_message`)."""
+        return views.unsatisfiable_message(self, req, hint)
 
     def worker_view(self, w: Worker) -> dict:
         """A worker as ``GET /v1/workers`` lists it."""
-        d = dict(w.info)
-        lacks = sorted(m for m, ws in self.lacking.items() if w.id in ws)
-        if lacks:  # modules recent jobs needed and did not find here
-            d["lacks"] = lacks
-        d.update(id=w.id, alive=w.alive, slots=w.slots, running=len(w.leases), slot_list=w.slot_list,
-                 busy_slots=sorted({lease.slot for tid in w.leases
-                                    if (lease := self.leases.get(tid)) is not None
-                                    and lease.slot is not None}))
-        if not d.get("scores") and not d.get("score"):
-            d["score"] = None  # not measured yet: "pending", as devices() and the CLI say
-        return d
+        return views.worker_view(self, w)
 
     def job(self, job_id: str) -> Job:
         job = self.jobs.get(job_id)
@@ -676,24 +643,8 @@ class Coordinator:
 
     def waiting_reason(self, job_id: str) -> str | None:
         """Why the job's pending tasks wait although workers that could run them are
-        alive: every such worker (or GPU) is closed by its owner's rules. None otherwise."""
-        job = self.jobs.get(job_id)
-        if job is None or not self.queue.pending(job_id):
-            return None
-        capable, why = False, []
-        for w in self.alive_workers():
-            closed = availability.closed_slots(w.info, w.slot_list)
-            fits = [v for v in w.slot_views() if not job.lane
-                    or hardware.refusal(job.lane, v, ever=True) is None]
-            if not fits:
-                continue
-            capable = True
-            if any(v.id not in closed for v in fits):
-                return None  # somewhere to run: it only waits its turn
-            why.append(f"{w.info.get('hostname') or w.id} [{', '.join(availability.labels(w.info))}]")
-        if not capable:
-            return None
-        return "waiting: every worker that can run it is unavailable: " + "; ".join(why)
+        alive (see :func:`.views.waiting_reason`). None otherwise."""
+        return views.waiting_reason(self, job_id)
 
     def _retry_raised(self, lease: Lease, error: dict | None) -> bool:
         """If the function raised an exception its job retries (``retry_on``: the type or
