@@ -34,7 +34,7 @@ from collections import Counter, OrderedDict
 
 from .. import availability, hardware
 from ..limits import HEARTBEAT_INTERVAL_S, MAX_ATTEMPTS, WORKER_TTL_S
-from . import placement, views
+from . import placement, placing, views
 from .model import (CoordinatorError, Grant, Job, JobReleased, Lease, NoWorkers,  # noqa: F401
                     StaleLease, UnknownJob, UnknownWorker, Unsatisfiable, Worker)
 from .output import OutputHub
@@ -336,7 +336,7 @@ class Coordinator:
         else:
             want = Counter(slot_ids)  # a legacy request may name a slot more than once
             serve = [v for v in views for _ in range(want.get(v.id, 0))]
-        ctx = _Placing(self)
+        ctx = placing.Placing(self)
         owner_ok = None
         if self.max_running:
             running = self.running_by_owner()
@@ -355,11 +355,11 @@ class Coordinator:
                 # A GPU slot serves jobs that need a GPU before those that merely may use one.
                 got = self.queue.take_one(
                     lambda j, q: self._choose(j, q, slot, ctx),
-                    lane_ok=lambda req: req is not None and req.needs_gpu and ctx.runs(req, slot),
+                    lane_ok=lambda req: req is not None and req.needs_gpu and placing.runs(req, slot),
                     owner_ok=owner_ok)
             if got is None:
                 got = self.queue.take_one(lambda j, q: self._choose(j, q, slot, ctx),
-                                          lane_ok=lambda req: ctx.runs(req, slot), owner_ok=owner_ok)
+                                          lane_ok=lambda req: placing.runs(req, slot), owner_ok=owner_ok)
             if got is not None:
                 taken.append((got[0], got[1], slot.id, slot.kind != "cpu"))
                 if owner_ok is not None:
@@ -392,31 +392,10 @@ class Coordinator:
             out[job.owner if job else None] += 1
         return out
 
-    def _choose(self, job_id: str, q, slot: hardware.Slot, ctx: _Placing) -> int | None:
+    def _choose(self, job_id: str, q, slot: hardware.Slot, ctx: placing.Placing) -> int | None:
         """Position in job ``job_id``'s queue ``q`` of the task ``slot`` should run, or
-        None if it can run none of the first ``placement.HEAD_WINDOW``. The job's
-        requirements were checked already, for its whole lane (see :meth:`_grant`)."""
-        job = self.jobs.get(job_id)
-        if job is None:
-            return 0
-        if job.lacking and job.excludes(slot.worker):
-            return None  # it lacks a module this job's function needs
-        if not job.vram_mb and not job.costs_vary and not job.avoid:
-            return 0  # the common case: FIFO
-        candidates = []
-        for pos in range(min(len(q), placement.HEAD_WINDOW)):
-            tid = q[pos]
-            if job.avoid and slot.worker in job.avoid.get(tid, ()) and self._elsewhere(job, tid):
-                continue  # its function raised here: another worker tries it
-            hint = job.vram_mb.get(self.task_meta[tid][0]) if job.vram_mb else None
-            if hint and hardware.vram_refusal(slot, hint) is not None:
-                continue
-            candidates.append((pos, self.task_cost.get(tid, 1.0)))
-        if not candidates:
-            return None
-        if not job.costs_vary:
-            return candidates[0][0]
-        return placement.pick(candidates, ctx.relative(job, slot))
+        None (see :func:`.placing.choose`)."""
+        return placing.choose(self, job_id, q, slot, ctx)
 
     def _wake_idle(self) -> None:
         """Hand newly pending tasks to workers that are long-polling: the strongest first
@@ -426,7 +405,7 @@ class Coordinator:
             return
         waiting = list(self.idle.items())
         if len(waiting) > 1:
-            waiting.sort(key=lambda kv: -self._best_score(kv[0]))
+            waiting.sort(key=lambda kv: -placing.best_score(self.workers.get(kv[0])))
         for wid, (fut, slots, free) in waiting:
             if not len(self.queue):
                 break
@@ -438,13 +417,6 @@ class Coordinator:
             if grants:
                 del self.idle[wid]
                 fut.set_result(grants)
-
-    def _best_score(self, wid: str) -> float:
-        w = self.workers.get(wid)
-        if w is None:
-            return 0.0
-        scores = w.info.get("scores") or {}
-        return max([float(v) for v in scores.values()] + [float(w.info.get("score") or 0)])
 
     def _requeue(self, task_ids: list[str], reason: str, error: dict | None = None,
                  preempted: bool = False) -> None:
@@ -600,7 +572,7 @@ class Coordinator:
         while len(self.lacking) > MAX_LACKING_MODULES:  # the oldest module first
             del self.lacking[next(iter(self.lacking))]
         others = [w for w in self.alive_workers() if not job.excludes(w.id)
-                  and any(_Placing.runs(job.lane, s) for s in w.slot_views())]
+                  and any(placing.runs(job.lane, s) for s in w.slot_views())]
         if others:
             log.info("task %s: worker %s has no module %r; trying it on another worker",
                      lease.task_id, lease.worker_id, module)
@@ -649,7 +621,7 @@ class Coordinator:
     def _retry_raised(self, lease: Lease, error: dict | None) -> bool:
         """If the function raised an exception its job retries (``retry_on``: the type or
         one of its bases, by name) and retries are left, re-queue the task, to run on
-        another worker when one can (see :meth:`_choose`). Returns whether it did."""
+        another worker when one can (see :func:`.placing.choose`). Returns whether it did."""
         job = self.jobs.get(lease.job_id)
         names = job.meta.get("retry_on") if job is not None else None
         if not names or not isinstance(error, dict) or error.get("kind") != "raised":
@@ -667,13 +639,6 @@ class Coordinator:
                                                f"(retry {done + 1} of {job.meta.get('retries')})",
                       error=error)
         return True
-
-    def _elsewhere(self, job: Job, task_id: str) -> bool:
-        """Whether an alive worker the task has not failed on could run it."""
-        tried = job.avoid.get(task_id, ())
-        return any(w.alive and w.id not in tried
-                   and any(_Placing.runs(job.require, s) for s in w.slot_views())
-                   for w in self.workers.values())
 
     def lease_delivered(self, leases: list[tuple[str, str]], ok: bool) -> None:
         """The answer carrying these ``(task_id, lease_id)`` grants finished sending (``ok``)
@@ -841,44 +806,3 @@ class Coordinator:
         self.jobs.pop(job_id, None)
         self.output.forget(job_id)
 
-
-class _Placing:
-    """What one grant round needs to know about the whole pool, computed once, lazily:
-    which jobs need a GPU, the stragglers per function, the best slot per job."""
-
-    def __init__(self, coord: Coordinator):
-        self.coord = coord
-        self._gpu_jobs: bool | None = None
-        self._slots: list[hardware.Slot] | None = None
-        self._stragglers: dict[str, set] = {}
-        self._best: dict[str, float] = {}
-
-    def gpu_jobs_pending(self) -> bool:
-        """Whether a job that needs a GPU has pending tasks (one look per lane)."""
-        if self._gpu_jobs is None:
-            self._gpu_jobs = any(req is not None and req.needs_gpu for req in self.coord.queue.lanes())
-        return self._gpu_jobs
-
-    @staticmethod
-    def runs(req: hardware.Requirements | None, slot: hardware.Slot) -> bool:
-        """Whether ``slot`` meets ``req`` (a run queue lane; None: a job not known here)."""
-        return not req or hardware.refusal(req, slot) is None
-
-    def _all_slots(self) -> list[hardware.Slot]:
-        if self._slots is None:
-            self._slots = [s for w in self.coord.alive_workers() for s in w.slot_views()]
-        return self._slots
-
-    def stragglers(self, fn: str) -> set:
-        if fn not in self._stragglers:
-            self._stragglers[fn] = self.coord.stats.stragglers(fn, self.coord.clock())
-        return self._stragglers[fn]
-
-    def relative(self, job: Job, slot: hardware.Slot) -> float:
-        """``slot``'s strength over the best alive slot that could run ``job``."""
-        fn = job.fn_hash or ""
-        st = self.stragglers(fn)
-        if job.id not in self._best:
-            fit = [s for s in self._all_slots() if not job.lane or hardware.refusal(job.lane, s) is None]
-            self._best[job.id] = max((placement.strength(s, st) for s in fit), default=0.0)
-        return placement.relative(placement.strength(slot, st), self._best[job.id])
