@@ -34,7 +34,7 @@ from collections import Counter, OrderedDict
 
 from .. import availability, hardware
 from ..limits import HEARTBEAT_INTERVAL_S, MAX_ATTEMPTS, WORKER_TTL_S
-from . import placement, placing, views
+from . import placement, placing, recovery, views
 from .model import (CoordinatorError, Grant, Job, JobReleased, Lease, NoWorkers,  # noqa: F401
                     StaleLease, UnknownJob, UnknownWorker, Unsatisfiable, Worker)
 from .output import OutputHub
@@ -88,46 +88,7 @@ class Coordinator:
         #: now)`` after a worker's result is accepted. They must not raise.
         self.on_grants = None
         self.on_result = None
-        self._recover()
-
-    # ------------------------------------------------------------ start-up -------
-    def _recover(self) -> None:
-        """Rebuild the in-memory view from the store after a (re)start."""
-        for row in self.store.active_jobs():
-            job = Job(row["id"], row["kind"], row["fn_hash"], row["meta"], row["n_tasks"],
-                      state=row["state"], owner=row.get("owner"), submitted=self.clock())
-            try:
-                job.prepare()
-            except ValueError as e:  # written by another version: run it without them
-                log.warning("job %s: ignoring unreadable requirements (%s)", job.id, e)
-            counts = self.store.task_counts(job.id)
-            job.n_final = sum(n for s, n in counts.items() if s not in ("pending", "leased"))
-            job.next_seq = self.store.max_seq(job.id) + 1
-            self.jobs[job.id] = job
-        now = self.clock()
-        for t in self.store.open_tasks():
-            if t.job_id not in self.jobs:
-                continue
-            self.task_meta[t.id] = (t.idx, t.attempts)
-            if t.preempted:
-                self.preempted_runs[t.id] = t.preempted
-            if t.retried:
-                self.retried[t.id] = t.retried
-                self.jobs[t.job_id].avoid[t.id] = set(t.raised_on)
-            if t.cost != 1.0:
-                self.task_cost[t.id] = t.cost
-                self.jobs[t.job_id].costs_vary = True
-            if t.state == "leased" and t.lease_id and t.worker_id:
-                # Keep the lease: a worker that comes back within the TTL may still
-                # deliver this result. The sweeper requeues it otherwise.
-                self.leases[t.id] = Lease(t.id, t.job_id, t.lease_id, t.worker_id, now,
-                                          delivered=now)
-            else:
-                self.queue.add(t.job_id, [t.id], lane=self.jobs[t.job_id].lane,
-                               owner=self.jobs[t.job_id].owner)
-        if self.jobs:
-            log.info("recovered %d unreleased jobs from the store: %d tasks pending, %d leased "
-                     "(kept for workers that come back)", len(self.jobs), len(self.queue), len(self.leases))
+        recovery.recover(self)  # rebuild the in-memory view from the store
 
     # ------------------------------------------------------------ workers --------
     def register(self, info: dict, worker_id: str | None, slots: int) -> Worker:
