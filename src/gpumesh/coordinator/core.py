@@ -267,28 +267,13 @@ class Coordinator:
             if cur and cur[0] is fut:
                 del self.idle[wid]
 
-    def _free_slots(self, w: Worker, slots: int, free: list[int] | None) -> list[int]:
-        ids = [s["id"] for s in w.slot_list] or list(range(w.slots))
-        closed = availability.closed_slots(w.info, w.slot_list)  # the owner's rules
-        if closed:
-            ids = [i for i in ids if i not in closed]
-            free = None if free is None else [i for i in free if i not in closed]
-        if free is not None:
-            known = set(ids)
-            return [i for i in dict.fromkeys(free) if i in known]
-        # A request that names no slots (a worker from before slots, or a test) asks for
-        # ``slots`` tasks, as it always could: idle slots first, then busy ones again.
-        busy = {lease.slot for tid in w.leases if (lease := self.leases.get(tid)) is not None}
-        order = [i for i in ids if i not in busy] + [i for i in ids if i in busy]
-        return [order[k % len(order)] for k in range(max(0, slots))] if order else []
-
     def _grant(self, w: Worker, slots: int, free: list[int] | None = None) -> list[Grant]:
         """Give each of ``w``'s free slots (strongest first) a task it can run, chosen by
         :mod:`.placement` from what the run queue offers (round-robin between people, then
         between each person's jobs; a person at their ``max_running`` cap is passed over)."""
         if not len(self.queue):
             return []
-        slot_ids = self._free_slots(w, slots, free)
+        slot_ids = placing.free_slots(self, w, slots, free)
         if not slot_ids:
             return []
         views = w.slot_views()  # strongest first

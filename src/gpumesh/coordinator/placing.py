@@ -2,8 +2,9 @@
 
 :mod:`.placement` is the pure policy (cost ranking, stragglers, no state of its own);
 this module applies it to the coordinator's workers, jobs and queues: the per-round
-context :class:`Placing`, the choice of a task within a job's queue (:func:`choose`),
-and the order in which long-polling workers are served (:func:`best_score`).
+context :class:`Placing`, which of a worker's slots a grant serves (:func:`free_slots`),
+the choice of a task within a job's queue (:func:`choose`), and the order in which
+long-polling workers are served (:func:`best_score`).
 ``Coordinator._grant`` drives it; nothing here changes the coordinator's state.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .. import hardware
+from .. import availability, hardware
 from . import placement
 from .model import Job, Worker
 
@@ -59,6 +60,24 @@ class Placing:
             fit = [s for s in self._all_slots() if not job.lane or hardware.refusal(job.lane, s) is None]
             self._best[job.id] = max((placement.strength(s, st) for s in fit), default=0.0)
         return placement.relative(placement.strength(slot, st), self._best[job.id])
+
+
+def free_slots(coord: Coordinator, w: Worker, slots: int, free: list[int] | None) -> list[int]:
+    """The ids of ``w``'s slots a grant for ``slots`` tasks serves, in order: those in
+    ``free`` (None: any) that its owner's rules leave open."""
+    ids = [s["id"] for s in w.slot_list] or list(range(w.slots))
+    closed = availability.closed_slots(w.info, w.slot_list)  # the owner's rules
+    if closed:
+        ids = [i for i in ids if i not in closed]
+        free = None if free is None else [i for i in free if i not in closed]
+    if free is not None:
+        known = set(ids)
+        return [i for i in dict.fromkeys(free) if i in known]
+    # A request that names no slots (a worker from before slots, or a test) asks for
+    # ``slots`` tasks, as it always could: idle slots first, then busy ones again.
+    busy = {lease.slot for tid in w.leases if (lease := coord.leases.get(tid)) is not None}
+    order = [i for i in ids if i not in busy] + [i for i in ids if i in busy]
+    return [order[k % len(order)] for k in range(max(0, slots))] if order else []
 
 
 def choose(coord: Coordinator, job_id: str, q, slot: hardware.Slot, ctx: Placing) -> int | None:
