@@ -527,15 +527,7 @@ class Coordinator:
             self._requeue([lease.task_id], reason=f"no module {module!r} on this worker",
                           error=error)
             return None
-        lacking = []
-        for wid in sorted(job.lacking[module]):
-            w = self.workers.get(wid)
-            name = w.info.get("hostname", "?") if w else "?"
-            lacking.append(f"{name} ({wid}, Python {w.info.get('python', '?') if w else '?'})")
-        return dict(error, kind="missing_module", message=(
-            f"No module named {module!r} on any worker that could run this task: "
-            f"{', '.join(lacking)} lack{'s' if len(lacking) == 1 else ''} it; install it "
-            f"there (or join a worker that has it) and call again"))
+        return dict(error, kind="missing_module", message=views.missing_module_message(self, job, module))
 
     def hand_back(self, task_id: str, lease_id: str, reason: str) -> None:
         """The worker gives a running task back (its owner paused it, wants the GPU, the

@@ -2,8 +2,8 @@
 
 Plain functions over a :class:`~gpumesh.coordinator.core.Coordinator`: they look, never
 change anything, so the state machine in ``core`` stays about transitions. ``Coordinator``
-keeps a method for each (``worker_view``, ``waiting_reason``, ``unsatisfiable_message``)
-that the routes, the dashboard and the tests call.
+keeps a method for each of the first three (``worker_view``, ``waiting_reason``,
+``unsatisfiable_message``) that the routes, the dashboard and the tests call.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .. import availability, hardware
-from .model import Worker
+from .model import Job, Worker
 
 if TYPE_CHECKING:  # core imports this module: no import of core at run time
     from .core import Coordinator
@@ -82,3 +82,16 @@ def unsatisfiable_message(coord: Coordinator, req: hardware.Requirements, hint: 
         wants = (wants + ", " if wants else "") + f"gpu_memory_mb={hardware.format_mib(hint)}"
     pool = [coord.worker_view(w) for w in coord.alive_workers()]
     return f"no alive worker can ever run this job ({wants}); {hardware.describe_pool(pool)}"
+
+
+def missing_module_message(coord: Coordinator, job: Job, module: str) -> str:
+    """The final error of a task whose ``module`` no worker that could run ``job`` has:
+    names the module and each worker that lacks it (host, id, Python)."""
+    lacking = []
+    for wid in sorted(job.lacking[module]):
+        w = coord.workers.get(wid)
+        name = w.info.get("hostname", "?") if w else "?"
+        lacking.append(f"{name} ({wid}, Python {w.info.get('python', '?') if w else '?'})")
+    return (f"No module named {module!r} on any worker that could run this task: "
+            f"{', '.join(lacking)} lack{'s' if len(lacking) == 1 else ''} it; install it "
+            f"there (or join a worker that has it) and call again")
