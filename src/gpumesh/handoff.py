@@ -117,9 +117,15 @@ class Handoff:
         """Map the store's payload file ``rel`` (a path relative to ``blob_dir``, as an
         answer names it). Returns a writable copy-on-write view. Raises
         ``FileNotFoundError`` if the file is gone (the caller then asks over HTTP)."""
-        if not isinstance(rel, str) or rel.startswith("/") or ".." in rel.split("/"):
-            raise FileNotFoundError(f"not a payload path: {rel!r}")
-        return map_file(self.blob_dir / rel)
+        from .payloadref import BadRef, store_file
+        try:
+            ref = store_file(self.blob_dir, rel)
+        except BadRef as e:
+            raise FileNotFoundError(str(e)) from None
+        try:
+            return ref.open()
+        finally:
+            ref.release()
 
 
 def worth_it(size: int) -> bool:

@@ -101,8 +101,11 @@ OUTPUT_FLUSH_S = 0.2
 # --- worker --------------------------------------------------------------------------
 #: Warm per-function processes a worker keeps (least recently used beyond this exit).
 MAX_WARM_FUNCTIONS = 4
-#: Seconds an idle warm per-function process lives.
-WARM_IDLE_S = 300.0
+#: Seconds a function's warm processes (its function host and the task process forked or
+#: started ahead for it) live after its last task; then they exit, and a worker that
+#: keeps none any more stops its zygote and generic spare too (its idle memory goes back
+#: to what it was before its first task). Override with ``GPUMESH_WARM_IDLE``.
+WARM_IDLE_S = float(os.environ.get("GPUMESH_WARM_IDLE", "60"))
 
 # --- security (see SECURITY.md and docs/threat-model.md) ----------------------------
 #: Shortest token ``gpumesh serve`` accepts from a user (characters). Generated tokens
