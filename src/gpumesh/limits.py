@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 T = TypeVar("T")
