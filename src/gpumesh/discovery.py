@@ -30,6 +30,8 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
+from . import limits
+
 log = logging.getLogger("gpumesh.discovery")
 
 SERVICE_TYPE = "_gpumesh._tcp.local."
@@ -46,8 +48,7 @@ class DiscoveryUnavailable(RuntimeError):
 
 def enabled(env: dict | None = None) -> bool:
     """False when ``GPUMESH_DISCOVERY`` is ``0``/``false``/``no``/``off``."""
-    value = (os.environ if env is None else env).get(ENV, "").strip().lower()
-    return value not in ("0", "false", "no", "off")
+    return limits.setting(ENV, env)
 
 
 def _zeroconf():

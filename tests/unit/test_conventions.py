@@ -19,13 +19,6 @@ PACKAGE = SRC / "gpumesh"
 #: A module over this many lines holds more than one job; split it (STYLE: "keep modules
 #: under ~800 lines, one job each").
 MAX_MODULE_LINES = 800
-#: Modules still over the limit, each at most the size it had when this test came (a
-#: ratchet: it may shrink, not grow). Remove an entry once its split lands (#15).
-SPLIT_PENDING = {
-    # the coordinator's state machine after its data classes moved to model.py; the
-    # lease/placement half (_grant, _choose, _Placing) is the next to go
-    "gpumesh.coordinator.core": 938,
-}
 
 
 def _modules() -> dict[str, Path]:
@@ -42,11 +35,8 @@ def _modules() -> dict[str, Path]:
 def test_no_module_over_the_line_limit():
     sizes = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
     assert len(sizes) > 50  # the whole package was found
-    over = {name: n for name, n in sizes.items()
-            if n > SPLIT_PENDING.get(name, MAX_MODULE_LINES)}
+    over = {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES}
     assert over == {}, f"modules over {MAX_MODULE_LINES} lines (split them by concern): {over}"
-    done = [name for name in SPLIT_PENDING if sizes.get(name, 0) <= MAX_MODULE_LINES]
-    assert done == [], f"split (or gone): remove from SPLIT_PENDING: {done}"
 
 
 # ---------------------------------------------------------------- import cycles -------

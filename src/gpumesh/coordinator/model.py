@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import hardware
 from ..protocol import ErrorCode
@@ -122,7 +123,7 @@ class StaleLease(CoordinatorError):
 @dataclass
 class Worker:
     id: str
-    info: dict
+    info: dict[str, Any]
     slots: int
     last_seen: float
     alive: bool = True
@@ -130,7 +131,7 @@ class Worker:
     session: int = 0  # id of the worker's current pulse connection (0: none open)
     outbox: list[str] = field(default_factory=list)  # lines to push down the pulse
     wake: asyncio.Event | None = None
-    slot_list: list[dict] = field(default_factory=list)  # [{"id", "kind", "gpu"?}]
+    slot_list: list[dict[str, Any]] = field(default_factory=list)  # [{"id", "kind", "gpu"?}]
     views: list[hardware.Slot] | None = None  # slot_views() cache; None when info changed
 
     def slot_views(self) -> list[hardware.Slot]:
@@ -166,12 +167,12 @@ class Job:
     id: str
     kind: str
     fn_hash: str | None
-    meta: dict
+    meta: dict[str, Any]
     n_tasks: int
     n_final: int = 0
     next_seq: int = 0
     state: str = "active"
-    waiters: list[asyncio.Future] = field(default_factory=list)
+    waiters: list[asyncio.Future[None]] = field(default_factory=list)
     require: hardware.Requirements = field(default_factory=hardware.Requirements)
     vram_mb: dict[int, float] = field(default_factory=dict)  # task index -> gpu_memory_mb hint
     costs_vary: bool = False  # tasks have different costs: choose by cost, not FIFO alone

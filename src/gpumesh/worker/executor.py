@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..limits import MAX_WARM_FUNCTIONS, WARM_IDLE_S
+from ..limits import ERROR_TAIL_BYTES, MAX_WARM_FUNCTIONS, WARM_IDLE_S
 from ..payloadref import PayloadRef
 from ..protocol import FailureKind, TaskGrant
 from . import procs, runner
@@ -57,8 +57,6 @@ class Outcome:
 #: Arguments up to this size are written to the task's socket without a helper thread
 #: (they fit in the socket buffer, so the write cannot block).
 INLINE_ARGS_BYTES = 64 * 1024
-#: How much of a failed task's stderr travels with its error (bytes, from the end).
-STDERR_TAIL_BYTES = 4096
 
 
 def _map_read_only(fd: int) -> memoryview:
@@ -329,7 +327,7 @@ class Executor:
             outcome = self._exchange(host, pending, mine, None if args_ref is not None else args,
                                      timeout)
             if outcome.status == "error" and outcome.error is not None:
-                tail = _tail(err, STDERR_TAIL_BYTES)
+                tail = _tail(err, ERROR_TAIL_BYTES)
                 if tail:
                     outcome.error["stderr_tail"] = tail
             return outcome
