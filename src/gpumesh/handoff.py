@@ -113,6 +113,24 @@ class Handoff:
         discard(self.drop_dir, name)
 
     # ----------------------------------------------------------------- receiving ----
+    def open_result(self, item: dict) -> memoryview:
+        """Map the store's file of a result that a results page names (its ``refs``'
+        ``"result"``, or from a coordinator before refs its ``file``), as :meth:`open`.
+        Raises ``FileNotFoundError`` if it is gone or not a store file (the caller then
+        asks over HTTP)."""
+        from .payloadref import BadRef, from_wire
+        wire = (item.get("refs") or {}).get("result")
+        if wire is None:  # the key before refs: drop it in the next release
+            return self.open(item["file"])
+        try:
+            ref = from_wire(wire, self.blob_dir, "refs.result")
+        except BadRef as e:
+            raise FileNotFoundError(str(e)) from None
+        try:
+            return ref.open()
+        finally:
+            ref.release()
+
     def open(self, rel: str) -> memoryview:
         """Map the store's payload file ``rel`` (a path relative to ``blob_dir``, as an
         answer names it). Returns a writable copy-on-write view. Raises
