@@ -338,12 +338,14 @@ def handoff_refs(meta: dict, frame_count: int) -> dict[int, dict]:
             if int(key) >= frame_count:
                 raise BadRef(f"{REFS}: {key!r} is not a frame number")
             if wire["kind"] != "handoff":
-                raise BadRef(f"{REFS}.{key}: a sender may name only handoff files, not {wire['kind']!r}")
+                raise BadRef(f"{REFS}.{key}: a sender may name only handoff files, "
+                             f"not {wire['kind']!r}")
             if "offset" in wire:
                 raise BadRef(f"{REFS}.{key}: a handoff file is sent whole: no 'offset'")
             out[int(key)] = wire
         return out
-    return {i: {"kind": "handoff", "name": name} for i, name in _handoff_files(meta, frame_count).items()}
+    return {i: {"kind": "handoff", "name": name}
+            for i, name in _handoff_files(meta, frame_count).items()}
 
 
 def handoff_names(meta: dict, frame_count: int) -> dict[int, str]:

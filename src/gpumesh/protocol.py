@@ -42,6 +42,19 @@ Messages (frame 0 of a frames body, see :mod:`gpumesh.wire`, or a JSON body)::
     ResultPost    worker -> POST .../result: status ok | error | retry, the error dict
     ResultPage    coordinator -> caller: results after a seq (ResultItem each), counts, output
 
+Payload references: a frame whose bytes lie in a file on the coordinator's machine is
+sent empty and named under one key of the message, ``refs`` (see
+:mod:`gpumesh.payloadref`): frame number or field -> wire form::
+
+    JobSubmit, ResultPost  {"refs": {"<frame>": {"kind": "handoff", "name": "<hex>.part", "size": N}}}
+    TaskGrant              {"refs": {"args": {"kind": "store", "path": "args/...", "size"?: N}}}
+    ResultItem             {"refs": {"result": {"kind": "store", "path": "results/...", "size": N}}}
+
+``path`` is relative to the store's blob directory, ``name`` a file of its handoff
+directory; a reference that is not one of these is a 400 naming the field (``refs.1:
+...``). The keys before ``refs`` (``handoff_files``, ``args_file``, ``file``) are still
+written and read for one release, for peers from before it; drop them in the next.
+
 Error codes: every refusal is ``{"error": code, "message": text}``::
 
     400 bad_request         a field, query parameter or body is malformed (415 at /ui/login)

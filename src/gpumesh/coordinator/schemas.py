@@ -331,8 +331,9 @@ _OWNER_FIELDS = (
 )
 HANDOFF_FILES = Field(
     "handoff_files", dict, None,
-    schema={"description": "frame number (0 = the first frame after this one) -> name of a "
-            "file the sender wrote into handoff_dir; that frame is empty (see GET /v1/handoff)",
+    schema={"deprecated": True, "description": "the key before refs (read where refs is "
+            "absent, until the next release): frame number -> name of a file the sender "
+            "wrote into handoff_dir; that frame is empty (see GET /v1/handoff)",
             "additionalProperties": {"type": "string", "pattern": "^[0-9a-f]{24}\\.part$"}})
 
 #: The one key for a body's payload references (gpumesh.payloadref); HANDOFF_FILES is
@@ -394,7 +395,7 @@ LEASE_REQUEST = Body("LeaseRequest", (
           schema={"type": "array", "maxItems": 1024, "description": "the free slots' ids",
                   "items": {"type": "integer", "minimum": 0, "maximum": 1023}}),
     Field("handoff", bool, False, doc="the worker shares this machine (see GET /v1/handoff): "
-          "arguments kept as files come as args_file, not bytes"),
+          "arguments kept as files come as refs.args, not bytes"),
 ))
 
 HAND_BACK = Body("HandBack", (
