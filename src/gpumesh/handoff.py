@@ -38,6 +38,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from . import limits
 from .limits import HANDOFF_MIN_BYTES
 
 #: The name a sender gives a file it writes into the handoff directory.
@@ -49,7 +50,7 @@ _NOINHERIT = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0) | getattr(
 
 
 def enabled() -> bool:
-    return os.environ.get("GPUMESH_HANDOFF", "1") != "0"
+    return limits.setting("GPUMESH_HANDOFF")
 
 
 class Handoff:

@@ -203,8 +203,9 @@ class SpawnExecutor(Executor):
         return child
 
     def _evict(self) -> None:
-        """Close spares of functions not used for WARM_IDLE_S, beyond MAX_WARM_FUNCTIONS,
-        and job processes idle for JOB_IDLE_S. Called with ``self._lock`` held."""
+        """Close spares of functions not used for WARM_IDLE_S (``GPUMESH_WARM_IDLE``),
+        beyond MAX_WARM_FUNCTIONS, the generic spare once no function was used for as
+        long, and job processes idle for JOB_IDLE_S. Called with ``self._lock`` held."""
         now = time.monotonic()
         recent = sorted((h for h in self._spares if h is not None),
                         key=lambda h: self._fn_used.get(h, 0), reverse=True)
@@ -212,6 +213,11 @@ class SpawnExecutor(Executor):
             if i >= MAX_WARM_FUNCTIONS or now - self._fn_used.get(h, 0) > WARM_IDLE_S:
                 for c in self._spares.pop(h):
                     c.close()
+        # The generic spare waits for the next new function: kept only while some function
+        # ran lately, so an idle worker holds no spawned process.
+        if self._spares.get(None) and now - max(self._fn_used.values(), default=0) > WARM_IDLE_S:
+            for c in self._spares.pop(None):
+                c.close()
         for key, c in list(self._jobs.items()):
             if not c.alive() or (key[2] is None and now - c.last_used > JOB_IDLE_S):
                 del self._jobs[key]
@@ -219,7 +225,7 @@ class SpawnExecutor(Executor):
 
     def _janitor(self) -> None:
         while not self._closed:
-            time.sleep(JANITOR_S)
+            time.sleep(min(JANITOR_S, max(0.05, WARM_IDLE_S / 4)))
             with self._lock:
                 if not self._closed:
                     self._evict()
@@ -318,6 +324,7 @@ class SpawnExecutor(Executor):
             if spooled is not None:
                 spooled.release()
             with self._lock:
+                self._fn_used[fn_hash] = time.monotonic()  # idle from the task's end
                 if keep:
                     self._jobs.pop(key[:2] + (task_id,), None)
                     if child.alive() and not pending.killed_for and not self._closed:
