@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .. import protocol, tracing, wire
 from ..errors import RequestRejected, WireError
@@ -41,7 +41,6 @@ class _Pending:
     result: protocol.BatchedResult
     payload: bytes | memoryview | None
     slot: int | None
-    done: threading.Event = field(default_factory=threading.Event)
 
 
 class ResultPoster:
@@ -53,6 +52,7 @@ class ResultPoster:
         self.queues: dict[int | None, deque] = {}
         self.posting: set[str] = set()   # task ids whose result is on its way
         self.waiting: set[int | None] = set()  # slots whose thread waits for an answer
+        self._inflight: dict[int | None, int] = {}  # results per slot not yet answered
         self._ready: list[_Pending] = []
         self._cv = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="results", daemon=True)
@@ -74,6 +74,7 @@ class ResultPoster:
         item = _Pending(task, result, payload, slot)
         with self._cv:
             self.posting.add(task.task_id)
+            self._inflight[slot] = self._inflight.get(slot, 0) + 1
             self._ready.append(item)
             self._cv.notify_all()
             queue = self.queues.get(slot)
@@ -81,16 +82,19 @@ class ResultPoster:
                 return queue.popleft()
             self.waiting.add(slot)
         try:
-            item.done.wait()
+            return self.next_queued(slot)
         finally:
             with self._cv:
                 self.waiting.discard(slot)
-        return self.next_queued(slot)
 
     def next_queued(self, slot: int | None):
         """The slot's next queued grant ``(grant, args)``, or ``(None, None)`` (also once
-        the agent stops: the coordinator re-queues what it leased us)."""
+        the agent stops: the coordinator re-queues what it leased us). Waits for the
+        answers to the slot's results still on their way first: they may queue grants,
+        which nobody would run once the slot's thread has ended."""
         with self._cv:
+            while self._inflight.get(slot):
+                self._cv.wait()
             queue = self.queues.get(slot)
             if queue and not self.agent.stopping.is_set():
                 return queue.popleft()
@@ -126,8 +130,8 @@ class ResultPoster:
                 with self._cv:
                     for item in batch:
                         self.posting.discard(item.task.task_id)
-                for item in batch:
-                    item.done.set()
+                        self._inflight[item.slot] -= 1
+                    self._cv.notify_all()
 
     def _want(self, batch: list[_Pending]) -> tuple[dict[int, int], list[int]]:
         """How many grants each slot of ``batch`` asks for (its queue topped up to its
