@@ -8,6 +8,12 @@ each step of a call (``gpumesh.tracing.CALL_HOPS``), the median and 90th percent
 of its duration.
 
     .venv/bin/python benchmarks/critical_path.py [--calls 300]
+    .venv/bin/python benchmarks/critical_path.py --result-bytes 4194304 --calls 20
+
+``--result-bytes N``: the function returns a float32 NumPy array of N bytes instead of
+its argument, and the table lists every mark the calls share, in the order they came
+(a big result takes other hops: a handoff file, a results page), so the time of a
+result size can be followed hop by hop.
 
 All processes run on this machine, so their CLOCK_MONOTONIC timestamps line up.
 Tracing adds one small write per hop (a few microseconds each). The script sets
@@ -33,6 +39,18 @@ def noop(x=None):
     return x
 
 
+def ones_bytes(nbytes):
+    import numpy as np
+    return np.ones(nbytes // 4, np.float32)
+
+
+def shared_hops(calls: list[dict[str, int]]) -> tuple[str, ...]:
+    """The labels every call has, ordered by their median time from the call's start."""
+    common = set.intersection(*(set(c) for c in calls)) if calls else set()
+    return tuple(sorted(common, key=lambda h: statistics.median(c[h] - c["caller.submit"]
+                                                                for c in calls)))
+
+
 def parse(path: Path, hops) -> list[dict[str, int]]:
     """The marks of each complete call: {label: ns}, first occurrence after its
     caller.submit."""
@@ -50,6 +68,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=300, help="timed calls (default 300)")
     ap.add_argument("--warmup", type=int, default=30, help="untimed calls first (default 30)")
+    ap.add_argument("--result-bytes", type=int, default=None, metavar="N",
+                    help="time a call returning an N-byte float32 array instead of a no-op")
     opts = ap.parse_args()
     if opts.calls < 1 or opts.warmup < 1:
         ap.error("--calls and --warmup must be at least 1")
@@ -67,15 +87,24 @@ def main() -> int:
     walls = []
     try:
         system.start()
+        n = opts.result_bytes
         for i in range(opts.warmup):
-            system.call(noop, i)
+            system.call(noop, i) if n is None else system.call(ones_bytes, n)
         trace.write_text("")
         for i in range(opts.calls):
             t0 = time.perf_counter()
-            if system.call(noop, i) != i:
+            if n is None:
+                ok = system.call(noop, i) == i
+            else:
+                r = system.call(ones_bytes, n)
+                ok = r.nbytes == n and float(r[-1]) == 1.0
+                del r
+            if not ok:
                 raise SystemExit(f"call {i} returned a wrong value")
             walls.append(time.perf_counter() - t0)
-        calls = parse(trace, HOPS)
+        calls = parse(trace, ("caller.submit",) if n is not None else HOPS)
+        if n is not None:
+            HOPS = shared_hops(calls)
     finally:
         system.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -7,8 +7,9 @@
     .venv-bench/bin/python benchmarks/run.py --quick   # with peers (benchmarks/setup_peers.sh)
 
 Prints one table: a row per figure, a column per system ("n/a" where a system is not
-installed or a scenario failed), then gpumesh / best peer. See benchmarks/README.md
-for what each figure means.
+installed or a scenario failed), then each gpumesh mode's ratio to its like-for-like
+peer (default ``isolation="task"`` against Ray with ``max_calls=1``; ``isolation="job"``
+against Ray's default) and to Dask. See benchmarks/README.md for what each figure means.
 
 Each system runs in its own child process (``run.py --child NAME``) so that one
 system's imports, threads and memory never touch another's figures; every process a
@@ -35,6 +36,8 @@ import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+#: Every system run.py knows, in table order.
+ALL_SYSTEMS = ["gpumesh", "gpumesh-job", "dask", "ray", "ray-isolated"]
 MARKER_ENV = "GPUMESH_BENCH_RUN"
 MiB = 2**20
 ARRAY_N = 16 * 2**20            # 16 Mi float32 = 64 MiB
@@ -66,6 +69,25 @@ def inc(a):
 def ones(n=ARRAY_N):
     import numpy as np
     return np.ones(n, np.float32)
+
+
+def ones_bytes(nbytes):
+    """A float32 array of ``nbytes`` bytes (the per-size result curve)."""
+    import numpy as np
+    return np.ones(nbytes // 4, np.float32)
+
+
+#: The module the slow-import scenario's function imports: written into the run's work
+#: directory, which is put on every system's worker path (PYTHONPATH). It takes 1 s to
+#: import and appends the importing process's pid to a log, so the run can count how
+#: many times the import was paid.
+SLOW_MODULE = "gm_bench_slow_import"
+SLOW_IMPORT_S = 1.0
+
+
+def slow_import(i):
+    import gm_bench_slow_import  # noqa: F401 - SLOW_IMPORT_S to import (written by run_child)
+    return i
 
 
 def fault_task(spec):
@@ -110,14 +132,38 @@ ROWS = [
     ("sleep_makespan_s", "8 x sleep(1 s) via map, 2 slots (ideal 4)", "s", "lower"),
     ("array_inout_MiBps", "64 MiB float32 in and out (a + 1)", "MiB/s", "higher"),
     ("array_out_MiBps", "64 MiB float32 result only", "MiB/s", "higher"),
+    ("slow_import_s", "{slow_tasks}-task map, function imports a {slow_import_s:g} s module", "s", "lower"),
+    ("slow_import_count", "... times that module was imported", "imports", "lower"),
     ("rss_before_MiB", "idle RSS of started processes, before calls", "MiB", "lower"),
     ("rss_after_MiB", "idle RSS of started processes, after runs", "MiB", "lower"),
     ("pss_after_MiB", "idle PSS of started processes, after runs", "MiB", "lower"),
+    ("rss_released_MiB", "idle RSS {release_s:g} s after the last call", "MiB", "lower"),
     ("fault_recovery_s", "worker kill -9 mid-task: kill -> right result ({fault_task_s:g} s task)",
      "s", "lower"),
     ("fault_overhead_s", "worker kill -9 mid-task: recovery overhead (that - {fault_task_s:g} s)",
      "s", "lower"),
 ]
+
+
+#: The per-size result curve: ``ones_bytes(n)`` for each size (bytes).
+CURVE_SIZES = [64 * 2**10, 256 * 2**10, MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB]
+#: Systems the curve and the 64 MiB rows are not run on: a Ray worker that exits after
+#: each task moves results through the same object store as Ray's default; only the
+#: process start differs, and the rows above show that.
+NO_ARRAYS = {"ray-isolated"}
+
+
+def size_label(n: int) -> str:
+    return f"{n // MiB} MiB" if n >= MiB else f"{n // 2**10} KiB"
+
+
+def curve_rows() -> list:
+    return [(f"curve_{n}_MiBps", f"result only, {size_label(n)} (median of {{curve_reps}})",
+             "MiB/s", "higher") for n in CURVE_SIZES]
+
+
+def all_rows() -> list:
+    return ROWS[:9] + curve_rows() + ROWS[9:]
 
 
 def settings(args) -> dict:
@@ -131,6 +177,16 @@ def settings(args) -> dict:
         "sleep_tasks": 8,
         "sleep_s": 1.0,
         "array_reps": 5 if quick else 9,  # the median of few calls moves with the VM's memory
+        "curve_reps": 3 if quick else 5,
+        "slow_tasks": 20,
+        "slow_import_s": SLOW_IMPORT_S,
+        # Ray with max_calls=1 starts a process per task (~0.25 s here): a 1,000-task map
+        # would take minutes, and its workers abort under it ("Mutex corrupt").
+        "map_tasks_isolated": min(args.map_tasks or 1000, 50 if quick else 100),
+        "latency_calls_isolated": min(args.calls or 200, 20 if quick else 50),
+        # Wait after the last call before the last RSS: gpumesh releases the task
+        # processes of functions not used for GPUMESH_SPARE_IDLE (60 s) s.
+        "release_s": args.release if args.release is not None else (0.0 if quick else 70.0),
         "settle_s": 1.0 if quick else 3.0,
         "fault_task_s": 2.0,          # the task the worker dies under, and its re-run
         "fault_kill_after_s": 0.5,    # SIGKILL its worker this long after it started
@@ -187,6 +243,21 @@ def run_child(name: str, cfg: dict, out: Path) -> int:
         save()
 
     workdir = Path(tempfile.mkdtemp(prefix=f"gpumesh-bench-{name}-"))
+    # The slow-import module, on the path of every process the system starts (each
+    # system starts its workers from this process's environment).
+    moddir = workdir / "modules"
+    moddir.mkdir()
+    import_log = workdir / "slow-imports.log"
+    (moddir / f"{SLOW_MODULE}.py").write_text(
+        "import os\nimport time\n"
+        f"time.sleep({SLOW_IMPORT_S!r})\n"
+        f"with open({str(import_log)!r}, 'a') as _fh:\n"
+        "    _fh.write(f'{os.getpid()}\\n')\n")
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(moddir), *filter(None, [os.environ.get("PYTHONPATH")])])
+    # multiprocessing's spawn (Dask's worker processes) gives a child its parent's
+    # sys.path rather than PYTHONPATH's.
+    sys.path.insert(0, str(moddir))
     system = SYSTEMS[name](workdir)
     started = []
 
@@ -210,7 +281,9 @@ def run_child(name: str, cfg: dict, out: Path) -> int:
         for _ in range(cfg["warmup_calls"]):
             system.call(noop, 0)
         ts = []
-        for i in range(cfg["latency_calls"]):
+        calls = cfg["latency_calls_isolated"] if name == "ray-isolated" else cfg["latency_calls"]
+        det["latency_calls"] = calls
+        for i in range(calls):
             t0 = time.perf_counter()
             v = system.call(noop, i)
             ts.append((time.perf_counter() - t0) * 1e3)
@@ -232,7 +305,8 @@ def run_child(name: str, cfg: dict, out: Path) -> int:
         det["idle_ms"] = ts
 
     def map_noop() -> None:
-        n = cfg["map_tasks"]
+        n = cfg["map_tasks_isolated"] if name == "ray-isolated" else cfg["map_tasks"]
+        det["map_tasks"] = n
         system.map(noop, list(range(10)))  # warm
         t0 = time.perf_counter()
         vals = system.map(noop, list(range(n)))
@@ -272,6 +346,41 @@ def run_child(name: str, cfg: dict, out: Path) -> int:
             del r
         fig["array_out_MiBps"] = ARRAY_MiB / statistics.median(ts)
         det["array_out_s"] = ts
+
+    def curve() -> None:
+        r = system.call(ones_bytes, 16)  # warm: numpy imported remotely
+        assert r.shape == (4,)
+        for n in CURVE_SIZES:
+            system.call(ones_bytes, n)  # the first call of a size is not timed
+            ts = []
+            for _ in range(cfg["curve_reps"]):
+                t0 = time.perf_counter()
+                r = system.call(ones_bytes, n)
+                ts.append(time.perf_counter() - t0)
+                assert r.nbytes == n and float(r[0]) == 1.0 and float(r[-1]) == 1.0
+                del r
+            fig[f"curve_{n}_MiBps"] = n / MiB / statistics.median(ts)
+            det[f"curve_{n}_s"] = ts
+
+    def slow() -> None:
+        k = cfg["slow_tasks"]
+        t0 = time.perf_counter()
+        vals = system.map(slow_import, list(range(k)))
+        fig["slow_import_s"] = time.perf_counter() - t0
+        assert list(vals) == list(range(k)), vals
+        try:
+            pids = import_log.read_text().split()
+        except FileNotFoundError:
+            pids = []
+        fig["slow_import_count"] = len(pids)
+        det["slow_import_pids"] = sorted(set(pids))
+
+    def released() -> None:
+        time.sleep(cfg["release_s"])
+        m = system.memory()
+        fig["rss_released_MiB"] = m["rss_MiB"]
+        det["pss_released_MiB"] = m["pss_MiB"]
+        det["procs_released"] = m["n_procs"]
 
     def after() -> None:
         import gc
@@ -364,8 +473,14 @@ def run_child(name: str, cfg: dict, out: Path) -> int:
         scenario("cold_start", cold, check=False)
         scenario("start", start)
         if started:
-            for key, body in [("latency", latency), ("idle", idle), ("map_noop", map_noop),
-                              ("sleep_makespan", sleeps), ("arrays", arrays), ("memory_after", after)]:
+            todo = [("latency", latency), ("idle", idle), ("map_noop", map_noop),
+                    ("sleep_makespan", sleeps), ("slow_import", slow)]
+            if name not in NO_ARRAYS:
+                todo += [("arrays", arrays), ("curve", curve)]
+            todo.append(("memory_after", after))
+            if cfg["release_s"] > 0:
+                todo.append(("memory_released", released))
+            for key, body in todo:
                 scenario(key, body)
             # Last: it kills a worker, so the instance is not whole afterwards (no check).
             scenario("fault_recovery", fault, check=False)
@@ -480,35 +595,48 @@ def fmt(v) -> str:
     return f"{v:.3f}"
 
 
+#: The ratio columns: (system, peer). Each gpumesh mode against its like-for-like peer
+#: (the Ray mode that isolates tasks the same way, systems.LIKE_FOR_LIKE) and Dask.
+RATIOS = [("gpumesh", "ray-isolated"), ("gpumesh", "dask"), ("gpumesh-job", "ray"),
+          ("gpumesh-job", "dask")]
+GPUMESH_MODES = ("gpumesh", "gpumesh-job")
+
+
+def _num(v):
+    return v if v is not None and v == v else None
+
+
 def build_rows(systems: list[str], results: dict, cfg: dict) -> list[dict]:
+    """One dict per figure: its values per system, ``ratios`` ("a/b": a's figure / b's)
+    for each pair of RATIOS present, and ``winner`` (the best system on the row)."""
     rows = []
-    peers = [s for s in systems if s != "gpumesh"]
-    for key, label, unit, better in ROWS:
+    for key, label, unit, better in all_rows():
+        if key == "rss_released_MiB" and not cfg.get("release_s"):
+            continue  # not measured in this run
         vals = {s: (results.get(s) or {}).get("figures", {}).get(key) for s in systems}
         row = {"key": key, "figure": label.format(**cfg), "unit": unit, "better": better,
-               "values": vals, "best_peer": None, "ratio": None, "winner": None}
-        pv = {s: v for s in peers if (v := vals.get(s)) is not None and v == v}
-        g = vals.get("gpumesh")
-        if pv:
-            best = (min if better == "lower" else max)(pv, key=pv.get)
-            row["best_peer"] = best
-            if g is not None and g == g and pv[best] > 0:
-                row["ratio"] = g / pv[best]
-                gm_better = g < pv[best] if better == "lower" else g > pv[best]
-                row["winner"] = "gpumesh" if gm_better else best
+               "values": vals, "ratios": {}, "winner": None}
+        for a, b in RATIOS:
+            va, vb = _num(vals.get(a)), _num(vals.get(b))
+            if a in systems and b in systems:
+                row["ratios"][f"{a}/{b}"] = va / vb if va is not None and vb else None
+        have = {s: v for s in systems if (v := _num(vals.get(s))) is not None}
+        if have:
+            row["winner"] = (min if better == "lower" else max)(have, key=have.get)
         rows.append(row)
     return rows
 
 
 def render(systems: list[str], rows: list[dict]) -> str:
-    head = ["figure", "unit", "better", *systems, "gpumesh / best peer", "winner"]
+    pairs = [f"{a}/{b}" for a, b in RATIOS if a in systems and b in systems]
+    head = ["figure", "unit", "better", *systems, *pairs, "winner"]
     body = []
     for r in rows:
-        ratio = "n/a" if r["ratio"] is None else f"{r['ratio']:.2f}x vs {r['best_peer']}"
+        ratios = [("n/a" if (x := r["ratios"].get(k)) is None else f"{x:.2f}x") for k in pairs]
         body.append([r["figure"], r["unit"], r["better"], *[fmt(r["values"][s]) for s in systems],
-                     ratio, r["winner"] or "n/a"])
+                     *ratios, r["winner"] or "n/a"])
     widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head))]
-    right = set(range(3, 3 + len(systems)))
+    right = set(range(3, 3 + len(systems) + len(pairs)))
 
     def line(cells):
         return "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w)
@@ -528,8 +656,11 @@ def main(argv=None) -> int:
                     help="timed no-op calls for p50/p99 [default: 200, --quick: 50]")
     ap.add_argument("--map-tasks", type=int, default=None, metavar="N",
                     help="tasks in the no-op map [default: 1000]")
-    ap.add_argument("--systems", default="gpumesh,dask,ray",
-                    help="comma-separated, of gpumesh, dask, ray [default: all; missing ones show n/a]")
+    ap.add_argument("--systems", default=",".join(ALL_SYSTEMS),
+                    help=f"comma-separated, of {', '.join(ALL_SYSTEMS)} [default: all; missing ones show n/a]")
+    ap.add_argument("--release", type=float, default=None, metavar="S",
+                    help="seconds to wait after the last call before the last RSS "
+                         "[default: 70, --quick: 0 (row skipped)]")
     ap.add_argument("--no-peers", action="store_true", help="gpumesh only")
     ap.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures here")
     ap.add_argument("--keep-logs", action="store_true",
@@ -548,8 +679,8 @@ def main(argv=None) -> int:
     cfg["keep_logs"] = args.keep_logs
     if args.system_timeout is None:
         args.system_timeout = 300 if args.quick else 600
-    systems = ["gpumesh"] if args.no_peers else [s.strip() for s in args.systems.split(",") if s.strip()]
-    unknown = set(systems) - {"gpumesh", "dask", "ray"}
+    systems = list(GPUMESH_MODES) if args.no_peers else [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = set(systems) - set(ALL_SYSTEMS)
     if unknown:
         ap.error(f"unknown system(s): {sorted(unknown)}")
     if "gpumesh" not in systems:
@@ -582,7 +713,8 @@ def main(argv=None) -> int:
           f"{os.cpu_count()} CPUs, Python {platform.python_version()}, "
           + ", ".join(f"{k} {v}" for k, v in versions.items()) + "; all on 127.0.0.1")
     print(render(systems, rows))
-    print(f"(ratio = gpumesh figure / best peer figure; 'better' says which direction wins; "
+    print(f"(a/b = a's figure / b's: each gpumesh mode against its like-for-like peer and Dask; "
+          f"'better' says which direction wins; "
           f"total {time.perf_counter() - t_all:.0f} s)")
     notes = [(s, "run", "not installed in this environment") for s in systems if results.get(s) is None]
     notes += [(s, k, e) for s in systems for k, e in ((results.get(s) or {}).get("errors") or {}).items()]
@@ -599,7 +731,7 @@ def main(argv=None) -> int:
                "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         args.json.write_text(json.dumps(doc, indent=1))
         log(f"figures written to {args.json}")
-    failed = (results.get("gpumesh") or {}).get("errors")
+    failed = any((results.get(m) or {}).get("errors") for m in GPUMESH_MODES)
     return 1 if failed else 0
 
 

@@ -212,7 +212,11 @@ class CliProc:
 
 # ------------------------------------------------------------------ gpumesh -----------
 class GPUMeshSystem:
+    """gpumesh in its default mode: every task in a process of its own
+    (``isolation="task"``), the like-for-like peer of Ray with ``max_calls=1``."""
+
     name = "gpumesh"
+    isolation = "task"
 
     def __init__(self, workdir: Path):
         self.workdir = workdir
@@ -268,7 +272,7 @@ class GPUMeshSystem:
         from gpumesh import accelerate
         w = self._wrapped.get(fn)
         if w is None:
-            w = self._wrapped[fn] = accelerate(self.mesh)(fn)
+            w = self._wrapped[fn] = accelerate(self.mesh, isolation=self.isolation)(fn)
         return w
 
     # -- interface -------------------------------------------------------------------
@@ -383,6 +387,14 @@ class GPUMeshSystem:
         self.procs.clear()
 
 
+class GPUMeshJobSystem(GPUMeshSystem):
+    """gpumesh with ``isolation="job"``: a slot keeps one process for the tasks of a job
+    (the process-reuse mode), the like-for-like peer of Ray's default tasks."""
+
+    name = "gpumesh-job"
+    isolation = "job"
+
+
 # ------------------------------------------------------------------ dask --------------
 class DaskSystem:
     """``distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True)``;
@@ -467,6 +479,9 @@ class RaySystem:
     tasks. The object store hands NumPy results back zero-copy (read-only views)."""
 
     name = "ray"
+    #: ``@ray.remote(max_calls=...)``: 0 is Ray's default for tasks (a worker process
+    #: runs task after task); see RayIsolatedSystem.
+    max_calls = 0
 
     def __init__(self, workdir: Path):
         self.workdir = workdir
@@ -485,7 +500,8 @@ class RaySystem:
         import ray
         r = self._remote.get(fn)
         if r is None:
-            r = self._remote[fn] = ray.remote(fn)
+            r = self._remote[fn] = (ray.remote(max_calls=self.max_calls)(fn) if self.max_calls
+                                    else ray.remote(fn))
         return r
 
     def cold_start(self, whoami) -> dict:
@@ -544,6 +560,19 @@ class RaySystem:
             self._shutdown()
 
 
-SYSTEMS = {"gpumesh": GPUMeshSystem, "dask": DaskSystem, "ray": RaySystem}
+class RayIsolatedSystem(RaySystem):
+    """Ray with ``@ray.remote(max_calls=1)``: a worker process exits after one task, so
+    every task gets a fresh process (what Ray does by default for GPU tasks, because
+    CUDA libraries leak). The like-for-like peer of gpumesh's default."""
+
+    name = "ray-isolated"
+    max_calls = 1
+
+
+SYSTEMS = {"gpumesh": GPUMeshSystem, "gpumesh-job": GPUMeshJobSystem, "dask": DaskSystem,
+           "ray": RaySystem, "ray-isolated": RayIsolatedSystem}
 #: The module a system needs, to tell whether it is installed.
-REQUIRES = {"gpumesh": "gpumesh", "dask": "distributed", "ray": "ray"}
+REQUIRES = {"gpumesh": "gpumesh", "gpumesh-job": "gpumesh", "dask": "distributed",
+            "ray": "ray", "ray-isolated": "ray"}
+#: Each system's like-for-like peer: the one that isolates tasks the same way.
+LIKE_FOR_LIKE = {"gpumesh": "ray-isolated", "gpumesh-job": "ray"}

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 
 WORKER_STATES = ("paused", "outside_hours")
 GPU_STATES = ("yielding", "hot", "power")
+#: Longest state label the coordinator accepts from a worker; workers send short fixed
+#: phrases, so this only bounds what a malformed heartbeat may carry.
 _MAX_LABEL = 80
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from . import userdirs
+from . import limits, userdirs
 from .limits import DEFAULT_PORT
 
 
@@ -34,7 +34,7 @@ def config_path() -> Path:
     """``$GPUMESH_CONFIG`` if set; else the first config file that exists (today's
     location, then one an older gpumesh left in ``~/.gpumesh`` on macOS/Windows); else
     today's location, where ``save`` creates it."""
-    env = os.environ.get("GPUMESH_CONFIG")
+    env = limits.setting("GPUMESH_CONFIG")
     if env:
         return Path(env).expanduser()
     return userdirs.config_file("config.json")
@@ -95,7 +95,7 @@ def resolve(url: str | None = None, token: str | None = None,
     """
     saved: dict | None = None
     if url is None:
-        url = os.environ.get("GPUMESH_URL") or None
+        url = limits.setting("GPUMESH_URL")
     if url is None:
         saved = load_saved()
         url = saved.get("url")
@@ -107,7 +107,7 @@ def resolve(url: str | None = None, token: str | None = None,
         token = saved.get("token")
     url = normalise_url(url or f"http://127.0.0.1:{DEFAULT_PORT}")
     if fingerprint is None:
-        fingerprint = os.environ.get("GPUMESH_FINGERPRINT") or None
+        fingerprint = limits.setting("GPUMESH_FINGERPRINT")
     if fingerprint is None and url.startswith("https://"):
         if saved is None:
             saved = load_saved()

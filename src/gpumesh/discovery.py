@@ -29,6 +29,8 @@ import threading
 import time
 from urllib.parse import urlsplit
 
+from . import limits
+
 log = logging.getLogger("gpumesh.discovery")
 
 SERVICE_TYPE = "_gpumesh._tcp.local."
@@ -45,8 +47,7 @@ class DiscoveryUnavailable(RuntimeError):
 
 def enabled(env: dict | None = None) -> bool:
     """False when ``GPUMESH_DISCOVERY`` is ``0``/``false``/``no``/``off``."""
-    value = (os.environ if env is None else env).get(ENV, "").strip().lower()
-    return value not in ("0", "false", "no", "off")
+    return limits.setting(ENV, env)
 
 
 def _zeroconf():

@@ -38,6 +38,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from . import limits
 from .limits import HANDOFF_MIN_BYTES
 
 #: The name a sender gives a file it writes into the handoff directory.
@@ -49,7 +50,7 @@ _NOINHERIT = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0) | getattr(
 
 
 def enabled() -> bool:
-    return os.environ.get("GPUMESH_HANDOFF", "1") != "0"
+    return limits.setting("GPUMESH_HANDOFF")
 
 
 class Handoff:
@@ -117,9 +118,15 @@ class Handoff:
         """Map the store's payload file ``rel`` (a path relative to ``blob_dir``, as an
         answer names it). Returns a writable copy-on-write view. Raises
         ``FileNotFoundError`` if the file is gone (the caller then asks over HTTP)."""
-        if not isinstance(rel, str) or rel.startswith("/") or ".." in rel.split("/"):
-            raise FileNotFoundError(f"not a payload path: {rel!r}")
-        return map_file(self.blob_dir / rel)
+        from .payloadref import BadRef, store_file
+        try:
+            ref = store_file(self.blob_dir, rel)
+        except BadRef as e:
+            raise FileNotFoundError(str(e)) from None
+        try:
+            return ref.open()
+        finally:
+            ref.release()
 
 
 def worth_it(size: int) -> bool:

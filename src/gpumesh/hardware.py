@@ -43,8 +43,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from . import availability
-
-MiB = 2**20
+from .limits import MiB
 
 #: ``gpu=`` values that name a kind of slot rather than a GPU model.
 KINDS = ("cuda", "mps", "gpu", "cpu")

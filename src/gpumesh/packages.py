@@ -18,12 +18,14 @@ from __future__ import annotations
 import re
 import time
 
-#: Seconds between two looks at what is installed (a look costs ~10 ms per 100 packages).
+# What a worker reports and what the coordinator and the caller accept are the same
+# limits, so they live in limits.py.
+from .limits import (MAX_NAME_CHARS, MAX_PACKAGES, MAX_REQUIREMENT_CHARS, MAX_REQUIREMENTS,
+                     MAX_VERSION_CHARS)
+
+#: Seconds between two looks at what is installed (each look reads the metadata of every
+#: installed distribution; docs/performance.md has its cost).
 RESCAN_S = 60.0
-#: Most distributions a worker may report, and the longest name and version kept.
-MAX_PACKAGES = 5000
-MAX_NAME_CHARS = 200
-MAX_VERSION_CHARS = 100
 
 _NORMALISE = re.compile(r"[-_.]+")
 
@@ -87,9 +89,7 @@ def check(value, field: str = "packages") -> dict[str, str]:
 
 
 # ---------------------------------------------------------------- requires= ----------
-#: Most requirements one ``requires=`` may list, and the longest one.
-MAX_REQUIREMENTS = 64
-MAX_REQUIREMENT_CHARS = 200
+# MAX_REQUIREMENTS and MAX_REQUIREMENT_CHARS (limits.py) bound one ``requires=``.
 
 
 def parse_requirements(value, arg: str = "requires") -> tuple[str, ...]:

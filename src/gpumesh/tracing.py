@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 import time
 
+from . import limits
+
 #: The marks of one remote call, in the order they happen (a call that a waiting lease
 #: long-poll picks up; its result comes back in the answer to the caller's submit).
 CALL_HOPS = (
@@ -37,7 +39,7 @@ CALL_HOPS = (
 )
 
 #: The trace file, or None (tracing off). Read once, at import.
-PATH: str | None = os.environ.get("GPUMESH_TRACE") or None
+PATH: str | None = limits.setting("GPUMESH_TRACE")
 _fd: int | None = None
 _fd_pid: int | None = None
 

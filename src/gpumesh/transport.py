@@ -3,8 +3,9 @@
 One keep-alive ``urllib3`` connection pool per :class:`Transport` (TCP_NODELAY and TCP
 keepalive set on every connection). urllib3 rather than a higher-level client because
 every task costs a few requests on the caller and on the worker, and urllib3 spends about
-half the CPU per request of httpx (0.30 vs 0.57 ms here; that took a no-op call from
-about 9 to 7 ms on a 2-core machine where every process shares the CPU).
+half the CPU per request of httpx, which shows in a no-op call's latency wherever the
+processes share the CPU (the figures: docs/performance.md, "Where the numbers in the code
+came from").
 Every failure becomes a :mod:`gpumesh.errors` exception:
 
 * connection refused / connect timeout  -> :class:`Unreachable` (``sent=False``: the

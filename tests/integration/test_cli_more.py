@@ -169,7 +169,7 @@ def test_map_draws_no_bar_in_a_pipe_and_one_when_asked(shared_mesh, monkeypatch)
         kw.update(console=Console(file=out, force_terminal=True, width=100, color_system=None),
                   enabled=True, keep=True, delay=0.2)
         return real(*a, **kw)
-    monkeypatch.setattr("gpumesh.client.mesh.Progress", recording)
+    monkeypatch.setattr("gpumesh.client.pipeline.Progress", recording)
     mesh = shared_mesh.client(output=False)
 
     def slow(x):

@@ -76,7 +76,7 @@ def test_return_exceptions_keeps_the_other_results_in_order(mesh2, tmp_path):
 
 
 def test_map_progress_counts_failures_apart(mesh2, tmp_path, monkeypatch):
-    from gpumesh.client import mesh as mesh_mod
+    from gpumesh.client import pipeline
     from gpumesh.client.progress import Progress
     seen = []
 
@@ -85,7 +85,7 @@ def test_map_progress_counts_failures_apart(mesh2, tmp_path, monkeypatch):
             seen.append((done, failed, cancelled))
             super().update(done, total, failed=failed, cancelled=cancelled)
 
-    monkeypatch.setattr(mesh_mod, "Progress", Recording)
+    monkeypatch.setattr(pipeline, "Progress", Recording)
     client = mesh2.client(output=False)
     train = accelerate(client)(user_code(tmp_path, SWEEP)["train"])
     train.map([{"lr": i} for i in range(20)], return_exceptions=True)

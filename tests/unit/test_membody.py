@@ -10,6 +10,7 @@ import pytest
 from gpumesh import wire
 from gpumesh.handoff import map_fd
 from gpumesh.limits import HANDOFF_MIN_BYTES
+from gpumesh.payloadref import PayloadRef
 from gpumesh.worker import membody
 
 pytestmark = pytest.mark.skipif(not membody.available(), reason="needs memfd_create (Linux)")
@@ -36,19 +37,19 @@ def test_big_frames_become_ranges_that_map_to_exactly_their_bytes():
     body = read_into(b"".join(bytes(c) for c in chunks))
     meta, a, tiny, b = membody.slices(body)
     assert bytes(meta) == b'{"tasks": []}' and bytes(tiny) == b"tiny"
-    assert isinstance(a, membody.ArgsRange) and isinstance(b, membody.ArgsRange)
+    assert isinstance(a, PayloadRef) and isinstance(b, PayloadRef) and a.kind == b.kind == "shm"
     assert (len(a), len(b)) == (len(first), len(second))
     # Several tasks in one answer: each big argument gets a memory file of its own, so
     # the descriptor a task is given leads to nothing of another task's.
     assert len({a.fd, b.fd, body.fd}) == 3 and (a.offset, b.offset) == (0, 0)
     assert os.fstat(a.fd).st_size == len(first) and os.fstat(b.fd).st_size == len(second)
-    assert bytes(a.view()) == first and bytes(b.view()) == second
+    assert bytes(a.open()) == first and bytes(b.open()) == second
     # what the task process does with the descriptor and the range
     for rng, want in ((a, first), (b, second)):
-        view = map_fd(rng.fd, rng.offset, rng.length)
+        view = map_fd(rng.fd, rng.offset, rng.size)
         assert view.nbytes == len(want) and bytes(view) == want
         view[0] = 0  # copy-on-write: writable, and the agent's memory is untouched
-        assert bytes(rng.view()) == want
+        assert bytes(rng.open()) == want
 
 
 def test_one_task_maps_its_range_of_the_answer_itself():
@@ -56,8 +57,8 @@ def test_one_task_maps_its_range_of_the_answer_itself():
     chunks, _ = wire.pack_frames([b'{"tasks": [1]}', arg])
     body = read_into(b"".join(bytes(c) for c in chunks))
     meta, rng = membody.slices(body)
-    assert rng.body is body and rng.offset > 0  # no copy: the answer's own memory file
-    assert bytes(map_fd(rng.fd, rng.offset, rng.length)) == arg
+    assert rng.keep is body and rng.offset > 0  # no copy: the answer's own memory file
+    assert bytes(map_fd(rng.fd, rng.offset, rng.size)) == arg
 
 
 def test_a_plain_buffer_gives_plain_views():

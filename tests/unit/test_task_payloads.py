@@ -15,6 +15,7 @@ import pytest
 from gpumesh import wire
 from gpumesh.protocol import TaskGrant
 from gpumesh.limits import HANDOFF_MIN_BYTES
+from gpumesh.payloadref import PayloadRef
 from gpumesh.worker import membody
 from gpumesh.worker.executor import Executor
 
@@ -79,10 +80,9 @@ def test_a_big_argument_in_shared_memory_is_mapped_by_the_task(executor):
     body = membody.buffer_for(len(raw))
     memoryview(body)[:] = raw
     rng = membody.slices(body)[1]
-    assert isinstance(rng, membody.ArgsRange)
+    assert isinstance(rng, PayloadRef) and rng.kind == "shm"
     h, path = _blob(tmp, _sum_and_where)
-    out = ex.run(TaskGrant("t1", "-", h, timeout=60), path, None, args_fd=rng.fd,
-                 args_range=(rng.offset, rng.length))
+    out = ex.run(TaskGrant("t1", "-", h, timeout=60), path, None, args_ref=rng)
     assert out.status == "ok", out.error
     n, digest, memfds = wire.loads(out.payload)
     assert (n, digest) == (arg.nbytes, hashlib.sha256(arg).hexdigest())

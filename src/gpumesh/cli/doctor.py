@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 import click
 
-from .. import config, protocol
+from .. import config, limits, protocol
 from .._version import __version__
 from ..limits import CLOCK_SKEW_FAIL_S, CLOCK_SKEW_WARN_S, CONNECT_TIMEOUT_S
 from .common import endpoint_options
@@ -305,7 +305,7 @@ def _coordinator(url: str | None, token: str | None, fingerprint: str | None = N
         ep = config.resolve(url, token, fingerprint)
     except ValueError as e:
         return [Check("coordinator", "fail", str(e), "pass --url http://HOST:PORT")]
-    where = "as given" if url else ("from $GPUMESH_URL" if os.environ.get("GPUMESH_URL")
+    where = "as given" if url else ("from $GPUMESH_URL" if limits.setting("GPUMESH_URL")
                                       else "from the saved config" if config.load_saved().get("url")
                                       else "the default")
     try:

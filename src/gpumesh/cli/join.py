@@ -7,7 +7,7 @@ import signal
 
 import click
 
-from .. import config
+from .. import config, limits
 from ..errors import AuthError, RequestRejected, VersionMismatch
 from .common import fail
 from .owner import owner_options
@@ -77,7 +77,7 @@ def join(url, token, slots, fingerprint, runtime, allow_installs, **owner_flags)
     except ValueError as e:
         fail(str(e))
     token = token or os.environ.get("GPUMESH_WORKER_TOKEN") or os.environ.get("GPUMESH_TOKEN")
-    fingerprint = fingerprint or os.environ.get("GPUMESH_FINGERPRINT") or None
+    fingerprint = fingerprint or limits.setting("GPUMESH_FINGERPRINT")
     if token is None or fingerprint is None:
         saved = config.load_saved()
         if saved.get("url") == url:
@@ -182,18 +182,15 @@ def _control_channel(agent):
         return None
 
 
-DISCOVER_S = 3.0
-
-
 def _discover_url() -> str:
     """The one coordinator announced on the LAN, else a one-line error."""
     from .. import discovery
     if not discovery.enabled():
         fail(f"no URL given and LAN discovery is off ({discovery.ENV}=0); "
              "pass the coordinator's URL: gpumesh join URL")
-    click.echo(f"[worker] no URL given: looking for coordinators on the LAN ({DISCOVER_S:g} s)...")
+    click.echo(f"[worker] no URL given: looking for coordinators on the LAN ({limits.DISCOVERY_BROWSE_S:g} s)...")
     try:
-        found = discovery.coordinators(discovery.browse(DISCOVER_S))
+        found = discovery.coordinators(discovery.browse(limits.DISCOVERY_BROWSE_S))
     except discovery.DiscoveryUnavailable as e:
         fail(f"{e}; or pass the coordinator's URL: gpumesh join URL")
     except OSError as e:

@@ -17,9 +17,9 @@ import time
 
 import click
 
+from ..limits import DISCOVERY_BROWSE_S
 from .common import fail
 
-ONCE_TIMEOUT_S = 3.0
 #: Seconds one poll of the browser waits for news (a new line or table at most this late).
 POLL_S = 0.25
 
@@ -76,7 +76,7 @@ def _stream(browser, timeout: float | None) -> None:
 
 @click.command()
 @click.option("--timeout", type=click.FloatRange(0.5, 86400), default=None, metavar="S",
-              help=f"Stop after S seconds [default: {ONCE_TIMEOUT_S:g} with --once/--json, "
+              help=f"Stop after S seconds [default: {DISCOVERY_BROWSE_S:g} with --once/--json, "
                    "else run until Ctrl+C].")
 @click.option("--once", is_flag=True,
               help="Listen for --timeout seconds, print the table once and exit [default: a live "
@@ -96,7 +96,7 @@ def radar(timeout, once, as_json):
     console = Console()
     snapshot = once or as_json
     if timeout is None and snapshot:
-        timeout = ONCE_TIMEOUT_S
+        timeout = DISCOVERY_BROWSE_S
     try:
         if snapshot:
             found = discovery.browse(timeout)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import click
 
+from .. import limits
 from .common import fail
 
 log = logging.getLogger(__name__)
@@ -230,7 +231,7 @@ def plan(host: str, tailscale: bool, public: bool, trusted_proxy) -> tuple[tuple
     Exits with one line on a problem (code 2 for a usage error)."""
     from ..coordinator.auth import parse_networks
     wanted = list(trusted_proxy) or [
-        v for v in os.environ.get("GPUMESH_TRUSTED_PROXIES", "").split(",") if v.strip()]
+        *limits.setting("GPUMESH_TRUSTED_PROXIES")]
     try:
         trusted = parse_networks(wanted)
     except ValueError as e:

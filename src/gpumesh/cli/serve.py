@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from .. import config, protocol
+from .. import config, limits, protocol
 from ..limits import DEFAULT_PORT, MIN_TOKEN_CHARS
 from .common import fail
 from .secrecy import hide
@@ -170,7 +170,7 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
     from ..coordinator.server import BindError, Server, bind
     from . import reach
 
-    host = host or os.environ.get("GPUMESH_HOST") or "127.0.0.1"
+    host = host or limits.setting("GPUMESH_HOST")
     token = token or os.environ.get("GPUMESH_TOKEN")
     worker_token = worker_token or os.environ.get("GPUMESH_WORKER_TOKEN") or None
     metrics_token = metrics_token or os.environ.get("GPUMESH_METRICS_TOKEN") or None

@@ -16,13 +16,12 @@ and .imap(): (index, value) as they finish, closing early cancels the rest).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .. import config, hardware, protocol, versions
+from .. import config, hardware, limits, protocol, versions
 from ..handoff import Handoff
 from ..limits import PROBE_CACHE_S, PROBE_DOWN_CACHE_S, PROBE_TIMEOUT_S
 from ..transport import Transport, Unreachable
@@ -68,9 +67,9 @@ class GPUMesh:
                  strict: bool | None = None):
         ep = config.resolve(url, token, fingerprint)
         #: Print what remote tasks print (default on; ``GPUMESH_OUTPUT=0`` turns it off).
-        self.output = output if output is not None else os.environ.get("GPUMESH_OUTPUT", "1") != "0"
+        self.output = output if output is not None else limits.setting("GPUMESH_OUTPUT")
         #: Strict results: JSON only, nothing from a worker is unpickled.
-        self.strict = strict if strict is not None else os.environ.get("GPUMESH_STRICT_RESULTS") == "1"
+        self.strict = strict if strict is not None else limits.setting("GPUMESH_STRICT_RESULTS")
         self.url, self.token, self.fingerprint = ep.url, ep.token, ep.fingerprint
         if self.fingerprint:
             from ..tls import normalise_fingerprint

@@ -40,6 +40,7 @@ from ..errors import MeshUnavailable, RequestRejected, Unsatisfiable, WorkerLost
 from ..handoff import Handoff, worth_it
 from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, NO_WORKER_WAIT_S,
                       RELEASE_BATCH_MAX, RELEASE_BATCH_S)
+from ..payloadref import handoff_meta
 from ..protocol import ErrorCode
 from ..transport import Unreachable
 from . import calls as _calls
@@ -164,7 +165,7 @@ class NativeBackend(Backend):
                     files[str(len(frames) - 1)] = written[-1]
                     a = b""
                 frames.append(a)
-            frames[0] = json.dumps(dict(meta, handoff_files=files)).encode()
+            frames[0] = json.dumps(handoff_meta(meta, files)).encode()
         else:
             frames.extend(args)
         chunks, size = wire.pack_frames(frames)

@@ -40,7 +40,6 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
-import os
 import random
 import sys
 import threading
@@ -48,7 +47,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .. import hardware, wire
+from .. import hardware, limits, wire
 from ..errors import Cancelled, Unsatisfiable
 from . import calls as _calls
 from .progress import Progress
@@ -191,7 +190,7 @@ def route(mesh: Any, job: Job) -> Backend:
     """The backend that runs ``job``: ``mesh``'s own, or the inline one (GPUMESH_LOCAL=1,
     or the mesh unreachable and this machine able to run it)."""
     backend = mesh._backend()
-    local = os.environ.get("GPUMESH_LOCAL") == "1"
+    local = limits.setting("GPUMESH_LOCAL")
     backend.check(job, local)
     if local:
         notice("GPUMESH_LOCAL=1: running locally")

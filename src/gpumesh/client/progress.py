@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import functools
 import html
-import os
 import sys
 import threading
 import time
+
+from .. import limits
 
 #: A batch shows its bar once it has run this long (seconds).
 DELAY_S = 1.0
@@ -37,9 +38,9 @@ def in_notebook() -> bool:
 
 def wanted() -> bool:
     """Should a progress bar be drawn here? (see the module docstring)"""
-    env = os.environ.get("GPUMESH_PROGRESS")
-    if env in ("0", "1"):
-        return env == "1"
+    forced = limits.setting("GPUMESH_PROGRESS")
+    if forced is not None:
+        return forced
     if in_notebook():
         return True
     try:

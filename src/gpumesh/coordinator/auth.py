@@ -15,8 +15,8 @@ Checking a request::
 **What is kept.** The coordinator keeps, per role, only ``scrypt(token, salt)`` with a
 salt drawn at each start; the token string itself is dropped once hashed. A token is
 verified with the KDF the first time it is presented; after that a keyed hash of it (an
-HMAC under a key drawn at each start, never written anywhere) is recognised in about a
-microsecond, so the per-request cost stays low. Every comparison is constant-time
+HMAC under a key drawn at each start, never written anywhere) is recognised with one HMAC
+and a dictionary lookup, so the per-request cost stays low. Every comparison is constant-time
 (:func:`hmac.compare_digest`). The trade-off, stated plainly: someone who can read the
 coordinator's memory gets the HMAC key and tag, and with them a fast test of guesses —
 which is why a token's entropy stays the real defence and ``serve`` refuses short ones.
@@ -73,8 +73,9 @@ from ..limits import (AUTH_FAIL_MAX, AUTH_FAIL_WINDOW_S, AUTH_LOCKOUT_S, AUTH_LO
 ROLE_MAIN = "main"
 ROLE_WORKER = "worker"
 
-#: scrypt cost: N (CPU/memory), r (block size), p (parallelism). 32 MiB and ~0.1 s per
-#: derivation on a laptop core; paid once per distinct token presented, not per request.
+#: scrypt cost: N (CPU/memory), r (block size), p (parallelism): 128 * N * r = 32 MiB per
+#: derivation, slow enough to make guessing costly (its time: docs/performance.md) and paid
+#: once per distinct token presented, not per request.
 KDF_N, KDF_R, KDF_P = 2**15, 8, 1
 KDF_MAXMEM_BYTES = 64 * 2**20
 #: Bytes of random salt drawn at each start.

@@ -24,7 +24,7 @@ from pathlib import Path
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
-from .. import wire
+from .. import payloadref, wire
 from ..errors import WireError
 from ..limits import INLINE_BLOB_BYTES, MAX_BODY_BYTES, MAX_JSON_BODY_BYTES, MiB
 from ..protocol import ErrorCode
@@ -259,10 +259,11 @@ def take_handoffs(request: Request, names: dict | None, frames: list, store) -> 
     # The body limit holds for a payload however it travels: a call refused from another
     # machine is refused from this one too.
     total = sum(f.size if isinstance(f, Incoming) else f.nbytes for f in frames)
-    for key, name in names.items():
-        if not (isinstance(key, str) and key.isdigit() and int(key) < len(frames)):
-            raise _bad(f"handoff_files: {key!r} is not a frame number")
-        i = int(key)
+    try:
+        claimed = payloadref.handoff_names({"handoff_files": names}, len(frames))
+    except payloadref.BadRef as e:  # the whole map is checked before any file is claimed
+        raise _bad(str(e)) from None
+    for i, name in claimed.items():
         if isinstance(frames[i], Incoming) or len(frames[i]):
             raise _bad(f"handoff_files: frame {i} must be empty")
         try:

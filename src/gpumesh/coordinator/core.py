@@ -34,7 +34,7 @@ from collections import Counter, OrderedDict
 
 from .. import availability, hardware
 from ..limits import HEARTBEAT_INTERVAL_S, MAX_ATTEMPTS, WORKER_TTL_S
-from . import placement
+from . import placement, placing, recovery, views
 from .model import (CoordinatorError, Grant, Job, JobReleased, Lease, NoWorkers,  # noqa: F401
                     StaleLease, UnknownJob, UnknownWorker, Unsatisfiable, Worker)
 from .output import OutputHub
@@ -88,46 +88,7 @@ class Coordinator:
         #: now)`` after a worker's result is accepted. They must not raise.
         self.on_grants = None
         self.on_result = None
-        self._recover()
-
-    # ------------------------------------------------------------ start-up -------
-    def _recover(self) -> None:
-        """Rebuild the in-memory view from the store after a (re)start."""
-        for row in self.store.active_jobs():
-            job = Job(row["id"], row["kind"], row["fn_hash"], row["meta"], row["n_tasks"],
-                      state=row["state"], owner=row.get("owner"), submitted=self.clock())
-            try:
-                job.prepare()
-            except ValueError as e:  # written by another version: run it without them
-                log.warning("job %s: ignoring unreadable requirements (%s)", job.id, e)
-            counts = self.store.task_counts(job.id)
-            job.n_final = sum(n for s, n in counts.items() if s not in ("pending", "leased"))
-            job.next_seq = self.store.max_seq(job.id) + 1
-            self.jobs[job.id] = job
-        now = self.clock()
-        for t in self.store.open_tasks():
-            if t.job_id not in self.jobs:
-                continue
-            self.task_meta[t.id] = (t.idx, t.attempts)
-            if t.preempted:
-                self.preempted_runs[t.id] = t.preempted
-            if t.retried:
-                self.retried[t.id] = t.retried
-                self.jobs[t.job_id].avoid[t.id] = set(t.raised_on)
-            if t.cost != 1.0:
-                self.task_cost[t.id] = t.cost
-                self.jobs[t.job_id].costs_vary = True
-            if t.state == "leased" and t.lease_id and t.worker_id:
-                # Keep the lease: a worker that comes back within the TTL may still
-                # deliver this result. The sweeper requeues it otherwise.
-                self.leases[t.id] = Lease(t.id, t.job_id, t.lease_id, t.worker_id, now,
-                                          delivered=now)
-            else:
-                self.queue.add(t.job_id, [t.id], lane=self.jobs[t.job_id].lane,
-                               owner=self.jobs[t.job_id].owner)
-        if self.jobs:
-            log.info("recovered %d unreleased jobs from the store: %d tasks pending, %d leased "
-                     "(kept for workers that come back)", len(self.jobs), len(self.queue), len(self.leases))
+        recovery.recover(self)  # rebuild the in-memory view from the store
 
     # ------------------------------------------------------------ workers --------
     def register(self, info: dict, worker_id: str | None, slots: int) -> Worker:
@@ -306,28 +267,13 @@ class Coordinator:
             if cur and cur[0] is fut:
                 del self.idle[wid]
 
-    def _free_slots(self, w: Worker, slots: int, free: list[int] | None) -> list[int]:
-        ids = [s["id"] for s in w.slot_list] or list(range(w.slots))
-        closed = availability.closed_slots(w.info, w.slot_list)  # the owner's rules
-        if closed:
-            ids = [i for i in ids if i not in closed]
-            free = None if free is None else [i for i in free if i not in closed]
-        if free is not None:
-            known = set(ids)
-            return [i for i in dict.fromkeys(free) if i in known]
-        # A request that names no slots (a worker from before slots, or a test) asks for
-        # ``slots`` tasks, as it always could: idle slots first, then busy ones again.
-        busy = {lease.slot for tid in w.leases if (lease := self.leases.get(tid)) is not None}
-        order = [i for i in ids if i not in busy] + [i for i in ids if i in busy]
-        return [order[k % len(order)] for k in range(max(0, slots))] if order else []
-
     def _grant(self, w: Worker, slots: int, free: list[int] | None = None) -> list[Grant]:
         """Give each of ``w``'s free slots (strongest first) a task it can run, chosen by
         :mod:`.placement` from what the run queue offers (round-robin between people, then
         between each person's jobs; a person at their ``max_running`` cap is passed over)."""
         if not len(self.queue):
             return []
-        slot_ids = self._free_slots(w, slots, free)
+        slot_ids = placing.free_slots(self, w, slots, free)
         if not slot_ids:
             return []
         views = w.slot_views()  # strongest first
@@ -336,7 +282,7 @@ class Coordinator:
         else:
             want = Counter(slot_ids)  # a legacy request may name a slot more than once
             serve = [v for v in views for _ in range(want.get(v.id, 0))]
-        ctx = _Placing(self)
+        ctx = placing.Placing(self)
         owner_ok = None
         if self.max_running:
             running = self.running_by_owner()
@@ -355,11 +301,11 @@ class Coordinator:
                 # A GPU slot serves jobs that need a GPU before those that merely may use one.
                 got = self.queue.take_one(
                     lambda j, q: self._choose(j, q, slot, ctx),
-                    lane_ok=lambda req: req is not None and req.needs_gpu and ctx.runs(req, slot),
+                    lane_ok=lambda req: req is not None and req.needs_gpu and placing.runs(req, slot),
                     owner_ok=owner_ok)
             if got is None:
                 got = self.queue.take_one(lambda j, q: self._choose(j, q, slot, ctx),
-                                          lane_ok=lambda req: ctx.runs(req, slot), owner_ok=owner_ok)
+                                          lane_ok=lambda req: placing.runs(req, slot), owner_ok=owner_ok)
             if got is not None:
                 taken.append((got[0], got[1], slot.id, slot.kind != "cpu"))
                 if owner_ok is not None:
@@ -392,31 +338,10 @@ class Coordinator:
             out[job.owner if job else None] += 1
         return out
 
-    def _choose(self, job_id: str, q, slot: hardware.Slot, ctx: _Placing) -> int | None:
+    def _choose(self, job_id: str, q, slot: hardware.Slot, ctx: placing.Placing) -> int | None:
         """Position in job ``job_id``'s queue ``q`` of the task ``slot`` should run, or
-        None if it can run none of the first ``placement.HEAD_WINDOW``. The job's
-        requirements were checked already, for its whole lane (see :meth:`_grant`)."""
-        job = self.jobs.get(job_id)
-        if job is None:
-            return 0
-        if job.lacking and job.excludes(slot.worker):
-            return None  # it lacks a module this job's function needs
-        if not job.vram_mb and not job.costs_vary and not job.avoid:
-            return 0  # the common case: FIFO
-        candidates = []
-        for pos in range(min(len(q), placement.HEAD_WINDOW)):
-            tid = q[pos]
-            if job.avoid and slot.worker in job.avoid.get(tid, ()) and self._elsewhere(job, tid):
-                continue  # its function raised here: another worker tries it
-            hint = job.vram_mb.get(self.task_meta[tid][0]) if job.vram_mb else None
-            if hint and hardware.vram_refusal(slot, hint) is not None:
-                continue
-            candidates.append((pos, self.task_cost.get(tid, 1.0)))
-        if not candidates:
-            return None
-        if not job.costs_vary:
-            return candidates[0][0]
-        return placement.pick(candidates, ctx.relative(job, slot))
+        None (see :func:`.placing.choose`)."""
+        return placing.choose(self, job_id, q, slot, ctx)
 
     def _wake_idle(self) -> None:
         """Hand newly pending tasks to workers that are long-polling: the strongest first
@@ -426,7 +351,7 @@ class Coordinator:
             return
         waiting = list(self.idle.items())
         if len(waiting) > 1:
-            waiting.sort(key=lambda kv: -self._best_score(kv[0]))
+            waiting.sort(key=lambda kv: -placing.best_score(self.workers.get(kv[0])))
         for wid, (fut, slots, free) in waiting:
             if not len(self.queue):
                 break
@@ -438,13 +363,6 @@ class Coordinator:
             if grants:
                 del self.idle[wid]
                 fut.set_result(grants)
-
-    def _best_score(self, wid: str) -> float:
-        w = self.workers.get(wid)
-        if w is None:
-            return 0.0
-        scores = w.info.get("scores") or {}
-        return max([float(v) for v in scores.values()] + [float(w.info.get("score") or 0)])
 
     def _requeue(self, task_ids: list[str], reason: str, error: dict | None = None,
                  preempted: bool = False) -> None:
@@ -534,45 +452,12 @@ class Coordinator:
         return job, True
 
     def unsatisfiable_message(self, req: hardware.Requirements, hint: float | None) -> str:
-        alive = self.alive_workers()
-        if req.python and not any(s.python in ("", req.python) for w in alive for s in w.slot_views()):
-            # The one refusal that is about software: say so in its own words.
-            others = sorted({f"Python {w.info.get('python', '?')} ({w.info.get('hostname', w.id)})"
-                             for w in alive})
-            return (f"this call ships code by value (a function, lambda or class defined in "
-                    f"__main__, a notebook or a closure), whose bytecode only loads on the Python "
-                    f"that made it: the caller runs Python {req.python} and the alive workers run "
-                    f"{', '.join(others)}; join a worker running Python {req.python}, or run the "
-                    f"caller on the workers' Python")
-        if req.requires:
-            from ..packages import unmet
-            lacking = [(w, unmet(req.requires, w.info.get("packages") or {})) for w in alive
-                       if not w.info.get("allow_installs")]
-            if len(lacking) == len(alive) and all(missing for _, missing in lacking):
-                who = "; ".join(f"{w.info.get('hostname', '?')} ({w.id}) lacks {', '.join(missing)}"
-                                for w, missing in lacking)
-                return (f"no alive worker has {', '.join(req.requires)} or allows installs: {who}; "
-                        f"join a worker with `gpumesh join --allow-installs` (it builds the "
-                        f"environment with uv) or install them on a worker")
-        wants = req.describe() if req else ""
-        if hint:
-            wants = (wants + ", " if wants else "") + f"gpu_memory_mb={hardware.format_mib(hint)}"
-        pool = [self.worker_view(w) for w in self.alive_workers()]
-        return f"no alive worker can ever run this job ({wants}); {hardware.describe_pool(pool)}"
+        """The text of the ``Unsatisfiable`` refusal (see :func:`.views.unsatisfiable_message`)."""
+        return views.unsatisfiable_message(self, req, hint)
 
     def worker_view(self, w: Worker) -> dict:
         """A worker as ``GET /v1/workers`` lists it."""
-        d = dict(w.info)
-        lacks = sorted(m for m, ws in self.lacking.items() if w.id in ws)
-        if lacks:  # modules recent jobs needed and did not find here
-            d["lacks"] = lacks
-        d.update(id=w.id, alive=w.alive, slots=w.slots, running=len(w.leases), slot_list=w.slot_list,
-                 busy_slots=sorted({lease.slot for tid in w.leases
-                                    if (lease := self.leases.get(tid)) is not None
-                                    and lease.slot is not None}))
-        if not d.get("scores") and not d.get("score"):
-            d["score"] = None  # not measured yet: "pending", as devices() and the CLI say
-        return d
+        return views.worker_view(self, w)
 
     def job(self, job_id: str) -> Job:
         job = self.jobs.get(job_id)
@@ -633,7 +518,7 @@ class Coordinator:
         while len(self.lacking) > MAX_LACKING_MODULES:  # the oldest module first
             del self.lacking[next(iter(self.lacking))]
         others = [w for w in self.alive_workers() if not job.excludes(w.id)
-                  and any(_Placing.runs(job.lane, s) for s in w.slot_views())]
+                  and any(placing.runs(job.lane, s) for s in w.slot_views())]
         if others:
             log.info("task %s: worker %s has no module %r; trying it on another worker",
                      lease.task_id, lease.worker_id, module)
@@ -642,15 +527,7 @@ class Coordinator:
             self._requeue([lease.task_id], reason=f"no module {module!r} on this worker",
                           error=error)
             return None
-        lacking = []
-        for wid in sorted(job.lacking[module]):
-            w = self.workers.get(wid)
-            name = w.info.get("hostname", "?") if w else "?"
-            lacking.append(f"{name} ({wid}, Python {w.info.get('python', '?') if w else '?'})")
-        return dict(error, kind="missing_module", message=(
-            f"No module named {module!r} on any worker that could run this task: "
-            f"{', '.join(lacking)} lack{'s' if len(lacking) == 1 else ''} it; install it "
-            f"there (or join a worker that has it) and call again"))
+        return dict(error, kind="missing_module", message=views.missing_module_message(self, job, module))
 
     def hand_back(self, task_id: str, lease_id: str, reason: str) -> None:
         """The worker gives a running task back (its owner paused it, wants the GPU, the
@@ -676,29 +553,13 @@ class Coordinator:
 
     def waiting_reason(self, job_id: str) -> str | None:
         """Why the job's pending tasks wait although workers that could run them are
-        alive: every such worker (or GPU) is closed by its owner's rules. None otherwise."""
-        job = self.jobs.get(job_id)
-        if job is None or not self.queue.pending(job_id):
-            return None
-        capable, why = False, []
-        for w in self.alive_workers():
-            closed = availability.closed_slots(w.info, w.slot_list)
-            fits = [v for v in w.slot_views() if not job.lane
-                    or hardware.refusal(job.lane, v, ever=True) is None]
-            if not fits:
-                continue
-            capable = True
-            if any(v.id not in closed for v in fits):
-                return None  # somewhere to run: it only waits its turn
-            why.append(f"{w.info.get('hostname') or w.id} [{', '.join(availability.labels(w.info))}]")
-        if not capable:
-            return None
-        return "waiting: every worker that can run it is unavailable: " + "; ".join(why)
+        alive (see :func:`.views.waiting_reason`). None otherwise."""
+        return views.waiting_reason(self, job_id)
 
     def _retry_raised(self, lease: Lease, error: dict | None) -> bool:
         """If the function raised an exception its job retries (``retry_on``: the type or
         one of its bases, by name) and retries are left, re-queue the task, to run on
-        another worker when one can (see :meth:`_choose`). Returns whether it did."""
+        another worker when one can (see :func:`.placing.choose`). Returns whether it did."""
         job = self.jobs.get(lease.job_id)
         names = job.meta.get("retry_on") if job is not None else None
         if not names or not isinstance(error, dict) or error.get("kind") != "raised":
@@ -716,13 +577,6 @@ class Coordinator:
                                                f"(retry {done + 1} of {job.meta.get('retries')})",
                       error=error)
         return True
-
-    def _elsewhere(self, job: Job, task_id: str) -> bool:
-        """Whether an alive worker the task has not failed on could run it."""
-        tried = job.avoid.get(task_id, ())
-        return any(w.alive and w.id not in tried
-                   and any(_Placing.runs(job.require, s) for s in w.slot_views())
-                   for w in self.workers.values())
 
     def lease_delivered(self, leases: list[tuple[str, str]], ok: bool) -> None:
         """The answer carrying these ``(task_id, lease_id)`` grants finished sending (``ok``)
@@ -890,44 +744,3 @@ class Coordinator:
         self.jobs.pop(job_id, None)
         self.output.forget(job_id)
 
-
-class _Placing:
-    """What one grant round needs to know about the whole pool, computed once, lazily:
-    which jobs need a GPU, the stragglers per function, the best slot per job."""
-
-    def __init__(self, coord: Coordinator):
-        self.coord = coord
-        self._gpu_jobs: bool | None = None
-        self._slots: list[hardware.Slot] | None = None
-        self._stragglers: dict[str, set] = {}
-        self._best: dict[str, float] = {}
-
-    def gpu_jobs_pending(self) -> bool:
-        """Whether a job that needs a GPU has pending tasks (one look per lane)."""
-        if self._gpu_jobs is None:
-            self._gpu_jobs = any(req is not None and req.needs_gpu for req in self.coord.queue.lanes())
-        return self._gpu_jobs
-
-    @staticmethod
-    def runs(req: hardware.Requirements | None, slot: hardware.Slot) -> bool:
-        """Whether ``slot`` meets ``req`` (a run queue lane; None: a job not known here)."""
-        return not req or hardware.refusal(req, slot) is None
-
-    def _all_slots(self) -> list[hardware.Slot]:
-        if self._slots is None:
-            self._slots = [s for w in self.coord.alive_workers() for s in w.slot_views()]
-        return self._slots
-
-    def stragglers(self, fn: str) -> set:
-        if fn not in self._stragglers:
-            self._stragglers[fn] = self.coord.stats.stragglers(fn, self.coord.clock())
-        return self._stragglers[fn]
-
-    def relative(self, job: Job, slot: hardware.Slot) -> float:
-        """``slot``'s strength over the best alive slot that could run ``job``."""
-        fn = job.fn_hash or ""
-        st = self.stragglers(fn)
-        if job.id not in self._best:
-            fit = [s for s in self._all_slots() if not job.lane or hardware.refusal(job.lane, s) is None]
-            self._best[job.id] = max((placement.strength(s, st) for s in fit), default=0.0)
-        return placement.relative(placement.strength(slot, st), self._best[job.id])

@@ -45,16 +45,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .. import availability
+from ..limits import DAY_S, MiB
 from .._version import __version__
 from . import people
 from .auth import AuthRefused
 
-MiB = 2**20
 #: Buckets (seconds) for the two latency histograms: from a warm lease on loopback to a
 #: long queue or a long task.
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
                    300, 1800, 3600)
-DAY_S = 86400.0
 
 
 class _Pool:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import availability, hardware, packages, retries
+from ..limits import MAX_RELEASE_JOBS  # the caller's RELEASE_BATCH_MAX stays within it
 from ..limits import (LONG_POLL_MAX_S, MAX_HEARTBEAT_TASKS, MAX_META_JSON_BYTES, MAX_RETRIES,
                       MAX_RETRY_TYPES, MAX_STRING_CHARS, MAX_TASKS_PER_JOB)
 from ..protocol import ErrorCode
@@ -30,8 +31,6 @@ HEX_ID = "^[0-9a-f]{4,64}$"
 SHA256 = "^[0-9a-f]{64}$"
 _HEX = re.compile(r"[0-9a-f]{4,64}\Z")
 _SHA = re.compile(r"[0-9a-f]{64}\Z")
-#: Most job ids one ``POST /v1/jobs/release`` takes.
-MAX_RELEASE_JOBS = 1000
 
 
 class _Marker:

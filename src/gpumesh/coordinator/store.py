@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import handoff
+from .. import limits
 from ..limits import INLINE_BLOB_BYTES
 from ..wire import Chunk
 
@@ -217,9 +218,7 @@ class Store:
         self.db = sqlite3.connect(self.dir / "gpumesh.db", isolation_level=None,
                                   check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
-        sync = os.environ.get("GPUMESH_SYNC", "NORMAL").upper()
-        if sync not in ("NORMAL", "FULL"):
-            raise ValueError(f"GPUMESH_SYNC must be NORMAL or FULL, not {sync!r}")
+        sync = limits.setting("GPUMESH_SYNC")  # NORMAL or FULL; SettingError otherwise
         self.full_sync = sync == "FULL"
         self.db.execute(f"PRAGMA synchronous={sync}")
         self.db.execute("PRAGMA busy_timeout=5000")

@@ -55,6 +55,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .. import availability
+from ..limits import DAY_S
 from . import people
 from .auth import AuthRefused
 from .core import JobReleased, UnknownJob
@@ -77,7 +78,6 @@ HEADERS = {
     "referrer-policy": "no-referrer",
     "cache-control": "no-store",
 }
-DAY_S = 86400.0
 #: Per-person usage (two queries over the day's and week's finished tasks) is recomputed at
 #: most this often (seconds), however many dashboards poll.
 USAGE_CACHE_S = 5.0

@@ -34,7 +34,8 @@ import time
 from pathlib import Path
 
 from .. import hardware, packages, protocol, tracing, versions, wire
-from ..handoff import Handoff, map_fd, new_name
+from ..handoff import Handoff, new_name
+from ..payloadref import PayloadRef, store_file
 from .._version import __version__
 from ..errors import AuthError, RequestRejected, WireError
 from ..limits import (BACKOFF_BASE_S, BACKOFF_MAX_S, HEARTBEAT_INTERVAL_S, LONG_POLL_S,
@@ -466,7 +467,7 @@ class WorkerAgent(OwnerRules):
     def _run_task(self, task: protocol.TaskGrant | None, args, slot: int | None = None) -> None:
         """Run granted tasks in ``slot`` until the coordinator has no next one for it.
         ``args``: the task's argument frame, a ``memoryview`` or (a big one read into
-        shared memory) a :class:`membody.ArgsRange`."""
+        shared memory) a :class:`~gpumesh.payloadref.PayloadRef`."""
         if self.scorer is not None:
             self.scorer.task_started()  # a running benchmark is killed before the task starts
         try:
@@ -511,16 +512,13 @@ class WorkerAgent(OwnerRules):
 
     def _run_one(self, task: protocol.TaskGrant, path: Path, args, slot: int | None) -> Outcome:
         """Run one task in the executor, forwarding what it prints."""
-        args_fd = args_range = None
-        if isinstance(args, membody.ArgsRange):  # big, from another machine: in shared memory
-            if task.kind == "script":
-                args = args.view()
-            else:
-                args_fd, args_range, args = args.fd, (args.offset, args.length), None
+        args_ref = None
+        if isinstance(args, PayloadRef):  # big, from another machine: in shared memory
+            args_ref, args = args, None
         elif task.args_file:  # same machine: the arguments are the store's file
             try:
-                args_fd = os.open(self.handoff.blob_dir / task.args_file, os.O_RDONLY | os.O_CLOEXEC)
-            except (OSError, AttributeError, TypeError) as e:
+                args_ref = store_file(self.handoff.blob_dir, task.args_file).pin()
+            except (OSError, AttributeError, ValueError) as e:
                 return Outcome("retry", {"kind": protocol.FailureKind.FETCH,
                                          "message": f"could not open the task's arguments: {e}"})
         cursor = self._output[task.task_id] = _OutputCursor(task, *self.executor.new_output())
@@ -531,8 +529,8 @@ class WorkerAgent(OwnerRules):
         outcome = None
         try:
             if task.kind == "script":  # python SCRIPT, payload on stdin
-                if args_fd is not None:
-                    args = map_fd(args_fd)
+                if args_ref is not None:
+                    args = args_ref.open()
                 outcome = self.executor.run_script(task.task_id, str(path), args,
                                                    task.timeout, env=self._slot_env.get(slot))
             else:
@@ -554,8 +552,8 @@ class WorkerAgent(OwnerRules):
                 tracing.mark("agent.run")
                 try:
                     outcome = self.executor.run(
-                        task, str(path), args, env=self._slot_env.get(slot), args_fd=args_fd,
-                        args_range=args_range, handoff_dir=str(drop.drop_dir) if drop else None,
+                        task, str(path), args, env=self._slot_env.get(slot), args_ref=args_ref,
+                        handoff_dir=str(drop.drop_dir) if drop else None,
                         handoff_name=name, sys_path=sys_path, slot=slot)
                 finally:
                     if env_key is not None:
@@ -564,8 +562,8 @@ class WorkerAgent(OwnerRules):
         finally:
             if name is not None and (outcome is None or outcome.handoff_file != name):
                 drop.discard(name)
-            if args_fd is not None and args_range is None:  # (a memory file closes itself)
-                os.close(args_fd)
+            if args_ref is not None:
+                args_ref.release()
             del self._output[task.task_id]
             self._forward_output(cursor, final=True)  # before the result: order kept
 

@@ -23,12 +23,14 @@ import time
 
 log = logging.getLogger("gpumesh.worker.bench")
 
+#: A device's score is GFLOP/s * GFLOPS_WEIGHT + GB/s * BANDWIDTH_WEIGHT. Only this module
+#: computes scores (the coordinator compares them as they come), so the weights live here.
 GFLOPS_WEIGHT = 0.7
 BANDWIDTH_WEIGHT = 0.3
 
 _MATMUL_N = 256                   # matmul size: n x n float32
 _COPY_BYTES = 16 * 1024 * 1024    # ~16 MiB per array for the copy test
-_MIN_BUDGET_S = 0.01
+_MIN_BUDGET_S = 0.01              # a smaller budget cannot time anything
 
 #: Seconds all measurements of one worker take together (CPU and every GPU).
 TOTAL_BUDGET_S = 3.0

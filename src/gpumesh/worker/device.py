@@ -36,10 +36,13 @@ import shutil
 import subprocess
 import sys
 
+from ..limits import MiB
+
 log = logging.getLogger("gpumesh.worker.device")
 
-_MIB = 1024 * 1024
 _NVIDIA_SMI_QUERY = "index,name,memory.total,memory.free,driver_version"
+#: Seconds a hardware query tool (``nvidia-smi``, ``sysctl``) may take: a wedged driver must
+#: not hang a worker's start. Only this module runs them.
 _TOOL_TIMEOUT_S = 5.0
 #: Environment variable of the fake-GPU testing hook (see the module docstring).
 FAKE_GPUS_ENV = "GPUMESH_FAKE_GPUS"
@@ -177,7 +180,7 @@ class GpuMonitor:
         out = {}
         for i in self.indices:
             mem = self._nvml.nvmlDeviceGetMemoryInfo(self._nvml.nvmlDeviceGetHandleByIndex(i))
-            out[i] = int(mem.free // _MIB)
+            out[i] = int(mem.free // MiB)
         return out
 
     def readings(self, ours=None) -> dict:
@@ -255,7 +258,7 @@ class GpuMonitor:
                     procs.extend(getattr(nv, query)(h))
                 except Exception:  # not supported on this GPU/driver
                     pass
-            other_mb = sum((p.usedGpuMemory or 0) for p in procs if not ours(p.pid)) / _MIB
+            other_mb = sum((p.usedGpuMemory or 0) for p in procs if not ours(p.pid)) / MiB
             util = self._other_util(h, i, ours)
             try:
                 temp = float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
@@ -368,13 +371,13 @@ def ram_mb() -> int:
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         if total > 0:
-            return int(total // _MIB)
+            return int(total // MiB)
     except (AttributeError, ValueError, OSError):
         log.debug("os.sysconf unavailable for RAM size", exc_info=True)
     try:
         import psutil
 
-        return int(psutil.virtual_memory().total // _MIB)
+        return int(psutil.virtual_memory().total // MiB)
     except Exception:
         log.debug("psutil unavailable for RAM size", exc_info=True)
     return 0
@@ -434,8 +437,8 @@ def _nvml_gpus() -> list[dict]:
             gpus.append({
                 "index": i,
                 "name": _text(pynvml.nvmlDeviceGetName(handle)),
-                "memory_total_mb": int(mem.total // _MIB),
-                "memory_free_mb": int(mem.free // _MIB),
+                "memory_total_mb": int(mem.total // MiB),
+                "memory_free_mb": int(mem.free // MiB),
                 "driver": driver,
             })
         return gpus

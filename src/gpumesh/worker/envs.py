@@ -35,12 +35,10 @@ import threading
 import time
 from pathlib import Path
 
-from .. import oslock, userdirs
+from .. import limits, oslock, userdirs
 
 log = logging.getLogger("gpumesh.worker")
 
-#: Default cap of the environment cache, MiB (``$GPUMESH_ENV_CACHE_MB``).
-DEFAULT_CAP_MB = 5120
 #: Longest an environment build may take, seconds.
 BUILD_TIMEOUT_S = 1800.0
 #: How often a worker waiting for another's build of the same environment looks again.
@@ -64,12 +62,12 @@ def find_uv() -> str | None:
 
 
 def default_root() -> Path:
-    env = os.environ.get("GPUMESH_ENV_DIR")
+    env = limits.setting("GPUMESH_ENV_DIR")
     return Path(env).expanduser() if env else userdirs.cache_dir() / "envs"
 
 
 def default_cap_bytes() -> int:
-    return int(float(os.environ.get("GPUMESH_ENV_CACHE_MB", DEFAULT_CAP_MB)) * 2**20)
+    return limits.setting("GPUMESH_ENV_CACHE_MB")
 
 
 def env_key(requires) -> str:

@@ -32,7 +32,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..limits import MAX_WARM_FUNCTIONS, WARM_IDLE_S
+from ..limits import ERROR_TAIL_BYTES, MAX_WARM_FUNCTIONS, WARM_IDLE_S
+from ..payloadref import PayloadRef
 from ..protocol import FailureKind, TaskGrant
 from . import procs, runner
 
@@ -55,8 +56,6 @@ class Outcome:
 #: Arguments up to this size are written to the task's socket without a helper thread
 #: (they fit in the socket buffer, so the write cannot block).
 INLINE_ARGS_BYTES = 64 * 1024
-#: How much of a failed task's stderr travels with its error (bytes, from the end).
-STDERR_TAIL_BYTES = 4096
 
 
 def _map_read_only(fd: int) -> memoryview:
@@ -163,6 +162,8 @@ class Executor:
         # an idle worker, or one that only runs scripts, keeps no interpreter around.
         self._zygote: subprocess.Popen | None = None
         self._zygote_ctrl: socket.socket | None = None
+        self._zygote_used = 0.0  # when the zygote last started (see _janitor)
+        self._janitor_started = False
         self._closed = False
         self._running: dict[str, tuple[Host, _Pending]] = {}
         # isolation="job" tasks run in spawned processes that a slot keeps for its job
@@ -194,8 +195,41 @@ class Executor:
             finally:
                 child.close()
             self._zygote_ctrl = ctrl
+            self._zygote_used = time.monotonic()
+            if not self._janitor_started:
+                self._janitor_started = True
+                threading.Thread(target=self._janitor, name="fork-janitor", daemon=True).start()
         assert self._zygote_ctrl is not None
         return self._zygote_ctrl
+
+    def _janitor(self) -> None:
+        """Release what idles: hosts whose function ran no task for WARM_IDLE_S (with
+        their spare), then the zygote once it hosts none and has forked none for as long
+        (the next function task starts it again, ~0.1 s)."""
+        while not self._closed:
+            time.sleep(min(5.0, max(0.05, WARM_IDLE_S / 4)))
+            with self._lock:
+                if self._closed:
+                    return
+                now = time.monotonic()
+                for key, host in list(self._hosts.items()):
+                    # Not while it loads its function: its task is not counted yet.
+                    if not host.tasks and host.ready.is_set() and now - host.last_used > WARM_IDLE_S:
+                        del self._hosts[key]
+                        host.close()
+                last = max([self._zygote_used, *(h.last_used for h in self._hosts.values())])
+                idle = time.monotonic() - last
+                zygote, ctrl = self._zygote, self._zygote_ctrl
+                if zygote is None or self._hosts or self._running or idle <= WARM_IDLE_S:
+                    continue
+                self._zygote = self._zygote_ctrl = None
+            if ctrl is not None:
+                ctrl.close()  # the zygote exits when its control socket closes
+            try:
+                zygote.wait(5)
+            except subprocess.TimeoutExpired:
+                zygote.kill()
+                zygote.wait()
 
     def _host(self, fn_hash: str, blob_path: str, sys_path: list[str] | None = None) -> Host:
         # A function run in a task environment (requires=) has a host of its own, whose
@@ -238,25 +272,23 @@ class Executor:
 
     # ------------------------------------------------------------------ tasks -------
     def run(self, task: TaskGrant, blob_path: str, args: bytes | bytearray | memoryview | None = None,
-            *, env: dict | None = None, args_fd: int | None = None,
-            args_range: tuple[int, int] | None = None, handoff_dir: str | None = None,
-            handoff_name: str | None = None, sys_path: list[str] | None = None,
-            slot=None) -> Outcome:
+            *, env: dict | None = None, args_ref: PayloadRef | None = None,
+            handoff_dir: str | None = None, handoff_name: str | None = None,
+            sys_path: list[str] | None = None, slot=None) -> Outcome:
         """Run the granted ``task`` (function blob at ``blob_path``, arguments ``args``) to
         completion; never raises for anything the task does. From the grant: its id,
         function, ``timeout``, ``result_format`` (``"json"``: the task sends its value as
         JSON, strict results), ``isolation`` and job.
         ``env``: variables set in the task's process (its slot's GPU, for one).
-        ``args_fd`` (instead of ``args``): an open file holding the arguments, which the
-        task maps (the caller keeps ownership of the descriptor); ``args_range``: only
-        ``(offset, length)`` bytes of that file are the arguments. ``handoff_dir``: let
+        ``args_ref`` (instead of ``args``): the arguments as a file or shared memory,
+        which the task maps (gpumesh.payloadref; the caller releases it). ``handoff_dir``: let
         the task leave a big result there, named ``handoff_name`` (see gpumesh.handoff;
         ``Outcome.handoff_file``). ``sys_path``: directories put in front of the function's
         ``sys.path`` (a task environment, see gpumesh.worker.envs). ``isolation="job"``: run it in the
         process ``slot`` keeps for the job (tasks of one job share it; gpumesh.worker.spawn)."""
         if task.isolation == "job" and task.job_id is not None:
             return self._jobs_executor().run(
-                task, blob_path, args, env=env, args_fd=args_fd, args_range=args_range,
+                task, blob_path, args, env=env, args_ref=args_ref,
                 handoff_dir=handoff_dir, handoff_name=handoff_name, sys_path=sys_path, slot=slot)
         task_id, fn_hash, timeout, result_format = task.task_id, task.fn, task.timeout, task.result_format
         try:
@@ -265,6 +297,7 @@ class Executor:
             return Outcome("retry", {"kind": FailureKind.HOST_DIED,
                                      "message": f"could not start the function's host: {e}"})
         host.ready.wait()
+        host.last_used = time.monotonic()  # a slow load is not idle time (see _janitor)
         if host.load_error is not None:
             self.forget(host.key)
             return Outcome("error", dict(host.load_error))
@@ -284,18 +317,16 @@ class Executor:
                 if handoff_dir:
                     msg["handoff_dir"], msg["handoff_name"] = handoff_dir, handoff_name
                 fds = [theirs.fileno()]
-                if args_fd is not None:
-                    msg["args_file"] = True
-                    fds.append(args_fd)
-                    if args_range is not None:
-                        msg["args_range"] = list(args_range)
+                if args_ref is not None:
+                    msg["args"], passed = args_ref.to_meta()
+                    fds += passed
                 runner.send_run(host.ctrl, msg, fds)
             theirs.close()
             self._running[task_id] = (host, pending)
-            outcome = self._exchange(host, pending, mine, None if args_fd is not None else args,
+            outcome = self._exchange(host, pending, mine, None if args_ref is not None else args,
                                      timeout)
             if outcome.status == "error" and outcome.error is not None:
-                tail = _tail(err, STDERR_TAIL_BYTES)
+                tail = _tail(err, ERROR_TAIL_BYTES)
                 if tail:
                     outcome.error["stderr_tail"] = tail
             return outcome
@@ -482,7 +513,12 @@ def make_executor(runtime: str | None = None, spool: Path | None = None) -> Exec
     :func:`gpumesh.worker.procs.choose_runtime` says). Raises ``ValueError`` for an
     unknown runtime or one this Python cannot run."""
     name, _why = procs.choose_runtime(runtime)
+    from . import membody
     if name == "spawn":
         from .spawn import SpawnExecutor
-        return SpawnExecutor(spool)
-    return Executor(spool)
+        executor: Executor = SpawnExecutor(spool)
+    else:
+        executor = Executor(spool)
+    if name == "spawn" or not hasattr(os, "memfd_create"):
+        membody.share_by_name(executor.spool)  # big arguments: files its task processes map
+    return executor

@@ -13,8 +13,12 @@ gone. A task's view holds exactly the bytes of its own arguments, and its descri
 leads to nothing else: an answer that carries several tasks gives each big argument a
 memory file of its own (one more copy, for those answers only).
 
-Where ``memfd_create`` is missing (macOS), answers are read into a ``bytearray`` and
-arguments cross the task's socket as before.
+Where a task process cannot be handed a descriptor (the spawn runtime: Windows, macOS,
+or ``--runtime spawn`` on Linux), or there is no ``memfd_create`` (the fork runtime on
+macOS), the same buffer is a file of the worker's spool
+(:class:`FileBody`, mapped shared) and the task maps its range by path: one copy from the
+socket there too. :func:`share_by_name` turns that on. Either way a task's arguments are
+a ``shm`` :class:`~gpumesh.payloadref.PayloadRef`.
 """
 
 from __future__ import annotations
@@ -23,12 +27,24 @@ import mmap
 import os
 import weakref
 
-from .. import wire
+from .. import handoff, wire
 from ..limits import HANDOFF_MIN_BYTES
+from ..payloadref import PayloadRef
+
+#: The directory of :class:`FileBody` files, once :func:`share_by_name` set it.
+_named_dir: str | None = None
 
 
 def available() -> bool:
-    return hasattr(os, "memfd_create")
+    return hasattr(os, "memfd_create") or _named_dir is not None
+
+
+def share_by_name(directory: str | os.PathLike) -> None:
+    """Make big answers files of ``directory`` (the worker's spool, removed with the
+    worker's directory even if it is killed) that task processes map by path, instead of
+    memory files whose descriptor they would need to be passed."""
+    global _named_dir
+    _named_dir = os.fspath(directory)
 
 
 class MemBody(mmap.mmap):
@@ -50,48 +66,72 @@ class MemBody(mmap.mmap):
         return self
 
 
-class ArgsRange:
-    """A task's arguments: ``length`` bytes at ``offset`` of ``body``'s memory file."""
+class FileBody(mmap.mmap):
+    """As :class:`MemBody`, backed by a new file of ``directory`` (``path``, mode 0600)
+    that other processes map by name: the portable shared memory. The file is removed by
+    :meth:`unlink` (a task that mapped it keeps its pages) or when this object goes.
+    Raises ``OSError`` if the file cannot be made."""
 
-    __slots__ = ("body", "offset", "length")
+    def __new__(cls, size: int, directory: str):
+        path = os.path.join(directory, handoff.new_name())
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | handoff._NOINHERIT, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            self = super().__new__(cls, fd, size)
+        except BaseException:
+            os.close(fd)
+            handoff.discard(directory, os.path.basename(path))
+            raise
+        os.close(fd)  # the map holds the file
+        self.path = path
+        self._gone = weakref.finalize(self, _remove, path)
+        return self
 
-    def __init__(self, body: MemBody, offset: int, length: int):
-        self.body, self.offset, self.length = body, offset, length
+    def unlink(self) -> None:
+        """Remove the file now (its task is done with it). The map is closed first where
+        nothing views it any more: Windows removes no file that is still mapped."""
+        try:
+            self.close()
+        except BufferError:  # still viewed here: it is removed when this object goes
+            pass
+        self._gone()
 
-    @property
-    def fd(self) -> int:
-        return self.body.fd
 
-    def view(self) -> memoryview:
-        """The bytes themselves (for a script task, which reads them from stdin)."""
-        return memoryview(self.body)[self.offset:self.offset + self.length]
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:  # gone; or still mapped on Windows: the spool goes with the worker
+        pass
 
-    def __len__(self) -> int:
-        return self.length
+
+def _new_body(size: int):
+    return MemBody(size) if _named_dir is None else FileBody(size, _named_dir)
 
 
 def buffer_for(size: int):
-    """The buffer an answer of ``size`` bytes is read into: a :class:`MemBody` when it is
-    big enough for a task to map its arguments out of it, else a ``bytearray``."""
+    """The buffer an answer of ``size`` bytes is read into: a :class:`MemBody` (or a
+    :class:`FileBody`, see :func:`share_by_name`) when it is big enough for a task to map
+    its arguments out of it, else a ``bytearray``."""
     if size >= HANDOFF_MIN_BYTES and available():
         try:
-            return MemBody(size)
-        except OSError:  # out of memory or descriptors: the plain buffer still works
+            return _new_body(size)
+        except OSError:  # out of memory, descriptors or disk: the plain buffer still works
             pass
     return bytearray(size)
 
 
 def slices(body) -> list:
     """The frames of an answer read by :func:`buffer_for`: a ``memoryview`` each, except
-    that a big frame of a :class:`MemBody` is an :class:`ArgsRange` (for the task process
-    to map). Raises :class:`gpumesh.errors.WireError` if the body is malformed.
+    that a big frame of a :class:`MemBody` or :class:`FileBody` is a ``shm``
+    :class:`~gpumesh.payloadref.PayloadRef` (for the task process to map). Raises
+    :class:`gpumesh.errors.WireError` if the body is malformed.
 
-    A task is handed the descriptor of its range's memory file, through which it could
+    A task is handed the descriptor (or name) of its range's file, through which it could
     map the whole file. So when the answer carries more than one task, each big frame is
-    copied into a memory file of its own, and no task can reach another's arguments."""
+    copied into a file of its own, and no task can reach another's arguments."""
     view = memoryview(body)
     spans = wire.frame_spans(view)
-    if not isinstance(body, MemBody):
+    if not isinstance(body, (MemBody, FileBody)):
         return [view[offset:offset + length] for offset, length in spans]
     shared = len(spans) > 2  # the meta, then one frame per task
     out: list = []
@@ -99,9 +139,9 @@ def slices(body) -> list:
         if length < HANDOFF_MIN_BYTES:
             out.append(view[offset:offset + length])
         elif not shared:
-            out.append(ArgsRange(body, offset, length))
+            out.append(PayloadRef.shared(body, offset, length))
         else:
-            own = MemBody(length)
+            own = _new_body(length)
             own[:] = view[offset:offset + length]
-            out.append(ArgsRange(own, 0, length))
+            out.append(PayloadRef.shared(own, 0, length))
     return out

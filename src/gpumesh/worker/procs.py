@@ -19,6 +19,8 @@ import socket
 import subprocess
 import sys
 
+from .. import limits
+
 log = logging.getLogger("gpumesh.worker")
 
 #: The task runtimes (see docs/architecture.md, "Inside a worker").
@@ -49,7 +51,7 @@ def choose_runtime(requested: str | None = None) -> tuple[str, str]:
     unknown name, or for ``fork`` where this Python cannot fork."""
     source = "--runtime"
     if not requested:
-        requested, source = os.environ.get(RUNTIME_ENV) or None, f"${RUNTIME_ENV}"
+        requested, source = limits.setting(RUNTIME_ENV), f"${RUNTIME_ENV}"
     if requested:
         name = requested.strip().lower()
         if name not in RUNTIMES:

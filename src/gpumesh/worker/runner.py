@@ -215,18 +215,18 @@ def _reseed_after_fork() -> None:
 
 
 def run_task(fn, data: socket.socket, result_format: str | None = None,
-             args_fd: int | None = None, handoff_dir: str | None = None,
-             handoff_name: str | None = None, args_range: list | None = None) -> None:
+             args_ref: dict | None = None, handoff_dir: str | None = None,
+             handoff_name: str | None = None, fds: list[int] | tuple = ()) -> None:
     """Inside the task child: read arguments, call, send back value or failure.
     ``result_format="json"`` (strict results): the value travels as JSON, never pickled.
-    ``args_fd``: the arguments are this file (mapped, not read), not the socket's first
-    blob; ``args_range``: ``[offset, length]``, the part of that file that holds them.
+    ``args_ref``: the arguments are this payload reference (gpumesh.payloadref, as JSON;
+    ``fds`` the descriptors it may name), mapped, not read; else the socket's first blob.
     ``handoff_dir``: the coordinator's handoff directory when it shares this machine;
     a big result is written there, as ``handoff_name`` (chosen by the agent, which deletes
     it if the task dies while writing), and only that name is sent (gpumesh.handoff).
     Otherwise a big result is written into a memory file whose descriptor travels with
     the meta, so it crosses no socket (the agent maps it and posts it from there)."""
-    from gpumesh import handoff, wire
+    from gpumesh import handoff, payloadref, wire
     as_json = result_format == "json"
 
     def reply(meta: dict, payload=None) -> None:
@@ -265,8 +265,14 @@ def run_task(fn, data: socket.socket, result_format: str | None = None,
 
     loaded_modules, loaded_path = _LOADED or (frozenset(sys.modules), tuple(sys.path))
     try:
-        args, kwargs = wire.loads(recv_blob(data) if args_fd is None
-                                  else handoff.map_fd(args_fd, *(args_range or ())))
+        if args_ref is None:
+            args, kwargs = wire.loads(recv_blob(data))
+        else:
+            ref = payloadref.from_meta(args_ref, fds)
+            try:
+                args, kwargs = wire.loads(ref.open())
+            finally:
+                ref.release()  # (the map outlives its descriptor)
     except BaseException as e:  # noqa: BLE001 - any unpickling failure is the task's error
         reply({"status": "error", "error": describe_exception(e, FailureKind.UNPICKLE)})
         return
@@ -365,7 +371,7 @@ def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None)
     """Load one function, then fork a child per task until the agent hangs up.
     ``sys_path``: directories put first on ``sys.path`` before the function is loaded
     (its task environment: gpumesh.worker.envs)."""
-    from gpumesh import handoff, wire  # noqa: F401 - loaded once here, not in every child
+    from gpumesh import handoff, payloadref, wire  # noqa: F401 - loaded once here, not in every child
 
     if sys_path:
         sys.path[0:0] = [p for p in sys_path if isinstance(p, str)]
@@ -555,7 +561,7 @@ def _preload(modules: list[str], path: list[str]) -> None:
 
 def _run_child(fn, fds: list[int], msg: dict) -> None:
     """In a spare that was given its task: run it over its data socket (``fds[0]``); its
-    arguments are the file ``fds[1]`` when the agent got them as one (gpumesh.handoff)."""
+    arguments' reference (``msg["args"]``) may name ``fds[1:]`` (gpumesh.payloadref)."""
     if _TRACE:
         tracing.mark("task.start")
     data = socket.socket(fileno=fds[0])
@@ -567,9 +573,8 @@ def _run_child(fn, fds: list[int], msg: dict) -> None:
         os.environ.update({str(k): str(v) for k, v in env.items()})
     _redirect(1, msg.get("stdout"))
     _redirect(2, msg.get("stderr"))
-    args_fd = fds[1] if msg.get("args_file") and len(fds) > 1 else None
-    run_task(fn, data, msg.get("result_format"), args_fd, msg.get("handoff_dir"),
-             msg.get("handoff_name"), msg.get("args_range"))
+    run_task(fn, data, msg.get("result_format"), msg.get("args"), msg.get("handoff_dir"),
+             msg.get("handoff_name"), fds[1:])
     data.close()
 
 

@@ -25,14 +25,13 @@ import sys
 import tempfile
 import threading
 
+from ..limits import ERROR_TAIL_BYTES
 from . import procs, runner
 
 #: Variable set for script tasks (a script can tell it runs on the mesh).
 SCRIPT_ENV = "GPUMESH_SCRIPT"
 #: How much of the end of a script's stdout is searched for the result line.
 RESULT_SEARCH_BYTES = 16 * 2**20
-#: How much of a failed script's stderr / stdout travels with its error.
-TAIL_BYTES = 4096
 
 
 def _tail(path: str, n: int) -> bytes:
@@ -63,7 +62,7 @@ def result_line(stdout: bytes) -> bytes | None:
 def _error(kind: str, message: str, err_path: str, out_path: str | None = None, **extra) -> dict:
     error = {"kind": kind, "type": "ScriptFailed" if kind == "script" else "TaskCrashed",
              "message": message, **extra}
-    tail = _tail(err_path, TAIL_BYTES).decode("utf-8", "replace")
+    tail = _tail(err_path, ERROR_TAIL_BYTES).decode("utf-8", "replace")
     if tail:
         error["stderr_tail"] = tail
         last = [ln for ln in tail.splitlines() if ln.strip()]

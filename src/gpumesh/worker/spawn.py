@@ -36,6 +36,7 @@ import time
 
 from .. import handoff
 from ..limits import HANDOFF_MIN_BYTES, MAX_WARM_FUNCTIONS, WARM_IDLE_S
+from ..payloadref import PayloadRef
 from ..protocol import TaskGrant
 from . import procs, runner
 from .executor import INLINE_ARGS_BYTES, Executor, Outcome, _Pending
@@ -202,8 +203,9 @@ class SpawnExecutor(Executor):
         return child
 
     def _evict(self) -> None:
-        """Close spares of functions not used for WARM_IDLE_S, beyond MAX_WARM_FUNCTIONS,
-        and job processes idle for JOB_IDLE_S. Called with ``self._lock`` held."""
+        """Close spares of functions not used for WARM_IDLE_S (``GPUMESH_WARM_IDLE``),
+        beyond MAX_WARM_FUNCTIONS, the generic spare once no function was used for as
+        long, and job processes idle for JOB_IDLE_S. Called with ``self._lock`` held."""
         now = time.monotonic()
         recent = sorted((h for h in self._spares if h is not None),
                         key=lambda h: self._fn_used.get(h, 0), reverse=True)
@@ -211,6 +213,11 @@ class SpawnExecutor(Executor):
             if i >= MAX_WARM_FUNCTIONS or now - self._fn_used.get(h, 0) > WARM_IDLE_S:
                 for c in self._spares.pop(h):
                     c.close()
+        # The generic spare waits for the next new function: kept only while some function
+        # ran lately, so an idle worker holds no spawned process.
+        if self._spares.get(None) and now - max(self._fn_used.values(), default=0) > WARM_IDLE_S:
+            for c in self._spares.pop(None):
+                c.close()
         for key, c in list(self._jobs.items()):
             if not c.alive() or (key[2] is None and now - c.last_used > JOB_IDLE_S):
                 del self._jobs[key]
@@ -218,7 +225,7 @@ class SpawnExecutor(Executor):
 
     def _janitor(self) -> None:
         while not self._closed:
-            time.sleep(JANITOR_S)
+            time.sleep(min(JANITOR_S, max(0.05, WARM_IDLE_S / 4)))
             with self._lock:
                 if not self._closed:
                     self._evict()
@@ -231,7 +238,7 @@ class SpawnExecutor(Executor):
 
     # ------------------------------------------------------------------ tasks -------
     def run(self, task: TaskGrant, blob_path: str, args=None, *, env: dict | None = None,
-            args_fd: int | None = None, args_range: tuple[int, int] | None = None,
+            args_ref: PayloadRef | None = None,
             handoff_dir: str | None = None, handoff_name: str | None = None,
             sys_path: list[str] | None = None, slot=None) -> Outcome:
         """As :meth:`Executor.run`. ``isolation="job"``: the task runs in the process this
@@ -270,7 +277,7 @@ class SpawnExecutor(Executor):
         self._running[task_id] = (None, pending)
         out, err = self.output_paths()
         result_name = None
-        args_path = None
+        spooled = None  # arguments this run wrote to the spool: released at the end
         try:
             if not self._connected(child, pending):
                 return self._lost(child, pending, "the task process did not start")
@@ -286,12 +293,15 @@ class SpawnExecutor(Executor):
                    "handoff_name": handoff_name, "keep": keep}
             if env:
                 msg["env"] = env
-            if args_fd is not None:
-                args = handoff.map_fd(args_fd, *(args_range or ()))
+            if args_ref is not None:
+                if args_ref.path is not None:  # a file (shared memory, the store's): mapped there
+                    msg["args"], args = args_ref.to_meta(by_path=True)[0], None
+                else:  # a memory file, which a spawned process cannot be passed: copied below
+                    args = args_ref.open()
             if args is not None and len(args) >= HANDOFF_MIN_BYTES:
-                args_path = os.path.join(self._spool_str, handoff.write_file(
-                    self._spool_str, [args]))
-                msg["args_path"], args = args_path, None
+                spooled = PayloadRef("handoff", owned=True, path=os.path.join(
+                    self._spool_str, handoff.write_file(self._spool_str, [args])))
+                msg["args"], args = spooled.to_meta(by_path=True)[0], None
             child.last_used = time.monotonic()
             child.send(msg)
             outcome = self._exchange_spawned(child, pending, args, timeout)
@@ -309,10 +319,12 @@ class SpawnExecutor(Executor):
         finally:
             self._running.pop(task_id, None)
             child.last_used = time.monotonic()
-            for name in (result_name, args_path and os.path.basename(args_path)):
-                if name:
-                    handoff.discard(self._spool_str, name)
+            if result_name:
+                handoff.discard(self._spool_str, result_name)
+            if spooled is not None:
+                spooled.release()
             with self._lock:
+                self._fn_used[fn_hash] = time.monotonic()  # idle from the task's end
                 if keep:
                     self._jobs.pop(key[:2] + (task_id,), None)
                     if child.alive() and not pending.killed_for and not self._closed:
@@ -422,11 +434,10 @@ class SpawnExecutor(Executor):
     def _take_file(self, name: str) -> memoryview:
         """A result the task left in the spool: mapped, and the file removed (where a
         mapped file cannot be removed, Windows, it goes when the map does)."""
-        path = os.path.join(self._spool_str, name)
-        view = handoff.map_file(path)
-        try:
-            os.unlink(path)
-        except OSError:
+        ref = PayloadRef("handoff", path=os.path.join(self._spool_str, name), owned=True)
+        view = ref.open()
+        ref.release()
+        if os.path.exists(ref.path):
             import weakref
             weakref.finalize(view.obj, handoff.discard, self._spool_str, name)
         return view

@@ -11,7 +11,7 @@ interpreter (no fork). Its life:
 3. ``run``: point stdout/stderr at the task's files, set its environment and run it
    exactly as a forked task child does (:func:`gpumesh.worker.runner.run_task`, over the
    same socket: ``u64 pid | meta | payload``). Arguments come on the socket, or (big) as
-   a file it maps; a big result goes back as a file (the agent's spool or the
+   a :class:`~gpumesh.payloadref.PayloadRef` to a file it maps by path; a big result goes back as a file (the agent's spool or the
    coordinator's handoff directory), never as a descriptor;
 4. exit, unless the job asked for ``isolation="job"``: then wait for the job's next task.
 
@@ -68,15 +68,9 @@ def _run(fn, sock: socket.socket, msg: dict) -> None:
         os.environ.update({str(k): str(v) for k, v in env.items()})
     runner._redirect(1, msg.get("stdout"))
     runner._redirect(2, msg.get("stderr"))
-    args_fd = None
-    if msg.get("args_path"):
-        args_fd = os.open(msg["args_path"], os.O_RDONLY | getattr(os, "O_BINARY", 0))
-    try:
-        runner.run_task(fn, sock, msg.get("result_format"), args_fd, msg.get("handoff_dir"),
-                        msg.get("handoff_name"), msg.get("args_range"))
-    finally:
-        if args_fd is not None:
-            os.close(args_fd)
+    # Big arguments are a reference (a file it maps by path): no descriptor travels here.
+    runner.run_task(fn, sock, msg.get("result_format"), msg.get("args"), msg.get("handoff_dir"),
+                    msg.get("handoff_name"))
 
 
 def _watch_agent(agent_pid: int) -> None:
@@ -119,6 +113,7 @@ def main() -> int:
     import cloudpickle  # noqa: F401
 
     import gpumesh.handoff  # noqa: F401
+    import gpumesh.payloadref  # noqa: F401
     import gpumesh.wire  # noqa: F401
     sock = socket.create_connection(("127.0.0.1", int(hello["port"])))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

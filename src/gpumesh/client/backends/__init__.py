@@ -14,8 +14,9 @@ interface the decorators and the pool API use (``_connect``, ``_submit_all``,
 
 from __future__ import annotations
 
-import os
 from urllib.parse import urlsplit
+
+from ... import limits
 
 #: URL scheme -> "module:Class" of the backend serving it.
 SCHEMES = {
@@ -35,7 +36,7 @@ def scheme_of(url: str | None) -> str:
 def resolve_url(url: str | None) -> str | None:
     """The URL a ``GPUMesh(url)`` will use: the argument, ``$GPUMESH_URL``, the saved config."""
     if url is None:
-        url = os.environ.get("GPUMESH_URL")
+        url = limits.setting("GPUMESH_URL")
     if url is None:
         from ... import config
         url = config.load_saved().get("url")

@@ -25,7 +25,6 @@ does with errors (the inline backend runs calls inside the same wrapper).
 from __future__ import annotations
 
 import abc
-import os
 import secrets
 import socket
 import threading
@@ -34,7 +33,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from ... import hardware
+from ... import hardware, limits
 from ...errors import MeshError, MeshUnavailable, TaskFailed, Unsatisfiable
 from ...limits import PROBE_DOWN_CACHE_S, PROBE_TIMEOUT_S
 from .. import calls as _calls
@@ -86,8 +85,8 @@ class EngineMesh(GPUMesh, metaclass=abc.ABCMeta):
         if fingerprint:
             raise EngineCannotExpress(f"fingerprint= pins a native coordinator's certificate; "
                                       f"{self.engine} uses its own TLS configuration")
-        self.output = output if output is not None else os.environ.get("GPUMESH_OUTPUT", "1") != "0"
-        self.strict = strict if strict is not None else os.environ.get("GPUMESH_STRICT_RESULTS") == "1"
+        self.output = output if output is not None else limits.setting("GPUMESH_OUTPUT")
+        self.strict = strict if strict is not None else limits.setting("GPUMESH_STRICT_RESULTS")
         if self.strict:
             raise EngineCannotExpress(f"strict results (JSON only) are a native-mesh feature; "
                                       f"{self.engine} unpickles results")

@@ -20,10 +20,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ... import hardware
-from ...limits import PROBE_TIMEOUT_S
+from ...limits import PROBE_TIMEOUT_S, MiB
 from .base import EngineCannotExpress, EngineMesh, run_task, tcp_reachable
-
-MiB = 2**20
 
 
 def dask_resources(require: hardware.Requirements | None) -> dict:

@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ... import hardware
+from ...limits import MiB
 from .base import EngineCannotExpress, EngineMesh, run_task, tcp_reachable
 
-MiB = 2**20
 _init_lock = threading.Lock()
 _connected_to: str | None = None
 

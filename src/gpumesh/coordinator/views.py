@@ -1,0 +1,97 @@
+"""Read-only views of the coordinator's state, in the words its API and callers see.
+
+Plain functions over a :class:`~gpumesh.coordinator.core.Coordinator`: they look, never
+change anything, so the state machine in ``core`` stays about transitions. ``Coordinator``
+keeps a method for each of the first three (``worker_view``, ``waiting_reason``,
+``unsatisfiable_message``) that the routes, the dashboard and the tests call.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .. import availability, hardware
+from .model import Job, Worker
+
+if TYPE_CHECKING:  # core imports this module: no import of core at run time
+    from .core import Coordinator
+
+
+def worker_view(coord: Coordinator, w: Worker) -> dict:
+    """A worker as ``GET /v1/workers`` lists it."""
+    d = dict(w.info)
+    lacks = sorted(m for m, ws in coord.lacking.items() if w.id in ws)
+    if lacks:  # modules recent jobs needed and did not find here
+        d["lacks"] = lacks
+    d.update(id=w.id, alive=w.alive, slots=w.slots, running=len(w.leases), slot_list=w.slot_list,
+             busy_slots=sorted({lease.slot for tid in w.leases
+                                if (lease := coord.leases.get(tid)) is not None
+                                and lease.slot is not None}))
+    if not d.get("scores") and not d.get("score"):
+        d["score"] = None  # not measured yet: "pending", as devices() and the CLI say
+    return d
+
+
+def waiting_reason(coord: Coordinator, job_id: str) -> str | None:
+    """Why the job's pending tasks wait although workers that could run them are
+    alive: every such worker (or GPU) is closed by its owner's rules. None otherwise."""
+    job = coord.jobs.get(job_id)
+    if job is None or not coord.queue.pending(job_id):
+        return None
+    capable, why = False, []
+    for w in coord.alive_workers():
+        closed = availability.closed_slots(w.info, w.slot_list)
+        fits = [v for v in w.slot_views() if not job.lane
+                or hardware.refusal(job.lane, v, ever=True) is None]
+        if not fits:
+            continue
+        capable = True
+        if any(v.id not in closed for v in fits):
+            return None  # somewhere to run: it only waits its turn
+        why.append(f"{w.info.get('hostname') or w.id} [{', '.join(availability.labels(w.info))}]")
+    if not capable:
+        return None
+    return "waiting: every worker that can run it is unavailable: " + "; ".join(why)
+
+
+def unsatisfiable_message(coord: Coordinator, req: hardware.Requirements, hint: float | None) -> str:
+    """Why no alive worker can ever run a job with requirements ``req`` and largest
+    ``gpu_memory_mb`` hint ``hint``: the text of the ``Unsatisfiable`` refusal."""
+    alive = coord.alive_workers()
+    if req.python and not any(s.python in ("", req.python) for w in alive for s in w.slot_views()):
+        # The one refusal that is about software: say so in its own words.
+        others = sorted({f"Python {w.info.get('python', '?')} ({w.info.get('hostname', w.id)})"
+                         for w in alive})
+        return (f"this call ships code by value (a function, lambda or class defined in "
+                f"__main__, a notebook or a closure), whose bytecode only loads on the Python "
+                f"that made it: the caller runs Python {req.python} and the alive workers run "
+                f"{', '.join(others)}; join a worker running Python {req.python}, or run the "
+                f"caller on the workers' Python")
+    if req.requires:
+        from ..packages import unmet
+        lacking = [(w, unmet(req.requires, w.info.get("packages") or {})) for w in alive
+                   if not w.info.get("allow_installs")]
+        if len(lacking) == len(alive) and all(missing for _, missing in lacking):
+            who = "; ".join(f"{w.info.get('hostname', '?')} ({w.id}) lacks {', '.join(missing)}"
+                            for w, missing in lacking)
+            return (f"no alive worker has {', '.join(req.requires)} or allows installs: {who}; "
+                    f"join a worker with `gpumesh join --allow-installs` (it builds the "
+                    f"environment with uv) or install them on a worker")
+    wants = req.describe() if req else ""
+    if hint:
+        wants = (wants + ", " if wants else "") + f"gpu_memory_mb={hardware.format_mib(hint)}"
+    pool = [coord.worker_view(w) for w in coord.alive_workers()]
+    return f"no alive worker can ever run this job ({wants}); {hardware.describe_pool(pool)}"
+
+
+def missing_module_message(coord: Coordinator, job: Job, module: str) -> str:
+    """The final error of a task whose ``module`` no worker that could run ``job`` has:
+    names the module and each worker that lacks it (host, id, Python)."""
+    lacking = []
+    for wid in sorted(job.lacking[module]):
+        w = coord.workers.get(wid)
+        name = w.info.get("hostname", "?") if w else "?"
+        lacking.append(f"{name} ({wid}, Python {w.info.get('python', '?') if w else '?'})")
+    return (f"No module named {module!r} on any worker that could run this task: "
+            f"{', '.join(lacking)} lack{'s' if len(lacking) == 1 else ''} it; install it "
+            f"there (or join a worker that has it) and call again")

@@ -1,0 +1,252 @@
+"""gpumesh.payloadref: every kind of payload reference opens to the same bytes and gives
+back what it holds when released; references that name no payload say which field."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from gpumesh import handoff, payloadref, wire
+from gpumesh.payloadref import BadRef, PayloadRef
+from gpumesh.protocol import TaskGrant
+from gpumesh.worker import membody
+
+DATA = bytes(range(256)) * 4096  # 1 MiB, bigger than HANDOFF_MIN_BYTES
+
+
+def _fd_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def _write(path, data: bytes = DATA) -> str:
+    with open(path, "wb") as fh:
+        fh.write(data)
+    return str(path)
+
+
+def test_inline_opens_to_its_bytes_and_is_gone_after_release():
+    ref = PayloadRef.inline(bytearray(DATA))
+    assert len(ref) == len(DATA) and bytes(ref.open()) == DATA
+    ref.release()
+    assert ref.data is None
+    with pytest.raises(BadRef, match="already released"):
+        ref.open()
+    with pytest.raises(BadRef, match="inline payload travels as bytes"):
+        PayloadRef.inline(b"x").to_meta()
+
+
+def test_store_file_maps_a_range_copy_on_write_and_leaves_the_file(tmp_path):
+    (tmp_path / "res").mkdir()
+    path = _write(tmp_path / "res" / "p1", b"head" + DATA)
+    ref = payloadref.store_file(tmp_path, "res/p1")
+    ref.offset, ref.size = 4, len(DATA)
+    view = ref.open()
+    assert bytes(view) == DATA
+    view[0] = 255  # writable, and the store's file is untouched
+    with open(path, "rb") as fh:
+        assert fh.read(5) == b"head\x00"
+    ref.pin()
+    fd = ref.fd
+    assert _fd_open(fd)
+    ref.release()
+    assert not _fd_open(fd)  # the descriptor pin() opened is closed
+    assert os.path.exists(path)  # the file is the store's
+    for rel in ("/etc/passwd", "../x", "a/../../x", "", None, 3):
+        with pytest.raises(BadRef, match="not a payload path"):
+            payloadref.store_file(tmp_path, rel)
+
+
+def test_pinned_store_file_reads_after_the_file_is_removed(tmp_path):
+    path = _write(tmp_path / "p")
+    ref = PayloadRef("store", path=path).pin()
+    os.unlink(path)
+    meta, fds = ref.to_meta()
+    assert meta == {"kind": "store", "offset": 0, "fd": 0} and fds == [ref.fd]
+    assert bytes(ref.open()) == DATA
+    passed = os.dup(fds[0])  # the task process's copy of the descriptor
+    theirs = payloadref.from_meta(meta, [passed])
+    assert bytes(theirs.open()) == DATA
+    theirs.release()
+    assert not _fd_open(passed)
+    ref.release()
+
+
+def test_handoff_file_is_removed_on_release(tmp_path):
+    name = handoff.write_file(tmp_path, [DATA[:10], DATA[10:]])
+    ref = PayloadRef("handoff", path=tmp_path / name, owned=True)
+    view = ref.open()
+    ref.release()
+    assert not (tmp_path / name).exists()
+    assert bytes(view) == DATA  # a map outlives its file
+    ref.release()  # twice: nothing happens
+
+
+def test_handoff_not_owned_stays(tmp_path):
+    path = _write(tmp_path / "p")
+    ref = payloadref.from_meta({"kind": "handoff", "path": path})
+    assert bytes(ref.open()) == DATA
+    ref.release()
+    assert os.path.exists(path)  # the sender's to remove
+
+
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="memfd is Linux's")
+def test_shm_memory_file_crosses_as_a_descriptor_and_is_closed_by_the_receiver():
+    body = membody.MemBody(len(DATA) + 64)
+    body[64:] = DATA
+    sender = PayloadRef.shared(body, 64, len(DATA))
+    assert bytes(sender.open()) == DATA  # in this process: a view of the buffer itself
+    meta, fds = sender.to_meta()
+    assert meta == {"kind": "shm", "offset": 64, "size": len(DATA), "fd": 0}
+    assert fds == [body.fd]
+    passed = os.dup(fds[0])  # what SCM_RIGHTS gives the receiver
+    receiver = payloadref.from_meta(meta, [passed])
+    view = receiver.open()
+    receiver.release()
+    assert not _fd_open(passed)
+    assert bytes(view) == DATA
+    sender.release()
+    assert _fd_open(body.fd)  # the agent's buffer closes its file itself, once unused
+    with pytest.raises(BadRef, match="memory file has no 'path'"):
+        PayloadRef.shared(body, 0, 1).to_meta(by_path=True)
+
+
+def test_shm_file_is_the_portable_kind_mapped_by_path_and_unlinked(tmp_path):
+    body = membody.FileBody(len(DATA), str(tmp_path))
+    body[:] = DATA
+    sender = PayloadRef.shared(body, 0, len(DATA))
+    meta, fds = sender.to_meta()
+    assert fds == [] and meta == {"kind": "shm", "offset": 0, "size": len(DATA), "path": body.path}
+    receiver = payloadref.from_meta(meta)  # another process: it maps the file by name
+    view = receiver.open()
+    receiver.release()
+    assert os.path.exists(body.path)  # the receiver does not own it
+    sender.release()
+    assert not os.path.exists(body.path)  # the sender's release unlinked it
+    assert body.closed  # unmapped first, as Windows needs to remove a file
+    assert bytes(view) == DATA and os.listdir(tmp_path) == []
+    kept = membody.FileBody(10, str(tmp_path))
+    held = memoryview(kept)  # still viewed in this process: the map stays, the file goes
+    PayloadRef.shared(kept, 0, 10).release()
+    assert not kept.closed and os.listdir(tmp_path) == []
+    held.release()
+
+
+def test_share_by_name_makes_answers_files_and_slices_refs(tmp_path, monkeypatch):
+    monkeypatch.setattr(membody, "_named_dir", None)
+    membody.share_by_name(tmp_path)
+    payload = wire.dumps({"x": DATA})
+    chunks, size = wire.pack_frames([b'{"tasks": []}', payload])
+    body = membody.buffer_for(size)
+    assert isinstance(body, membody.FileBody) and os.path.dirname(body.path) == str(tmp_path)
+    body[:] = b"".join(bytes(memoryview(c).cast("B")) for c in chunks)
+    meta, ref = membody.slices(body)
+    assert bytes(meta) == b'{"tasks": []}'
+    assert isinstance(ref, PayloadRef) and ref.kind == "shm" and ref.path == body.path
+    assert wire.loads(payloadref.from_meta(ref.to_meta(by_path=True)[0]).open()) == {"x": DATA}
+    del meta, body
+    ref.release()
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("meta, field", [
+    ("shm", "expected a JSON object"),
+    ({"kind": "ftp", "path": "x"}, "'kind'"),
+    ({"kind": "inline"}, "'kind'"),
+    ({"kind": "store"}, "'path'"),
+    ({"kind": "store", "path": ""}, "'path'"),
+    ({"kind": "shm", "fd": 1}, "'fd' must index the 1 descriptor"),
+    ({"kind": "shm", "fd": "0"}, "'fd'"),
+    ({"kind": "store", "fd": -1}, "'fd'"),
+    ({"kind": "store", "path": "p", "offset": -1}, "'offset'"),
+    ({"kind": "store", "path": "p", "offset": True}, "'offset'"),
+    ({"kind": "store", "path": "p", "size": 1.5}, "'size'"),
+])
+def test_bad_refs_name_the_field(meta, field):
+    with pytest.raises(BadRef, match=field.replace("(", r"\(")):
+        payloadref.from_meta(meta, [0])
+    assert issubclass(BadRef, ValueError)
+
+
+def test_a_range_outside_the_file_is_refused(tmp_path):
+    path = _write(tmp_path / "p", b"12345")
+    with pytest.raises(BadRef, match="'offset'/'size'.*not in a file of 5"):
+        PayloadRef("store", path=path, offset=3, size=10).open()
+    with pytest.raises(FileNotFoundError):
+        PayloadRef("store", path=tmp_path / "gone").open()
+
+
+def test_handoff_names_reads_the_http_key():
+    assert payloadref.handoff_names({}, 2) == {}
+    name = handoff.new_name()
+    assert payloadref.handoff_names({"handoff_files": {"1": name}}, 2) == {1: name}
+    assert payloadref.handoff_meta({"a": 1}, {1: name}) == {"a": 1, "handoff_files": {"1": name}}
+    assert payloadref.handoff_meta({"a": 1}, {}) == {"a": 1}
+    for names, msg in (([name], "must be an object"), ({"2": name}, "'2' is not a frame number"),
+                       ({"-1": name}, "is not a frame number"),
+                       ({"0": "../x.part"}, "is not a handoff file name")):
+        with pytest.raises(BadRef, match=f"^handoff_files: .*{msg}"):
+            payloadref.handoff_names({"handoff_files": names}, 2)
+
+
+def _mapped_from(data):
+    """A task: its argument's length and the files of the spool its process maps."""
+    view = memoryview(data)
+    with open("/proc/self/maps") as fh:
+        files = sorted({line.split()[5] for line in fh
+                        if len(line.split()) > 5 and "/spool/" in line.split()[5]})
+    return view.nbytes, bytes(view[:4]), files
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("runtime", ["spawn", "fork"])
+def test_task_maps_the_answer_file_itself_and_nothing_is_left(tmp_path, monkeypatch, runtime):
+    """The spawn runtime (and the fork runtime where there is no memfd): a big argument is
+    read into a spool file (the portable shared memory) and the task process maps its
+    range of that file; no copy is written."""
+    np = pytest.importorskip("numpy")
+    from gpumesh.worker.executor import Executor
+    from gpumesh.worker.spawn import SpawnExecutor
+    monkeypatch.setattr(membody, "_named_dir", None)
+    ex = (SpawnExecutor if runtime == "spawn" else Executor)(spool=tmp_path / "spool")
+    try:
+        membody.share_by_name(ex.spool)
+        arg = np.frombuffer(DATA, np.uint8)  # out of band: the pickle holds a view of the file
+        chunks, size = wire.pack_frames([b'{"tasks": [1]}', wire.dumps(((arg,), {}))])
+        body = membody.buffer_for(size)
+        memoryview(body)[:] = b"".join(bytes(memoryview(c).cast("B")) for c in chunks)
+        ref = membody.slices(body)[1]
+        path = ref.path
+        assert ref.kind == "shm" and os.path.dirname(path) == str(ex.spool)
+        fn = wire.dumps(_mapped_from, code=True)
+        blob = tmp_path / fn.sha256()
+        blob.write_bytes(fn.to_bytes())
+        out = ex.run(TaskGrant("t1", "-", fn.sha256(), timeout=120), str(blob), None, args_ref=ref)
+        assert out.status == "ok", out.error
+        assert wire.loads(out.payload) == (len(DATA), DATA[:4], [path])
+        del body
+        ref.release()
+        assert [n for n in os.listdir(ex.spool) if n.endswith(".part")] == []
+    finally:
+        ex.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the fork runtime needs os.fork")
+def test_without_memfd_the_fork_runtime_also_shares_answers_by_name(tmp_path, monkeypatch):
+    from gpumesh.worker import executor as executor_mod
+    monkeypatch.setattr(membody, "_named_dir", None)
+    if hasattr(os, "memfd_create"):
+        ex = executor_mod.make_executor("fork", tmp_path / "a")
+        ex.close()
+        assert membody._named_dir is None  # Linux: memory files, passed as descriptors
+        monkeypatch.delattr(os, "memfd_create")
+    ex = executor_mod.make_executor("fork", tmp_path / "b")
+    try:
+        assert membody._named_dir == str(tmp_path / "b")
+        assert isinstance(membody.buffer_for(len(DATA)), membody.FileBody)
+    finally:
+        ex.close()
