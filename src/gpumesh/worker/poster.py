@@ -62,7 +62,7 @@ class ResultPoster:
     @staticmethod
     def batchable(outcome) -> bool:
         return outcome.handoff_file is None and (
-            outcome.payload is None or len(memoryview(outcome.payload)) <= MAX_BATCHED_PAYLOAD)
+            outcome.payload is None or memoryview(outcome.payload).nbytes <= MAX_BATCHED_PAYLOAD)
 
     def post(self, task: protocol.TaskGrant, outcome, slot: int | None):
         """Hand ``outcome`` over; returns the slot's next ``(grant, args)`` or ``(None, None)``
