@@ -15,7 +15,7 @@ from contextlib import closing
 from gpumesh import accelerate
 from gpumesh.worker.poster import QUEUE_DEPTH
 
-from ..conftest import wait_for
+from ..conftest import Proc, wait_for
 
 
 def _recording(c, marks: str, seconds: float):
@@ -25,50 +25,57 @@ def _recording(c, marks: str, seconds: float):
         import time as _t
         _t.sleep(seconds)
         with open(marks, "a") as fh:  # one line per run that got to its end
-            fh.write(f"{i} {_os.getppid()} {_os.getpid()}\n")
+            fh.write(f"{i} {_os.environ.get('QG_ROLE', '-')}\n")
         return i * 3
     return work
 
 
-def _runs(marks) -> list[tuple[int, int]]:
-    """(item, pid of the process that ran it) of every run that finished."""
+def _runs(marks) -> list[tuple[int, str]]:
+    """(item, which worker ran it) of every run that finished."""
     try:
         text = marks.read_text()
     except FileNotFoundError:
         return []
-    return [(int(a), int(c)) for a, _b, c in (line.split() for line in text.splitlines())]
+    return [(int(a), b) for a, b in (line.split() for line in text.splitlines())]
 
 
 def _running(m, wid: str) -> int:
     return next(w for w in m.workers() if w["id"] == wid)["running"]
 
 
+def _join(m, role: str) -> tuple[Proc, str]:
+    """Start a one-slot worker whose tasks see ``QG_ROLE=role``; (its process, its id)."""
+    before = {w["id"] for w in m.workers()}
+    proc = Proc(["join", m.url, "--slots", "1"], dict(m.env, QG_ROLE=role), m.root / f"{role}.log")
+    m.procs.append(proc)
+    m.wait_alive(len(before) + 1, proc)
+    return proc, next(w["id"] for w in m.workers() if w["id"] not in before)
+
+
 def test_a_worker_killed_with_queued_grants_loses_no_task_and_runs_none_twice(fault_mesh, tmp_path):
     m = fault_mesh(workers=0)
-    a = m.add_worker(slots=1)
-    wid_a = m.workers()[0]["id"]
+    a, wid_a = _join(m, "a")
+    _join(m, "b")
     marks = tmp_path / "runs.txt"
     out: list = []
     with closing(m.client(output=False)) as c:
-        fn = _recording(c, str(marks), 0.05)
-        th = threading.Thread(target=lambda: out.append(fn.map(range(120))), daemon=True)
+        fn = _recording(c, str(marks), 0.02)  # short: the slot queues (QUEUE_TASK_S)
+        th = threading.Thread(target=lambda: out.append(fn.map(range(400))), daemon=True)
         th.start()
         # a's one slot holds its running task and queued grants behind it
         wait_for(lambda: len(_runs(marks)) >= 10 and _running(m, wid_a) > 1, 60,
                  "queued grants on the worker")
-        a_pids = {pid for _i, pid in _runs(marks)}
-        m.add_worker(slots=1)
         os.killpg(a.p.pid, signal.SIGKILL)  # the agent and its task processes, at once
         a.p.wait(10)
         th.join(120)
         assert not th.is_alive(), "the map finished on the other worker"
-    assert out == [[i * 3 for i in range(120)]]
+    assert out == [[i * 3 for i in range(400)]]
     runs = _runs(marks)
-    per_item = Counter(i for i, _pid in runs)
-    assert set(per_item) == set(range(120)), "every task ran"
-    on_a = Counter(i for i, pid in runs if pid in a_pids)
-    elsewhere = Counter(i for i, pid in runs if pid not in a_pids)
-    assert max(on_a.values()) == 1 and max(elsewhere.values()) == 1, "no worker ran a task twice"
+    per_item = Counter(i for i, _w in runs)
+    assert set(per_item) == set(range(400)), "every task ran"
+    for role in ("a", "b"):
+        assert max(Counter(i for i, w in runs if w == role).values(), default=0) <= 1, \
+            f"worker {role} ran a task twice"
     twice = [i for i, n in per_item.items() if n > 1]
     # only results the dead worker had computed but not yet had acknowledged run again:
     # at most its running task and the queue behind it, never a queued grant it never began
@@ -88,8 +95,8 @@ def test_a_pause_hands_the_queued_grants_back_and_none_runs_until_resume(fault_m
                               capture_output=True, text=True, timeout=60)
 
     with closing(m.client(output=False)) as c:
-        fn = _recording(c, str(marks), 0.2)
-        th = threading.Thread(target=lambda: out.append(fn.map(range(30))), daemon=True)
+        fn = _recording(c, str(marks), 0.02)
+        th = threading.Thread(target=lambda: out.append(fn.map(range(300))), daemon=True)
         th.start()
         wait_for(lambda: len(_runs(marks)) >= 3 and _running(m, wid) > 1, 60, "queued grants")
         assert cli("pause").returncode == 0
@@ -98,10 +105,11 @@ def test_a_pause_hands_the_queued_grants_back_and_none_runs_until_resume(fault_m
         done = len(_runs(marks))
         job = c.jobs()[0]
         view = c.status(job["id"])
-        assert view["counts"].get("done", 0) == done and view["counts"]["pending"] == 30 - done
+        assert 3 <= done < 300, "paused mid-map"
+        assert view["counts"].get("done", 0) == done and view["counts"]["pending"] == 300 - done
         assert cli("resume").returncode == 0
         th.join(120)
         assert not th.is_alive()
-        assert out == [[i * 3 for i in range(30)]]
-        assert sorted(i for i, _pid in _runs(marks)) == list(range(30)), "each ran exactly once"
-        assert c.status(job["id"])["counts"] == {"done": 30}
+        assert out == [[i * 3 for i in range(300)]]
+        assert sorted(i for i, _pid in _runs(marks)) == list(range(300)), "each ran exactly once"
+        assert c.status(job["id"])["counts"] == {"done": 300}

@@ -27,9 +27,15 @@ from . import membody
 log = logging.getLogger("gpumesh.worker")
 
 #: Grants a slot holds beyond its running task when that task's job keeps its process
-#: (``isolation="job"``): enough that its next task never waits for a round trip, few
-#: enough that another person's job waits at most a few short tasks for the slot.
+#: (``isolation="job"``) and its tasks are short: enough that its next task never waits
+#: for a round trip, few enough that another person's job waits at most a few short
+#: tasks for the slot.
 QUEUE_DEPTH = 3
+#: A slot queues only behind tasks that ran for less than this (seconds): a round trip
+#: is then a large part of each task, and the queue can delay the end of a map by at
+#: most QUEUE_DEPTH such tasks (a longer task gains little from a queue and would make
+#: the last tasks of a map wait behind each other while another slot is idle).
+QUEUE_TASK_S = 0.1
 #: A result whose payload is bigger goes alone (the one-at-a-time path): a batch is
 #: built in memory, and a big payload costs its copy, not a request.
 MAX_BATCHED_PAYLOAD = 256 * 1024
@@ -41,6 +47,7 @@ class _Pending:
     result: protocol.BatchedResult
     payload: bytes | memoryview | None
     slot: int | None
+    short: bool = False                 # the task ran for less than QUEUE_TASK_S
 
 
 class ResultPoster:
@@ -53,6 +60,7 @@ class ResultPoster:
         self.posting: set[str] = set()   # task ids whose result is on its way
         self.waiting: set[int | None] = set()  # slots whose thread waits for an answer
         self._inflight: dict[int | None, int] = {}  # results per slot not yet answered
+        self._started: dict[int | None, float] = {}  # when the slot's thread took its task
         self._ready: list[_Pending] = []
         self._cv = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="results", daemon=True)
@@ -71,9 +79,18 @@ class ResultPoster:
         payload = outcome.payload
         result = protocol.BatchedResult(task.task_id, task.lease_id, outcome.status, outcome.error,
                                         has_payload=payload is not None)
-        item = _Pending(task, result, payload, slot)
+        now = time.monotonic()
+        item = _Pending(task, result, payload, slot,
+                        short=now - self._started.get(slot, float("-inf")) < QUEUE_TASK_S)
+        try:
+            return self._post(item)
+        finally:
+            self._started[slot] = time.monotonic()
+
+    def _post(self, item: _Pending):
+        slot = item.slot
         with self._cv:
-            self.posting.add(task.task_id)
+            self.posting.add(item.task.task_id)
             self._inflight[slot] = self._inflight.get(slot, 0) + 1
             self._ready.append(item)
             self._cv.notify_all()
@@ -145,7 +162,7 @@ class ResultPoster:
                 slot = item.slot
                 if slot is None or slot in want or not agent._slot_open(slot):
                     continue
-                depth = 1 + (QUEUE_DEPTH if item.task.isolation == "job" else 0)
+                depth = 1 + (QUEUE_DEPTH if item.task.isolation == "job" and item.short else 0)
                 held = len(self.queues.get(slot) or ()) + (slot not in self.waiting)
                 if depth - held > 0:
                     want[slot] = depth - held

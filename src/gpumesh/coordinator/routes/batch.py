@@ -85,6 +85,10 @@ async def results(request: Request) -> Response:
                 grants += got
                 # Only a job that keeps its process (isolation="job") queues behind the
                 # slot's running task: a per-task-process job's grant waits for nothing.
-                if not got or coord.jobs[got[0].job_id].meta.get("isolation") != "job":
+                # Nor does a person with a max_running cap: a queued grant counts as
+                # running, and would keep their tasks off other, idle slots.
+                job = coord.jobs[got[0].job_id] if got else None
+                if job is None or job.meta.get("isolation") != "job" \
+                        or job.owner in coord.max_running:
                     break
     return lease_response(coord, grants, batch.handoff, extra={"refused": refused})
