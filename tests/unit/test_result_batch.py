@@ -175,3 +175,14 @@ def test_a_batch_round_trips_what_the_agent_sends():
     d = {"results": [{"task_id": "ab12", "lease_id": "cd34", "status": "ok", "has_payload": True}],
          "handoff": False, "next": {"0": 3}, "idle": [0]}
     assert ResultBatch.from_dict(d).as_dict() == d
+
+
+def test_a_person_with_a_max_running_cap_gets_no_queue(coordinator):
+    c, coord = coordinator
+    _setup(c, 6)
+    wid = _worker_id(c)
+    (g0,) = _lease(c, wid, [0])
+    coord.max_running[coord.jobs["00aa11bb22cc"].owner] = 4
+    r = _post(c, [BatchedResult(g0.task_id, g0.lease_id, "ok", has_payload=True)], [b"r0"],
+              next={0: 4}, idle=[0])
+    assert len(_answer(r)[0]["tasks"]) == 1, "a queued grant would count against the cap"
