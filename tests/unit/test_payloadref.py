@@ -136,15 +136,14 @@ def test_shm_file_is_the_portable_kind_mapped_by_path_and_unlinked(tmp_path):
     held.release()
 
 
-def test_share_by_name_makes_answers_files_and_slices_refs(tmp_path, monkeypatch):
-    monkeypatch.setattr(membody, "_named_dir", None)
-    membody.share_by_name(tmp_path)
+def test_named_bodies_make_answers_files_and_slices_refs(tmp_path, monkeypatch):
+    bodies = membody.Bodies(tmp_path)
     payload = wire.dumps({"x": DATA})
     chunks, size = wire.pack_frames([b'{"tasks": []}', payload])
-    body = membody.buffer_for(size)
+    body = bodies.buffer_for(size)
     assert isinstance(body, membody.FileBody) and os.path.dirname(body.path) == str(tmp_path)
     body[:] = b"".join(bytes(memoryview(c).cast("B")) for c in chunks)
-    meta, ref = membody.slices(body)
+    meta, ref = bodies.slices(body)
     assert bytes(meta) == b'{"tasks": []}'
     assert isinstance(ref, PayloadRef) and ref.kind == "shm" and ref.path == body.path
     assert wire.loads(payloadref.from_meta(ref.to_meta(by_path=True)[0]).open()) == {"x": DATA}
@@ -211,15 +210,14 @@ def test_task_maps_the_answer_file_itself_and_nothing_is_left(tmp_path, monkeypa
     np = pytest.importorskip("numpy")
     from gpumesh.worker.executor import Executor
     from gpumesh.worker.spawn import SpawnExecutor
-    monkeypatch.setattr(membody, "_named_dir", None)
     ex = (SpawnExecutor if runtime == "spawn" else Executor)(spool=tmp_path / "spool")
     try:
-        membody.share_by_name(ex.spool)
+        bodies = membody.Bodies(ex.spool)
         arg = np.frombuffer(DATA, np.uint8)  # out of band: the pickle holds a view of the file
         chunks, size = wire.pack_frames([b'{"tasks": [1]}', wire.dumps(((arg,), {}))])
-        body = membody.buffer_for(size)
+        body = bodies.buffer_for(size)
         memoryview(body)[:] = b"".join(bytes(memoryview(c).cast("B")) for c in chunks)
-        ref = membody.slices(body)[1]
+        ref = bodies.slices(body)[1]
         path = ref.path
         assert ref.kind == "shm" and os.path.dirname(path) == str(ex.spool)
         fn = wire.dumps(_mapped_from, code=True)
@@ -238,15 +236,15 @@ def test_task_maps_the_answer_file_itself_and_nothing_is_left(tmp_path, monkeypa
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the fork runtime needs os.fork")
 def test_without_memfd_the_fork_runtime_also_shares_answers_by_name(tmp_path, monkeypatch):
     from gpumesh.worker import executor as executor_mod
-    monkeypatch.setattr(membody, "_named_dir", None)
     if hasattr(os, "memfd_create"):
         ex = executor_mod.make_executor("fork", tmp_path / "a")
         ex.close()
-        assert membody._named_dir is None  # Linux: memory files, passed as descriptors
+        assert ex.bodies.named_dir is None  # Linux: memory files, passed as descriptors
         monkeypatch.delattr(os, "memfd_create")
     ex = executor_mod.make_executor("fork", tmp_path / "b")
     try:
-        assert membody._named_dir == str(tmp_path / "b")
-        assert isinstance(membody.buffer_for(len(DATA)), membody.FileBody)
+        assert ex.bodies.named_dir == str(tmp_path / "b")
+        assert isinstance(ex.bodies.buffer_for(len(DATA)), membody.FileBody)
+        assert membody.MEMORY.named_dir is None  # no process-wide switch: other executors keep memfd
     finally:
         ex.close()

@@ -455,11 +455,13 @@ def test_a_lease_answer_without_tasks_is_a_wire_error():
 
 def test_the_agent_skips_a_lease_answer_that_is_not_one_and_frees_the_slots(caplog):
     from gpumesh.worker.agent import WorkerAgent
+    from gpumesh.worker.executor import Executor
     released: list = []
     started: list = []
 
-    class Agent:  # the two members _start touches besides starting task threads
+    class Agent:  # the members _start touches besides starting task threads
         _busy = {0: 1, 1: 1}
+        executor = Executor  # its .bodies: memory files, as on Linux's fork runtime
 
         def _release(self, slots):
             released.extend(slots)

@@ -41,7 +41,7 @@ from ..errors import AuthError, RequestRejected, WireError
 from ..limits import (BACKOFF_BASE_S, BACKOFF_MAX_S, HEARTBEAT_INTERVAL_S, LONG_POLL_S,
                       OUTPUT_BODY_BYTES, OUTPUT_FLUSH_S, SESSION_PING_S)
 from ..transport import Transport, Unreachable
-from . import membody, tempdirs
+from . import tempdirs
 from .device import GpuMonitor
 from .envs import EnvCache, InstallError
 from .executor import Outcome, make_executor
@@ -403,7 +403,7 @@ class WorkerAgent(OwnerRules):
                     "POST", protocol.worker_lease(self.id),
                     json=protocol.LeaseRequest(slots=len(free), free=free, wait=LONG_POLL_S,
                                                handoff=self.handoff is not None).as_dict(),
-                    timeout=LONG_POLL_S + 10, buffer_for=membody.buffer_for)
+                    timeout=LONG_POLL_S + 10, buffer_for=self.executor.bodies.buffer_for)
                 delays = backoff_delays()
                 away = False
             except RequestRejected as e:
@@ -430,7 +430,7 @@ class WorkerAgent(OwnerRules):
     def _start(self, body, free: list[int]) -> None:
         """Start a thread for each task of a lease answer; release the reserved slots
         (``free``) that got none."""
-        frames = membody.slices(body)
+        frames = self.executor.bodies.slices(body)
         try:
             tasks = protocol.TaskGrant.list_from_dict(json.loads(bytes(frames[0])))
         except (ValueError, WireError) as e:  # a coordinator that is not ours (or a bug)
@@ -633,7 +633,7 @@ class WorkerAgent(OwnerRules):
                 body = self.http.stream_into(
                     "POST", protocol.task_result(task.task_id), params=params,
                     content=content, headers={"content-length": str(size)}, timeout=600,
-                    buffer_for=membody.buffer_for)
+                    buffer_for=self.executor.bodies.buffer_for)
             except RequestRejected as e:
                 if (getattr(e, "code", "") == protocol.ErrorCode.HANDOFF_MISSING and len(frames) == 2
                         and not frames[1]):
@@ -652,7 +652,7 @@ class WorkerAgent(OwnerRules):
                     return None, None
                 self.stopping.wait(next(delays))
                 continue
-            got = membody.slices(body)
+            got = self.executor.bodies.slices(body)
             try:
                 granted = protocol.TaskGrant.list_from_dict(json.loads(bytes(got[0])))
             except (ValueError, WireError) as e:  # the result stands; a bad grant is skipped

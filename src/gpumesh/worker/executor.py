@@ -35,7 +35,7 @@ from pathlib import Path
 from ..limits import ERROR_TAIL_BYTES, MAX_WARM_FUNCTIONS, WARM_IDLE_S
 from ..payloadref import PayloadRef
 from ..protocol import FailureKind, TaskGrant
-from . import procs, runner
+from . import membody, procs, runner
 
 log = logging.getLogger("gpumesh.worker")
 
@@ -151,6 +151,8 @@ class Executor:
     interface without fork (see :func:`make_executor`)."""
 
     runtime = "fork"
+    #: Where the agent reads big answers for this executor's tasks (see membody.Bodies).
+    bodies: membody.Bodies = membody.MEMORY
 
     def __init__(self, spool: Path | None = None) -> None:
         self.spool = Path(spool or tempfile.mkdtemp(prefix="gpumesh-spool-"))
@@ -513,12 +515,11 @@ def make_executor(runtime: str | None = None, spool: Path | None = None) -> Exec
     :func:`gpumesh.worker.procs.choose_runtime` says). Raises ``ValueError`` for an
     unknown runtime or one this Python cannot run."""
     name, _why = procs.choose_runtime(runtime)
-    from . import membody
     if name == "spawn":
         from .spawn import SpawnExecutor
         executor: Executor = SpawnExecutor(spool)
     else:
         executor = Executor(spool)
     if name == "spawn" or not hasattr(os, "memfd_create"):
-        membody.share_by_name(executor.spool)  # big arguments: files its task processes map
+        executor.bodies = membody.Bodies(executor.spool)  # files its task processes map
     return executor

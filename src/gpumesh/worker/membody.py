@@ -17,7 +17,7 @@ Where a task process cannot be handed a descriptor (the spawn runtime: Windows, 
 or ``--runtime spawn`` on Linux), or there is no ``memfd_create`` (the fork runtime on
 macOS), the same buffer is a file of the worker's spool
 (:class:`FileBody`, mapped shared) and the task maps its range by path: one copy from the
-socket there too. :func:`share_by_name` turns that on. Either way a task's arguments are
+socket there too. A worker's :class:`Bodies` says which of the two it uses. Either way a task's arguments are
 a ``shm`` :class:`~gpumesh.payloadref.PayloadRef`.
 """
 
@@ -30,22 +30,6 @@ import weakref
 from .. import handoff, wire
 from ..limits import HANDOFF_MIN_BYTES
 from ..payloadref import PayloadRef
-
-#: The directory of :class:`FileBody` files, once :func:`share_by_name` set it.
-_named_dir: str | None = None
-
-
-def available() -> bool:
-    return hasattr(os, "memfd_create") or _named_dir is not None
-
-
-def share_by_name(directory: str | os.PathLike) -> None:
-    """Make big answers files of ``directory`` (the worker's spool, removed with the
-    worker's directory even if it is killed) that task processes map by path, instead of
-    memory files whose descriptor they would need to be passed."""
-    global _named_dir
-    _named_dir = os.fspath(directory)
-
 
 class MemBody(mmap.mmap):
     """A writable buffer of ``size`` bytes backed by an anonymous memory file.
@@ -104,44 +88,65 @@ def _remove(path: str) -> None:
         pass
 
 
-def _new_body(size: int):
-    return MemBody(size) if _named_dir is None else FileBody(size, _named_dir)
+class Bodies:
+    """Where one worker reads its big answers: memory files (``named_dir`` None, Linux's
+    fork runtime), or files of ``named_dir`` (the worker's spool, removed with the
+    worker's directory even if it is killed) that task processes map by path.
+
+    One per executor (:func:`gpumesh.worker.executor.make_executor` makes it), not a
+    process-wide switch: a process that holds executors of both runtimes (the tests, an
+    embedding program) gives each the kind its task processes can open."""
+
+    def __init__(self, named_dir: str | os.PathLike | None = None):
+        self.named_dir = None if named_dir is None else os.fspath(named_dir)
+
+    def available(self) -> bool:
+        return hasattr(os, "memfd_create") or self.named_dir is not None
+
+    def _new_body(self, size: int):
+        return MemBody(size) if self.named_dir is None else FileBody(size, self.named_dir)
+
+    def buffer_for(self, size: int):
+        """The buffer an answer of ``size`` bytes is read into: a :class:`MemBody` (or a
+        :class:`FileBody` with ``named_dir``) when it is big enough for a task to map its
+        arguments out of it, else a ``bytearray``."""
+        if size >= HANDOFF_MIN_BYTES and self.available():
+            try:
+                return self._new_body(size)
+            except OSError:  # out of memory, descriptors or disk: the plain buffer still works
+                pass
+        return bytearray(size)
+
+    def slices(self, body) -> list:
+        """The frames of an answer read by :meth:`buffer_for`: a ``memoryview`` each,
+        except that a big frame of a :class:`MemBody` or :class:`FileBody` is a ``shm``
+        :class:`~gpumesh.payloadref.PayloadRef` (for the task process to map). Raises
+        :class:`gpumesh.errors.WireError` if the body is malformed.
+
+        A task is handed the descriptor (or name) of its range's file, through which it
+        could map the whole file. So when the answer carries more than one task, each big
+        frame is copied into a file of its own, and no task can reach another's
+        arguments."""
+        view = memoryview(body)
+        spans = wire.frame_spans(view)
+        if not isinstance(body, (MemBody, FileBody)):
+            return [view[offset:offset + length] for offset, length in spans]
+        shared = len(spans) > 2  # the meta, then one frame per task
+        out: list = []
+        for offset, length in spans:
+            if length < HANDOFF_MIN_BYTES:
+                out.append(view[offset:offset + length])
+            elif not shared:
+                out.append(PayloadRef.shared(body, offset, length))
+            else:
+                own = self._new_body(length)
+                own[:] = view[offset:offset + length]
+                out.append(PayloadRef.shared(own, 0, length))
+        return out
 
 
-def buffer_for(size: int):
-    """The buffer an answer of ``size`` bytes is read into: a :class:`MemBody` (or a
-    :class:`FileBody`, see :func:`share_by_name`) when it is big enough for a task to map
-    its arguments out of it, else a ``bytearray``."""
-    if size >= HANDOFF_MIN_BYTES and available():
-        try:
-            return _new_body(size)
-        except OSError:  # out of memory, descriptors or disk: the plain buffer still works
-            pass
-    return bytearray(size)
-
-
-def slices(body) -> list:
-    """The frames of an answer read by :func:`buffer_for`: a ``memoryview`` each, except
-    that a big frame of a :class:`MemBody` or :class:`FileBody` is a ``shm``
-    :class:`~gpumesh.payloadref.PayloadRef` (for the task process to map). Raises
-    :class:`gpumesh.errors.WireError` if the body is malformed.
-
-    A task is handed the descriptor (or name) of its range's file, through which it could
-    map the whole file. So when the answer carries more than one task, each big frame is
-    copied into a file of its own, and no task can reach another's arguments."""
-    view = memoryview(body)
-    spans = wire.frame_spans(view)
-    if not isinstance(body, (MemBody, FileBody)):
-        return [view[offset:offset + length] for offset, length in spans]
-    shared = len(spans) > 2  # the meta, then one frame per task
-    out: list = []
-    for offset, length in spans:
-        if length < HANDOFF_MIN_BYTES:
-            out.append(view[offset:offset + length])
-        elif not shared:
-            out.append(PayloadRef.shared(body, offset, length))
-        else:
-            own = _new_body(length)
-            own[:] = view[offset:offset + length]
-            out.append(PayloadRef.shared(own, 0, length))
-    return out
+#: Memory files: what a worker uses unless its executor says otherwise (and the tests).
+MEMORY = Bodies()
+available = MEMORY.available
+buffer_for = MEMORY.buffer_for
+slices = MEMORY.slices
