@@ -114,19 +114,26 @@ class Handoff:
         discard(self.drop_dir, name)
 
     # ----------------------------------------------------------------- receiving ----
+    def open_result(self, item: dict) -> memoryview:
+        """Map the store's file of a result that a results page names (its ``refs``'
+        ``"result"``, or from a coordinator before refs its ``file``), as :meth:`open`.
+        Raises ``FileNotFoundError`` if it is gone or not a store file (the caller then
+        asks over HTTP)."""
+        from .payloadref import from_wire
+        refs = item.get("refs")
+        wire = refs.get("result") if isinstance(refs, dict) else None
+        if wire is None:  # the key before refs: drop it in the next release
+            if not isinstance(item.get("file"), str):
+                raise FileNotFoundError("the result names no store file")
+            return self.open(item["file"])
+        return _open_ref(lambda: from_wire(wire, self.blob_dir, "refs.result"))
+
     def open(self, rel: str) -> memoryview:
         """Map the store's payload file ``rel`` (a path relative to ``blob_dir``, as an
         answer names it). Returns a writable copy-on-write view. Raises
         ``FileNotFoundError`` if the file is gone (the caller then asks over HTTP)."""
-        from .payloadref import BadRef, store_file
-        try:
-            ref = store_file(self.blob_dir, rel)
-        except BadRef as e:
-            raise FileNotFoundError(str(e)) from None
-        try:
-            return ref.open()
-        finally:
-            ref.release()
+        from .payloadref import store_file
+        return _open_ref(lambda: store_file(self.blob_dir, rel))
 
 
 def worth_it(size: int) -> bool:
@@ -137,6 +144,20 @@ def worth_it(size: int) -> bool:
 def new_name() -> str:
     """A fresh handoff file name (96 random bits)."""
     return os.urandom(12).hex() + ".part"
+
+
+def _open_ref(make) -> memoryview:
+    """Open and release the reference ``make()`` returns; one that names no store file
+    is ``FileNotFoundError`` like a file that is gone."""
+    from .payloadref import BadRef
+    try:
+        ref = make()
+    except BadRef as e:
+        raise FileNotFoundError(str(e)) from None
+    try:
+        return ref.open()
+    finally:
+        ref.release()
 
 
 def write_file(drop_dir: str | Path, chunks: Iterable, name: str | None = None) -> str:

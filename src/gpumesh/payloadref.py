@@ -27,10 +27,19 @@ descriptor is named by its index among the descriptors the message passes. A vie
 :meth:`~PayloadRef.open` outlives :meth:`~PayloadRef.release` (a map outlives its file
 and its descriptor), so a receiver opens, unpickles, and releases at once.
 
-Over HTTP the same references keep the keys the API has always had (see
-:mod:`gpumesh.handoff`): a sender names its handoff files per frame under
-``handoff_files``, a task's arguments kept as a store file come as ``args_file``, a result
-as ``file``; :func:`handoff_names` and :func:`store_file` read them.
+Over HTTP a frames body's metadata carries its references under one key, ``refs``
+(:data:`REFS`): a map from the frame number (``"0"`` = the first frame after the meta) or
+the field (``"args"`` of a task grant, ``"result"`` of a results-page item) to the
+reference's wire form (:meth:`PayloadRef.to_wire`, :func:`from_wire`)::
+
+    {"kind": "handoff", "name": "<24 hex>.part", "size": 123}   a file in the handoff directory
+    {"kind": "store", "path": "args/<job>/<task>", "size": 123}  a file of the store, relative
+                                                                 to its blob directory
+
+A wire form never carries an absolute path, nor one that leaves its directory. Until the
+next release the API's old keys are written and read too (``handoff_files`` per frame,
+``args_file``, a result's ``file``), so that a peer of the same version from before
+``refs`` keeps working; :func:`handoff_names` and :func:`store_file` read those.
 """
 
 from __future__ import annotations
@@ -44,6 +53,10 @@ from typing import Any
 from . import handoff
 
 KINDS = ("inline", "store", "handoff", "shm")
+#: The kinds that travel over HTTP by reference (a file on the coordinator's machine).
+WIRE_KINDS = ("handoff", "store")
+#: The one key of a frames body's metadata that carries its payload references.
+REFS = "refs"
 #: Open flags: not inherited by child processes, binary on Windows.
 _RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 
@@ -187,6 +200,27 @@ class PayloadRef:
             meta["path"] = self.path
         return meta, fds
 
+    def to_wire(self, root: str | os.PathLike) -> dict:
+        """The reference's JSON for ``refs`` over HTTP (see the module's docstring):
+        ``root`` is the directory its file lies in (the handoff directory for a handoff
+        file, the store's blob directory for a store file). Raises :class:`BadRef` for a
+        kind that does not travel over HTTP (inline bytes, shared memory) and for a file
+        outside ``root``."""
+        if self.kind not in WIRE_KINDS or self.path is None:
+            raise BadRef(f"payload reference ({self.kind}): only a handoff or store file "
+                         "travels over HTTP by reference")
+        rel = os.path.relpath(self.path, root).replace(os.sep, "/")
+        if self.kind == "handoff" and not handoff.NAME.fullmatch(rel):
+            raise BadRef(f"payload reference: {self.path!r} is not a handoff file of {root}")
+        if self.kind == "store" and (rel.startswith("/") or _UNSAFE.search(rel)):
+            raise BadRef(f"payload reference: {self.path!r} is not a payload file of {root}")
+        wire: dict = {"kind": self.kind, "name" if self.kind == "handoff" else "path": rel}
+        if self.offset:
+            wire["offset"] = self.offset
+        if self.size is not None:
+            wire["size"] = self.size
+        return wire
+
     def __repr__(self) -> str:
         where = f"fd {self.fd}" if self.fd is not None else self.path
         return f"PayloadRef({self.kind}, {where}, offset={self.offset}, size={self.size})"
@@ -229,12 +263,99 @@ def store_file(blob_dir: str | os.PathLike, rel: Any) -> PayloadRef:
     return PayloadRef("store", path=Path(blob_dir) / rel)
 
 
+def check_wire(wire: Any, field: str) -> dict:
+    """``wire`` checked to be a reference's wire form (see the module's docstring), with
+    no I/O: returns it. Raises :class:`BadRef` whose message starts with ``field`` (e.g.
+    ``refs.0``) for anything else: another kind, a handoff name that is not one, a store
+    path that is absolute or leaves the blob directory, a bad ``offset``/``size``, a key
+    that is not one of these."""
+    if not isinstance(wire, dict):
+        raise BadRef(f"{field}: a payload reference must be an object, not {type(wire).__name__}")
+    kind = wire.get("kind")
+    if kind not in WIRE_KINDS:
+        raise BadRef(f"{field}: 'kind' must be handoff or store, not {kind!r}")
+    where = "name" if kind == "handoff" else "path"
+    extra = set(wire) - {"kind", where, "offset", "size"}
+    if extra:
+        raise BadRef(f"{field}: a {kind} reference has no {', '.join(map(repr, sorted(extra)))}")
+    rel = wire.get(where)
+    if kind == "handoff" and not (isinstance(rel, str) and handoff.NAME.fullmatch(rel)):
+        raise BadRef(f"{field}: 'name' must be a handoff file name, not {rel!r}")
+    if kind == "store" and not (isinstance(rel, str) and rel and not rel.startswith(("/", "\\"))
+                                and not any(c in rel for c in "\\:\0") and not _UNSAFE.search(rel)):
+        raise BadRef(f"{field}: 'path' must be a payload path inside the store, not {rel!r}")
+    for name in ("offset", "size"):
+        v = wire.get(name, 0)
+        if type(v) is not int or v < 0:
+            raise BadRef(f"{field}: {name!r} must be a whole number of bytes >= 0, not {v!r}")
+    return wire
+
+
+def check_refs(refs: Any, field: str = REFS, keys: Sequence[str] | None = None) -> dict:
+    """``refs`` checked to be a map of key -> wire form; ``keys``: the keys it may have
+    (None: frame numbers). Returns it. Raises :class:`BadRef` naming the field."""
+    if not isinstance(refs, dict):
+        raise BadRef(f"{field}: must be an object of frame number -> payload reference")
+    for key, wire in refs.items():
+        if keys is None and not (isinstance(key, str) and key.isdigit() and len(key) < 10):
+            raise BadRef(f"{field}: {key!r} is not a frame number")
+        if keys is not None and key not in keys:
+            raise BadRef(f"{field}: {key!r} is not one of {', '.join(keys)}")
+        check_wire(wire, f"{field}.{key}")
+    return refs
+
+
+def from_wire(wire: Any, root: str | os.PathLike, field: str = REFS) -> PayloadRef:
+    """The reference a wire form names (checked by :func:`check_wire`), its file under
+    ``root`` (the handoff directory or the store's blob directory, as its kind says).
+    The file is not opened: :meth:`PayloadRef.pin` or :meth:`PayloadRef.open` does.
+    Raises :class:`BadRef` naming ``field``."""
+    wire = check_wire(wire, field)
+    rel = wire["name"] if wire["kind"] == "handoff" else wire["path"]
+    return PayloadRef(wire["kind"], path=Path(root) / rel, offset=wire.get("offset", 0),
+                      size=wire.get("size"))
+
+
+def refs_meta(meta: dict, refs: dict[str, dict]) -> dict:
+    """``meta`` with ``refs`` (key -> wire form) under :data:`REFS`; ``meta`` itself
+    when there are none."""
+    return dict(meta, **{REFS: refs}) if refs else meta
+
+
+def handoff_refs(meta: dict, frame_count: int) -> dict[int, dict]:
+    """The handoff files a sender named in its frames body's metadata: ``{frame: wire
+    form}`` (``name``, and ``size`` where the sender gave it), frame 0 being the first
+    after the meta. Read from ``meta["refs"]`` or, from a sender before it, from
+    ``meta["handoff_files"]`` (``{"<frame number>": "<file name>"}``). Raises
+    :class:`BadRef` (its message starts with the key) for a map that is not one, a frame
+    that is not there, a reference that is not to a handoff file (a sender never names
+    the store's files), or a name that is not a handoff file name."""
+    refs = meta.get(REFS)
+    if refs is not None:
+        check_refs(refs)
+        out = {}
+        for key, wire in refs.items():
+            if int(key) >= frame_count:
+                raise BadRef(f"{REFS}: {key!r} is not a frame number")
+            if wire["kind"] != "handoff":
+                raise BadRef(f"{REFS}.{key}: a sender may name only handoff files, "
+                             f"not {wire['kind']!r}")
+            if "offset" in wire:
+                raise BadRef(f"{REFS}.{key}: a handoff file is sent whole: no 'offset'")
+            out[int(key)] = wire
+        return out
+    return {i: {"kind": "handoff", "name": name}
+            for i, name in _handoff_files(meta, frame_count).items()}
+
+
 def handoff_names(meta: dict, frame_count: int) -> dict[int, str]:
-    """The handoff files a sender named in its frames body's metadata: ``{frame: name}``,
-    frame 0 being the first after the meta. ``meta["handoff_files"]`` is
-    ``{"<frame number>": "<file name>"}``. Raises :class:`BadRef` (its message starts
-    with the key) for a map that is not one, a frame that is not there, or a name that is
-    not a handoff file name."""
+    """:func:`handoff_refs`' file names: ``{frame: name}``."""
+    return {i: wire["name"] for i, wire in handoff_refs(meta, frame_count).items()}
+
+
+# The key before refs: drop it (here, in the coordinator's schemas and in protocol.py)
+# in the release after the one that added refs.
+def _handoff_files(meta: dict, frame_count: int) -> dict[int, str]:
     names = meta.get("handoff_files")
     if names is None:
         return {}
@@ -251,9 +372,18 @@ def handoff_names(meta: dict, frame_count: int) -> dict[int, str]:
     return out
 
 
-def handoff_meta(meta: dict, names: dict[int, str] | dict[str, str]) -> dict:
+def handoff_meta(meta: dict, names: dict[int, str] | dict[str, str],
+                 sizes: dict[int, int] | dict[str, int] | None = None) -> dict:
     """``meta`` with the handoff files of a frames body named, ``{frame: name}`` (see
-    :func:`handoff_names`); ``meta`` itself when there are none."""
+    :func:`handoff_refs`), under ``refs`` (with their ``sizes`` in bytes, by the same
+    keys, where given); ``meta`` itself when there are none."""
     if not names:
         return meta
-    return dict(meta, handoff_files={str(i): name for i, name in names.items()})
+    sizes = sizes or {}
+    refs = {}
+    for i, name in names.items():
+        refs[str(i)] = {"kind": "handoff", "name": name}
+        if i in sizes:
+            refs[str(i)]["size"] = sizes[i]  # type: ignore[index]
+    # The old key too, for a coordinator from before refs: drop it in the next release.
+    return dict(meta, refs=refs, handoff_files={str(i): name for i, name in names.items()})

@@ -44,6 +44,19 @@ Messages (frame 0 of a frames body, see :mod:`gpumesh.wire`, or a JSON body)::
     ResultBatch   worker -> POST /v1/tasks/results: several ResultPosts, next grants per slot
     ResultPage    coordinator -> caller: results after a seq (ResultItem each), counts, output
 
+Payload references: a frame whose bytes lie in a file on the coordinator's machine is
+sent empty and named under one key of the message, ``refs`` (see
+:mod:`gpumesh.payloadref`): frame number or field -> wire form::
+
+    JobSubmit, ResultPost  {"refs": {"<frame>": {"kind": "handoff", "name": "<hex>.part", "size": N}}}
+    TaskGrant              {"refs": {"args": {"kind": "store", "path": "args/...", "size"?: N}}}
+    ResultItem             {"refs": {"result": {"kind": "store", "path": "results/...", "size": N}}}
+
+``path`` is relative to the store's blob directory, ``name`` a file of its handoff
+directory; a reference that is not one of these is a 400 naming the field (``refs.1:
+...``). The keys before ``refs`` (``handoff_files``, ``args_file``, ``file``) are still
+written and read for one release, for peers from before it; drop them in the next.
+
 Error codes: every refusal is ``{"error": code, "message": text}``::
 
     400 bad_request         a field, query parameter or body is malformed (415 at /ui/login)
@@ -100,9 +113,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from . import payloadref
 from .errors import (Cancelled, RemoteError, TaskCrashed, TaskFailed, TaskTimeout, WireError,
                      WorkerLost)
 
@@ -407,6 +422,19 @@ def _some(out: dict[str, Any], **optional: Any) -> dict[str, Any]:
 _NUMBER = (int, float)
 
 
+def _refs(d: Mapping[str, Any], msg: str, keys: tuple[str, ...] | None = None) -> dict | None:
+    """The message's ``refs`` (see :mod:`gpumesh.payloadref`), each wire form checked:
+    ``keys`` the fields it may name (None: frame numbers). Raises :class:`WireError`
+    naming the field."""
+    refs = _get(d, msg, payloadref.REFS, dict, None)
+    if refs is not None:
+        try:
+            payloadref.check_refs(refs, payloadref.REFS, keys)
+        except payloadref.BadRef as e:
+            raise WireError(f"{msg}: field {e}") from None
+    return refs
+
+
 @dataclass(frozen=True, slots=True)
 class JobSubmit:
     """Frame 0 of ``POST /v1/jobs``; then the function blob (when ``fn_inline``), then
@@ -432,6 +460,8 @@ class JobSubmit:
     output: bool | None = None                # that page also carries what tasks printed
     caller: dict[str, Any] | None = None      # {"host", "pid"} of the caller
     handoff: bool | None = None               # the caller maps same-machine files
+    refs: dict[str, Any] | None = None        # {"<frame>": {"kind": "handoff", "name", "size"}}
+    handoff_files: dict[str, str] | None = None  # refs' key before it; drop in the next release
 
     def as_dict(self) -> dict[str, Any]:
         return _some({"job_id": self.job_id, "kind": self.kind, "fn": self.fn,
@@ -442,7 +472,7 @@ class JobSubmit:
                      gpu_memory_mb=self.gpu_memory_mb, retries=self.retries,
                      retry_on=self.retry_on, require_worker=self.require_worker,
                      wait=self.wait, output=self.output, caller=self.caller,
-                     handoff=self.handoff)
+                     handoff=self.handoff, refs=self.refs, handoff_files=self.handoff_files)
 
     @classmethod
     def from_dict(cls, d: Any) -> JobSubmit:
@@ -462,7 +492,8 @@ class JobSubmit:
                    require_worker=_get(d, m, "require_worker", bool, None),
                    wait=_get(d, m, "wait", _NUMBER, None), output=_get(d, m, "output", bool, None),
                    caller=_get(d, m, "caller", dict, None),
-                   handoff=_get(d, m, "handoff", bool, None))
+                   handoff=_get(d, m, "handoff", bool, None), refs=_refs(d, m),
+                   handoff_files=_get(d, m, "handoff_files", dict, None))
 
 
 @dataclass(frozen=True, slots=True)
@@ -490,7 +521,8 @@ class LeaseRequest:
 class TaskGrant:
     """One task a lease hands a worker: an entry of ``{"tasks": [...]}`` (frame 0 of the
     answer to ``POST /v1/workers/{wid}/lease`` and to a result post with ``next=1``);
-    its arguments are the next frame (empty when ``args_file`` names the store's file)."""
+    its arguments are the next frame (empty when ``refs["args"]`` names the store's file:
+    ``{"kind": "store", "path"}``, relative to the store's blob directory)."""
 
     task_id: str
     lease_id: str                             # posts and releases name it (stale otherwise)
@@ -505,7 +537,8 @@ class TaskGrant:
     result_format: str = "pickle"             # "pickle" or "json"
     isolation: str = "task"                   # "task" or "job"
     requires: tuple[str, ...] | None = None   # packages the task environment must have
-    args_file: str | None = None              # same machine: the store's file of its arguments
+    refs: dict[str, Any] | None = None        # same machine: {"args": store reference}
+    args_file: str | None = None              # refs' key before it; drop in the next release
 
     def as_dict(self) -> dict[str, Any]:
         return _some({"task_id": self.task_id, "job_id": self.job_id, "index": self.index,
@@ -514,7 +547,7 @@ class TaskGrant:
                       "slot": self.slot, "result_format": self.result_format,
                       "isolation": self.isolation},
                      requires=None if self.requires is None else list(self.requires),
-                     args_file=self.args_file)
+                     refs=self.refs, args_file=self.args_file)
 
     @classmethod
     def from_dict(cls, d: Any) -> TaskGrant:
@@ -532,7 +565,17 @@ class TaskGrant:
                    result_format=_get(d, m, "result_format", str, "pickle"),
                    isolation=_get(d, m, "isolation", str, "task"),
                    requires=None if requires is None else tuple(requires),
-                   args_file=_get(d, m, "args_file", str, None))
+                   refs=_refs(d, m, ("args",)), args_file=_get(d, m, "args_file", str, None))
+
+    def args_ref(self, blob_dir: str | Path) -> payloadref.PayloadRef | None:
+        """The store file of the task's arguments, when the grant names one (same
+        machine), its path under ``blob_dir``; None when they are the next frame. Raises
+        :class:`~gpumesh.payloadref.BadRef` for a path that leaves the directory."""
+        if self.refs and "args" in self.refs:
+            return payloadref.from_wire(self.refs["args"], blob_dir, "refs.args")
+        if self.args_file:  # a coordinator from before refs
+            return payloadref.store_file(blob_dir, self.args_file)
+        return None
 
     @classmethod
     def list_from_dict(cls, d: Any) -> list[TaskGrant]:
@@ -550,14 +593,16 @@ class ResultPost:
     """Frame 0 of ``POST /v1/tasks/{tid}/result?lease=...`` (query: ``next=1`` asks for
     the slot's next grant, ``slot``, ``handoff=1``); then the payload frame: the value
     (``ok``), the pickled exception or nothing (``error``), nothing (``retry``), or an
-    empty frame when ``handoff_files`` names the file that holds it."""
+    empty frame when ``refs["0"]`` names the handoff file that holds it."""
 
     status: str                               # "ok", "error" or "retry" (RESULT_STATUSES)
     error: dict[str, Any] | None = None       # {"kind": FailureKind, "type", "message", ...}
-    handoff_files: dict[str, str] | None = None  # {"0": name in the handoff directory}
+    handoff_files: dict[str, str] | None = None  # refs' key before it; drop in the next release
+    refs: dict[str, Any] | None = None        # {"0": {"kind": "handoff", "name", "size"}}
 
     def as_dict(self) -> dict[str, Any]:
-        return _some({"status": self.status}, error=self.error, handoff_files=self.handoff_files)
+        return _some({"status": self.status}, error=self.error, handoff_files=self.handoff_files,
+                     refs=self.refs)
 
     @classmethod
     def from_dict(cls, d: Any) -> ResultPost:
@@ -567,7 +612,7 @@ class ResultPost:
         if status not in RESULT_STATUSES:
             raise WireError(f"{m}: field 'status' must be ok, error or retry")
         return cls(status=status, error=_get(d, m, "error", dict, None),
-                   handoff_files=_get(d, m, "handoff_files", dict, None))
+                   handoff_files=_get(d, m, "handoff_files", dict, None), refs=_refs(d, m))
 
 
 @dataclass(frozen=True, slots=True)
@@ -581,12 +626,13 @@ class ResultItem:
     worker: str | None = None
     error: dict[str, Any] | None = None       # a failed task's error (see FailureKind)
     has_payload: bool = False                 # the page carries its payload frame, in order
-    file: str | None = None                   # same machine: the store's file of its result
+    refs: dict[str, Any] | None = None        # same machine: {"result": store reference}
+    file: str | None = None                   # refs' key before it; drop in the next release
 
     def as_dict(self) -> dict[str, Any]:
         return _some({"index": self.index, "task_id": self.task_id, "state": self.state,
                       "seq": self.seq, "worker": self.worker, "error": self.error,
-                      "has_payload": self.has_payload}, file=self.file)
+                      "has_payload": self.has_payload}, refs=self.refs, file=self.file)
 
     @classmethod
     def from_dict(cls, d: Any) -> ResultItem:
@@ -596,7 +642,7 @@ class ResultItem:
                    state=_get(d, m, "state", str), seq=_get(d, m, "seq", int),
                    worker=_get(d, m, "worker", str, None), error=_get(d, m, "error", dict, None),
                    has_payload=_get(d, m, "has_payload", bool, False),
-                   file=_get(d, m, "file", str, None))
+                   refs=_refs(d, m, ("result",)), file=_get(d, m, "file", str, None))
 
 
 @dataclass(frozen=True, slots=True)

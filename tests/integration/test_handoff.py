@@ -23,6 +23,7 @@ import pytest
 from gpumesh import accelerate, handoff, wire
 from gpumesh.handoff import Handoff
 from gpumesh.limits import HANDOFF_MIN_BYTES
+from gpumesh.protocol import TaskGrant
 
 from ..conftest import Mesh, wait_until
 
@@ -265,7 +266,80 @@ def test_handed_off_files_through_the_api(bare):
     assert leftovers(bare) == []
 
 
+def test_payload_references_through_the_api_under_refs(bare):
+    """The same exchange with the one key: the caller and the worker name their files
+    only under ``refs`` (so the coordinator must read it), and the coordinator's answers
+    name the store's files under ``refs`` (and under the old keys, for older peers)."""
+    h = Handoff.from_answer(httpx.get(bare.url + "/v1/handoff", timeout=5,
+                                      headers={"authorization": f"Bearer {bare.token}"}).json())
+    big = wire.dumps(((b"b" * (2 * 2**20),), {}))
+    name = h.write(big.chunks)
+    refs = {"1": {"kind": "handoff", "name": name, "size": big.size}}
+    r = submit(bare, {"job_id": "00cc", "n_tasks": 2, "refs": refs},
+               [b"", wire.dumps(((1,), {})).to_bytes()])
+    assert r.status_code == 200, r.text
+    assert leftovers(bare) == []
+    wid = post(bare, "/v1/workers", json={"hostname": "fake", "slots": 2}).json()["id"]
+    r = post(bare, f"/v1/workers/{wid}/lease", json={"slots": 2, "wait": 2, "handoff": True})
+    frames = wire.unpack_frames(r.content)
+    tasks = json.loads(bytes(frames[0]))["tasks"]
+    path = tasks[0]["args_file"]
+    assert path.startswith("args/00cc/") and frames[1].nbytes == 0
+    assert tasks[0]["refs"] == {"args": {"kind": "store", "path": path}}
+    assert "refs" not in tasks[1] and frames[2].nbytes > 0
+    ref = TaskGrant.from_dict(tasks[0]).args_ref(h.blob_dir)
+    assert bytes(ref.open()) == big.to_bytes()
+    ref.release()
+    result = wire.dumps(np.arange(N, dtype=np.float32))
+    rname = h.write(result.chunks)
+    meta = {"status": "ok", "refs": {"0": {"kind": "handoff", "name": rname, "size": result.size}}}
+    r = post(bare, f"/v1/tasks/{tasks[0]['task_id']}/result", params={"lease": tasks[0]["lease_id"]},
+             content=body_of([json.dumps(meta).encode(), b""]))
+    assert r.status_code == 200, r.text
+    page = httpx.get(bare.url + "/v1/jobs/00cc/results", params={"handoff": 1, "wait": 2},
+                     headers={"authorization": f"Bearer {bare.token}"}, timeout=10)
+    item = json.loads(bytes(wire.unpack_frames(page.content)[0]))["results"][0]
+    assert item["refs"] == {"result": {"kind": "store", "path": item["file"], "size": result.size}}
+    assert item["file"].startswith("results/00cc/") and item["has_payload"] is False
+    assert np.array_equal(wire.loads(h.open_result(item)), np.arange(N, dtype=np.float32))
+    assert np.array_equal(wire.loads(h.open_result({"file": item["file"]})),
+                          np.arange(N, dtype=np.float32))  # as a caller before refs reads it
+    with pytest.raises(FileNotFoundError, match="refs.result: 'path'"):
+        h.open_result({"refs": {"result": {"kind": "store", "path": "../gpumesh.db"}}})
+    assert leftovers(bare) == []
+
+
 MISSING = "a" * 24 + ".part"
+
+
+@pytest.mark.parametrize("refs, status, words, kept", [
+    ({"1": {"kind": "handoff", "name": "../../gpumesh.db"}}, 400, "refs.1: 'name' must be a handoff", True),
+    ({"1": {"kind": "store", "path": "../gpumesh.db"}}, 400, "refs.1: 'path' must be a payload path", True),
+    # a sender may not point the coordinator at its own store's files
+    ({"1": {"kind": "store", "path": "args/00aa/x"}}, 400, "refs.1: a sender may name only handoff", True),
+    ({"1": {"kind": "shm", "path": "/dev/shm/x"}}, 400, "refs.1: 'kind' must be handoff or store", True),
+    ({"5": {"kind": "handoff", "name": MISSING}}, 400, "refs: '5' is not a frame number", True),
+    ({"1": "WRITTEN"}, 400, "refs.1: a payload reference must be an object", True),
+    ({"1": {"kind": "handoff", "name": MISSING}}, 409, "handoff_missing", True),
+    # the file is not the one the reference names: refused, and the claimed file goes
+    ({"1": {"kind": "handoff", "name": "WRITTEN", "size": 99}}, 400,
+     "refs.1: 'size' is 99 but the handoff file holds 7 bytes", False),
+])
+def test_bad_refs_are_refused_naming_the_field_and_store_nothing(bare, refs, status, words, kept):
+    h = Handoff.from_answer(httpx.get(bare.url + "/v1/handoff", timeout=5,
+                                      headers={"authorization": f"Bearer {bare.token}"}).json())
+    written = h.write([b"payload"])
+    refs = json.loads(json.dumps(refs))  # (the parameters are shared)
+    for wire_form in refs.values():
+        if isinstance(wire_form, dict) and wire_form.get("name") == "WRITTEN":
+            wire_form["name"] = written
+    r = submit(bare, {"job_id": "00dd", "n_tasks": 2, "refs": refs}, [b"", b""])
+    assert r.status_code == status, r.text
+    assert words in r.text
+    assert httpx.get(bare.url + "/v1/jobs/00dd", timeout=5,
+                     headers={"authorization": f"Bearer {bare.token}"}).status_code == 404
+    assert leftovers(bare) == ([written] if kept else [])
+    h.discard(written)
 
 
 @pytest.mark.parametrize("files, frame, status, words, kept", [

@@ -3,6 +3,7 @@ back what it holds when released; references that name no payload say which fiel
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -183,13 +184,98 @@ def test_handoff_names_reads_the_http_key():
     assert payloadref.handoff_names({}, 2) == {}
     name = handoff.new_name()
     assert payloadref.handoff_names({"handoff_files": {"1": name}}, 2) == {1: name}
-    assert payloadref.handoff_meta({"a": 1}, {1: name}) == {"a": 1, "handoff_files": {"1": name}}
+    # Written under refs, and under the old key for a coordinator from before refs.
+    assert payloadref.handoff_meta({"a": 1}, {1: name}, {1: 5}) == {
+        "a": 1, "refs": {"1": {"kind": "handoff", "name": name, "size": 5}},
+        "handoff_files": {"1": name}}
     assert payloadref.handoff_meta({"a": 1}, {}) == {"a": 1}
     for names, msg in (([name], "must be an object"), ({"2": name}, "'2' is not a frame number"),
                        ({"-1": name}, "is not a frame number"),
                        ({"0": "../x.part"}, "is not a handoff file name")):
         with pytest.raises(BadRef, match=f"^handoff_files: .*{msg}"):
             payloadref.handoff_names({"handoff_files": names}, 2)
+
+
+def test_handoff_refs_read_the_one_key_before_the_old_one():
+    name, other = handoff.new_name(), handoff.new_name()
+    meta = payloadref.handoff_meta({}, {"0": name}, {"0": 9})
+    assert payloadref.handoff_refs(meta, 1) == {0: {"kind": "handoff", "name": name, "size": 9}}
+    assert payloadref.handoff_names(meta, 1) == {0: name}
+    # refs wins over the old key when a sender writes both
+    assert payloadref.handoff_names({"refs": {"1": {"kind": "handoff", "name": name}},
+                                     "handoff_files": {"0": other}}, 2) == {1: name}
+    assert payloadref.handoff_refs({"handoff_files": {"0": other}}, 1) == \
+        {0: {"kind": "handoff", "name": other}}
+
+
+@pytest.mark.parametrize("refs, msg", [
+    ([1], r"^refs: must be an object"),
+    ({"x": {}}, r"^refs: 'x' is not a frame number"),
+    ({"2": {"kind": "handoff", "name": "a" * 24 + ".part"}}, r"^refs: '2' is not a frame number"),
+    ({"0": "name.part"}, r"^refs\.0: a payload reference must be an object"),
+    ({"0": {"kind": "shm", "path": "/dev/shm/x"}}, r"^refs\.0: 'kind' must be handoff or store"),
+    ({"0": {"kind": "handoff", "name": "../../etc/passwd"}}, r"^refs\.0: 'name' must be a handoff"),
+    ({"0": {"kind": "handoff", "name": "a" * 24 + ".part", "path": "/x"}}, r"^refs\.0: .* no 'path'"),
+    ({"0": {"kind": "handoff", "name": "a" * 24 + ".part", "size": -1}}, r"^refs\.0: 'size'"),
+    ({"1": {"kind": "handoff", "name": "a" * 24 + ".part", "size": "3"}}, r"^refs\.1: 'size'"),
+    # a sender never names the store's own files
+    ({"0": {"kind": "store", "path": "args/j/t"}}, r"^refs\.0: a sender may name only handoff"),
+])
+def test_bad_handoff_refs_are_refused_naming_the_field(refs, msg):
+    with pytest.raises(BadRef, match=msg):
+        payloadref.handoff_refs({"refs": refs}, 2)
+
+
+def test_wire_form_round_trips_and_opens_the_same_bytes(tmp_path):
+    drop, blobs = tmp_path / "handoff", tmp_path / "blobs"
+    (blobs / "args" / "j").mkdir(parents=True)
+    drop.mkdir()
+    name = handoff.write_file(drop, [DATA])
+    (blobs / "args" / "j" / "t").write_bytes(b"xx" + DATA)
+    sent = PayloadRef("handoff", path=drop / name, size=len(DATA))
+    assert sent.to_wire(drop) == {"kind": "handoff", "name": name, "size": len(DATA)}
+    got = payloadref.from_wire(json.loads(json.dumps(sent.to_wire(drop))), drop)
+    assert (got.kind, got.path, got.size) == ("handoff", str(drop / name), len(DATA))
+    assert bytes(got.open()) == DATA
+    store = PayloadRef("store", path=blobs / "args" / "j" / "t", offset=2, size=len(DATA))
+    assert store.to_wire(blobs) == {"kind": "store", "path": "args/j/t", "offset": 2,
+                                    "size": len(DATA)}
+    back = payloadref.from_wire(store.to_wire(blobs), blobs, "refs.args")
+    assert bytes(back.open()) == DATA
+    back.release()
+    assert (blobs / "args" / "j" / "t").exists()  # the store's file stays
+
+
+def test_to_wire_refuses_what_does_not_travel_over_http(tmp_path):
+    with pytest.raises(BadRef, match="only a handoff or store file"):
+        PayloadRef.inline(b"abc").to_wire(tmp_path)
+    with pytest.raises(BadRef, match="not a payload file of"):
+        PayloadRef("store", path=tmp_path.parent / "elsewhere").to_wire(tmp_path)
+    with pytest.raises(BadRef, match="not a handoff file of"):
+        PayloadRef("handoff", path=tmp_path / "sub" / "x.part").to_wire(tmp_path)
+
+
+@pytest.mark.parametrize("path", ["../secret", "args/../../secret", "/etc/passwd", "\\x\\y",
+                                  "args\\..\\..\\x", "C:/x", "", "a/..", 7, None])
+def test_from_wire_refuses_a_store_path_that_leaves_the_blob_directory(tmp_path, path):
+    with pytest.raises(BadRef, match=r"^refs\.result: 'path' must be a payload path inside"):
+        payloadref.from_wire({"kind": "store", "path": path}, tmp_path, "refs.result")
+
+
+def test_a_grant_names_its_arguments_under_refs_or_the_old_key(tmp_path):
+    (tmp_path / "args").mkdir()
+    (tmp_path / "args" / "t").write_bytes(DATA)
+    new = TaskGrant(task_id="t", lease_id="l", fn="f",
+                    refs={"args": {"kind": "store", "path": "args/t"}})
+    old = TaskGrant(task_id="t", lease_id="l", fn="f", args_file="args/t")
+    for g in (new, old):
+        ref = g.args_ref(tmp_path)
+        assert (ref.kind, ref.path) == ("store", str(tmp_path / "args" / "t"))
+        assert bytes(ref.open()) == DATA
+    assert TaskGrant(task_id="t", lease_id="l", fn="f").args_ref(tmp_path) is None
+    with pytest.raises(BadRef, match="^refs.args: 'path'"):
+        TaskGrant(task_id="t", lease_id="l", fn="f",
+                  refs={"args": {"kind": "store", "path": "../../x"}}).args_ref(tmp_path)
 
 
 def _mapped_from(data):

@@ -446,6 +446,56 @@ def test_a_malformed_message_is_a_wire_error_naming_the_field(cls, d, field):
         cls.from_dict(d)
 
 
+_NAME = "0123456789abcdef01234567.part"
+
+
+def test_payload_references_round_trip_under_the_one_key():
+    """Each message that names a payload elsewhere carries it under ``refs`` (and, for a
+    peer from before refs, under its old key)."""
+    submit = dict(CALLER_SUBMIT, refs={"1": {"kind": "handoff", "name": _NAME, "size": 9}},
+                  handoff_files={"1": _NAME})
+    assert JobSubmit.from_dict(submit).as_dict() == submit
+    post = {"status": "ok", "handoff_files": {"0": _NAME},
+            "refs": {"0": {"kind": "handoff", "name": _NAME}}}
+    assert ResultPost.from_dict(json.loads(json.dumps(post))).as_dict() == post
+    grant = {"task_id": "t", "job_id": "j", "index": 0, "lease_id": "l", "attempt": 1,
+             "kind": "function", "fn": "f", "timeout": None, "name": "", "slot": 0,
+             "result_format": "pickle", "isolation": "task",
+             "refs": {"args": {"kind": "store", "path": "args/j/t"}}, "args_file": "args/j/t"}
+    g = TaskGrant.from_dict(grant)
+    assert g.as_dict() == grant and g.refs == {"args": {"kind": "store", "path": "args/j/t"}}
+    item = {"index": 0, "task_id": "t", "state": "done", "seq": 1, "worker": "w", "error": None,
+            "has_payload": False,
+            "refs": {"result": {"kind": "store", "path": "results/j/t", "size": 4096}},
+            "file": "results/j/t"}
+    assert ResultItem.from_dict(item).as_dict() == item
+
+
+_GRANT = {"task_id": "t", "lease_id": "l", "fn": "f"}
+
+
+@pytest.mark.parametrize("cls, d, field", [
+    (ResultPost, {"status": "ok", "refs": ["x"]}, r"field 'refs' must be dict, got list"),
+    (ResultPost, {"status": "ok", "refs": {"zero": {}}}, r"field refs: 'zero' is not a frame"),
+    (ResultPost, {"status": "ok", "refs": {"0": {"kind": "handoff", "name": "../../etc/passwd"}}},
+     r"field refs\.0: 'name' must be a handoff file name"),
+    (JobSubmit, dict(CALLER_SUBMIT, refs={"0": {"kind": "inline"}}),
+     r"field refs\.0: 'kind' must be handoff or store"),
+    (TaskGrant, dict(_GRANT, refs={"args": {"kind": "store", "path": "../../../etc/passwd"}}),
+     r"field refs\.args: 'path' must be a payload path inside the store"),
+    (TaskGrant, dict(_GRANT, refs={"args": {"kind": "store", "path": "/etc/passwd"}}),
+     r"field refs\.args: 'path'"),
+    (TaskGrant, dict(_GRANT, refs={"result": {"kind": "store", "path": "a"}}),
+     r"field refs: 'result' is not one of args"),
+    (ResultItem, {"index": 0, "task_id": "t", "state": "done", "seq": 1,
+                  "refs": {"result": {"kind": "store", "path": "r", "size": 1.5}}},
+     r"field refs\.result: 'size' must be a whole number"),
+])
+def test_a_bad_payload_reference_is_a_wire_error_naming_the_field(cls, d, field):
+    with pytest.raises(errors.WireError, match=field):
+        cls.from_dict(d)
+
+
 def test_a_lease_answer_without_tasks_is_a_wire_error():
     with pytest.raises(errors.WireError, match="'tasks' is required"):
         TaskGrant.list_from_dict({"jobs": []})

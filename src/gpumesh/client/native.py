@@ -158,14 +158,15 @@ class NativeBackend(Backend):
         if handoff is not None and any(worth_it(a.size) for a in args):
             # Same machine: big arguments go as files the coordinator renames into its
             # store (gpumesh.handoff) and their frames stay empty.
-            files = {}
+            files, sizes = {}, {}
             for a in args:
                 if worth_it(a.size):
                     written.append(handoff.write(a.chunks))
                     files[str(len(frames) - 1)] = written[-1]
+                    sizes[str(len(frames) - 1)] = a.size
                     a = b""
                 frames.append(a)
-            frames[0] = json.dumps(handoff_meta(meta, files)).encode()
+            frames[0] = json.dumps(handoff_meta(meta, files, sizes)).encode()
         else:
             frames.extend(args)
         chunks, size = wire.pack_frames(frames)
@@ -273,9 +274,9 @@ class NativeBackend(Backend):
                     payload = None
                     if item["has_payload"]:
                         payload, k = frames[k], k + 1
-                    elif "file" in item:  # same machine: map the store's file (gpumesh.handoff)
+                    elif "refs" in item or "file" in item:  # same machine: map the store's file
                         try:
-                            payload = handoff.open(item["file"])
+                            payload = handoff.open_result(item)
                         except (OSError, AttributeError):  # gone (or not ours): ask over HTTP
                             handoff = None
                             break  # re-read from this result on

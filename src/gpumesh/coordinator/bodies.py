@@ -245,37 +245,46 @@ def discard_incoming(request: Request) -> None:
             log.exception("could not delete %s", inc.path)
 
 
-def take_handoffs(request: Request, names: dict | None, frames: list, store) -> list:
-    """Replace the frames a same-machine sender left empty by the files it wrote for them
-    (``names``, the meta's validated ``handoff_files``: ``{"<frame number>": "<file
-    name>"}``, frame 0 being the first after the meta; see :mod:`gpumesh.handoff`). Each
-    claimed file is registered with the request like a streamed upload: deleted at the
-    end unless the store adopted it. 400 for a malformed map, 409 ``handoff_missing`` for
-    a file that is not there (the sender then sends the bytes)."""
-    if not names:
+def take_handoffs(request: Request, names: dict | None, frames: list, store,
+                  refs: dict | None = None) -> list:
+    """Replace the frames a same-machine sender left empty by the files it wrote for them:
+    ``refs``, the meta's ``refs`` (``{"<frame number>": {"kind": "handoff", "name",
+    "size"}}``, frame 0 being the first after the meta; see :mod:`gpumesh.payloadref`),
+    or from a sender before refs ``names``, the meta's ``handoff_files`` (``{"<frame
+    number>": "<file name>"}``; see :mod:`gpumesh.handoff`). Each claimed file is
+    registered with the request like a streamed upload: deleted at the end unless the
+    store adopted it. 400 naming the field for a malformed map or a file of another
+    size than its reference says, 409 ``handoff_missing`` for a file that is not there
+    (the sender then sends the bytes)."""
+    if not names and not refs:
         return frames
     frames = list(frames)
     spool = request.scope.setdefault(INCOMING, [])
     # The body limit holds for a payload however it travels: a call refused from another
     # machine is refused from this one too.
     total = sum(f.size if isinstance(f, Incoming) else f.nbytes for f in frames)
-    try:
-        claimed = payloadref.handoff_names({"handoff_files": names}, len(frames))
-    except payloadref.BadRef as e:  # the whole map is checked before any file is claimed
+    key = payloadref.REFS if refs else "handoff_files"
+    try:  # the whole map is checked before any file is claimed
+        claimed = payloadref.handoff_refs({key: refs or names}, len(frames))
+    except payloadref.BadRef as e:
         raise _bad(str(e)) from None
-    for i, name in claimed.items():
+    for i, wire in claimed.items():
+        name = wire["name"]
         if isinstance(frames[i], Incoming) or len(frames[i]):
-            raise _bad(f"handoff_files: frame {i} must be empty")
+            raise _bad(f"{key}: frame {i} must be empty")
         try:
             inc = store.take_handoff(name)
         except ValueError as e:
-            raise _bad(f"handoff_files: {e}") from None
+            raise _bad(f"{key}: {e}") from None
         except FileNotFoundError:
             raise HTTPError(409, ErrorCode.HANDOFF_MISSING,
                             f"handoff file {name} is not in this coordinator's handoff "
                             "directory; send the payload in the body") from None
         spool.append(inc)
         frames[i] = inc
+        if wire.get("size", inc.size) != inc.size:  # the file is not the one it names
+            raise _bad(f"{key}.{i}: 'size' is {wire['size']} but the handoff file holds "
+                       f"{inc.size} bytes")
         total += inc.size
         if total > MAX_BODY_BYTES:
             raise too_big(MAX_BODY_BYTES, BODY_SETTING)

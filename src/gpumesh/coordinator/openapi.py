@@ -77,7 +77,7 @@ _SCHEMAS: dict[str, Any] = {
     "Handoff": {"type": "object", "required": ["blob_dir", "handoff_dir", "nonce"], "properties": {
         "blob_dir": {"type": "string", "description": "absolute path of the store's payload files"},
         "handoff_dir": {"type": "string", "description": "absolute path where a sender on this "
-                        "machine may write payload files (mode 0600) to name in handoff_files"},
+                        "machine may write payload files (mode 0600) to name in refs"},
         "nonce": {"type": "string", "description": "the content of handoff_dir/.probe: a sender "
                   "that reads the same there shares this file system"}}},
     "Submitted": {"type": "object", "properties": {"job_id": {"type": "string"},
@@ -155,7 +155,7 @@ _DOC: dict[str, Any] = {
             "parameters": [_TID, _LEASE, _query("next", {"enum": ["0", "1"]},
                                                 "1: answer with this slot's next task"),
                            _query("handoff", {"enum": ["0", "1"]},
-                                  "1: that next task's arguments may come as args_file"),
+                                  "1: that next task's arguments may come as refs.args"),
                            _query("slot", {"type": "string", "pattern": "^[0-9]{1,4}$"},
                                   "the slot the task ran in")],
             "requestBody": {"required": True, "content": {FRAMES: {"schema": _ref("ResultMeta")}}},

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .. import availability, hardware, packages, retries
+from .. import availability, hardware, packages, payloadref, retries
 from ..limits import MAX_RELEASE_JOBS  # the caller's RELEASE_BATCH_MAX stays within it
 from ..limits import (LONG_POLL_MAX_S, MAX_HEARTBEAT_TASKS, MAX_META_JSON_BYTES, MAX_RETRIES,
                       MAX_RETRY_TYPES, MAX_STRING_CHARS, MAX_TASKS_PER_JOB)
@@ -330,9 +330,24 @@ _OWNER_FIELDS = (
 )
 HANDOFF_FILES = Field(
     "handoff_files", dict, None,
-    schema={"description": "frame number (0 = the first frame after this one) -> name of a "
-            "file the sender wrote into handoff_dir; that frame is empty (see GET /v1/handoff)",
+    schema={"deprecated": True, "description": "the key before refs (read where refs is "
+            "absent, until the next release): frame number -> name of a file the sender "
+            "wrote into handoff_dir; that frame is empty (see GET /v1/handoff)",
             "additionalProperties": {"type": "string", "pattern": "^[0-9a-f]{24}\\.part$"}})
+
+#: The one key for a body's payload references (gpumesh.payloadref); HANDOFF_FILES is
+#: the key before it, read for one release more (drop it in the next).
+REFS = Field(
+    payloadref.REFS, dict, None, check=_domain(payloadref.check_refs),
+    schema={"description": "frame number (0 = the first frame after this one) -> payload "
+            "reference {kind: handoff, name, size}: that frame is empty, its bytes are the "
+            "file the sender wrote into handoff_dir (see GET /v1/handoff)",
+            "additionalProperties": {"type": "object", "required": ["kind", "name"],
+                                     "properties": {
+                                         "kind": {"enum": ["handoff"]},
+                                         "name": {"type": "string",
+                                                  "pattern": "^[0-9a-f]{24}\\.part$"},
+                                         "size": {"type": "integer", "minimum": 0}}}})
 
 REGISTRATION = Body("Registration", (
     Field("id", str, None, check=_id_of("worker id"),
@@ -379,7 +394,7 @@ LEASE_REQUEST = Body("LeaseRequest", (
           schema={"type": "array", "maxItems": 1024, "description": "the free slots' ids",
                   "items": {"type": "integer", "minimum": 0, "maximum": 1023}}),
     Field("handoff", bool, False, doc="the worker shares this machine (see GET /v1/handoff): "
-          "arguments kept as files come as args_file, not bytes"),
+          "arguments kept as files come as refs.args, not bytes"),
 ))
 
 HAND_BACK = Body("HandBack", (
@@ -393,6 +408,7 @@ RESULT_META = Body("ResultMeta", (
           schema={"enum": ["ok", "error", "retry"]}),
     Field("error", dict, None, doc="kind, type, message, traceback, ..."),
     HANDOFF_FILES,
+    REFS,
 ), doc="frame 0 of a result; frame 1 (required for ok) is the payload")
 
 JOB_SUBMIT = Body("JobSubmit", (
@@ -440,6 +456,7 @@ JOB_SUBMIT = Body("JobSubmit", (
     Field("output", bool, False),
     Field("handoff", bool, False, doc="with wait: name result files by path (as results?handoff=1)"),
     HANDOFF_FILES,
+    REFS,
 ), doc="frame 0 of a submit; then the function blob when fn_inline, then one argument payload "
        "per task")
 

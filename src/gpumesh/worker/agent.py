@@ -35,7 +35,7 @@ from pathlib import Path
 
 from .. import hardware, packages, protocol, tracing, versions, wire
 from ..handoff import Handoff, new_name
-from ..payloadref import PayloadRef, store_file
+from ..payloadref import PayloadRef
 from .._version import __version__
 from ..errors import AuthError, RequestRejected, WireError
 from ..limits import (BACKOFF_BASE_S, BACKOFF_MAX_S, HEARTBEAT_INTERVAL_S, LONG_POLL_S,
@@ -515,9 +515,9 @@ class WorkerAgent(OwnerRules):
         args_ref = None
         if isinstance(args, PayloadRef):  # big, from another machine: in shared memory
             args_ref, args = args, None
-        elif task.args_file:  # same machine: the arguments are the store's file
+        elif task.refs or task.args_file:  # same machine: the arguments are the store's file
             try:
-                args_ref = store_file(self.handoff.blob_dir, task.args_file).pin()
+                args_ref = task.args_ref(self.handoff.blob_dir).pin()
             except (OSError, AttributeError, ValueError) as e:
                 return Outcome("retry", {"kind": protocol.FailureKind.FETCH,
                                          "message": f"could not open the task's arguments: {e}"})
@@ -600,7 +600,10 @@ class WorkerAgent(OwnerRules):
         meta = protocol.ResultPost(outcome.status, outcome.error)
         frames = [json.dumps(meta.as_dict()).encode()]
         if outcome.handoff_file is not None:  # the task left its result as a file
-            meta = protocol.ResultPost(outcome.status, outcome.error, {"0": outcome.handoff_file})
+            meta = protocol.ResultPost(outcome.status, outcome.error,
+                                       refs={"0": {"kind": "handoff", "name": outcome.handoff_file}},
+                                       # refs' key before it: drop it in the next release
+                                       handoff_files={"0": outcome.handoff_file})
             frames = [json.dumps(meta.as_dict()).encode(), b""]
         elif outcome.payload is not None:
             frames.append(outcome.payload)

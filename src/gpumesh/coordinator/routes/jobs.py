@@ -10,7 +10,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ... import protocol, tracing
+from ... import payloadref, protocol, tracing
 from ...limits import LONG_POLL_MAX_S, RESULT_PAGE_BYTES, RESULT_PAGE_COUNT
 from ...protocol import ErrorCode
 from .. import people
@@ -40,7 +40,7 @@ async def submit(request: Request) -> Response:
         raise bad(f"n_tasks is {n} but the body carries {len(frames)} payload frames")
     if not (job_id in coord.jobs or coord.store.job_exists(job_id)):
         # (a resent submit of a stored job: its files were claimed the first time)
-        frames = take_handoffs(request, v["handoff_files"], frames, coord.store)
+        frames = take_handoffs(request, v["handoff_files"], frames, coord.store, v["refs"])
     args = frames
     if v["fn_inline"]:
         blob, args = frames[0], frames[1:]
@@ -124,7 +124,8 @@ def results_page(coord: Coordinator, job, after: int, out_after: int | None, ext
                  by_path: bool = False) -> Response:
     """Frames: JSON (results, counts, output chunks) + result payloads + output bytes.
     ``by_path`` (the caller shares this machine): a result the store keeps as a file is
-    named by ``file`` (relative to the blob directory) instead of sent."""
+    named by ``refs: {"result": {"kind": "store", "path", "size"}}`` (the path relative
+    to the blob directory; see :mod:`gpumesh.payloadref`) instead of sent."""
     items, parts, budget = [], [], RESULT_PAGE_BYTES
     for t in coord.store.results_after(job.id, after, RESULT_PAGE_COUNT):
         size = 0 if by_path and t.result_file is not None else t.result_size
@@ -138,6 +139,11 @@ def results_page(coord: Coordinator, job, after: int, out_after: int | None, ext
             parts.append(Part(t.result))
         elif t.result_file is not None and by_path:
             items[-1]["has_payload"] = False
+            ref = {"kind": "store", "path": t.result_file}
+            if t.result_size is not None:
+                ref["size"] = t.result_size
+            items[-1][payloadref.REFS] = {"result": ref}
+            # The key before refs, for a caller from before it: drop it in the next release.
             items[-1]["file"] = t.result_file
         elif t.result_file is not None:
             parts.append(Part(path=coord.store.file_path(t.result_file), size=t.result_size))

@@ -28,7 +28,7 @@ async def result(request: Request) -> Response:
     v = RESULT_META.read(meta)
     if v["status"] == "ok" and not parts:
         raise bad("an ok result needs a payload frame")
-    parts = take_handoffs(request, v["handoff_files"], parts, coord.store)
+    parts = take_handoffs(request, v["handoff_files"], parts, coord.store, v["refs"])
     payload = parts[0] if parts else None
     try:
         wid = coord.post_result(tid, lease_id, v["status"], v["error"], payload)

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from ... import protocol, tracing
+from ... import payloadref, protocol, tracing
 from ..._version import __version__
 from ...limits import HEARTBEAT_INTERVAL_S, SESSION_PING_S, WORKER_TTL_S
 from .. import people
@@ -107,7 +107,8 @@ def lease_response(coord: Coordinator, grants, by_path: bool = False,
                    extra: dict | None = None) -> Response:
     """Frames: JSON ``{"tasks": [...]}`` (plus ``extra``'s keys) then each task's argument payload.
     ``by_path`` (the worker shares this machine): arguments the store keeps as files
-    travel as ``args_file`` (relative to the blob directory) and an empty frame."""
+    travel as ``refs: {"args": {"kind": "store", "path"}}`` (the path relative to the blob
+    directory; see :mod:`gpumesh.payloadref`) and an empty frame."""
     if grants:
         tracing.mark("coordinator.grant")
     tasks, parts, files = [], [], {}
@@ -131,6 +132,8 @@ def lease_response(coord: Coordinator, grants, by_path: bool = False,
         if job.require.requires:  # built into a task environment if the worker lacks them
             tasks[-1]["requires"] = list(job.require.requires)
         if g.task_id in files:
+            tasks[-1][payloadref.REFS] = {"args": {"kind": "store", "path": files[g.task_id]}}
+            # The key before refs, for a worker from before it: drop it in the next release.
             tasks[-1]["args_file"] = files[g.task_id]
     head = {"tasks": tasks, **(extra or {})}
     if not grants:
