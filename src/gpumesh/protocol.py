@@ -13,6 +13,7 @@ the concrete path, e.g. ``job_results(jid)`` -> ``/v1/jobs/<jid>/results``)::
     GET    /v1/workers/{wid}/session     WORKER_SESSION    NDJSON stream: wake-ups and cancels
     POST   /v1/workers/{wid}/lease       WORKER_LEASE      long-poll for tasks -> TaskGrant per task
     POST   /v1/tasks/{tid}/result        TASK_RESULT       a ResultPost (frames) under a lease
+    POST   /v1/tasks/results             TASKS_RESULTS     a ResultBatch: several results, each under its lease
     POST   /v1/tasks/{tid}/release       TASK_RELEASE      hand a running task back (preempted)
     POST   /v1/tasks/{tid}/output        TASK_OUTPUT       a task's stdout/stderr bytes
     GET    /v1/handoff                   HANDOFF           the same-machine file hand-off directory
@@ -40,6 +41,7 @@ Messages (frame 0 of a frames body, see :mod:`gpumesh.wire`, or a JSON body)::
     LeaseRequest  worker -> POST .../lease: how many tasks, which slots are free, long-poll
     TaskGrant     coordinator -> worker: one task of a lease answer {"tasks": [...]}
     ResultPost    worker -> POST .../result: status ok | error | retry, the error dict
+    ResultBatch   worker -> POST /v1/tasks/results: several ResultPosts, next grants per slot
     ResultPage    coordinator -> caller: results after a seq (ResultItem each), counts, output
 
 Payload references: a frame whose bytes lie in a file on the coordinator's machine is
@@ -135,6 +137,7 @@ TASKS = "/v1/tasks"
 TASK_RESULT = TASKS + "/{tid}/result"
 TASK_RELEASE = TASKS + "/{tid}/release"
 TASK_OUTPUT = TASKS + "/{tid}/output"
+TASKS_RESULTS = TASKS + "/results"
 HANDOFF = "/v1/handoff"
 BLOB = "/v1/blobs/{h}"
 JOBS = "/v1/jobs"
@@ -162,7 +165,7 @@ UI_JOB_RETRY = UI_JOB + "/retry"
 #: Every path template the coordinator serves (what it registers, as it registers it).
 TEMPLATES = frozenset({
     HEALTH, OPENAPI, DIST_FILE, WORKERS, WORKER, WORKER_HEARTBEAT, WORKER_SESSION,
-    WORKER_LEASE, TASK_RESULT, TASK_RELEASE, TASK_OUTPUT, HANDOFF, BLOB, JOBS, JOBS_RELEASE,
+    WORKER_LEASE, TASK_RESULT, TASKS_RESULTS, TASK_RELEASE, TASK_OUTPUT, HANDOFF, BLOB, JOBS, JOBS_RELEASE,
     JOB, JOB_RESULTS, JOB_LOGS, JOB_RELEASE, JOB_CANCEL, JOB_RETRY, TOKENS, TOKEN, METRICS,
     UI, UI_SLASH, UI_STATIC, UI_LOGIN, UI_LOGOUT, UI_STATE, UI_JOB, UI_JOB_OUTPUT,
     UI_JOB_CANCEL, UI_JOB_RETRY,
@@ -245,6 +248,13 @@ def token(name: str) -> str:
 
 def dist_file(name: str) -> str:
     return fill(DIST_FILE, name=name)
+
+
+#: What a coordinator offers beyond the one-at-a-time protocol, named in its registration
+#: answer's ``features`` (a worker uses only those named; an older coordinator names none).
+#: ``result_batch``: POST TASKS_RESULTS takes several results at once and answers with
+#: up to ``n`` grants per slot (a slot's queue, see :class:`ResultBatch`).
+FEATURE_RESULT_BATCH = "result_batch"
 
 
 # ------------------------------------------------------------------ codes --------
@@ -674,3 +684,72 @@ class ResultPage:
                    output=_get(d, m, "output", list, None),
                    output_skipped=_get(d, m, "output_skipped", int, None),
                    job_id=_get(d, m, "job_id", str, None), created=_get(d, m, "created", bool, None))
+
+
+
+@dataclass(frozen=True, slots=True)
+class BatchedResult:
+    """One result of a :class:`ResultBatch`: a :class:`ResultPost` for ``task_id`` under
+    ``lease_id``; its payload is the batch's next frame when ``has_payload``."""
+
+    task_id: str
+    lease_id: str
+    status: str                               # "ok", "error" or "retry" (RESULT_STATUSES)
+    error: dict[str, Any] | None = None
+    has_payload: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return _some({"task_id": self.task_id, "lease_id": self.lease_id, "status": self.status,
+                      "has_payload": self.has_payload}, error=self.error)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> BatchedResult:
+        m = "batched result"
+        d = _object(d, m)
+        status = _get(d, m, "status", str)
+        if status not in RESULT_STATUSES:
+            raise WireError(f"{m}: field 'status' must be ok, error or retry")
+        return cls(task_id=_get(d, m, "task_id", str), lease_id=_get(d, m, "lease_id", str),
+                   status=status, error=_get(d, m, "error", dict, None),
+                   has_payload=_get(d, m, "has_payload", bool, False))
+
+
+@dataclass(frozen=True, slots=True)
+class ResultBatch:
+    """Frame 0 of ``POST /v1/tasks/results`` (a coordinator with ``result_batch``); then
+    the payload frame of each result that has one, in order. Each result is fenced by
+    its own lease: a stale one is refused alone (the answer's ``refused``), the others
+    land. ``next``: ``{slot id: n}``, up to ``n`` grants to queue for that slot (answered
+    like a lease, ``{"tasks": [...], "refused": [{"task_id", "error", "message"}]}`` then
+    the grants' argument frames). ``idle``: the slots of ``next`` that run nothing now
+    (as a result post's ``next=1``: one that gets no grant may be served by the worker's
+    open lease poll). ``handoff``: as :class:`LeaseRequest`'s."""
+
+    results: tuple[BatchedResult, ...]
+    next: dict[int, int] | None = None
+    idle: list[int] | None = None
+    handoff: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return _some({"results": [r.as_dict() for r in self.results], "handoff": self.handoff},
+                     next=None if self.next is None else {str(k): v for k, v in self.next.items()},
+                     idle=self.idle)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> ResultBatch:
+        m = "result batch"
+        d = _object(d, m)
+        nxt = _get(d, m, "next", dict, None)
+        if nxt is not None:
+            try:
+                nxt = {int(k): v for k, v in nxt.items()}
+            except ValueError:
+                raise WireError(f"{m}: field 'next' must map slot ids to counts") from None
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in nxt.values()):
+                raise WireError(f"{m}: field 'next' must map slot ids to counts")
+        idle = _get(d, m, "idle", list, None)
+        if idle is not None and not all(isinstance(i, int) and not isinstance(i, bool)
+                                        for i in idle):
+            raise WireError(f"{m}: field 'idle' must be a list of slot ids")
+        return cls(results=tuple(BatchedResult.from_dict(r) for r in _get(d, m, "results", list)),
+                   next=nxt, idle=idle, handoff=_get(d, m, "handoff", bool, False))

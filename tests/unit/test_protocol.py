@@ -131,7 +131,8 @@ def test_the_docstring_has_one_line_for_every_error_code_and_failure_kind():
     kinds = _doc_rows("Failure kinds:")
     assert set(kinds) == {k.value for k in FailureKind}
     messages = _doc_rows("Messages (")
-    assert set(messages) == {"JobSubmit", "LeaseRequest", "TaskGrant", "ResultPost", "ResultPage"}
+    assert set(messages) == {"JobSubmit", "LeaseRequest", "TaskGrant", "ResultPost", "ResultBatch",
+                             "ResultPage"}
     for kind, line in kinds.items():  # "-> X" agrees with the table
         if "->" in line and kind != "raised":
             assert protocol.FAILURE_EXCEPTIONS[FailureKind(kind)].__name__ == line.split("->")[1].strip()

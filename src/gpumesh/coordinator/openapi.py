@@ -160,6 +160,18 @@ _DOC: dict[str, Any] = {
                                   "the slot the task ran in")],
             "requestBody": {"required": True, "content": {FRAMES: {"schema": _ref("ResultMeta")}}},
             "responses": {"200": _FRAMES_ANSWER, **_errors(409, 413)}}},
+        protocol.TASKS_RESULTS: {"post": {
+            "operationId": "postResults", "tags": ["worker"],
+            "summary": "several results, each fenced by its own lease (a stale one is refused "
+                       "alone, in the answer's `refused`); `next` queues grants per slot",
+            "requestBody": {"required": True, "content": {FRAMES: {"schema": {
+                "type": "object", "required": ["results"],
+                "properties": {"results": {"type": "array", "minItems": 1, "maxItems": 256,
+                                           "items": {"type": "object"}},
+                               "next": {"type": "object", "additionalProperties": {
+                                   "type": "integer", "minimum": 0, "maximum": 16}},
+                               "handoff": {"type": "boolean"}}}}}},
+            "responses": {"200": _FRAMES_ANSWER, **_errors(413)}}},
         protocol.TASK_RELEASE: {"post": {
             "operationId": "handBack", "tags": ["worker"], "parameters": [_TID, _LEASE],
             "summary": "hand a running task back (its owner's rules): re-queued as preempted, "

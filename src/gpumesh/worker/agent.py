@@ -47,6 +47,7 @@ from .envs import EnvCache, InstallError
 from .executor import Outcome, make_executor
 from .lending import OwnerRules
 from .owner import OwnerState, cap_free
+from .poster import ResultPoster
 from .scoring import Scorer, describe
 
 log = logging.getLogger("gpumesh.worker")
@@ -158,6 +159,9 @@ class WorkerAgent(OwnerRules):
         #: The coordinator's payload directories when it shares this machine and user
         #: (big arguments and results then change hands as files; gpumesh.handoff).
         self.handoff: Handoff | None = None
+        #: Posts results several per request once the coordinator offers it (None: one
+        #: request per result, as to a coordinator from before ``result_batch``).
+        self.poster: ResultPoster | None = None
         self._init_owner(owner or OwnerState(), gpus)  # the owner's rules (gpumesh.worker.lending)
 
     # ------------------------------------------------------------------ lifecycle ---
@@ -215,6 +219,7 @@ class WorkerAgent(OwnerRules):
                     resp = self.http.request("POST", protocol.WORKERS, json=body, timeout=10)
                     self._check_version(resp.json())
                     self.id = resp.json()["id"]
+                    self._use_features(resp.json().get("features"))
                     self.handoff = Handoff.probe(self.http)  # the coordinator may have moved
                     self._registered.set()
                     self.on_event("joined" if first else "rejoined",
@@ -236,6 +241,23 @@ class WorkerAgent(OwnerRules):
             theirs = self.http.request("GET", protocol.HEALTH, timeout=10).json().get("version")
         versions.check_coordinator(theirs, self.url, "worker")
 
+    #: The coordinator features this agent uses when offered (protocol.FEATURE_*).
+    FEATURES = frozenset({protocol.FEATURE_RESULT_BATCH})
+
+    def _use_features(self, offered) -> None:
+        if (isinstance(offered, list) and protocol.FEATURE_RESULT_BATCH in offered
+                and protocol.FEATURE_RESULT_BATCH in self.FEATURES and self.poster is None):
+            self.poster = ResultPoster(self)
+
+    def _running(self) -> list[str]:
+        """What the heartbeat reports: every task held, results on their way included."""
+        posting = self.poster.posting if self.poster is not None else ()
+        return sorted(self._held.union(posting))
+
+    def _cancel(self, task_id: str) -> None:
+        if self.poster is None or not self.poster.drop(task_id):
+            self.executor.cancel(task_id)
+
     def _lost_registration(self) -> None:
         self._registered.clear()
         self._register()
@@ -248,11 +270,11 @@ class WorkerAgent(OwnerRules):
                 continue
             try:
                 resp = self.http.request("POST", protocol.worker_heartbeat(self._wid),
-                                         json={"running": sorted(self._held),
+                                         json={"running": self._running(),
                                                **self._device_state(), **self._owner_report()},
                                          timeout=5)
                 for task_id in resp.json().get("cancel", []):
-                    self.executor.cancel(task_id)
+                    self._cancel(task_id)
                 delays = backoff_delays()
             except RequestRejected as e:
                 if getattr(e, "code", "") == protocol.ErrorCode.UNKNOWN_WORKER:
@@ -329,7 +351,7 @@ class WorkerAgent(OwnerRules):
                         if self.stopping.is_set():
                             return
                         if line.startswith("cancel "):
-                            self.executor.cancel(line[7:].strip())
+                            self._cancel(line[7:].strip())
             except Unreachable as e:
                 log.debug("pulse connection ended: %s", e)
             except Exception as e:  # noqa: BLE001 - never let the pulse thread die
@@ -474,7 +496,7 @@ class WorkerAgent(OwnerRules):
                     if why is not None and killed:
                         # killed (or never started) for the owner: preempted, not failed
                         self._hand_back(task, why, backoff_delays())
-                        task, args = None, None
+                        task, args = self._next_queued(slot)
                     else:  # it finished first: its result stands
                         assert outcome is not None  # (None: not run, only when handed back)
                         task, args = self._post_result(task, outcome, slot)
@@ -485,6 +507,10 @@ class WorkerAgent(OwnerRules):
             if self.scorer is not None:
                 self.scorer.task_finished()
             self._release([slot])
+
+    def _next_queued(self, slot: int | None):
+        """The slot's next queued grant ``(task, args)``, or ``(None, None)``."""
+        return (None, None) if self.poster is None else self.poster.next_queued(slot)
 
     def _run_one(self, task: protocol.TaskGrant, path: Path, args, slot: int | None) -> Outcome:
         """Run one task in the executor, forwarding what it prints."""
@@ -571,6 +597,8 @@ class WorkerAgent(OwnerRules):
                      slot: int | None = None) -> tuple[protocol.TaskGrant | None, memoryview | None]:
         """Deliver a result (retrying while the coordinator is away). The answer may carry
         the next task for this slot: returns ``(task, args)`` or ``(None, None)``."""
+        if self.poster is not None and self.poster.batchable(outcome):
+            return self.poster.post(task, outcome, slot)
         tracing.mark("agent.post")
         drop = self.handoff
         meta = protocol.ResultPost(outcome.status, outcome.error)
@@ -584,19 +612,23 @@ class WorkerAgent(OwnerRules):
         elif outcome.payload is not None:
             frames.append(outcome.payload)
         try:
+            queued = self._next_queued(slot)
+            if queued[0] is not None:  # the slot has its next task already
+                self._send_result(task, frames, slot, ask_next=False)
+                return queued
             return self._send_result(task, frames, slot)
         finally:
             if outcome.handoff_file is not None and drop is not None:
                 drop.discard(outcome.handoff_file)  # unless the coordinator took it
 
-    def _send_result(self, task: protocol.TaskGrant, frames: list,
-                     slot: int | None) -> tuple[protocol.TaskGrant | None, memoryview | None]:
+    def _send_result(self, task: protocol.TaskGrant, frames: list, slot: int | None,
+                     ask_next: bool = True) -> tuple[protocol.TaskGrant | None, memoryview | None]:
         chunks, size = wire.pack_frames(frames)
         delays = backoff_delays()
         deadline = time.monotonic() + 3600
         while time.monotonic() < deadline:
             params = {"lease": task.lease_id}
-            if not self.stopping.is_set() and self._slot_open(slot):
+            if ask_next and not self.stopping.is_set() and self._slot_open(slot):
                 params["next"] = "1"
                 if slot is not None:
                     params["slot"] = str(slot)

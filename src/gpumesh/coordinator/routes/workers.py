@@ -19,6 +19,8 @@ from ..core import Coordinator
 from ..schemas import HEARTBEAT, LEASE_REQUEST, REGISTRATION
 from .base import ctx, path_id, route, until_disconnect
 
+#: What this coordinator offers beyond one result per request (see protocol.FEATURE_*).
+FEATURES: tuple[str, ...] = (protocol.FEATURE_RESULT_BATCH,)
 #: Registration fields kept as the worker reports them (validated by REGISTRATION).
 _INFO = ("hostname", "user", "device", "device_name", "platform", "python", "version", "cpu",
          "gpus", "cores", "ram_mb", "score", "slot_list", "owner", "gpu_states")
@@ -45,7 +47,7 @@ async def register(request: Request) -> Response:
     info.setdefault("score", 0.0)
     w = ctx(request).coord.register(info, v["id"], v["slots"])
     return JSONResponse({"id": w.id, "heartbeat_s": HEARTBEAT_INTERVAL_S, "ttl_s": WORKER_TTL_S,
-                         "version": __version__})
+                         "version": __version__, "features": list(FEATURES)})
 
 
 @route(protocol.WORKER_HEARTBEAT, ["POST"], worker=True)
@@ -101,8 +103,9 @@ async def lease(request: Request) -> Response:
     return lease_response(coord, grants or [], v["handoff"])
 
 
-def lease_response(coord: Coordinator, grants, by_path: bool = False) -> Response:
-    """Frames: JSON ``{"tasks": [...]}`` then each task's argument payload.
+def lease_response(coord: Coordinator, grants, by_path: bool = False,
+                   extra: dict | None = None) -> Response:
+    """Frames: JSON ``{"tasks": [...]}`` (plus ``extra``'s keys) then each task's argument payload.
     ``by_path`` (the worker shares this machine): arguments the store keeps as files
     travel as ``refs: {"args": {"kind": "store", "path"}}`` (the path relative to the blob
     directory; see :mod:`gpumesh.payloadref`) and an empty frame."""
@@ -132,10 +135,11 @@ def lease_response(coord: Coordinator, grants, by_path: bool = False) -> Respons
             tasks[-1][payloadref.REFS] = {"args": {"kind": "store", "path": files[g.task_id]}}
             # The key before refs, for a worker from before it: drop it in the next release.
             tasks[-1]["args_file"] = files[g.task_id]
+    head = {"tasks": tasks, **(extra or {})}
     if not grants:
-        return frames_response({"tasks": tasks}, parts)
+        return frames_response(head, parts)
     leases = [(g.task_id, g.lease_id) for g in grants]
     # A lease counts as delivered only once its whole answer has left; one whose answer
     # broke off goes back to the queue at once (see Coordinator.lease_delivered).
-    return frames_response({"tasks": tasks}, parts,
+    return frames_response(head, parts,
                            on_sent=lambda ok: coord.lease_delivered(leases, ok))

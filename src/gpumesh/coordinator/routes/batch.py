@@ -1,0 +1,94 @@
+"""``POST /v1/tasks/results``: several results in one request, and a slot's queue of
+grants in its answer (the ``result_batch`` feature a coordinator names at registration).
+
+Small tasks run in a process that stays up (``isolation="job"``) finish faster than one
+request per result can carry them: the request, the JSON and the store's write per task
+cost the coordinator and the agent more CPU than the task itself. A batch carries every
+result that is ready when the worker's previous post returned, each still fenced by its
+own lease (a stale one is refused alone, the others land), and its answer tops up the
+queue of each slot that asked (``next``) with grants as a lease answer carries them.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ... import protocol, tracing
+from ...errors import WireError
+from ..bodies import frames_streamed
+from ..model import StaleLease
+from ..schemas import bad, check_id
+from .base import ctx, route
+from .workers import lease_response
+
+#: Most results one batch may carry (a worker sends what its slots finished meanwhile).
+MAX_BATCH_RESULTS = 256
+#: Most grants a slot's queue may ask for at once (the running task's successors).
+MAX_QUEUED_GRANTS = 16
+
+
+def read_batch(meta: dict, n_frames: int) -> protocol.ResultBatch:
+    """The validated batch of frame 0 (400 for any malformed field, a payload count
+    that does not match the frames, or an ``ok`` result without a payload)."""
+    try:
+        batch = protocol.ResultBatch.from_dict(meta)
+    except WireError as e:
+        raise bad(str(e)) from None
+    if not 1 <= len(batch.results) <= MAX_BATCH_RESULTS:
+        raise bad(f"field 'results' must hold 1 to {MAX_BATCH_RESULTS} results")
+    for r in batch.results:
+        check_id(r.task_id, "task id")
+        check_id(r.lease_id, "lease id")
+        if r.status == "ok" and not r.has_payload:
+            raise bad(f"result of task {r.task_id}: an ok result needs a payload frame")
+    if len({r.task_id for r in batch.results}) != len(batch.results):
+        raise bad("field 'results' names a task more than once")
+    if sum(r.has_payload for r in batch.results) != n_frames:
+        raise bad("the batch needs one payload frame per result with has_payload")
+    for slot, n in (batch.next or {}).items():
+        if not (0 <= slot < 1024 and 0 <= n <= MAX_QUEUED_GRANTS):
+            raise bad(f"field 'next' must map slot ids (0-1023) to 0-{MAX_QUEUED_GRANTS} grants")
+    if not set(batch.idle or ()) <= set(batch.next or ()):
+        raise bad("field 'idle' may name only slots that field 'next' names")
+    return batch
+
+
+@route(protocol.TASKS_RESULTS, ["POST"], worker=True)
+async def results(request: Request) -> Response:
+    tracing.mark("coordinator.result")
+    coord = ctx(request).coord
+    meta, parts = await frames_streamed(request, coord.store)
+    batch = read_batch(meta, len(parts))
+    payloads = iter(parts)
+    refused, wid = [], None
+    for r in batch.results:
+        payload = next(payloads) if r.has_payload else None
+        try:
+            wid = coord.post_result(r.task_id, r.lease_id, r.status, r.error, payload) or wid
+        except StaleLease as e:
+            refused.append({"task_id": r.task_id, "error": protocol.ErrorCode.STALE_LEASE,
+                            "message": StaleLease(e.task_id, "the task was re-queued or "
+                                                  "already has a result").message})
+    tracing.mark("coordinator.result_stored")
+    grants = []
+    w = coord.workers.get(wid) if wid is not None else None
+    idle = set(batch.idle or ())
+    if wid is not None and w is not None and w.alive:  # (w is None when wid is)
+        for slot, n in sorted((batch.next or {}).items()):
+            for k in range(n):
+                # An idle slot that gets nothing joins the worker's open lease poll
+                # (grant_now); a busy one must not: that poll would start a second task
+                # in it. Either way the grant is a lease, counted as running.
+                got = (coord.grant_now(wid, 1, slot) if k == 0 and slot in idle
+                       else coord._grant(w, 1, [slot]))
+                grants += got
+                # Only a job that keeps its process (isolation="job") queues behind the
+                # slot's running task: a per-task-process job's grant waits for nothing.
+                # Nor does a person with a max_running cap: a queued grant counts as
+                # running, and would keep their tasks off other, idle slots.
+                job = coord.jobs[got[0].job_id] if got else None
+                if job is None or job.meta.get("isolation") != "job" \
+                        or job.owner in coord.max_running:
+                    break
+    return lease_response(coord, grants, batch.handoff, extra={"refused": refused})

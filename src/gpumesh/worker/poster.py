@@ -1,0 +1,222 @@
+"""The agent's result poster for a coordinator with ``result_batch``: one thread posts
+every result that is ready, several per request, and fills each slot's queue of grants
+from the answers (see :mod:`gpumesh.coordinator.routes.batch`).
+
+A slot's thread hands its result over and carries on with the next grant of its queue
+at once; only a slot whose queue is empty waits for the answer (which carries its next
+grants). There is no timer: a batch is whatever finished while the previous post was on
+the wire, so a lone result goes at once and adds no latency. A result stays in the
+heartbeat's "running" list until its post is answered, and each is fenced by its own
+lease: one the coordinator refuses as stale is dropped alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from .. import protocol, tracing, wire
+from ..errors import RequestRejected, WireError
+from ..transport import Unreachable
+from . import membody
+
+log = logging.getLogger("gpumesh.worker")
+
+#: Grants a slot holds beyond its running task when that task's job keeps its process
+#: (``isolation="job"``) and its tasks are short: enough that its next task never waits
+#: for a round trip, few enough that another person's job waits at most a few short
+#: tasks for the slot.
+QUEUE_DEPTH = 3
+#: A slot queues only behind tasks that ran for less than this (seconds): a round trip
+#: is then a large part of each task, and the queue can delay the end of a map by at
+#: most QUEUE_DEPTH such tasks (a longer task gains little from a queue and would make
+#: the last tasks of a map wait behind each other while another slot is idle).
+QUEUE_TASK_S = 0.1
+#: A result whose payload is bigger goes alone (the one-at-a-time path): a batch is
+#: built in memory, and a big payload costs its copy, not a request.
+MAX_BATCHED_PAYLOAD = 256 * 1024
+
+
+@dataclass
+class _Pending:
+    task: protocol.TaskGrant
+    result: protocol.BatchedResult
+    payload: bytes | memoryview | None
+    slot: int | None
+    short: bool = False                 # the task ran for less than QUEUE_TASK_S
+
+
+class ResultPoster:
+    """Posts results for ``agent`` (a :class:`~gpumesh.worker.agent.WorkerAgent`) and
+    keeps its slots' queues of grants (``queues[slot]``: ``(grant, args)`` in order)."""
+
+    def __init__(self, agent):
+        self.agent = agent
+        self.queues: dict[int | None, deque] = {}
+        self.posting: set[str] = set()   # task ids whose result is on its way
+        self.waiting: set[int | None] = set()  # slots whose thread waits for an answer
+        self._inflight: dict[int | None, int] = {}  # results per slot not yet answered
+        self._started: dict[int | None, float] = {}  # when the slot's thread took its task
+        self._ready: list[_Pending] = []
+        self._cv = threading.Condition()
+        self._thread = threading.Thread(target=self._loop, name="results", daemon=True)
+        self._thread.start()
+
+    # -- what a slot's thread calls ------------------------------------------------------
+    @staticmethod
+    def batchable(outcome) -> bool:
+        return outcome.handoff_file is None and (
+            outcome.payload is None or memoryview(outcome.payload).nbytes <= MAX_BATCHED_PAYLOAD)
+
+    def post(self, task: protocol.TaskGrant, outcome, slot: int | None):
+        """Hand ``outcome`` over; returns the slot's next ``(grant, args)`` or ``(None, None)``
+        (waiting for the answer only when the slot's queue is empty)."""
+        tracing.mark("agent.post")
+        payload = outcome.payload
+        result = protocol.BatchedResult(task.task_id, task.lease_id, outcome.status, outcome.error,
+                                        has_payload=payload is not None)
+        now = time.monotonic()
+        item = _Pending(task, result, payload, slot,
+                        short=now - self._started.get(slot, float("-inf")) < QUEUE_TASK_S)
+        try:
+            return self._post(item)
+        finally:
+            self._started[slot] = time.monotonic()
+
+    def _post(self, item: _Pending):
+        slot = item.slot
+        with self._cv:
+            self.posting.add(item.task.task_id)
+            self._inflight[slot] = self._inflight.get(slot, 0) + 1
+            self._ready.append(item)
+            self._cv.notify_all()
+            queue = self.queues.get(slot)
+            if queue:
+                return queue.popleft()
+            self.waiting.add(slot)
+        try:
+            return self.next_queued(slot)
+        finally:
+            with self._cv:
+                self.waiting.discard(slot)
+
+    def next_queued(self, slot: int | None):
+        """The slot's next queued grant ``(grant, args)``, or ``(None, None)`` (also once
+        the agent stops: the coordinator re-queues what it leased us). Waits for the
+        answers to the slot's results still on their way first: they may queue grants,
+        which nobody would run once the slot's thread has ended."""
+        with self._cv:
+            while self._inflight.get(slot):
+                self._cv.wait()
+            queue = self.queues.get(slot)
+            if queue and not self.agent.stopping.is_set():
+                return queue.popleft()
+            if queue:
+                for grant, _args in queue:
+                    self.agent._held.discard(grant.task_id)
+                queue.clear()
+        return None, None
+
+    def drop(self, task_id: str) -> bool:
+        """Forget a queued grant the coordinator cancelled (True if one was queued)."""
+        with self._cv:
+            for queue in self.queues.values():
+                for entry in list(queue):
+                    if entry[0].task_id == task_id:
+                        queue.remove(entry)
+                        self.agent._held.discard(task_id)
+                        return True
+        return False
+
+    # -- the poster's thread -----------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._ready:
+                    self._cv.wait()
+                batch, self._ready = self._ready, []
+            try:
+                self._send(batch)
+            except Exception:  # noqa: BLE001 - the thread must outlive any one batch
+                log.exception("posting %d results failed", len(batch))
+            finally:
+                with self._cv:
+                    for item in batch:
+                        self.posting.discard(item.task.task_id)
+                        self._inflight[item.slot] -= 1
+                    self._cv.notify_all()
+
+    def _want(self, batch: list[_Pending]) -> tuple[dict[int, int], list[int]]:
+        """How many grants each slot of ``batch`` asks for (its queue topped up to its
+        depth, counting the task it runs), and which of them are idle (their thread
+        waits for this answer: the coordinator may serve an idle one by a later lease)."""
+        agent = self.agent
+        want: dict[int, int] = {}
+        idle: list[int] = []
+        if agent.stopping.is_set():
+            return want, idle
+        with self._cv:
+            for item in batch:
+                slot = item.slot
+                if slot is None or slot in want or not agent._slot_open(slot):
+                    continue
+                depth = 1 + (QUEUE_DEPTH if item.task.isolation == "job" and item.short else 0)
+                held = len(self.queues.get(slot) or ()) + (slot not in self.waiting)
+                if depth - held > 0:
+                    want[slot] = depth - held
+                    if slot in self.waiting:
+                        idle.append(slot)
+        return want, idle
+
+    def _send(self, batch: list[_Pending]) -> None:
+        agent = self.agent
+        delays = agent_backoff()
+        deadline = time.monotonic() + 3600
+        while time.monotonic() < deadline:
+            want, idle = self._want(batch)
+            meta = protocol.ResultBatch(tuple(i.result for i in batch), want or None, idle or None,
+                                        handoff=agent.handoff is not None)
+            frames: list[wire.Chunk] = [json.dumps(meta.as_dict()).encode()]
+            frames += [i.payload for i in batch if i.payload is not None]
+            chunks, size = wire.pack_frames(frames)
+            try:
+                body = agent.http.stream_into(
+                    "POST", protocol.TASKS_RESULTS, content=b"".join(chunks),
+                    headers={"content-length": str(size)}, timeout=600,
+                    buffer_for=membody.buffer_for)
+            except RequestRejected as e:
+                log.warning("%d results refused: %s", len(batch), e)
+                return
+            except Unreachable:
+                if agent.stopping.is_set():
+                    return
+                agent.stopping.wait(next(delays))
+                continue
+            self._take(body)
+            return
+
+    def _take(self, body) -> None:
+        got = membody.slices(body)
+        try:
+            head = json.loads(bytes(got[0]))
+            grants = protocol.TaskGrant.list_from_dict(head)
+        except (ValueError, WireError) as e:  # the results stand; a bad grant is skipped
+            log.error("ignored a results answer that is not one: %s", e)
+            return
+        for r in head.get("refused") or ():
+            log.info("result for task %s refused: %s", r.get("task_id"), r.get("message"))
+        if grants:
+            tracing.mark("agent.leased")
+        with self._cv:
+            for grant, args in zip(grants, got[1:]):
+                self.agent._held.add(grant.task_id)  # reported by heartbeats from now on
+                self.queues.setdefault(grant.slot, deque()).append((grant, args))
+
+
+def agent_backoff():
+    from .agent import backoff_delays
+    return backoff_delays()

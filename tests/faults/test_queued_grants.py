@@ -1,0 +1,115 @@
+"""A slot's queue of grants (``isolation="job"`` with a coordinator offering
+``result_batch``): a worker that dies or is paused with queued grants loses no task, and
+no task runs twice where it was queued."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import Counter
+from contextlib import closing
+
+from gpumesh import accelerate
+from gpumesh.worker.poster import QUEUE_DEPTH
+
+from ..conftest import Proc, wait_for
+
+
+def _recording(c, marks: str, seconds: float):
+    @accelerate(c, isolation="job")
+    def work(i):
+        import os as _os
+        import time as _t
+        _t.sleep(seconds)
+        with open(marks, "a") as fh:  # one line per run that got to its end
+            fh.write(f"{i} {_os.environ.get('QG_ROLE', '-')}\n")
+        return i * 3
+    return work
+
+
+def _runs(marks) -> list[tuple[int, str]]:
+    """(item, which worker ran it) of every run that finished."""
+    try:
+        text = marks.read_text()
+    except FileNotFoundError:
+        return []
+    return [(int(a), b) for a, b in (line.split() for line in text.splitlines())]
+
+
+def _running(m, wid: str) -> int:
+    return next(w for w in m.workers() if w["id"] == wid)["running"]
+
+
+def _join(m, role: str) -> tuple[Proc, str]:
+    """Start a one-slot worker whose tasks see ``QG_ROLE=role``; (its process, its id)."""
+    before = {w["id"] for w in m.workers()}
+    proc = Proc(["join", m.url, "--slots", "1"], dict(m.env, QG_ROLE=role), m.root / f"{role}.log")
+    m.procs.append(proc)
+    m.wait_alive(len(before) + 1, proc)
+    return proc, next(w["id"] for w in m.workers() if w["id"] not in before)
+
+
+def test_a_worker_killed_with_queued_grants_loses_no_task_and_runs_none_twice(fault_mesh, tmp_path):
+    m = fault_mesh(workers=0)
+    a, wid_a = _join(m, "a")
+    _join(m, "b")
+    marks = tmp_path / "runs.txt"
+    out: list = []
+    with closing(m.client(output=False)) as c:
+        fn = _recording(c, str(marks), 0.02)  # short: the slot queues (QUEUE_TASK_S)
+        th = threading.Thread(target=lambda: out.append(fn.map(range(400))), daemon=True)
+        th.start()
+        # a's one slot holds its running task and queued grants behind it
+        wait_for(lambda: len(_runs(marks)) >= 10 and _running(m, wid_a) > 1, 60,
+                 "queued grants on the worker")
+        os.killpg(a.p.pid, signal.SIGKILL)  # the agent and its task processes, at once
+        a.p.wait(10)
+        th.join(120)
+        assert not th.is_alive(), "the map finished on the other worker"
+    assert out == [[i * 3 for i in range(400)]]
+    runs = _runs(marks)
+    per_item = Counter(i for i, _w in runs)
+    assert set(per_item) == set(range(400)), "every task ran"
+    for role in ("a", "b"):
+        assert max(Counter(i for i, w in runs if w == role).values(), default=0) <= 1, \
+            f"worker {role} ran a task twice"
+    twice = [i for i, n in per_item.items() if n > 1]
+    # only results the dead worker had computed but not yet had acknowledged run again:
+    # at most its running task and the queue behind it, never a queued grant it never began
+    assert len(twice) <= 1 + QUEUE_DEPTH, twice
+
+
+def test_a_pause_hands_the_queued_grants_back_and_none_runs_until_resume(fault_mesh, tmp_path):
+    m = fault_mesh(workers=0)
+    m.add_worker(slots=1)
+    wid = m.workers()[0]["id"]
+    marks = tmp_path / "runs.txt"
+    out: list = []
+    env = dict(m.env, GPUMESH_URL=m.url)
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "gpumesh", *args], env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    with closing(m.client(output=False)) as c:
+        fn = _recording(c, str(marks), 0.02)
+        th = threading.Thread(target=lambda: out.append(fn.map(range(300))), daemon=True)
+        th.start()
+        wait_for(lambda: len(_runs(marks)) >= 3 and _running(m, wid) > 1, 60, "queued grants")
+        assert cli("pause").returncode == 0
+        # the running task finishes; every queued grant goes back: the worker holds nothing
+        wait_for(lambda: _running(m, wid) == 0, 20, "the queued grants to be handed back")
+        done = len(_runs(marks))
+        job = c.jobs()[0]
+        view = c.status(job["id"])
+        assert 3 <= done < 300, "paused mid-map"
+        assert view["counts"].get("done", 0) == done and view["counts"]["pending"] == 300 - done
+        assert cli("resume").returncode == 0
+        th.join(120)
+        assert not th.is_alive()
+        assert out == [[i * 3 for i in range(300)]]
+        assert sorted(i for i, _pid in _runs(marks)) == list(range(300)), "each ran exactly once"
+        assert c.status(job["id"])["counts"] == {"done": 300}

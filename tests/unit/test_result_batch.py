@@ -1,0 +1,188 @@
+"""``POST /v1/tasks/results`` against an in-process coordinator: each result fenced by its
+own lease, a slot's queue of grants in the answer, and the batch's checks at the boundary."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+
+import pytest
+
+from gpumesh import protocol, wire
+from gpumesh.coordinator.app import create_app
+from gpumesh.coordinator.core import Coordinator
+from gpumesh.coordinator.store import Store
+from gpumesh.protocol import BatchedResult, JobSubmit, LeaseRequest, ResultBatch, TaskGrant
+
+MAIN = "main-token-0123456789abcdefghij"
+WORKER = "worker-token-0123456789abcdefgh"
+
+
+@pytest.fixture
+def coordinator(tmp_path):
+    """``(TestClient, Coordinator)`` of an in-process coordinator with a worker token."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+        store = Store(tmp_path / "data")
+        coord = Coordinator(store)
+        c = TestClient(create_app(coord, MAIN, worker_token=WORKER), client=("192.0.2.7", 40000))
+    yield c, coord
+    c.close()
+    store.close()
+
+
+def _auth(tok: str = MAIN) -> dict:
+    return {"authorization": f"Bearer {tok}"}
+
+
+def _body(frames: list[bytes]) -> bytes:
+    chunks, _ = wire.pack_frames(frames)
+    return b"".join(bytes(x) for x in chunks)
+
+
+def _setup(c, n_tasks: int, isolation: str | None = "job", slots: int = 1) -> None:
+    r = c.post(protocol.WORKERS, json={"slots": slots, "hostname": "box"}, headers=_auth(WORKER))
+    assert r.status_code == 200, r.text
+    assert protocol.FEATURE_RESULT_BATCH in r.json()["features"]
+    blob = b"not really a function"
+    submit = JobSubmit(job_id="00aa11bb22cc", fn=hashlib.sha256(blob).hexdigest(),
+                       n_tasks=n_tasks, fn_inline=True, isolation=isolation)
+    args = [f"a{i}".encode() for i in range(n_tasks)]
+    r = c.post(protocol.JOBS, content=_body([json.dumps(submit.as_dict()).encode(), blob, *args]),
+               headers=_auth())
+    assert r.status_code == 200, r.text
+
+
+def _worker_id(c) -> str:
+    return c.get(protocol.WORKERS, headers=_auth()).json()[0]["id"]
+
+
+def _lease(c, wid: str, free: list[int]) -> list[TaskGrant]:
+    r = c.post(protocol.worker_lease(wid), json=LeaseRequest(slots=len(free), free=free).as_dict(),
+               headers=_auth(WORKER))
+    assert r.status_code == 200, r.text
+    return TaskGrant.list_from_dict(json.loads(bytes(wire.unpack_frames(bytearray(r.content))[0])))
+
+
+def _post(c, results: list[BatchedResult], payloads: list[bytes], **kw):
+    meta = ResultBatch(tuple(results), **kw)
+    r = c.post(protocol.TASKS_RESULTS, content=_body([json.dumps(meta.as_dict()).encode(), *payloads]),
+               headers=_auth(WORKER))
+    return r
+
+
+def _answer(r) -> tuple[dict, list[bytes]]:
+    frames = wire.unpack_frames(bytearray(r.content))
+    return json.loads(bytes(frames[0])), [bytes(f) for f in frames[1:]]
+
+
+def _results(c) -> dict[int, tuple[str, bytes | None]]:
+    r = c.get(protocol.job_results("00aa11bb22cc"), params={"after": -1}, headers=_auth())
+    frames = wire.unpack_frames(bytearray(r.content))
+    page = protocol.ResultPage.from_dict(json.loads(bytes(frames[0])))
+    payloads = iter(frames[1:])
+    return {it.index: (it.state, bytes(next(payloads)) if it.has_payload else None)
+            for it in page.results}
+
+
+def test_a_batch_with_one_stale_lease_lands_the_others_and_refuses_that_one(coordinator):
+    c, coord = coordinator
+    _setup(c, 3, slots=3)
+    wid = _worker_id(c)
+    g = _lease(c, wid, [0, 1, 2])
+    assert len(g) == 3
+    # the first task's lease goes stale: its worker was thought lost and it was re-queued
+    coord._requeue([g[0].task_id], reason="test: lease taken away")
+    r = _post(c, [BatchedResult(g[0].task_id, g[0].lease_id, "ok", has_payload=True),
+                  BatchedResult(g[1].task_id, g[1].lease_id, "ok", has_payload=True),
+                  BatchedResult(g[2].task_id, g[2].lease_id, "error",
+                                error={"kind": "raised", "type": "ValueError", "message": "no"})],
+              [b"v0", b"v1"])
+    assert r.status_code == 200, r.text
+    head, _ = _answer(r)
+    assert [x["task_id"] for x in head["refused"]] == [g[0].task_id]
+    assert head["refused"][0]["error"] == "stale_lease"
+    assert head["tasks"] == []
+    got = _results(c)
+    assert got[g[1].index] == ("done", b"v1")
+    assert got[g[2].index][0] == "failed"
+    assert g[0].index not in got  # its stale result did not land: the task runs again
+    again = _lease(c, wid, [0])
+    assert [t.task_id for t in again] == [g[0].task_id] and again[0].attempt == 2
+
+
+def test_the_answer_queues_grants_for_a_slot_and_each_is_a_lease(coordinator):
+    c, coord = coordinator
+    _setup(c, 6)
+    wid = _worker_id(c)
+    (g0,) = _lease(c, wid, [0])
+    r = _post(c, [BatchedResult(g0.task_id, g0.lease_id, "ok", has_payload=True)], [b"r0"],
+              next={0: 4}, idle=[0])
+    head, args = _answer(r)
+    grants = TaskGrant.list_from_dict(head)
+    assert len(grants) == 4 and {t.slot for t in grants} == {0}
+    assert args == [f"a{t.index}".encode() for t in grants]
+    assert head["refused"] == []
+    # queued grants are leases: counted as running, and re-queued when the worker goes
+    assert {t.task_id for t in grants} <= set(coord.leases)
+    assert coord.running_by_owner()[coord.jobs["00aa11bb22cc"].owner] == 4
+    assert coord.deregister(wid) == 4
+    assert not coord.leases
+
+
+def test_a_per_task_process_job_queues_nothing_behind_the_running_task(coordinator):
+    c, _ = coordinator
+    _setup(c, 6, isolation=None)
+    wid = _worker_id(c)
+    (g0,) = _lease(c, wid, [0])
+    r = _post(c, [BatchedResult(g0.task_id, g0.lease_id, "ok", has_payload=True)], [b"r0"],
+              next={0: 4}, idle=[0])
+    assert len(_answer(r)[0]["tasks"]) == 1
+
+
+@pytest.mark.parametrize("meta, frames, says", [
+    ({"results": []}, [], "1 to 256 results"),
+    ({"results": [{"task_id": "abcd", "lease_id": "beef", "status": "ok"}]}, [],
+     "needs a payload frame"),
+    ({"results": [{"task_id": "abcd", "lease_id": "beef", "status": "done",
+                   "has_payload": True}]}, [b"x"], "ok, error or retry"),
+    ({"results": [{"task_id": "abcd", "lease_id": "beef", "status": "ok", "has_payload": True}]},
+     [], "one payload frame per result"),
+    ({"results": [{"task_id": "ab/cd", "lease_id": "beef", "status": "retry"}]}, [], "task id"),
+    ({"results": [{"task_id": "abcd", "lease_id": "beef", "status": "retry"}] * 2}, [],
+     "more than once"),
+    ({"results": [{"task_id": "abcd", "lease_id": "beef", "status": "retry"}],
+      "next": {"0": 99}}, [], "field 'next'"),
+    ({"results": [{"task_id": "abcd", "lease_id": "beef", "status": "retry"}],
+      "next": {"x": 1}}, [], "field 'next'"),
+    ({"results": [{"task_id": "abcd", "lease_id": "beef", "status": "retry"}],
+      "next": {"0": 1}, "idle": [1]}, [], "field 'idle'"),
+])
+def test_a_malformed_batch_is_refused_whole_and_changes_nothing(coordinator, meta, frames, says):
+    c, coord = coordinator
+    _setup(c, 1)
+    (g,) = _lease(c, _worker_id(c), [0])
+    r = c.post(protocol.TASKS_RESULTS, content=_body([json.dumps(meta).encode(), *frames]),
+               headers=_auth(WORKER))
+    assert r.status_code == 400, r.text
+    assert r.json()["error"] == "bad_request" and says in r.json()["message"]
+    assert coord.leases[g.task_id].lease_id == g.lease_id
+
+
+def test_a_batch_round_trips_what_the_agent_sends():
+    d = {"results": [{"task_id": "ab12", "lease_id": "cd34", "status": "ok", "has_payload": True}],
+         "handoff": False, "next": {"0": 3}, "idle": [0]}
+    assert ResultBatch.from_dict(d).as_dict() == d
+
+
+def test_a_person_with_a_max_running_cap_gets_no_queue(coordinator):
+    c, coord = coordinator
+    _setup(c, 6)
+    wid = _worker_id(c)
+    (g0,) = _lease(c, wid, [0])
+    coord.max_running[coord.jobs["00aa11bb22cc"].owner] = 4
+    r = _post(c, [BatchedResult(g0.task_id, g0.lease_id, "ok", has_payload=True)], [b"r0"],
+              next={0: 4}, idle=[0])
+    assert len(_answer(r)[0]["tasks"]) == 1, "a queued grant would count against the cap"
