@@ -384,6 +384,6 @@ def handoff_meta(meta: dict, names: dict[int, str] | dict[str, str],
     for i, name in names.items():
         refs[str(i)] = {"kind": "handoff", "name": name}
         if i in sizes:
-            refs[str(i)]["size"] = sizes[i]
+            refs[str(i)]["size"] = sizes[i]  # type: ignore[index]
     # The old key too, for a coordinator from before refs: drop it in the next release.
     return dict(meta, refs=refs, handoff_files={str(i): name for i, name in names.items()})
