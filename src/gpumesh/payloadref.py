@@ -380,7 +380,7 @@ def handoff_meta(meta: dict, names: dict[int, str] | dict[str, str],
     if not names:
         return meta
     sizes = sizes or {}
-    refs = {}
+    refs: dict[str, dict[str, Any]] = {}
     for i, name in names.items():
         refs[str(i)] = {"kind": "handoff", "name": name}
         if i in sizes:

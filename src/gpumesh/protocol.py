@@ -422,11 +422,11 @@ def _some(out: dict[str, Any], **optional: Any) -> dict[str, Any]:
 _NUMBER = (int, float)
 
 
-def _refs(d: Mapping[str, Any], msg: str, keys: tuple[str, ...] | None = None) -> dict | None:
+def _refs(d: Mapping[str, Any], msg: str, keys: tuple[str, ...] | None = None) -> dict[str, Any] | None:
     """The message's ``refs`` (see :mod:`gpumesh.payloadref`), each wire form checked:
     ``keys`` the fields it may name (None: frame numbers). Raises :class:`WireError`
     naming the field."""
-    refs = _get(d, msg, payloadref.REFS, dict, None)
+    refs: dict[str, Any] | None = _get(d, msg, payloadref.REFS, dict, None)
     if refs is not None:
         try:
             payloadref.check_refs(refs, payloadref.REFS, keys)

@@ -268,8 +268,8 @@ def take_handoffs(request: Request, names: dict | None, frames: list, store,
         claimed = payloadref.handoff_refs({key: refs or names}, len(frames))
     except payloadref.BadRef as e:
         raise _bad(str(e)) from None
-    for i, wire in claimed.items():
-        name = wire["name"]
+    for i, ref in claimed.items():
+        name = ref["name"]
         if isinstance(frames[i], Incoming) or len(frames[i]):
             raise _bad(f"{key}: frame {i} must be empty")
         try:
@@ -282,8 +282,8 @@ def take_handoffs(request: Request, names: dict | None, frames: list, store,
                             "directory; send the payload in the body") from None
         spool.append(inc)
         frames[i] = inc
-        if wire.get("size", inc.size) != inc.size:  # the file is not the one it names
-            raise _bad(f"{key}.{i}: 'size' is {wire['size']} but the handoff file holds "
+        if ref.get("size", inc.size) != inc.size:  # the file is not the one it names
+            raise _bad(f"{key}.{i}: 'size' is {ref['size']} but the handoff file holds "
                        f"{inc.size} bytes")
         total += inc.size
         if total > MAX_BODY_BYTES:

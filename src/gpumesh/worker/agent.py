@@ -517,7 +517,7 @@ class WorkerAgent(OwnerRules):
             args_ref, args = args, None
         elif task.refs or task.args_file:  # same machine: the arguments are the store's file
             try:
-                args_ref = task.args_ref(self.handoff.blob_dir).pin()
+                args_ref = task.args_ref(self.handoff.blob_dir).pin()  # type: ignore[union-attr]  # None: caught
             except (OSError, AttributeError, ValueError) as e:
                 return Outcome("retry", {"kind": protocol.FailureKind.FETCH,
                                          "message": f"could not open the task's arguments: {e}"})

@@ -7,6 +7,8 @@ Routes that read results or output, cancel, retry or release admit only the job'
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -139,7 +141,7 @@ def results_page(coord: Coordinator, job, after: int, out_after: int | None, ext
             parts.append(Part(t.result))
         elif t.result_file is not None and by_path:
             items[-1]["has_payload"] = False
-            ref = {"kind": "store", "path": t.result_file}
+            ref: dict[str, Any] = {"kind": "store", "path": t.result_file}
             if t.result_size is not None:
                 ref["size"] = t.result_size
             items[-1][payloadref.REFS] = {"result": ref}
