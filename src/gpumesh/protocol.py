@@ -422,8 +422,7 @@ def _some(out: dict[str, Any], **optional: Any) -> dict[str, Any]:
 _NUMBER = (int, float)
 
 
-def _refs(d: Mapping[str, Any], msg: str,
-          keys: tuple[str, ...] | None = None) -> dict[str, Any] | None:
+def _refs(d: Mapping[str, Any], msg: str, keys: tuple[str, ...] | None = None) -> dict[str, Any] | None:
     """The message's ``refs`` (see :mod:`gpumesh.payloadref`), each wire form checked:
     ``keys`` the fields it may name (None: frame numbers). Raises :class:`WireError`
     naming the field."""

@@ -72,5 +72,9 @@ def test_a_crash_or_timeout_in_job_isolation_loses_no_other_result(make_mesh, fa
     states = {t["index"]: t["state"] for t in mesh.status(job["id"])["tasks"]}
     assert states[0] == "failed"
     assert all(states[i] == "done" for i in range(1, 12)), states
+    # and the caller gets every other value, with the failure in its place
+    got = task.map(range(12), return_exceptions=True)
+    assert isinstance(got[0], TaskCrashed if fail == "crash" else TaskTimeout), got[0]
+    assert got[1:] == [i * i for i in range(1, 12)]
     # the job's other slot kept its process; the failed task's slot gets a new one
     assert task.map(range(1, 5)) == [1, 4, 9, 16]

@@ -271,7 +271,7 @@ def take_handoffs(request: Request, names: dict | None, frames: list, store,
         claimed = payloadref.handoff_refs({key: refs or names}, len(frames))
     except payloadref.BadRef as e:
         raise _bad(str(e)) from None
-    for i, ref in claimed.items():  # (not `wire`: that is the module)
+    for i, ref in claimed.items():
         name = ref["name"]
         if isinstance(frames[i], Incoming) or len(frames[i]):
             raise _bad(f"{key}: frame {i} must be empty")

@@ -5,7 +5,10 @@ domain check that follows); :meth:`Body.read` validates a decoded body in that o
 and returns the values, and :meth:`Body.json_schema` is the body's schema in the OpenAPI
 document (:mod:`.openapi`). A route reads its body with one call, so "where is this route
 validated" has one answer: here, plus the few checks that need the coordinator's state
-(is the blob stored, is the job known), which stay in the route.
+(is the blob stored, is the job known), which stay in the route. Path ids go through
+:func:`check_id` (``routes/base.py``'s ``path_id``), numeric query parameters through
+``routes/base.py``'s ``query_float`` (the few flags and ids a route reads from its query
+are checked in that route), and a frames body's frames through :mod:`.bodies`.
 
 Refusals are :class:`~.model.HTTPError` 400 ``bad_request`` naming the field
 (``field 'slots' must be between 1 and 1024, got 0``).
