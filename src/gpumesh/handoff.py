@@ -37,9 +37,13 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import limits
 from .limits import HANDOFF_MIN_BYTES
+
+if TYPE_CHECKING:  # (protocol imports payloadref, which imports this module)
+    from .protocol import ResultItem
 
 #: The name a sender gives a file it writes into the handoff directory.
 NAME = re.compile(r"[0-9a-f]{24}\.part")
@@ -114,18 +118,17 @@ class Handoff:
         discard(self.drop_dir, name)
 
     # ----------------------------------------------------------------- receiving ----
-    def open_result(self, item: dict) -> memoryview:
+    def open_result(self, item: ResultItem) -> memoryview:
         """Map the store's file of a result that a results page names (its ``refs``'
         ``"result"``, or from a coordinator before refs its ``file``), as :meth:`open`.
         Raises ``FileNotFoundError`` if it is gone or not a store file (the caller then
         asks over HTTP)."""
         from .payloadref import from_wire
-        refs = item.get("refs")
-        wire = refs.get("result") if isinstance(refs, dict) else None
+        wire = (item.refs or {}).get("result")
         if wire is None:  # the key before refs: drop it in the next release
-            if not isinstance(item.get("file"), str):
+            if item.file is None:
                 raise FileNotFoundError("the result names no store file")
-            return self.open(item["file"])
+            return self.open(item.file)
         return _open_ref(lambda: from_wire(wire, self.blob_dir, "refs.result"))
 
     def open(self, rel: str) -> memoryview:

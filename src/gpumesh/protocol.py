@@ -35,14 +35,17 @@ the concrete path, e.g. ``job_results(jid)`` -> ``/v1/jobs/<jid>/results``)::
     GET    /metrics                      METRICS           Prometheus metrics
     GET    /ui, /ui/..., /ui/api/...     UI_*              the dashboard (see coordinator/ui.py)
 
-Messages (frame 0 of a frames body, see :mod:`gpumesh.wire`, or a JSON body)::
+Messages (frame 0 of a frames body, see :mod:`gpumesh.wire`, or a JSON body); the
+worker, caller and script client build and read each through its class here, the
+coordinator checks what it receives against coordinator/schemas.py::
 
-    JobSubmit     caller -> POST /v1/jobs: the job (function hash, n_tasks, timeout, ...)
+    JobSubmit     caller, script client -> POST /v1/jobs: the job (function hash, n_tasks, ...)
     LeaseRequest  worker -> POST .../lease: how many tasks, which slots are free, long-poll
     TaskGrant     coordinator -> worker: one task of a lease answer {"tasks": [...]}
     ResultPost    worker -> POST .../result: status ok | error | retry, the error dict
     ResultBatch   worker -> POST /v1/tasks/results: several ResultPosts, next grants per slot
-    ResultPage    coordinator -> caller: results after a seq (ResultItem each), counts, output
+    ResultPage    coordinator -> caller, script client, status: results after a seq
+                  (ResultItem each), counts, output
 
 Payload references: a frame whose bytes lie in a file on the coordinator's machine is
 sent empty and named under one key of the message, ``refs`` (see
@@ -438,8 +441,9 @@ def _refs(d: Mapping[str, Any], msg: str, keys: tuple[str, ...] | None = None) -
 @dataclass(frozen=True, slots=True)
 class JobSubmit:
     """Frame 0 of ``POST /v1/jobs``; then the function blob (when ``fn_inline``), then
-    one argument payload per task. The coordinator's own checks (ranges, sizes) are in
-    coordinator/app.py; this is the shape."""
+    one argument payload per task. The coordinator's own checks (ranges, sizes) are its
+    ``JOB_SUBMIT`` schema in coordinator/schemas.py, which takes a field left out as its
+    null; this is the shape."""
 
     job_id: str
     fn: str                                   # sha256 hex of the function (or script) blob

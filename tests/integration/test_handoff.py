@@ -23,7 +23,7 @@ import pytest
 from gpumesh import accelerate, handoff, wire
 from gpumesh.handoff import Handoff
 from gpumesh.limits import HANDOFF_MIN_BYTES
-from gpumesh.protocol import TaskGrant
+from gpumesh.protocol import ResultItem, TaskGrant
 
 from ..conftest import Mesh, wait_for
 
@@ -301,11 +301,14 @@ def test_payload_references_through_the_api_under_refs(bare):
     item = json.loads(bytes(wire.unpack_frames(page.content)[0]))["results"][0]
     assert item["refs"] == {"result": {"kind": "store", "path": item["file"], "size": result.size}}
     assert item["file"].startswith("results/00cc/") and item["has_payload"] is False
-    assert np.array_equal(wire.loads(h.open_result(item)), np.arange(N, dtype=np.float32))
-    assert np.array_equal(wire.loads(h.open_result({"file": item["file"]})),
-                          np.arange(N, dtype=np.float32))  # as a caller before refs reads it
+    got = ResultItem.from_dict(item)
+    assert np.array_equal(wire.loads(h.open_result(got)), np.arange(N, dtype=np.float32))
+    old = ResultItem.from_dict({k: v for k, v in item.items() if k != "refs"})
+    assert np.array_equal(wire.loads(h.open_result(old)),
+                          np.arange(N, dtype=np.float32))  # as from a coordinator before refs
     with pytest.raises(FileNotFoundError, match="refs.result: 'path'"):
-        h.open_result({"refs": {"result": {"kind": "store", "path": "../gpumesh.db"}}})
+        h.open_result(ResultItem(0, "t1", "done", 0,
+                                 refs={"result": {"kind": "store", "path": "../gpumesh.db"}}))
     assert leftovers(bare) == []
 
 

@@ -195,6 +195,7 @@ def test_strict_caller_refuses_a_pickle_from_a_worker(tmp_path):
     """What a hostile or outdated worker sends as a 'JSON' result is never unpickled."""
     from gpumesh import wire
     from gpumesh.client.calls import decode_result
+    from gpumesh.protocol import ResultItem
 
     marker = tmp_path / "unpickled"
 
@@ -203,12 +204,13 @@ def test_strict_caller_refuses_a_pickle_from_a_worker(tmp_path):
             return (os.mkdir, (str(marker),))
 
     payload = memoryview(bytearray(b"".join(bytes(c) for c in wire.dumps(Evil()).chunks)))
-    item = {"state": "done", "task_id": "t1", "worker": "w1"}
+    item = ResultItem(index=0, task_id="t1", state="done", seq=0, worker="w1", has_payload=True)
     with pytest.raises(TaskFailed) as info:
         decode_result(item, payload, strict=True)
     assert "a pickle" in str(info.value) and "not decoded" in str(info.value)
     assert not marker.exists()
-    err = {"state": "failed", "task_id": "t1", "error": {"kind": "raised", "type": "Evil", "message": "m"}}
+    err = ResultItem(index=0, task_id="t1", state="failed", seq=1,
+                     error={"kind": "raised", "type": "Evil", "message": "m"})
     exc = None
     try:
         decode_result(err, payload, strict=True)

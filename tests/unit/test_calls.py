@@ -10,6 +10,7 @@ from gpumesh import wire
 from gpumesh.client import calls
 from gpumesh.errors import (Cancelled, MeshError, RemoteError, RemoteTraceback, TaskCrashed,
                             TaskFailed, TaskTimeout, WorkerLost)
+from gpumesh.protocol import ResultItem
 
 
 # ---------------------------------------------------------------- map_items ----------
@@ -116,8 +117,9 @@ def test_explicit_params():
 # ---------------------------------------------------------------- failure() ----------
 
 def item(kind, message="boom", **err):
-    return {"task_id": "t1", "state": "failed",
-            "error": dict(kind=kind, message=message, traceback="Traceback (most recent call last):\n  remote\n", **err)}
+    return ResultItem(index=0, task_id="t1", state="failed", seq=0,
+                      error=dict(kind=kind, message=message,
+                                 traceback="Traceback (most recent call last):\n  remote\n", **err))
 
 
 def test_raised_with_pickled_exception_is_the_same_type():
@@ -186,12 +188,12 @@ def test_lost_cancelled_exit_unknown():
     ex = calls.failure(item("exit", "the task called sys.exit(3)", type="SystemExit"), None)
     assert type(ex) is RemoteError and "sys.exit(3)" in str(ex)
     assert type(calls.failure(item("whatever"), None)) is TaskFailed
-    assert type(calls.failure({"task_id": "t", "state": "failed"}, None)) is TaskFailed
+    assert type(calls.failure(ResultItem(0, "t", "failed", 0), None)) is TaskFailed
 
 
 def test_decode_result_done_and_failed():
     payload = memoryview(bytearray(wire.dumps({"v": [1, 2]}).to_bytes()))
-    assert calls.decode_result({"state": "done"}, payload) == {"v": [1, 2]}
+    assert calls.decode_result(ResultItem(0, "t1", "done", 0, has_payload=True), payload) == {"v": [1, 2]}
     with pytest.raises(TaskCrashed):
         calls.decode_result(item("crashed"), None)
 

@@ -325,8 +325,8 @@ def test_failure_exception_fills_each_class_as_the_caller_needs():
 
 @pytest.mark.parametrize("kind", [k.value for k in FailureKind])
 def test_the_caller_decodes_each_kind_through_the_table(kind):
-    item = {"task_id": "t1", "worker": "w1", "index": 0, "state": "failed",
-            "error": {"kind": kind, "type": "ValueError", "message": "it went wrong"}}
+    item = ResultItem(index=0, task_id="t1", state="failed", seq=0, worker="w1",
+                      error={"kind": kind, "type": "ValueError", "message": "it went wrong"})
     exc = calls.failure(item, None)
     assert type(exc) is protocol.FAILURE_EXCEPTIONS[FailureKind(kind)]
     assert "it went wrong" in str(exc)
@@ -420,7 +420,7 @@ def test_the_coordinators_own_grant_and_result_page_dicts_round_trip(coordinator
     by_task = {i.task_id: i for i in page.results}
     assert by_task[g.task_id].state == "done" and by_task[g.task_id].has_payload
     assert by_task[g2.task_id].error["kind"] == "crashed"
-    assert type(calls.failure(by_task[g2.task_id].as_dict(), None)) is errors.TaskCrashed
+    assert type(calls.failure(by_task[g2.task_id], None)) is errors.TaskCrashed
 
 
 def test_a_grant_from_an_older_coordinator_takes_the_defaults_the_agent_assumed():

@@ -16,6 +16,7 @@ from gpumesh.client import calls, progress
 from gpumesh.coordinator.core import Coordinator
 from gpumesh.coordinator.store import Store
 from gpumesh.limits import MAX_ATTEMPTS, MAX_RETRIES
+from gpumesh.protocol import ResultItem
 from gpumesh import retries
 
 
@@ -197,9 +198,9 @@ def test_a_decorated_function_with_retries_still_pickles():
 # ---------------------------------------------------------------- error texts ------
 
 def test_failure_names_the_item_the_worker_and_the_attempt():
-    item = {"task_id": "t9", "index": 7, "state": "failed",
-            "error": {"kind": "crashed", "message": "the task process exited with code 9",
-                      "worker": "0afecb2dfd44", "hostname": "laptop-a", "attempt": 2}}
+    item = ResultItem(index=7, task_id="t9", state="failed", seq=3,
+                      error={"kind": "crashed", "message": "the task process exited with code 9",
+                             "worker": "0afecb2dfd44", "hostname": "laptop-a", "attempt": 2})
     exc = calls.failure(item, None, call=((), {"lr": 0.5, "data": "x" * 500}), n=20, name="train",
                         hint=calls.keep_going())
     text = str(exc)

@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import wire
 from ..errors import RemoteTraceback, TaskFailed
-from ..protocol import FailureKind, failure_exception
+from ..protocol import FailureKind, ResultItem, failure_exception
 
 #: Keys of a ``.map`` item that are scheduling hints, not arguments (spec: "a payload's
 #: gpu_memory_mb hint"; ``cost`` weighs a task for the scheduler). Removed before the
@@ -103,16 +103,16 @@ def describe_call(call: Call | None, limit: int = ARGS_TEXT_CHARS) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def where(item: dict, call: Call | None = None, n: int = 1, name: str | None = None) -> str:
+def where(item: ResultItem, call: Call | None = None, n: int = 1, name: str | None = None) -> str:
     """Where a task failed, for its error: the ``.map`` item (index, the call with its
     arguments), the worker (hostname and id), the attempt and the task id, as far as
     they are known: ``.map item 7 of 20, train(lr=0.5), on worker laptop-a (0afecb2d),
     attempt 1, task 1f2be03a5020``."""
-    err = item.get("error") or {}
-    index, task_id = item.get("index"), item.get("task_id")
-    worker, host = err.get("worker") or item.get("worker"), err.get("hostname")
+    err = item.error or {}
+    index, task_id = item.index, item.task_id
+    worker, host = err.get("worker") or item.worker, err.get("hostname")
     shown = f"{name or 'the function'}({describe_call(call)})" if call is not None else ""
-    if n > 1 and index is not None:
+    if n > 1:
         what = f".map item {index} of {n}" + (f", {shown}," if shown else "")
     elif call is not None:
         what = shown
@@ -125,42 +125,43 @@ def where(item: dict, call: Call | None = None, n: int = 1, name: str | None = N
     return what + (f", task {task_id}" if task_id else "")
 
 
-def decode_result(item: dict, payload: memoryview | None, strict: bool = False, *,
+def decode_result(item: ResultItem, payload: memoryview | None, strict: bool = False, *,
                   call: Call | None = None, n: int = 1, hint: str = "", name: str | None = None) -> Any:
-    """A result entry from the coordinator -> the value, or raise what the task raised.
+    """A result of a coordinator's results page and its payload frame (None: none) -> the
+    value, or raise what the task raised.
 
     ``strict``: the payload is JSON (see :mod:`gpumesh.strict`) and nothing is unpickled;
     a payload that is not JSON raises :class:`~gpumesh.errors.TaskFailed`. ``call``
     (the item's arguments), ``n`` (the batch size), ``hint`` and ``name`` (the
     function's) only word the error (see :func:`failure`).
     """
-    if item["state"] == "done":
+    if item.state == "done":
         if strict:
             from ..strict import NotJSON, decode
             try:
                 return decode(payload if payload is not None else b"")
             except NotJSON as e:
-                raise TaskFailed(f"{e} (task {item.get('task_id')} on worker {item.get('worker')})",
-                                 item.get("task_id"), item.get("worker")) from None
+                raise TaskFailed(f"{e} (task {item.task_id} on worker {item.worker})",
+                                 item.task_id, item.worker) from None
         return wire.loads(payload)  # type: ignore[arg-type]  # (a done result has one)
     raise failure(item, None if strict else payload, call=call, n=n, hint=hint, name=name)
 
 
-def failure(item: dict, payload: memoryview | None, *, call: Call | None = None, n: int = 1,
+def failure(item: ResultItem, payload: memoryview | None, *, call: Call | None = None, n: int = 1,
             hint: str = "", name: str | None = None) -> BaseException:
-    """The exception that stands for a failed task at the caller (``payload``: the
-    pickled exception, or None to build a :class:`RemoteError` from its description).
+    """The exception that stands for the failed task ``item`` at the caller (``payload``:
+    the pickled exception, or None to build a :class:`RemoteError` from its ``error``).
 
     Its text (a note, for the function's own exception) names the ``.map`` item of
     ``n`` with its arguments (``call``), the worker, the attempt and the task, then
     ``hint``; the item's index, worker, hostname and attempt are also attributes of a
     :class:`~gpumesh.errors.TaskFailed` and of the :class:`RemoteTraceback` cause.
     """
-    err = item.get("error") or {}
+    err = item.error or {}
     kind = err.get("kind", "")
     message = err.get("message", "the task failed")
     tb = with_source(err.get("traceback", ""))
-    task_id, worker = item.get("task_id"), err.get("worker") or item.get("worker")
+    task_id, worker = item.task_id, err.get("worker") or item.worker
     place = where(item, call, n, name)
     tail = f" ({place})" + (f"; {hint}" if hint else "")
     if err.get("stderr_tail") and kind != "raised":
@@ -192,10 +193,11 @@ def failure(item: dict, payload: memoryview | None, *, call: Call | None = None,
     return _located(exc, remote, item, err)
 
 
-def _located(exc: BaseException, cause: RemoteTraceback | None, item: dict, err: dict) -> BaseException:
+def _located(exc: BaseException, cause: RemoteTraceback | None, item: ResultItem,
+             err: dict) -> BaseException:
     """Give ``exc`` (a TaskFailed) and its remote traceback where the task ran."""
-    facts = {"index": item.get("index"), "task_id": item.get("task_id"),
-             "worker": err.get("worker") or item.get("worker"), "hostname": err.get("hostname"),
+    facts = {"index": item.index, "task_id": item.task_id,
+             "worker": err.get("worker") or item.worker, "hostname": err.get("hostname"),
              "attempt": err.get("attempt")}
     for target in (cause, exc if isinstance(exc, TaskFailed) else None):
         if target is not None:

@@ -10,7 +10,7 @@
       ▼
     GET /v1/jobs/{id}/results?after=seq  long-poll; pages of results stream in
       ▼
-    (index, ("result", entry, payload, strict)) as they come; the pipeline decodes them
+    (index, ("result", ResultItem, payload, strict)) as they come; the pipeline decodes them
 
 Once the coordinator has accepted a job the calls never silently re-run locally (that
 would run side effects twice): losing the coordinator then means waiting for it (up to
@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import hardware, protocol, retries, tracing, versions, wire
-from ..errors import MeshUnavailable, RequestRejected, Unsatisfiable, WorkerLost
+from ..errors import MeshUnavailable, RequestRejected, Unsatisfiable, WireError, WorkerLost
 from ..handoff import Handoff, worth_it
 from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, NO_WORKER_WAIT_S,
                       RELEASE_BATCH_MAX, RELEASE_BATCH_S)
@@ -113,47 +113,48 @@ class NativeBackend(Backend):
         inline = fn_hash not in mesh._known_blobs and fn_payload.size <= INLINE_FUNCTION_BYTES
         if fn_hash not in mesh._known_blobs and not inline:
             self.upload_blob(fn_hash, fn_payload)
-        meta = {"job_id": job.job_id, "kind": "function", "fn": fn_hash, "fn_inline": inline,
-                "n_tasks": len(calls), "timeout": job.timeout, "require_worker": True,
-                "name": job.name or job.qualname or "function",
-                "costs": [h.get("cost", 1.0) for h in hints],
-                "wait": 0 if job.streaming else LONG_POLL_S,
-                "output": output, "caller": {"host": _HOSTNAME, "pid": os.getpid()}}
-        if mesh.strict:
-            meta["result_format"] = "json"  # the task answers in JSON; nothing is unpickled
-        if job.isolation != "task":
-            meta["isolation"] = job.isolation
-        if require:
-            meta["require"] = require.to_meta()
-        if job.retry:
-            meta.update(retries.to_meta(*job.retry))
-        if any(h.get("gpu_memory_mb") for h in hints):
-            meta["gpu_memory_mb"] = [h.get("gpu_memory_mb") for h in hints]
+        assert job.job_id is not None  # (run gave the job its id)
         handoff = mesh.handoff
-        if handoff is not None:
-            meta["handoff"] = True  # big results come back as paths to map
+        submit = protocol.JobSubmit(
+            job_id=job.job_id, kind="function", fn=fn_hash, fn_inline=inline,
+            n_tasks=len(calls), timeout=job.timeout, require_worker=True,
+            name=job.name or job.qualname or "function",
+            costs=[h.get("cost", 1.0) for h in hints],
+            wait=0 if job.streaming else LONG_POLL_S,
+            output=output, caller={"host": _HOSTNAME, "pid": os.getpid()},
+            # strict: the task answers in JSON; nothing is unpickled
+            result_format="json" if mesh.strict else None,
+            isolation=None if job.isolation == "task" else job.isolation,
+            require=require.to_meta() if require else None,
+            gpu_memory_mb=([h.get("gpu_memory_mb") for h in hints]
+                           if any(h.get("gpu_memory_mb") for h in hints) else None),
+            handoff=True if handoff is not None else None,  # big results come as paths to map
+            **(retries.to_meta(*job.retry) if job.retry else {}))
         written: list[str] = []  # handoff files: claimed by the coordinator, or deleted below
         try:
-            return self.send_job(meta, fn_hash, fn_payload, inline, args, handoff, written)
+            return self.send_job(submit, fn_payload, args, handoff, written)
         finally:
             for name in written:
                 handoff.discard(name)
 
-    def send_job(self, meta: dict, fn_hash: str, fn_payload: wire.Payload, inline: bool,
-                 args: list, handoff: Handoff | None = None, written: list[str] | None = None,
+    def send_job(self, submit: protocol.JobSubmit, fn_payload: wire.Payload, args: list,
+                 handoff: Handoff | None = None, written: list[str] | None = None,
                  fallback: bool = True) -> bytearray:
-        """POST a job: ``meta`` (the JSON head), the function or script blob ``fn_payload``
-        inside it when ``inline``, one frame per task in ``args``. Resent (idempotent on
+        """POST a job: ``submit`` (the JSON head, ``submit.as_dict()``), the function or
+        script blob ``fn_payload`` (sha256 ``submit.fn``) inside it when ``submit.fn_inline``,
+        one frame per task in ``args``; with ``handoff``, big arguments go as its files
+        (named under the head's ``refs``; ``written`` collects the names). Resent (idempotent on
         the job id) with backoff until it is stored or refused, for up to
         ``CALLER_RECONNECT_S``; a ``missing_blob`` refusal uploads the blob and resends.
         Returns the coordinator's answer (the first results page for a function job that
         waits). Raises :class:`Fallback` (``fallback``: a function job) when the mesh has
         no live worker or the first attempt reached nobody, :class:`Unsatisfiable`,
         :class:`MeshUnavailable` after the retries, and RequestRejected as refused."""
-        mesh = self.mesh
+        mesh, fn_hash = self.mesh, submit.fn
         written = [] if written is None else written
+        meta = submit.as_dict()
         frames: list = [json.dumps(meta).encode()]
-        if inline:
+        if submit.fn_inline:
             frames.append(fn_payload)
         if handoff is not None and any(worth_it(a.size) for a in args):
             # Same machine: big arguments go as files the coordinator renames into its
@@ -197,8 +198,8 @@ class NativeBackend(Backend):
                     # Its handoff directory is not the one we wrote to (restarted, or a
                     # look-alike path): send the bytes, and stop handing off to it.
                     mesh._handoff = None
-                    return self.send_job(dict(meta, handoff=False), fn_hash, fn_payload,
-                                         inline, args, None, written, fallback)
+                    return self.send_job(dataclasses.replace(submit, handoff=False), fn_payload,
+                                         args, None, written, fallback)
                 raise
             except Unreachable as e:
                 # Idempotent on job_id: resending is safe whether or not it arrived.
@@ -249,40 +250,39 @@ class NativeBackend(Backend):
         reconnect: dict = {}
         while True:
             if body:
-                page, frames = read_page(body)
-                able = page.get("workers_able", page.get("workers_alive"))
-                if able == 0:
+                page, frames = read_page(body, f"the coordinator at {mesh.url} (job {job_id})")
+                if page.workers_able == 0:
                     alone_since = alone_since or time.monotonic()
-                    if page.get("workers_alive"):  # e.g. the only GPU box went, CPUs remain
+                    if page.workers_alive:  # e.g. the only GPU box went, CPUs remain
                         nobody = "no worker that can run its tasks"
                         notice(f"no live worker in the mesh at {mesh.url} can run job {job_id}'s "
                                f"tasks; waiting for one to (re)join (for up to {alone_limit:g}s)")
-                    elif not page["results"]:
+                    elif not page.results:
                         nobody = "no worker"
                         notice(f"no live worker in the mesh at {mesh.url}; job {job_id} is "
                                f"waiting for one to (re)join (for up to {alone_limit:g}s)")
-                elif able is not None:
+                else:
                     alone_since = None
-                k = 1 + sum(1 for item in page["results"] if item["has_payload"])
+                k = 1 + sum(1 for item in page.results if item.has_payload)
                 if printer is not None:
                     # Output first: a task's prints come before its result (and its error).
-                    printer.skipped(page.get("output_skipped", 0))
-                    for chunk, data in zip(page.get("output", []), frames[k:]):
+                    printer.skipped(page.output_skipped or 0)
+                    for chunk, data in zip(page.output or [], frames[k:]):
                         printer.write(chunk, data)
                         out_after = max(out_after, chunk["seq"])
                 k = 1
-                for item in page["results"]:
+                for item in page.results:
                     payload = None
-                    if item["has_payload"]:
+                    if item.has_payload:
                         payload, k = frames[k], k + 1
-                    elif "refs" in item or "file" in item:  # same machine: map the store's file
+                    elif item.refs is not None or item.file is not None:  # same machine: map the store's file
                         try:
                             payload = handoff.open_result(item)
                         except (OSError, AttributeError):  # gone (or not ours): ask over HTTP
                             handoff = None
                             break  # re-read from this result on
-                    idx = item["index"]
-                    after = max(after, item["seq"])
+                    idx = item.index
+                    after = max(after, item.seq)
                     if seen[idx]:  # never deliver a result twice
                         continue
                     seen[idx] = 1
@@ -358,10 +358,17 @@ def poll_results(mesh: Any, job_id: str, params: dict, wait: float,
     return body
 
 
-def read_page(body: bytearray) -> tuple[dict, list[memoryview]]:
-    """A results page body -> ``(its JSON head, its frames)`` (frame 0 is the head)."""
+def read_page(body: bytearray, source: str = "the coordinator") -> tuple[protocol.ResultPage,
+                                                                          list[memoryview]]:
+    """A results page body -> ``(its head, its frames)`` (frame 0 is the head). Raises
+    :class:`~gpumesh.errors.WireError` for a body that is not a results page: its text
+    names ``source`` (who sent it) and the field that is wrong. Not retried: a coordinator
+    of this version never sends one, so asking again would get the same."""
     frames = wire.unpack_frames(body)
-    return json.loads(bytes(frames[0])), frames
+    try:
+        return protocol.ResultPage.from_dict(json.loads(bytes(frames[0]))), frames
+    except (ValueError, WireError) as e:  # (a head that is not JSON, or not UTF-8)
+        raise WireError(f"{source} sent a malformed results page: {e}") from None
 
 
 class Janitor:

@@ -168,7 +168,8 @@ class Backend(abc.ABC):
     def run(self, job: Job) -> Iterator[Any]:
         """Yield :data:`STARTED` once the calls are under way, then ``(index, outcome)``
         as each finishes, every index once. ``outcome`` is a :data:`run_task` tuple,
-        ``("result", item, payload, strict)`` (a coordinator result entry, see
+        ``("result", item, payload, strict)`` (a :class:`~gpumesh.protocol.ResultItem` of a
+        coordinator's results page and its payload frame or None, see
         :func:`~gpumesh.client.calls.decode_result`) or ``("error", exception)``.
         Closing it early cancels what is left. Raise :class:`Fallback` before STARTED
         when the calls were stored nowhere and may run here."""

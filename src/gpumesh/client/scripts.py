@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from .. import wire
+from .. import protocol, wire
 from ..limits import INLINE_FUNCTION_BYTES, MAX_TASKS_PER_JOB
 from . import native
 from .calls import HINT_KEYS
@@ -134,13 +134,13 @@ def submit(mesh, script, payloads: Iterable[Any], *, name: str | None = None,
     if not inline and h not in mesh._known_blobs:
         backend.upload_blob(h, blob)
     job_id = secrets.token_hex(6)
-    meta = {"job_id": job_id, "kind": "script", "fn": h, "fn_inline": inline,
-            "n_tasks": len(args), "timeout": timeout, "name": (name or default_name)[:200],
-            "result_format": "json", "costs": costs}
-    if any(h.get("gpu_memory_mb") for h in hints):
-        meta["gpu_memory_mb"] = [h.get("gpu_memory_mb") for h in hints]
     # Queued even with no worker connected yet (no require_worker): never a local run.
-    backend.send_job(meta, h, blob, inline, args, fallback=False)
+    submit = protocol.JobSubmit(
+        job_id=job_id, kind="script", fn=h, fn_inline=inline, n_tasks=len(args),
+        timeout=timeout, name=(name or default_name)[:200], result_format="json", costs=costs,
+        gpu_memory_mb=([h.get("gpu_memory_mb") for h in hints]
+                       if any(h.get("gpu_memory_mb") for h in hints) else None))
+    backend.send_job(submit, blob, args, fallback=False)
     return job_id
 
 
@@ -164,28 +164,27 @@ def wait(mesh, job_id: str, on_progress: Callable[[int, int, dict], None] | None
         except native.Retrying:
             body = None
         if body:
-            page, frames = native.read_page(body)
+            page, frames = native.read_page(body, f"the coordinator at {mesh.url} (job {job_id})")
             k = 1
-            for item in page["results"]:
+            for item in page.results:
                 payload = None
-                if item["has_payload"]:
+                if item.has_payload:
                     payload, k = frames[k], k + 1
-                after = max(after, item["seq"])
+                after = max(after, item.seq)
                 value = None
-                if item["state"] == "done" and payload is not None:
+                if item.state == "done" and payload is not None:
                     try:
                         value = decode(payload)
                     except NotJSON as e:
                         value = {"error": str(e)}
-                out[item["task_id"]] = {"index": item["index"], "state": item["state"],
-                                        "worker": item.get("worker"), "error": item.get("error"),
-                                        "result": value}
+                out[item.task_id] = {"index": item.index, "state": item.state,
+                                     "worker": item.worker, "error": item.error, "result": value}
             if on_progress is not None:
                 counts: dict[str, int] = {}
                 for got in out.values():
                     counts[got["state"]] = counts.get(got["state"], 0) + 1
-                on_progress(page["n_final"], page["n_tasks"], counts)
-            if page["n_final"] >= page["n_tasks"]:
+                on_progress(page.n_final, page.n_tasks, counts)
+            if page.n_final >= page.n_tasks:
                 return out
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"job {job_id} did not finish within {timeout:g}s")
