@@ -7,18 +7,22 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import os
+import socket
+import time
 import warnings
 from pathlib import Path
 
 import pytest
 
 import gpumesh
-from gpumesh import errors, protocol, wire
-from gpumesh.client import calls
+from gpumesh import GPUMesh, errors, hardware, protocol, transport, wire
+from gpumesh.client import calls, scripts
 from gpumesh.client.paths import job_path
 from gpumesh.coordinator.app import create_app
 from gpumesh.coordinator.core import Coordinator
 from gpumesh.coordinator.store import Store
+from gpumesh.limits import LONG_POLL_S
 from gpumesh.protocol import (ErrorCode, FailureKind, JobSubmit, LeaseRequest, ResultItem,
                               ResultPage, ResultPost, TaskGrant)
 
@@ -352,6 +356,155 @@ def test_a_job_submit_round_trips_todays_dicts(d):
     m = JobSubmit.from_dict(d)
     assert m.as_dict() == d
     assert JobSubmit.from_dict(json.loads(json.dumps(m.as_dict()))) == m
+
+
+class _Caller:
+    """A caller's transport whose requests the in-process coordinator ``c`` answers (as
+    :class:`~gpumesh.transport.Transport` would raise its refusals); it keeps each
+    submit's JSON head and each answer's status."""
+
+    def __init__(self, c):
+        self.c, self.heads, self.answers = c, [], []
+
+    def request(self, method, path, *, params=None, content=None, headers=None, timeout=None,
+                **body):
+        if content is not None and not isinstance(content, bytes):
+            content = b"".join(bytes(x) for x in content)
+        if path == protocol.JOBS and method == "POST":
+            self.heads.append(json.loads(bytes(_frames(content)[0])))
+        r = self.c.request(method, path, params=params, content=content,
+                           headers={**_auth(), **(headers or {})}, **body)
+        self.answers.append((method, path, r.status_code))
+        transport.check(r, "http://testserver")
+        return r
+
+    def stream_into(self, method, path, **kw):
+        kw.pop("buffer_for", None)
+        r = self.request(method, path, **kw)
+        return None if r.status_code == 204 else bytearray(r.content)
+
+    def close(self):
+        pass
+
+
+def _mesh_on(fake, strict=False):
+    """A GPUMesh whose requests go to ``fake`` (its health probe and hand-off probe
+    skipped: the coordinator is up, and not on this machine)."""
+    m = GPUMesh("http://testserver", MAIN, output=False, strict=strict)
+    m._http, m._handoff, m._probe_ok_until = fake, None, time.monotonic() + 3600
+    return m
+
+
+def test_the_callers_submit_head_is_its_JobSubmit_as_dict(coordinator):
+    """The head GPUMesh sends for a function job with hints, requirements, retries,
+    strict results and job isolation is exactly ``JobSubmit(...).as_dict()`` of what the
+    call asked for, and the coordinator's schema takes it (its refusal is no_workers,
+    not a malformed field)."""
+    c, _ = coordinator
+    fake = _Caller(c)
+    m = _mesh_on(fake, strict=True)
+    need = hardware.Requirements(gpu="nvidia", cores=2)
+    with pytest.raises(errors.Unsatisfiable):  # no worker: it would run here, which cannot
+        m.run_calls(abs, [((-1,), {}), ((2,), {})], timeout=5.0, name="hinted", require=need,
+                    hints=[{"cost": 2.0, "gpu_memory_mb": 1e8}, {}], retry=(2, (ValueError, KeyError)),
+                    isolation="job")
+    [head] = fake.heads
+    assert fake.answers == [("POST", protocol.JOBS, 409)]
+    fn = wire.dumps(abs, code=True)
+    assert head == JobSubmit(
+        job_id=head["job_id"], kind="function", fn=fn.sha256(), fn_inline=True, n_tasks=2,
+        timeout=5.0, name="hinted", costs=[2.0, 1.0], result_format="json", isolation="job",
+        require=need.to_meta(), gpu_memory_mb=[1e8, None], retries=2,
+        retry_on=["ValueError", "KeyError"], require_worker=True, wait=LONG_POLL_S, output=False,
+        caller={"host": socket.gethostname(), "pid": os.getpid()}).as_dict()
+    assert _mesh_on(fake).run_calls(abs, [((-3,), {})]) == [3]  # a plain call (run here)
+    plain = fake.heads[-1]
+    assert plain == JobSubmit(job_id=plain["job_id"], kind="function", fn=fn.sha256(),
+                              fn_inline=True, n_tasks=1, timeout=None, name="abs", costs=[1.0],
+                              require_worker=True, wait=LONG_POLL_S, output=False,
+                              caller={"host": socket.gethostname(), "pid": os.getpid()}).as_dict()
+    assert "timeout" in plain and plain["timeout"] is None  # always sent, as before
+
+
+def test_a_script_submit_is_its_JobSubmit_and_its_results_are_read_as_a_ResultPage(coordinator):
+    """gpumesh submit's head is ``JobSubmit(...).as_dict()``; the coordinator stores the
+    job, and scripts.wait reads the pages a worker's results make (a value, a failure)."""
+    c, _ = coordinator
+    fake = _Caller(c)
+    m = _mesh_on(fake)
+    source = b"import json, sys; print(json.dumps(json.load(sys.stdin)))\n"
+    jid = scripts.submit(m, source, [{"a": 1, "gpu_memory_mb": 10}, 2], name="echo", timeout=3.0)
+    [head] = fake.heads
+    assert head == JobSubmit(job_id=jid, kind="script", fn=hashlib.sha256(source).hexdigest(),
+                             fn_inline=True, n_tasks=2, timeout=3.0, name="echo",
+                             result_format="json", costs=[1.0, 1.0],
+                             gpu_memory_mb=[10.0, None]).as_dict()
+    assert fake.answers == [("POST", protocol.JOBS, 200)]  # stored, though no worker is alive
+
+    r = c.post(protocol.WORKERS, json={"slots": 1, "hostname": "box", "gpus": [
+        {"index": 0, "name": "NVIDIA T4", "memory_total_mb": 15360, "memory_free_mb": 15000}],
+        "slot_list": [{"id": 0, "kind": "cuda", "gpu": 0}]}, headers=_auth(WORKER))
+    assert r.status_code == 200, r.text
+    wid = r.json()["id"]
+    posts = {0: (ResultPost("ok"), b'{"a": 1}'),
+             1: (ResultPost("error", {"kind": FailureKind.SCRIPT, "type": "TaskFailed",
+                                      "message": "exit status 3"}), None)}
+    for _ in range(2):
+        r = c.post(protocol.worker_lease(wid), json=LeaseRequest(slots=1, free=[0]).as_dict(),
+                   headers=_auth(WORKER))
+        g = TaskGrant.list_from_dict(json.loads(bytes(_frames(r.content)[0])))[0]
+        post, payload = posts[g.index]
+        chunks, _ = wire.pack_frames([json.dumps(post.as_dict()).encode()]
+                                     + ([payload] if payload is not None else []))
+        r = c.post(protocol.task_result(g.task_id), params={"lease": g.lease_id},
+                   content=b"".join(bytes(x) for x in chunks), headers=_auth(WORKER))
+        assert r.status_code == 200, r.text
+    progress = []
+    got = scripts.wait(m, jid, lambda *a: progress.append(a), timeout=30)
+    by_index = {v["index"]: v for v in got.values()}
+    assert by_index[0]["state"] == "done" and by_index[0]["result"] == {"a": 1}
+    assert by_index[0]["worker"] == wid and by_index[0]["error"] is None
+    assert by_index[1]["state"] == "failed" and by_index[1]["result"] is None
+    assert by_index[1]["error"]["kind"] == "script" and by_index[1]["error"]["message"] == "exit status 3"
+    assert progress[-1] == (2, 2, {"done": 1, "failed": 1})
+
+
+class _Malformed:
+    """A coordinator whose every results page lacks ``n_tasks``."""
+
+    page = {"results": [], "n_final": 0, "state": "running", "workers_alive": 1,
+            "workers_able": 1}
+
+    def __init__(self):
+        self.calls = []
+
+    def stream_into(self, method, path, **kw):
+        self.calls.append((method, path))
+        chunks, _ = wire.pack_frames([json.dumps(self.page).encode()])
+        return bytearray(b"".join(bytes(x) for x in chunks))
+
+    def request(self, method, path, **kw):
+        self.calls.append((method, path))
+
+    def close(self):
+        pass
+
+
+def test_a_malformed_results_page_is_a_wire_error_naming_the_field_not_a_retry():
+    fake = _Malformed()
+    m = _mesh_on(fake)
+    with pytest.raises(errors.WireError) as info:
+        m.run_calls(abs, [((-1,), {})])
+    text = str(info.value)
+    assert "the coordinator at http://testserver (job " in text
+    assert "malformed results page" in text and "'n_tasks' is required" in text
+    jid = text.split("(job ", 1)[1].split(")", 1)[0]
+    # One submit (its answer was the page), then the job is cancelled: never asked again.
+    assert fake.calls[:2] == [("POST", protocol.JOBS), ("POST", protocol.job_cancel(jid))]
+    fake.calls.clear()
+    with pytest.raises(errors.WireError, match=r"\(job 00aa11bb22cc\).*'n_tasks' is required"):
+        scripts.wait(m, "00aa11bb22cc", timeout=30)
+    assert fake.calls == [("GET", protocol.job_results("00aa11bb22cc"))]
 
 
 def test_result_posts_and_lease_requests_round_trip_what_the_worker_sent():

@@ -110,6 +110,7 @@ def where(item: ResultItem, call: Call | None = None, n: int = 1, name: str | No
     attempt 1, task 1f2be03a5020``."""
     err = item.error or {}
     index, task_id = item.index, item.task_id
+    named: str | None = task_id  # the task id at the end, unless the text starts with it
     worker, host = err.get("worker") or item.worker, err.get("hostname")
     shown = f"{name or 'the function'}({describe_call(call)})" if call is not None else ""
     if n > 1:
@@ -117,12 +118,12 @@ def where(item: ResultItem, call: Call | None = None, n: int = 1, name: str | No
     elif call is not None:
         what = shown
     else:
-        what, task_id = f"task {task_id}", None  # named once, first
+        what, named = f"task {task_id}", None  # named once, first
     if worker:
         what += f" on worker {host} ({worker})" if host and host != worker else f" on worker {worker}"
     if err.get("attempt"):
         what += f", attempt {err['attempt']}"
-    return what + (f", task {task_id}" if task_id else "")
+    return what + (f", task {named}" if named else "")
 
 
 def decode_result(item: ResultItem, payload: memoryview | None, strict: bool = False, *,
