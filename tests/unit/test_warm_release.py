@@ -31,9 +31,22 @@ def _whoami():
     return os.getpid(), os.getppid()
 
 
+_BEFORE: set[int] = set()
+
+
 def _descendants(pid: int) -> set[int]:
-    """Every live (not zombie) process below ``pid``."""
-    return {p for p in descendants(pid) if alive(p)}
+    """Every live (not zombie) process below ``pid`` that the test itself started: what
+    was already running when it began (a session's shared mesh, in the whole suite) is
+    not counted."""
+    return {p for p in descendants(pid) if alive(p)} - _BEFORE
+
+
+@pytest.fixture(autouse=True)
+def _already_running():
+    _BEFORE.clear()
+    _BEFORE.update(p for p in descendants(os.getpid()) if alive(p))
+    yield
+    _BEFORE.clear()
 
 
 def _runner(ex, tmp_path):
