@@ -59,6 +59,18 @@ def free_port() -> int:
 
 
 
+def function_blob(directory, fn) -> tuple[str, str]:
+    """Write ``fn``'s code blob (as a caller ships it) into ``directory``; returns its
+    sha256 and path, what an executor's ``run`` is given."""
+    from gpumesh import wire
+    payload = wire.dumps(fn, code=True)
+    h = payload.sha256()
+    path = Path(directory) / h
+    if not path.exists():
+        path.write_bytes(b"".join(bytes(c) for c in payload.chunks))
+    return h, str(path)
+
+
 def wait_for(cond: Callable[[], T], timeout: float = 10.0,
              what: str | Callable[[], object] = "the condition", interval: float = 0.05) -> T:
     """Poll ``cond`` every ``interval`` seconds until it returns something truthy, and

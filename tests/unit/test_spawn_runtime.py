@@ -20,7 +20,7 @@ from gpumesh.worker import procs
 from gpumesh.worker.executor import Executor, make_executor
 from gpumesh.worker.spawn import SpawnExecutor
 
-from ..conftest import alive, wait_for
+from ..conftest import alive, function_blob, wait_for
 
 
 @pytest.fixture
@@ -30,16 +30,10 @@ def ex(tmp_path):
     e.close()
 
 
-def _blob(tmp_path, fn) -> tuple[str, str]:
-    payload = wire.dumps(fn, code=True)
-    h = payload.sha256()
-    path = tmp_path / h
-    path.write_bytes(b"".join(bytes(c) for c in payload.chunks))
-    return h, str(path)
 
 
 def _call(ex, tmp_path, fn, *args, task_id=None, **kw):
-    h, path = _blob(tmp_path, fn)
+    h, path = function_blob(tmp_path, fn)
     body = b"".join(bytes(c) for c in wire.dumps((args, {})).chunks)
     ex.new_output()
     grant = {k: kw.pop(k) for k in ("result_format", "isolation", "job_id") if k in kw}
@@ -75,7 +69,7 @@ def test_each_task_runs_in_a_fresh_process_that_is_gone_afterwards(ex, tmp_path)
 
 def test_a_spare_loaded_with_the_function_is_ready_before_the_next_task(ex, tmp_path):
     _value(_call(ex, tmp_path, _pid))
-    h, _ = _blob(tmp_path, _pid)
+    h, _ = function_blob(tmp_path, _pid)
     spares = ex._spares[h]
     assert len(spares) == 1
     spare = spares[0]
@@ -97,7 +91,7 @@ def test_a_heavy_import_is_paid_while_the_previous_task_runs(ex, tmp_path, monke
     assert _value(_call(ex, tmp_path, _slow_import, 1)) == 1
     first = time.monotonic() - t0
     assert first >= 1.0
-    h, _ = _blob(tmp_path, _slow_import)
+    h, _ = function_blob(tmp_path, _slow_import)
     assert "gpumesh_slow_mod" in ex._imports[h][0]  # learned from the first task
     time.sleep(2.5)  # the spare was told to import it: give it time to have done so
     t0 = time.monotonic()
@@ -310,7 +304,7 @@ def test_task_processes_end_when_the_agent_is_killed(tmp_path):
 def test_a_task_cancelled_before_its_process_connected_ends_at_once(ex, tmp_path):
     """A cancel that kills a process still starting must not leave the slot waiting for a
     connection that never comes."""
-    h, path = _blob(tmp_path, _pid)
+    h, path = function_blob(tmp_path, _pid)
     body = b"".join(bytes(c) for c in wire.dumps(((), {})).chunks)
     got = {}
     real = ex._spawn

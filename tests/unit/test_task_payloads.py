@@ -19,6 +19,8 @@ from gpumesh.payloadref import PayloadRef
 from gpumesh.worker import membody
 from gpumesh.worker.executor import Executor
 
+from ..conftest import function_blob
+
 pytestmark = pytest.mark.skipif(sys.platform != "linux" or not membody.available(),
                                 reason="memfd_create and /proc are Linux's")
 
@@ -44,16 +46,10 @@ def executor(tmp_path):
     ex.close()
 
 
-def _blob(tmp_path, fn) -> tuple[str, str]:
-    payload = wire.dumps(fn, code=True)
-    h = payload.sha256()
-    path = tmp_path / h
-    path.write_bytes(b"".join(bytes(c) for c in payload.chunks))
-    return h, str(path)
 
 
 def _call(ex, tmp_path, fn, *args, **kw):
-    h, path = _blob(tmp_path, fn)
+    h, path = function_blob(tmp_path, fn)
     body = b"".join(bytes(c) for c in wire.dumps((args, {})).chunks)
     grant = {k: kw.pop(k) for k in ("result_format", "isolation", "job_id") if k in kw}
     return ex.run(TaskGrant(os.urandom(8).hex(), "-", h, timeout=60, **grant), path, body, **kw)
@@ -81,7 +77,7 @@ def test_a_big_argument_in_shared_memory_is_mapped_by_the_task(executor):
     memoryview(body)[:] = raw
     rng = membody.slices(body)[1]
     assert isinstance(rng, PayloadRef) and rng.kind == "shm"
-    h, path = _blob(tmp, _sum_and_where)
+    h, path = function_blob(tmp, _sum_and_where)
     out = ex.run(TaskGrant("t1", "-", h, timeout=60), path, None, args_ref=rng)
     assert out.status == "ok", out.error
     n, digest, memfds = wire.loads(out.payload)

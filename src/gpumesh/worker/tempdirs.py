@@ -2,7 +2,7 @@
 
 A worker keeps its function blobs, task output files and script working directories in
 one directory of its own under the system's temporary directory
-(``gpumesh-worker-XXXXXXXX``). A worker that stops removes it; one that is killed
+(``gpumesh-worker-`` and eight random characters, as ``mkdtemp`` names it). A worker that stops removes it; one that is killed
 (``kill -9``, a power cut, a crash) cannot, so every worker that starts first removes the
 directories of workers that are gone.
 
