@@ -296,6 +296,9 @@ INLINE_FUNCTION_BYTES = _const("INLINE_FUNCTION_BYTES", 256 * 1024, "bytes",
 RELEASE_BATCH_S = _const("RELEASE_BATCH_S", 0.2, "s",
                          "a caller releases the jobs it collected within this long of each other in "
                          "one request (client/native.py's Janitor)")
+RELEASE_ATTEMPTS = _const("RELEASE_ATTEMPTS", 3, "count",
+                          "sends a caller tries for one batch of releases before it leaves those jobs' "
+                          "payloads to retention")
 RELEASE_BATCH_MAX = _const("RELEASE_BATCH_MAX", 500, "count",
                            "most jobs a caller releases in one request (at most MAX_RELEASE_JOBS)")
 MAX_RELEASE_JOBS = _const("MAX_RELEASE_JOBS", 1000, "count",

@@ -114,6 +114,10 @@ class GPUMesh:
         return cast("Handoff | None", self._handoff)  # (probed by now)
 
     def close(self) -> None:
+        """Send the releases still pending (so the coordinator frees the payloads of the
+        calls already collected), then close the connection pool. A later call reopens it."""
+        if self.__janitor is not None:
+            self.__janitor.flush()
         if self._http is not None:
             self._http.close()
             self._http = None

@@ -39,7 +39,7 @@ from .. import hardware, protocol, retries, tracing, versions, wire
 from ..errors import MeshUnavailable, RequestRejected, Unsatisfiable, WireError, WorkerLost
 from ..handoff import Handoff, worth_it
 from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, NO_WORKER_WAIT_S,
-                      RELEASE_BATCH_MAX, RELEASE_BATCH_S)
+                      RELEASE_ATTEMPTS, RELEASE_BATCH_MAX, RELEASE_BATCH_S)
 from ..payloadref import handoff_meta
 from ..protocol import ErrorCode
 from ..transport import Unreachable
@@ -379,13 +379,15 @@ class Janitor:
     A release frees the coordinator's copy of a job's arguments and results. What is still
     pending when the interpreter exits is sent then (a script that ends right after its
     last call must not leave that call's payloads on the coordinator's disk until
-    retention); only a process that dies without exiting leaves them to retention.
+    retention), and so is what is pending when the mesh is closed. A batch whose request
+    fails goes back in the queue, up to ``RELEASE_ATTEMPTS`` sends in all; only then, or
+    when the process dies without exiting, are the payloads left to retention.
     """
 
     def __init__(self, mesh: Any):
         import atexit
         self._mesh = mesh
-        self._pending: list[str] = []
+        self._pending: list[tuple[str, int]] = []  # (job id, sends already tried)
         self._sending = 0  # batches taken but not yet answered
         self._cv = threading.Condition()
         threading.Thread(target=self._run, name="gpumesh-release", daemon=True).start()
@@ -393,27 +395,33 @@ class Janitor:
 
     def release(self, job_id: str) -> None:
         with self._cv:
-            self._pending.append(job_id)
+            self._pending.append((job_id, 0))
             self._cv.notify_all()
 
-    def _take(self) -> list[str]:
+    def _take(self) -> list[tuple[str, int]]:
         with self._cv:
             batch = self._pending[:RELEASE_BATCH_MAX]
             del self._pending[:len(batch)]
             self._sending += bool(batch)
             return batch
 
-    def _send(self, batch: list[str], timeout: float) -> None:
+    def _send(self, batch: list[tuple[str, int]], timeout: float, retry: bool = True) -> bool:
+        """One release request for ``batch``; True when the coordinator answered. A failed
+        batch is queued again (``retry``) while its jobs have sends left."""
+        ok = True
         try:
             if batch:
-                self._mesh.http.request("POST", protocol.JOBS_RELEASE, json={"jobs": batch},
-                                        timeout=timeout)
+                self._mesh.http.request("POST", protocol.JOBS_RELEASE,
+                                        json={"jobs": [job for job, _ in batch]}, timeout=timeout)
         except Exception as e:  # noqa: BLE001 - best effort (see the class docstring)
+            ok = False
             log.debug("release of %d job(s) failed: %s", len(batch), e)
-        finally:
-            with self._cv:
-                self._sending -= bool(batch)
-                self._cv.notify_all()
+        with self._cv:
+            if not ok and retry:
+                self._pending.extend((job, n + 1) for job, n in batch if n + 1 < RELEASE_ATTEMPTS)
+            self._sending -= bool(batch)
+            self._cv.notify_all()
+        return ok
 
     def _run(self) -> None:
         while True:
@@ -421,7 +429,8 @@ class Janitor:
                 while not self._pending:
                     self._cv.wait()
             time.sleep(RELEASE_BATCH_S)  # let the calls that follow join this batch
-            self._send(self._take(), timeout=10)
+            if not self._send(self._take(), timeout=10):
+                time.sleep(RELEASE_BATCH_S * 5)  # a busy or restarting coordinator: back off
 
     def flush(self, timeout: float = 3.0) -> None:
         """Send every pending release now and wait (up to ``timeout`` seconds) for those the
