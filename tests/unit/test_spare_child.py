@@ -1,6 +1,8 @@
-"""The function host keeps one task process forked ahead of its task (runner._Spare):
-every task still gets a process of its own, a spare that dies idle is replaced, and
-modules the host preloads reach the next task's process."""
+"""The function host keeps one task process forked ahead of its task (a spare, whose
+socket it passes to the agent: runner._fork_spare): every task still gets a process of
+its own, the task and its result go straight between agent and that process (the host is
+off the path), a spare that dies idle is replaced, and modules the host preloads reach
+the next task's process."""
 
 from __future__ import annotations
 
@@ -34,14 +36,14 @@ def run(tmp_path):
     ex = Executor(spool=tmp_path / "spool")
     blobs = {}
 
-    def run_fn(fn):
+    def run_fn(fn, timeout=30):
         payload = wire.dumps(fn, code=True)
         h = payload.sha256()
         if h not in blobs:
             blobs[h] = tmp_path / h
             blobs[h].write_bytes(b"".join(bytes(c) for c in payload.chunks))
         args = b"".join(bytes(c) for c in wire.dumps(((), {})).chunks)
-        out = ex.run(TaskGrant(os.urandom(8).hex(), "-", h, timeout=30), str(blobs[h]), args)
+        out = ex.run(TaskGrant(os.urandom(8).hex(), "-", h, timeout=timeout), str(blobs[h]), args)
         assert out.status == "ok", out.error
         return wire.loads(out.payload)
 
@@ -68,6 +70,30 @@ def test_each_task_gets_its_own_ready_process_and_a_dead_spare_is_replaced(run):
     wait_for(lambda: idle not in _children(host), 10, 'the killed spare to be reaped')       # reaped by the host
     pid4, host4, _, _ = run(_whoami)
     assert host4 == host and pid4 not in {idle, pid1, pid2, pid3}
+
+
+def test_a_task_and_its_result_skip_the_host_and_no_state_carries_over(run):
+    def count(seen=[]):  # noqa: B006 - the state a reused process would carry over
+        import os
+        seen.append(1)
+        return os.getpid(), os.getppid(), len(seen)
+
+    pid1, host, n1 = run(count)
+    spare = wait_for(lambda: _children(host) - {pid1}, 10, 'the spare')
+    (spare,) = spare
+    wait_for(lambda: os.getpgid(spare) == spare, 10, 'the spare to lead its group')
+    # With its host stopped, the next task still runs and answers: the agent hands it to
+    # the spare and reads its result on the spare's own socket (through the host it
+    # would wait for the host, and time out).
+    os.kill(host, signal.SIGSTOP)
+    try:
+        pid2, host2, n2 = run(count, timeout=10)
+    finally:
+        os.kill(host, signal.SIGCONT)
+    assert (pid2, host2) == (spare, host)
+    pid3, host3, n3 = run(count)                 # the host forked its replacement
+    assert host3 == host and len({pid1, pid2, pid3}) == 3
+    assert n1 == n2 == n3 == 1                   # each task saw only its own append
 
 
 def test_modules_a_task_imported_are_loaded_before_the_next_task_of_that_function(run):

@@ -22,13 +22,12 @@ import mmap
 import os
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,7 +78,8 @@ def _tail(path: str, n: int) -> str:
 
 
 class _Pending:
-    """One task in flight inside a host: its pid and exit code arrive asynchronously."""
+    """One task in flight inside a host: its process (a spare's pid, known when the task
+    takes it) and, should it die, its exit code, which the host reports asynchronously."""
 
     def __init__(self) -> None:
         self.pid: int | None = None
@@ -89,14 +89,37 @@ class _Pending:
         self.killed_for: str | None = None
 
 
+class _Spare:
+    """A task process its host forked ahead of its task (runner._fork_spare): our end of
+    its socket, and its pid."""
+
+    __slots__ = ("pid", "sock", "preloads")
+
+    def __init__(self, pid: int, sock: socket.socket, preloads: int):
+        self.pid, self.sock, self.preloads = pid, sock, preloads
+
+
 class Host:
-    """A warm process that has loaded one function and forks a child per task."""
+    """A warm process that has loaded one function and forks a child per task.
+
+    It keeps task processes forked ahead of their tasks (spares) and passes each one's
+    socket here: a task is handed straight to its spare, and its result comes back the
+    same way, so the host is off a task's path. Each task that takes the last idle spare
+    has the host fork the next one at once."""
 
     def __init__(self, fn_hash: str, ctrl: socket.socket):
         self.fn_hash = fn_hash
         self.ctrl = ctrl
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # held to send on ctrl, and for the state below
+        self._cv = threading.Condition(self.lock)
         self.tasks: dict[str, _Pending] = {}
+        self._by_pid: dict[int, _Pending] = {}  # the tasks' processes
+        self._spares: deque[_Spare] = deque()
+        self._asked = 1  # spares asked for and not yet come (the host forks one unasked)
+        self._takers = 0  # threads waiting for a spare
+        self._preloads = 0  # preload messages sent: a spare forked before them is stale
+        self.spare_error: str | None = None  # why the host last could not fork
+        self._fork_failures = 0
         self.ready = threading.Event()
         self.load_error: dict | None = None
         self.key = fn_hash  # its key among the executor's hosts
@@ -110,34 +133,126 @@ class Host:
         while True:
             try:
                 msg, fds = runner.recv_msg(self.ctrl)
-            except OSError:
-                msg = None
+            except (OSError, ValueError):
+                msg, fds = None, []
             if msg is None:
                 break
             op = msg.get("op")
-            if op == "ready":
+            if op == "spare" and fds:
+                self._add_spare(msg, fds[0])
+                fds = fds[1:]
+            elif op == "spare_failed":
+                with self._cv:
+                    self._asked = max(0, self._asked - 1)
+                    self._fork_failures += 1
+                    self.spare_error = str(msg.get("error"))
+                    self._cv.notify_all()
+            elif op == "ready":
                 self.ready.set()
             elif op == "load_error":
                 self.load_error = msg["error"]
                 self.ready.set()
-            elif op in ("started", "exited"):
-                p = self.tasks.get(msg["task_id"])
-                if p is None:
-                    continue
-                if op == "started":
-                    p.pid = msg["pid"]
-                    p.started.set()
-                else:
-                    p.code = msg["code"]
-                    p.exited.set()
-        self.dead = True
+            elif op == "exited":
+                self._exited(msg.get("pid"), msg.get("code"))
+            for fd in fds:
+                os.close(fd)
+        with self._cv:
+            self.dead = True
+            self._drop_spares()
+            self._cv.notify_all()
         self.ready.set()
         for p in list(self.tasks.values()):
             p.started.set()
             p.exited.set()
 
+    def _add_spare(self, msg: dict, fd: int) -> None:
+        sock = socket.socket(fileno=fd)
+        with self._cv:
+            self._asked = max(0, self._asked - 1)
+            if self.dead:
+                sock.close()
+            elif msg.get("preloads") != self._preloads:  # forked before our last preload
+                sock.close()  # (it exits, unused)
+                self._ask()
+            else:
+                self._spares.append(_Spare(msg["pid"], sock, self._preloads))
+            self._cv.notify_all()
+
+    def _exited(self, pid, code) -> None:
+        with self._cv:
+            pending = self._by_pid.get(pid)
+            if pending is not None:
+                pending.code = code
+                pending.exited.set()
+                return
+            for spare in self._spares:  # one that died idle (killed from outside)
+                if spare.pid == pid:
+                    self._spares.remove(spare)
+                    spare.sock.close()
+                    break
+
+    def _ask(self) -> None:
+        """Ask the host for one more spare. Called with the lock held."""
+        try:
+            runner.send_msg(self.ctrl, {"op": "spare"})
+            self._asked += 1
+        except OSError:
+            pass  # the host is gone: its reader wakes the waiters
+
+    def take(self, pending: _Pending) -> _Spare | None:
+        """A spare for ``pending``'s task (waiting for one if none is idle), registered as
+        that task's process; None if the host died or could not fork."""
+        with self._cv:
+            self._takers += 1
+            failures = self._fork_failures
+            try:
+                while not self._spares and not self.dead:
+                    if self._fork_failures != failures:
+                        return None  # (the host stays: the next task asks again)
+                    if self._asked < self._takers:
+                        self._ask()
+                    self._cv.wait()
+                if self.dead:
+                    return None
+                spare = self._spares.popleft()
+                if not self._spares and not self._asked:
+                    # Its replacement is forked now, while this task runs (asked for when
+                    # the task ends, the fork competed with posting its result, measured
+                    # on 2 cores), so the next task finds a process ready for it.
+                    self._ask()
+                pending.pid = spare.pid
+                self._by_pid[spare.pid] = pending
+            finally:
+                self._takers -= 1
+        pending.started.set()
+        return spare
+
+    def done(self, pending: _Pending) -> None:
+        """``pending``'s task is over (or its spare was dead): forget its process."""
+        with self._cv:
+            self._by_pid.pop(pending.pid, None)  # type: ignore[arg-type]
+
+    def preload(self, batches: list[dict]) -> None:
+        """Have the host import modules (``{"op": "preload", ...}`` messages), and replace
+        the spares forked before them, so the next task starts with the modules loaded."""
+        with self._cv:
+            for batch in batches:
+                runner.send_msg(self.ctrl, batch)
+                self._preloads += 1
+            stale = len(self._spares)
+            self._drop_spares()
+            for _ in range(stale):
+                self._ask()
+
+    def _drop_spares(self) -> None:
+        while self._spares:
+            self._spares.pop().sock.close()  # it exits, unused
+
     def close(self) -> None:
-        self.dead = True
+        with self._cv:
+            self.dead = True
+            self._drop_spares()
+            self._cv.notify_all()
         try:
             self.ctrl.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -307,56 +422,87 @@ class Executor:
         if host.dead:
             self.forget(host.key)
             return Outcome("retry", {"kind": FailureKind.HOST_DIED, "message": "the function's host process died"})
-        mine, theirs = socket.socketpair()
         pending = _Pending()
         host.tasks[task_id] = pending
+        self._running[task_id] = (host, pending)
         out, err = self.output_paths()
+        msg: dict[str, Any] = {"op": "run", "task_id": task_id, "stdout": out,
+                               "stderr": err, "result_format": result_format}
+        if env:
+            msg["env"] = env
+        if handoff_dir:
+            msg["handoff_dir"], msg["handoff_name"] = handoff_dir, handoff_name
+        fds: list[int] = []
+        if args_ref is not None:
+            msg["args"], fds = args_ref.to_meta()
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            with host.lock:
-                msg: dict[str, Any] = {"op": "run", "task_id": task_id, "stdout": out,
-                                       "stderr": err, "result_format": result_format}
-                if env:
-                    msg["env"] = env
-                if handoff_dir:
-                    msg["handoff_dir"], msg["handoff_name"] = handoff_dir, handoff_name
-                fds = [theirs.fileno()]
-                if args_ref is not None:
-                    msg["args"], passed = args_ref.to_meta()
-                    fds += passed
-                runner.send_run(host.ctrl, msg, fds)
-            theirs.close()
-            self._running[task_id] = (host, pending)
-            outcome = self._exchange(host, pending, mine, None if args_ref is not None else args,
-                                     timeout)
+            spare = self._start(host, pending, json.dumps(msg).encode(), fds,
+                                None if args_ref is not None else args, deadline, timeout)
+            if isinstance(spare, Outcome):
+                return spare
+            try:
+                outcome = self._exchange(host, pending, spare.sock, deadline, timeout)
+            finally:
+                spare.sock.close()
             if outcome.status == "error" and outcome.error is not None:
                 tail = _tail(err, ERROR_TAIL_BYTES)
                 if tail:
                     outcome.error["stderr_tail"] = tail
             return outcome
-        except OSError as e:
-            return Outcome("retry", {"kind": FailureKind.HOST_DIED, "message": f"could not start the task: {e}"})
         finally:
             self._running.pop(task_id, None)
+            host.done(pending)
             host.tasks.pop(task_id, None)
             host.last_used = time.monotonic()
-            mine.close()
-            theirs.close()  # idempotent
+
+    def _start(self, host: Host, pending: _Pending, run: bytes, fds: list[int],
+               args: bytes | bytearray | memoryview | None, deadline: float | None,
+               timeout: float | None) -> _Spare | Outcome:
+        """Hand the task to a spare of ``host``: its run message (``run``, with ``fds``)
+        and, unless they are a reference, its ``args``, on the spare's own socket. Returns
+        the spare, or the task's outcome when it cannot start (no spare: ``retry``)."""
+        for _attempt in range(3):  # a spare killed while idle: take the next one
+            spare = host.take(pending)
+            if spare is None:
+                why = host.spare_error if not host.dead else None
+                return Outcome("retry", {"kind": FailureKind.HOST_DIED, "message":
+                                         f"could not start the task's process: {why}" if why
+                                         else "the function's host process died"})
+            sock = spare.sock
+            try:
+                if deadline is not None:
+                    sock.settimeout(max(0.001, deadline - time.monotonic()))
+                # Its first byte says it leads its own process group (the kill of a
+                # timeout or cancel reaches all it starts); it came long ago, as a rule.
+                alive = sock.recv(1) == runner.SPARE_READY
+                if alive:
+                    inline = args is not None and len(args) <= INLINE_ARGS_BYTES
+                    runner.send_frames(sock, [run, args] if inline else [run], fds)
+            except (socket.timeout, TimeoutError):
+                sock.close()
+                return self._timed_out(pending, timeout)
+            except OSError:
+                alive = False
+            if pending.killed_for:  # cancelled meanwhile (its process is killed)
+                sock.close()
+                return self._killed_outcome(pending)
+            if alive:
+                if args is not None and not inline:
+                    # The child reads while we write; we must be free to read its result.
+                    threading.Thread(target=self._send_args, args=(sock, args), daemon=True).start()
+                return spare
+            sock.close()
+            host.done(pending)
+        return Outcome("retry", {"kind": FailureKind.HOST_DIED,
+                                 "message": "the task's process died before it could start"})
 
     def _exchange(self, host: Host, pending: _Pending, sock: socket.socket,
-                  args: bytes | bytearray | memoryview | None, timeout: float | None) -> Outcome:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        if args is None:  # the task maps its arguments' file
-            pass
-        elif len(args) <= INLINE_ARGS_BYTES:  # fits the socket buffer: no thread needed
-            self._send_args(sock, args)
-        else:  # the child reads while we write; we must be free to read its result
-            threading.Thread(target=self._send_args, args=(sock, args), daemon=True).start()
+                  deadline: float | None, timeout: float | None) -> Outcome:
         fds: list[int] = []  # a big result's memory file (runner.run_task)
         try:
-            sock.settimeout(timeout)
-            # The child's first 8 bytes are its pid (what a timeout or cancel must kill).
-            (pending.pid,) = struct.unpack("<Q", runner.recv_exact(sock, 8))
-            pending.started.set()
+            if deadline is not None:
+                sock.settimeout(max(0.001, deadline - time.monotonic()))
             meta, fds = runner.recv_blob_fds(sock)
             if deadline is not None:
                 sock.settimeout(max(0.001, deadline - time.monotonic()))
@@ -364,9 +510,7 @@ class Executor:
             if fds:
                 payload = _map_read_only(fds[0])
         except (socket.timeout, TimeoutError):
-            self._kill(pending, "timeout")
-            return Outcome("error", {"kind": FailureKind.TIMEOUT, "type": "TaskTimeout",
-                                     "message": f"the task ran longer than its timeout of {timeout:g}s"})
+            return self._timed_out(pending, timeout)
         except (EOFError, OSError):
             return self._died(pending)
         finally:
@@ -379,6 +523,11 @@ class Executor:
         handoff_file = info.get("handoff_file")
         return Outcome(info["status"], info.get("error"), payload if payload else None,
                        handoff_file if isinstance(handoff_file, str) else None)
+
+    def _timed_out(self, pending: _Pending, timeout: float | None) -> Outcome:
+        self._kill(pending, "timeout")
+        return Outcome("error", {"kind": FailureKind.TIMEOUT, "type": "TaskTimeout",
+                                 "message": f"the task ran longer than its timeout of {timeout:g}s"})
 
     def _jobs_executor(self) -> Executor:
         with self._lock:
@@ -403,9 +552,7 @@ class Executor:
             batches[-1].append(name)
             size += len(name) + 4
         try:
-            with host.lock:
-                for batch in batches:
-                    runner.send_msg(host.ctrl, {"op": "preload", "modules": batch, "path": path or []})
+            host.preload([{"op": "preload", "modules": batch, "path": path or []} for batch in batches])
         except (OSError, ValueError):
             pass
 

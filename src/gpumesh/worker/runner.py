@@ -10,10 +10,11 @@
         │ fork (≈1 ms) on {"op": "host"}
         ▼
     function host   unpickles ONE function (and so pays its imports) once
-        │ keeps one spare child forked ahead; on {"op": "run"} hands it the task's
-        │ data socket and forks the next spare
+        │ forks task children ahead of their tasks (spares), one per {"op": "spare"},
+        │ and passes the agent each one's socket: the host is off a task's path
         ▼
-    task child      own session/process group; reads args, calls, writes the result, _exit
+    task child      own session/process group; says it is ready, then (the agent, on its
+                    own socket) reads the task and args, calls, writes the result, _exit
 
 Isolation: every task runs in its own forked child, so what a task does to its
 process (globals, leaked memory, a crash, ``os._exit``) dies with it and never reaches
@@ -21,19 +22,23 @@ the next task; the host only ever holds the freshly unpickled function. Speed: t
 heavy part (interpreter start, the function's imports) is paid once per function per
 worker, not once per task.
 
-A child talks straight to the agent over its own data socket (stream):
-``u64 pid | u64 len | JSON meta | u64 len | payload`` - the pid first, so the agent can
-kill the process group on timeout or cancel. A result of 1 MiB or more is a memory file
-instead, passed with the meta (SCM_RIGHTS), and its payload frame is empty; big
-arguments come the same way, as a descriptor and a range (gpumesh.worker.membody).
-The host reports ``exited`` (with the exit status) only for a child that did not exit
-cleanly, so a child that died without a result becomes a precise error.
+A child talks straight to the agent over its own socket (stream), which its host made
+when it forked it and passed to the agent with ``{"op": "spare", "pid"}``: the child
+sends one byte (:data:`SPARE_READY`) once it leads its own process group (what a timeout
+or cancel kills, by the pid the agent has from the host); the agent sends
+``u64 len | JSON run message | u64 len | args`` in one write; the child answers
+``u64 len | JSON meta | u64 len | payload``, also in one write. A result of 1 MiB or more
+is a memory file instead, passed with the meta (SCM_RIGHTS), and its payload frame is
+empty; big arguments come the same way, as a descriptor and a range
+(gpumesh.worker.membody). The host reports ``exited`` (pid and exit status) for a child
+that did not exit cleanly, so a child that died without a result becomes a precise error.
 
 Everything here is single-threaded on purpose: forking a multi-threaded process is unsafe.
 """
 
 from __future__ import annotations
 
+import array
 import gc
 import json
 import os
@@ -68,14 +73,8 @@ CONTROL_TYPE = getattr(socket, "SOCK_SEQPACKET", socket.SOCK_DGRAM)
 
 
 # ---------------------------------------------------------------- control messages ---
-#: The first byte of a task's run message. A host hands such a message on to its spare
-#: as it came, without decoding it: between two forks every object a host touches costs
-#: it a copy-on-write fault (its spare shares its pages), a JSON round trip about 80.
-RUN = b"R"
-
-
-def send_msg(sock: socket.socket, msg: dict, fds: list[int] | tuple = (), prefix: bytes = b"") -> None:
-    data = prefix + json.dumps(msg).encode()
+def send_msg(sock: socket.socket, msg: dict, fds: list[int] | tuple = ()) -> None:
+    data = json.dumps(msg).encode()
     if len(data) > MAX_CONTROL_BYTES:
         raise ValueError("control message too large")
     if fds:
@@ -84,30 +83,14 @@ def send_msg(sock: socket.socket, msg: dict, fds: list[int] | tuple = (), prefix
         sock.send(data)
 
 
-def send_run(sock: socket.socket, msg: dict, fds: list[int]) -> None:
-    """A task's run message (``{"op": "run", "task_id": ...}``) to a function host."""
-    send_msg(sock, msg, fds, RUN)
-
-
-def recv_raw(sock: socket.socket) -> tuple[bytes | None, list[int]]:
-    """One message, undecoded, and the fds passed with it; ``(None, [])`` at EOF."""
+def recv_msg(sock: socket.socket) -> tuple[dict | None, list[int]]:
+    """One message and the fds passed with it; ``(None, [])`` at EOF."""
     data, fds, _flags, _addr = socket.recv_fds(sock, MAX_CONTROL_BYTES + 1024, 4)
     if not data:
         for fd in fds:
             os.close(fd)
         return None, []
-    return data, list(fds)
-
-
-def decode(data: bytes) -> dict:
-    """A control message as :func:`recv_raw` returned it, decoded."""
-    return json.loads(data[1:] if data[:1] == RUN else data)
-
-
-def recv_msg(sock: socket.socket) -> tuple[dict | None, list[int]]:
-    """One message and the fds passed with it; ``(None, [])`` at EOF."""
-    data, fds = recv_raw(sock)
-    return (None, []) if data is None else (decode(data), fds)
+    return json.loads(data), list(fds)
 
 
 def control_pair() -> tuple[socket.socket, socket.socket]:
@@ -119,12 +102,6 @@ def send_blob(sock: socket.socket, data) -> None:
     view = memoryview(data).cast("B")
     sock.sendall(struct.pack("<Q", view.nbytes))
     sock.sendall(view)
-
-
-def send_chunks(sock: socket.socket, chunks, size: int) -> None:
-    sock.sendall(struct.pack("<Q", size))
-    for c in chunks:
-        sock.sendall(c)
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytearray:
@@ -144,19 +121,47 @@ def recv_blob(sock: socket.socket) -> bytearray:
     return recv_exact(sock, n)
 
 
-def send_blob_fd(sock: socket.socket, data: bytes, fd: int) -> None:
-    """As :func:`send_blob`, passing ``fd`` along (SCM_RIGHTS, with the blob's first bytes)."""
-    head = struct.pack("<Q", len(data)) + data
-    sent = socket.send_fds(sock, [head], [fd])
-    if sent < len(head):  # a stream socket may take a message in parts
-        sock.sendall(head[sent:])
+#: Frames up to this many bytes in all go as one write where the platform has no
+#: gathering write (Windows); elsewhere every frame of a message goes in one ``sendmsg``.
+COALESCE_BYTES = 64 * 1024
+#: Most descriptors one message on a data socket carries.
+MAX_FDS = 4
+
+
+def send_frames(sock: socket.socket, frames: list, fds: list[int] | tuple = ()) -> None:
+    """Send ``frames`` as ``u64 len | bytes`` each (a frame: a bytes-like object, or a
+    list of them sent as one), passing ``fds`` (SCM_RIGHTS) with the first bytes. One
+    write for the whole message where it fits the socket: the reader wakes once, not at
+    each length prefix."""
+    parts: list = []
+    for frame in frames:
+        views = [memoryview(c).cast("B") for c in (frame if isinstance(frame, list) else [frame])]
+        parts.append(struct.pack("<Q", sum(v.nbytes for v in views)))
+        parts.extend(v for v in views if v.nbytes)
+    if not hasattr(sock, "sendmsg"):  # (Windows) no gathering write, no descriptors
+        if fds:
+            raise OSError("descriptors cannot be passed on this platform")
+        if sum(len(p) for p in parts) <= COALESCE_BYTES:
+            sock.sendall(b"".join(parts))
+        else:
+            for part in parts:
+                sock.sendall(part)
+        return
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    while parts:
+        sent = sock.sendmsg(parts[:512], ancillary)  # (well under any IOV_MAX)
+        ancillary = []
+        while parts and sent >= len(parts[0]):
+            sent -= len(parts.pop(0))
+        if sent:  # a stream socket may take a message in parts
+            parts[0] = memoryview(parts[0])[sent:]
 
 
 def recv_blob_fds(sock: socket.socket) -> tuple[bytearray, list[int]]:
     """As :func:`recv_blob`, also returning the descriptors passed with it (the caller
     closes them; on error they are closed here)."""
     flags = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
-    head, fds, _flags, _addr = socket.recv_fds(sock, 8, 2, flags)
+    head, fds, _flags, _addr = socket.recv_fds(sock, 8, MAX_FDS, flags)
     try:
         if not head:
             raise EOFError("connection closed before a message")
@@ -254,15 +259,12 @@ def run_task(fn, data: socket.socket, result_format: str | None = None,
                 if fd is not None:
                     payload = None
         body = _OK_META_BYTES if meta is _OK_META else json.dumps(meta).encode()
-        if fd is None:
-            send_blob(data, body)
-        else:
-            send_blob_fd(data, body, fd)
-            os.close(fd)
-        if payload is None:
-            send_blob(data, b"")
-        else:
-            send_chunks(data, payload.chunks, payload.size)
+        try:
+            send_frames(data, [body, [] if payload is None else list(payload.chunks)],
+                        () if fd is None else (fd,))
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     loaded_modules, loaded_path = _LOADED or (frozenset(sys.modules), tuple(sys.path))
     try:
@@ -404,8 +406,9 @@ def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None)
     _snapshot_loaded()
     gc.freeze()
     wake = _wakeup_pipe()
-    children: dict[int, bytes | None] = {}  # pid -> run message (None: the spare, not yet given one)
-    spare: _Spare | None = _Spare.fork(fn, ctrl, wake, children)
+    children: set[int] = set()  # task processes (spares included) not yet reaped
+    preloads = 0  # preload messages handled: a spare forked before the last is stale
+    _fork_spare(fn, ctrl, wake, children, preloads)  # the first task's process
     watched: list[socket.socket | int] = [ctrl, wake]
     while True:
         ready, _, _ = select.select(watched, [], [])
@@ -415,97 +418,65 @@ def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None)
             except BlockingIOError:
                 pass
         _reap(ctrl, children)
-        if spare is not None and spare.pid not in children:
-            spare.close()  # it died idle (killed from outside): the next task forks anew
-            spare = None
         if ctrl not in ready:
             continue
-        data, fds = recv_raw(ctrl)
-        if data is None:  # the agent is gone: take our tasks with us
+        msg, fds = recv_msg(ctrl)
+        for fd in fds:  # (none is expected)
+            os.close(fd)
+        if msg is None:  # the agent is gone: take our tasks with us
             for pid in children:
                 _kill_group(pid)
             return
-        if data[:1] == RUN and fds:
-            for _attempt in range(2):  # a spare that died idle a moment ago: fork anew
-                if spare is None:
-                    spare = _Spare.fork(fn, ctrl, wake, children)
-                if spare is None or spare.start(data, fds, children):
-                    break  # started; or no fork possible: closing the socket fails the task
-                spare = None
-            for fd in fds:
-                os.close(fd)
-            # The next task's process is forked now, while this one runs, so a task
-            # never waits for a fork: it finds a process ready for it.
-            spare = _Spare.fork(fn, ctrl, wake, children)
-            continue
-        msg = decode(data)
-        if msg.get("op") == "preload":
+        op = msg.get("op")
+        if op == "spare":
+            _fork_spare(fn, ctrl, wake, children, preloads)
+        elif op == "preload":
             _preload(msg.get("modules", []), msg.get("path", []))
             _snapshot_loaded()
             gc.freeze()
-            if spare is not None:  # forked before these imports: replace it
-                spare.discard(children)
-                spare = _Spare.fork(fn, ctrl, wake, children)
-            continue
-        for fd in fds:
-            os.close(fd)
+            preloads += 1
 
 
-class _Spare:
-    """A task child forked ahead of its task, waiting for it on a socket of its own.
+#: What a spare sends on its socket once it is set up: from then on it leads its own
+#: process group (what a timeout or cancel kills) and waits for its task.
+SPARE_READY = b"R"
 
-    It has done everything that does not depend on the task (own session, GC off,
-    signal handlers reset, RNGs reseeded) before the task exists; given one, it only
-    points its output at the task's files and runs it."""
 
-    def __init__(self, pid: int, sock: socket.socket):
-        self.pid, self.sock = pid, sock
-
-    @classmethod
-    def fork(cls, fn, ctrl: socket.socket, wake: int, children: dict) -> _Spare | None:
-        """Fork a spare (None if the fork fails: the host then forks per task)."""
-        mine, theirs = control_pair()
-        try:
-            pid = os.fork()
-        except OSError:
-            mine.close()
-            theirs.close()
-            return None
-        if pid == 0:
-            mine.close()
-            _spare_main(fn, ctrl, wake, theirs)  # never returns
+def _fork_spare(fn, ctrl: socket.socket, wake: int, children: set[int], preloads: int) -> None:
+    """Fork a task process ahead of its task (a *spare*) and pass the agent its end of the
+    spare's socket: ``{"op": "spare", "pid", "preloads"}`` (``preloads``: how many preload
+    messages this host had handled; the agent drops a spare forked before its last one).
+    The agent then talks to the spare directly: the run message and arguments in, the
+    result out; the host only forks, reaps and reports a child that did not exit cleanly.
+    A failed fork is reported as ``{"op": "spare_failed", "error"}``."""
+    mine, theirs = socket.socketpair()
+    try:
+        pid = os.fork()
+    except OSError as e:
+        mine.close()
         theirs.close()
-        children[pid] = None
-        return cls(pid, mine)
-
-    def start(self, run: bytes, fds: list[int], children: dict) -> bool:
-        """Hand the spare its task: the run message as it came (see :data:`RUN`), the
-        task's data socket and, when the arguments are a file, that file. False if the
-        spare is gone; its pid is then reaped as an idle child."""
         try:
-            socket.send_fds(self.sock, [run], fds)
+            send_msg(ctrl, {"op": "spare_failed", "error": str(e)[:500]})
         except OSError:
-            return False
-        finally:
-            self.close()
-        if self.pid in children:
-            children[self.pid] = run  # the child tells the agent its pid itself
-        return True
-
-    def discard(self, children: dict) -> None:
-        _kill_group(self.pid)
-        children.pop(self.pid, None)
-        try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
             pass
-        self.close()
-
-    def close(self) -> None:
-        self.sock.close()
+        return
+    if pid == 0:
+        mine.close()
+        _spare_main(fn, ctrl, wake, theirs)  # never returns
+    theirs.close()
+    children.add(pid)
+    try:
+        send_msg(ctrl, {"op": "spare", "pid": pid, "preloads": preloads}, [mine.fileno()])
+    except OSError:  # the agent is gone (the main loop sees the EOF next)
+        pass
+    finally:
+        mine.close()
 
 
 def _spare_main(fn, ctrl: socket.socket, wake: int, sock: socket.socket) -> None:
+    """A spare's life: set up everything that does not depend on the task (own session,
+    GC off, signal handlers reset, RNGs reseeded), say so, wait for the task on its
+    socket, run it, exit. The agent closing the socket first means: exit, unused."""
     code = 0
     try:
         os.setsid()  # own process group: a timeout kills everything the task started
@@ -516,10 +487,12 @@ def _spare_main(fn, ctrl: socket.socket, wake: int, sock: socket.socket) -> None
         ctrl.close()
         os.close(wake)
         _reseed_after_fork()
-        msg, fds = recv_msg(sock)  # blocks until a task comes (or the host goes: EOF)
-        sock.close()
-        if msg is not None and fds:
-            _run_child(fn, fds, msg)
+        sock.sendall(SPARE_READY)
+        try:
+            run, fds = recv_blob_fds(sock)  # blocks until a task comes
+        except EOFError:  # not needed after all (the agent dropped it, or is gone)
+            return
+        _run_child(fn, sock, json.loads(run), fds)
     except BaseException:  # noqa: BLE001 - report nothing more; the exit status speaks
         code = 70
     finally:
@@ -562,13 +535,12 @@ def _preload(modules: list[str], path: list[str]) -> None:
             pass
 
 
-def _run_child(fn, fds: list[int], msg: dict) -> None:
-    """In a spare that was given its task: run it over its data socket (``fds[0]``); its
-    arguments' reference (``msg["args"]``) may name ``fds[1:]`` (gpumesh.payloadref)."""
+def _run_child(fn, sock: socket.socket, msg: dict, fds: list[int]) -> None:
+    """In a spare that was given its task: run it over its socket (the arguments follow
+    the run message there, unless ``msg["args"]`` is a reference, which may name ``fds``:
+    gpumesh.payloadref)."""
     if _TRACE:
         tracing.mark("task.start")
-    data = socket.socket(fileno=fds[0])
-    data.sendall(struct.pack("<Q", os.getpid()))  # first: the agent may need to kill us
     env = msg.get("env")
     if env:
         # The slot's device, e.g. CUDA_VISIBLE_DEVICES=<its GPU>: set before the
@@ -576,14 +548,15 @@ def _run_child(fn, fds: list[int], msg: dict) -> None:
         os.environ.update({str(k): str(v) for k, v in env.items()})
     _redirect(1, msg.get("stdout"))
     _redirect(2, msg.get("stderr"))
-    run_task(fn, data, msg.get("result_format"), msg.get("args"), msg.get("handoff_dir"),
-             msg.get("handoff_name"), fds[1:])
-    data.close()
+    run_task(fn, sock, msg.get("result_format"), msg.get("args"), msg.get("handoff_dir"),
+             msg.get("handoff_name"), fds)
+    sock.close()
 
 
-def _reap(ctrl: socket.socket, children: dict[int, bytes | None]) -> None:
-    """Reap exited children; tell the agent of a task's process that did not exit cleanly
-    (``children``: pid -> its run message, None for the idle spare)."""
+def _reap(ctrl: socket.socket, children: set[int]) -> None:
+    """Reap exited children; tell the agent of each task process (an idle spare's too)
+    that did not exit cleanly: ``{"op": "exited", "pid", "code"}``. A clean exit follows
+    a delivered result, or a spare the agent let go."""
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -591,16 +564,13 @@ def _reap(ctrl: socket.socket, children: dict[int, bytes | None]) -> None:
             return
         if pid == 0:
             return
-        run = children.pop(pid, None)
-        if run is None:
-            continue
+        children.discard(pid)
         code = os.waitstatus_to_exitcode(status)
         if code == 0:
-            continue  # a clean exit follows a delivered result: nobody is waiting for it
+            continue
         try:
-            task_id = decode(run)["task_id"]  # decoded only now: this is the rare case
-            send_msg(ctrl, {"op": "exited", "task_id": task_id, "pid": pid, "code": code})
-        except (OSError, ValueError, KeyError):
+            send_msg(ctrl, {"op": "exited", "pid": pid, "code": code})
+        except OSError:
             pass
 
 

@@ -9,8 +9,8 @@ interpreter (no fork). Its life:
    the modules earlier tasks of that function imported; answer ``ready`` or
    ``load_error``. ``preload`` messages may add modules while it waits;
 3. ``run``: point stdout/stderr at the task's files, set its environment and run it
-   exactly as a forked task child does (:func:`gpumesh.worker.runner.run_task`, over the
-   same socket: ``u64 pid | meta | payload``). Arguments come on the socket, or (big) as
+   as a forked task child does (:func:`gpumesh.worker.runner.run_task`, over the same
+   socket: ``u64 pid | meta | payload``; its pid first, once per task). Arguments come on the socket, or (big) as
    a :class:`~gpumesh.payloadref.PayloadRef` to a file it maps by path; a big result goes back as a file (the agent's spool or the
    coordinator's handoff directory), never as a descriptor;
 4. exit, unless the job asked for ``isolation="job"``: then wait for the job's next task.
