@@ -104,7 +104,7 @@ class Host:
 
     It keeps task processes forked ahead of their tasks (spares) and passes each one's
     socket here: a task is handed straight to its spare, and its result comes back the
-    same way, so the host is off a task's path. Each task that takes the last idle spare
+    same way, so the host is off a task's path. Each task handed to the last idle spare
     has the host fork the next one at once."""
 
     def __init__(self, fn_hash: str, ctrl: socket.socket):
@@ -194,7 +194,7 @@ class Host:
     def _ask(self) -> None:
         """Ask the host for one more spare. Called with the lock held."""
         try:
-            runner.send_msg(self.ctrl, {"op": "spare"})
+            self.ctrl.send(runner.SPARE_REQUEST)
             self._asked += 1
         except OSError:
             pass  # the host is gone: its reader wakes the waiters
@@ -215,17 +215,21 @@ class Host:
                 if self.dead:
                     return None
                 spare = self._spares.popleft()
-                if not self._spares and not self._asked:
-                    # Its replacement is forked now, while this task runs (asked for when
-                    # the task ends, the fork competed with posting its result, measured
-                    # on 2 cores), so the next task finds a process ready for it.
-                    self._ask()
                 pending.pid = spare.pid
                 self._by_pid[spare.pid] = pending
             finally:
                 self._takers -= 1
         pending.started.set()
         return spare
+
+    def replenish(self) -> None:
+        """Have the next spare forked unless one is idle or coming: called once a task
+        was handed to its spare, so the fork runs while the task does (asked for when
+        the task ends instead, the fork competed with posting its result, measured on
+        2 cores), and the next task finds a process ready for it."""
+        with self._cv:
+            if not self._spares and not self._asked and not self.dead:
+                self._ask()
 
     def done(self, pending: _Pending) -> None:
         """``pending``'s task is over (or its spare was dead): forget its process."""
@@ -491,6 +495,7 @@ class Executor:
                 if args is not None and not inline:
                     # The child reads while we write; we must be free to read its result.
                     threading.Thread(target=self._send_args, args=(sock, args), daemon=True).start()
+                host.replenish()
                 return spare
             sock.close()
             host.done(pending)
