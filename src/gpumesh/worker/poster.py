@@ -4,7 +4,8 @@ from the answers (see :mod:`gpumesh.coordinator.routes.batch`).
 
 A slot's thread hands its result over and carries on with the next grant of its queue
 at once; only a slot whose queue is empty waits for the answer (which carries its next
-grants). There is no timer: a batch is whatever finished while the previous post was on
+grants), and such a slot posts its result itself when no other post is on its way (one
+post at a time either way). There is no timer: a batch is whatever finished while the previous post was on
 the wire, so a lone result goes at once and adds no latency. A result stays in the
 heartbeat's "running" list until its post is answered, and each is fenced by its own
 lease: one the coordinator refuses as stale is dropped alone.
@@ -62,6 +63,7 @@ class ResultPoster:
         self._inflight: dict[int | None, int] = {}  # results per slot not yet answered
         self._started: dict[int | None, float] = {}  # when the slot's thread took its task
         self._ready: list[_Pending] = []
+        self._sending = False  # a batch is on its way (one at a time, from either thread)
         self._cv = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="results", daemon=True)
         self._thread.start()
@@ -92,13 +94,24 @@ class ResultPoster:
         with self._cv:
             self.posting.add(item.task.task_id)
             self._inflight[slot] = self._inflight.get(slot, 0) + 1
-            self._ready.append(item)
-            self._cv.notify_all()
             queue = self.queues.get(slot)
-            if queue:
+            if queue:  # the slot carries on; the poster's thread sends the result
+                self._ready.append(item)
+                self._cv.notify_all()
                 return queue.popleft()
             self.waiting.add(slot)
+            inline = not self._sending and not self._ready
+            if inline:
+                self._sending = True
+            else:
+                self._ready.append(item)
+                self._cv.notify_all()
         try:
+            if inline:
+                # Nothing else is on its way, and this thread would only wait for the
+                # answer: it sends the result itself, which spares a hand-over to the
+                # poster's thread and back (two thread wake-ups per result).
+                self._deliver([item])
             return self.next_queued(slot)
         finally:
             with self._cv:
@@ -136,19 +149,25 @@ class ResultPoster:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._ready:
+                while not self._ready or self._sending:
                     self._cv.wait()
                 batch, self._ready = self._ready, []
-            try:
-                self._send(batch)
-            except Exception:  # noqa: BLE001 - the thread must outlive any one batch
-                log.exception("posting %d results failed", len(batch))
-            finally:
-                with self._cv:
-                    for item in batch:
-                        self.posting.discard(item.task.task_id)
-                        self._inflight[item.slot] -= 1
-                    self._cv.notify_all()
+                self._sending = True
+            self._deliver(batch)
+
+    def _deliver(self, batch: list[_Pending]) -> None:
+        """Post ``batch`` (``_sending`` set by the caller) and account for it."""
+        try:
+            self._send(batch)
+        except Exception:  # noqa: BLE001 - the thread must outlive any one batch
+            log.exception("posting %d results failed", len(batch))
+        finally:
+            with self._cv:
+                for item in batch:
+                    self.posting.discard(item.task.task_id)
+                    self._inflight[item.slot] -= 1
+                self._sending = False
+                self._cv.notify_all()
 
     def _want(self, batch: list[_Pending]) -> tuple[dict[int, int], list[int]]:
         """How many grants each slot of ``batch`` asks for (its queue topped up to its
