@@ -5,7 +5,7 @@
     register ─► heartbeat thread (every HEARTBEAT_INTERVAL_S: "these tasks are running";
     │           answers carry task ids to cancel)
     ▼
-    lease loop: POST /lease {free: [slot ids]} (long-poll) ─► one thread per granted task:
+    lease loop: POST /lease {free: [slot ids]} (long-poll) ─► each granted task to its slot's thread:
                 fetch function blob (cached by sha256) ─► Executor.run ─► POST result
                 (retried with backoff until accepted or refused as stale)
     scorer: after joining, benchmark the devices in a separate process while no task runs
@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import random
 import shutil
 import threading
@@ -156,6 +157,7 @@ class WorkerAgent(OwnerRules):
         #: result is delivered (argument download, run and result upload included).
         self._held: set[str] = set()
         self._output: dict[str, _OutputCursor] = {}
+        self._slot_inbox: dict[int, queue.SimpleQueue] = {}  # grants for each slot's thread
         #: The coordinator's payload directories when it shares this machine and user
         #: (big arguments and results then change hands as files; gpumesh.handoff).
         self.handoff: Handoff | None = None
@@ -453,10 +455,33 @@ class WorkerAgent(OwnerRules):
                 slot = left.pop(0)
             else:
                 slot = None
-            t = threading.Thread(target=self._run_task, args=(task, args, slot),
-                                 name=f"task-{task.task_id}", daemon=True)
-            t.start()
+            self._slot_thread(slot, task, args)
         self._release(left)
+
+    def _slot_thread(self, slot: int | None, task: protocol.TaskGrant, args) -> None:
+        """Run ``task`` on ``slot``'s own thread, which waits between its tasks (started
+        with the slot's first task; a slot the coordinator did not name gets a thread of
+        its own). Starting a thread per task cost this loop a wait for the new thread to
+        run first, on every task that a lease brings."""
+        if slot is None:
+            threading.Thread(target=self._run_task, args=(task, args, slot),
+                             name=f"task-{task.task_id}", daemon=True).start()
+            return
+        inbox = self._slot_inbox.get(slot)
+        if inbox is None:
+            inbox = self._slot_inbox[slot] = queue.SimpleQueue()
+            threading.Thread(target=self._slot_loop, args=(slot, inbox),
+                             name=f"slot-{slot}", daemon=True).start()
+        inbox.put((task, args))
+
+    def _slot_loop(self, slot: int, inbox: queue.SimpleQueue) -> None:
+        while True:
+            task, args = inbox.get()
+            try:
+                self._run_task(task, args, slot)
+            except Exception:  # noqa: BLE001 - the slot's later tasks still need the thread
+                log.exception("the thread of slot %s failed", slot)
+            task = args = None  # (a big argument is shared memory: not held while idle)
 
     def _release(self, slots) -> None:
         with self._free_cv:
