@@ -488,36 +488,6 @@ def _fork_spare(fn, ctrl: socket.socket, wake: int, children: set[int], preloads
         mine.close()
 
 
-#: A run message's shape, for :func:`_rehearse`.
-_REHEARSAL_RUN = (b'{"op": "run", "task_id": "0", "stdout": "/", "stderr": "/", '
-                  b'"result_format": null, "env": {"X": "0"}}')
-
-
-def _rehearse() -> None:
-    """Take a task's path once on dummy data while the spare waits: decode a run message,
-    read frames off a socket, unpickle arguments, pickle a value, send a reply. A forked
-    child pays a copy-on-write fault for every page it first writes (incrementing the
-    reference count of an object is a write), and the first use of each of these costs
-    ~120 such faults in all; paid here, they leave the task's own path (measured, a
-    no-op task from its spare's "ready" to its reply: ~160 -> ~40 faults, 0.72 -> 0.37 ms
-    of CPU). Nothing it touches stays visible to the task: the functions are pure and
-    the socket pair is closed."""
-    from gpumesh import wire
-    try:
-        json.loads(_REHEARSAL_RUN)
-        wire.loads(bytearray(b"".join(bytes(c) for c in wire.dumps(((0,), {})).chunks)))
-        a, b = socket.socketpair()
-        try:
-            send_frames(a, [b"{}", [memoryview(b"0")]])
-            recv_blob_fds(b)
-            recv_blob(b)
-        finally:
-            a.close()
-            b.close()
-    except Exception:  # noqa: BLE001 - only a head start: the task takes its path anyway
-        pass
-
-
 def _spare_main(fn, ctrl: socket.socket, wake: int, sock: socket.socket) -> None:
     """A spare's life: set up everything that does not depend on the task (own session,
     GC off, signal handlers reset, RNGs reseeded), say so, wait for the task on its
@@ -532,7 +502,6 @@ def _spare_main(fn, ctrl: socket.socket, wake: int, sock: socket.socket) -> None
         ctrl.close()
         os.close(wake)
         _reseed_after_fork()
-        _rehearse()
         sock.sendall(SPARE_READY)
         try:
             run, fds = recv_blob_fds(sock)  # blocks until a task comes
