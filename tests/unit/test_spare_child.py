@@ -36,7 +36,7 @@ def run(tmp_path):
     ex = Executor(spool=tmp_path / "spool")
     blobs = {}
 
-    def run_fn(fn, timeout=30):
+    def run_fn(fn, timeout=30, outcome=False):
         payload = wire.dumps(fn, code=True)
         h = payload.sha256()
         if h not in blobs:
@@ -44,6 +44,8 @@ def run(tmp_path):
             blobs[h].write_bytes(b"".join(bytes(c) for c in payload.chunks))
         args = b"".join(bytes(c) for c in wire.dumps(((), {})).chunks)
         out = ex.run(TaskGrant(os.urandom(8).hex(), "-", h, timeout=timeout), str(blobs[h]), args)
+        if outcome:
+            return out
         assert out.status == "ok", out.error
         return wire.loads(out.payload)
 
@@ -88,9 +90,12 @@ def test_a_task_and_its_result_skip_the_host_and_no_state_carries_over(run):
     os.kill(host, signal.SIGSTOP)
     try:
         pid2, host2, n2 = run(count, timeout=10)
+        # No spare left, and the stopped host forks none: the task's timeout still holds.
+        late = run(count, timeout=1, outcome=True)
     finally:
         os.kill(host, signal.SIGCONT)
     assert (pid2, host2) == (spare, host)
+    assert (late.status, late.error["type"]) == ("error", "TaskTimeout")
     pid3, host3, n3 = run(count)                 # the host forked its replacement
     assert host3 == host and len({pid1, pid2, pid3}) == 3
     assert n1 == n2 == n3 == 1                   # each task saw only its own append

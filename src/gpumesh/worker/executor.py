@@ -93,10 +93,10 @@ class _Spare:
     """A task process its host forked ahead of its task (runner._fork_spare): our end of
     its socket, and its pid."""
 
-    __slots__ = ("pid", "sock", "preloads")
+    __slots__ = ("pid", "sock")
 
-    def __init__(self, pid: int, sock: socket.socket, preloads: int):
-        self.pid, self.sock, self.preloads = pid, sock, preloads
+    def __init__(self, pid: int, sock: socket.socket):
+        self.pid, self.sock = pid, sock
 
 
 class Host:
@@ -175,7 +175,7 @@ class Host:
                 sock.close()  # (it exits, unused)
                 self._ask()
             else:
-                self._spares.append(_Spare(msg["pid"], sock, self._preloads))
+                self._spares.append(_Spare(msg["pid"], sock))
             self._cv.notify_all()
 
     def _exited(self, pid, code) -> None:
@@ -199,19 +199,25 @@ class Host:
         except OSError:
             pass  # the host is gone: its reader wakes the waiters
 
-    def take(self, pending: _Pending) -> _Spare | None:
+    def take(self, pending: _Pending, deadline: float | None = None) -> _Spare | None:
         """A spare for ``pending``'s task (waiting for one if none is idle), registered as
-        that task's process; None if the host died or could not fork."""
+        that task's process; None if the host died or could not fork, or the task was
+        cancelled meanwhile. Raises ``TimeoutError`` at ``deadline`` (monotonic)."""
         with self._cv:
             self._takers += 1
             failures = self._fork_failures
             try:
                 while not self._spares and not self.dead:
-                    if self._fork_failures != failures:
-                        return None  # (the host stays: the next task asks again)
+                    if self._fork_failures != failures or pending.killed_for:
+                        return None  # (a failed fork: the next task asks again)
                     if self._asked < self._takers:
                         self._ask()
-                    self._cv.wait()
+                    wait = 0.5  # (and look at pending.killed_for again)
+                    if deadline is not None:
+                        wait = min(wait, deadline - time.monotonic())
+                        if wait <= 0:
+                            raise TimeoutError("no task process came in time")
+                    self._cv.wait(wait)
                 if self.dead:
                     return None
                 spare = self._spares.popleft()
@@ -467,7 +473,16 @@ class Executor:
         and, unless they are a reference, its ``args``, on the spare's own socket. Returns
         the spare, or the task's outcome when it cannot start (no spare: ``retry``)."""
         for _attempt in range(3):  # a spare killed while idle: take the next one
-            spare = host.take(pending)
+            try:
+                spare = host.take(pending, deadline)
+            except TimeoutError:  # (no process to kill: none was taken)
+                pending.started.set()
+                return self._timed_out(pending, timeout)
+            if pending.killed_for:
+                if spare is not None:
+                    spare.sock.close()
+                pending.started.set()  # (the canceller waits for it)
+                return self._killed_outcome(pending)
             if spare is None:
                 why = host.spare_error if not host.dead else None
                 return Outcome("retry", {"kind": FailureKind.HOST_DIED, "message":
