@@ -186,3 +186,32 @@ def test_a_person_with_a_max_running_cap_gets_no_queue(coordinator):
     r = _post(c, [BatchedResult(g0.task_id, g0.lease_id, "ok", has_payload=True)], [b"r0"],
               next={0: 4}, idle=[0])
     assert len(_answer(r)[0]["tasks"]) == 1, "a queued grant would count against the cap"
+
+
+def test_each_queued_grant_carries_the_keys_and_values_of_a_lease_answer(coordinator):
+    c, coord = coordinator
+    r = c.post(protocol.WORKERS, json={"slots": 1, "hostname": "box", "allow_installs": True},
+               headers=_auth(WORKER))  # (it may build the job's environment)
+    assert r.status_code == 200, r.text
+    blob = b"not really a function"
+    fn = hashlib.sha256(blob).hexdigest()
+    submit = JobSubmit(job_id="00aa11bb22cc", fn=fn, n_tasks=4, fn_inline=True, isolation="job",
+                       name="squares", timeout=7.5, require={"requires": ["numpy>=1"]})
+    r = c.post(protocol.JOBS, content=_body([json.dumps(submit.as_dict()).encode(), blob,
+                                             *[f"a{i}".encode() for i in range(4)]]), headers=_auth())
+    assert r.status_code == 200, r.text
+    wid = _worker_id(c)
+    (g0,) = _lease(c, wid, [0])
+    r = _post(c, [BatchedResult(g0.task_id, g0.lease_id, "ok", has_payload=True)], [b"r0"],
+              next={0: 3}, idle=[0])
+    head, args = _answer(r)
+    leases = {tid: lease.lease_id for tid, lease in coord.leases.items()}
+    assert head["tasks"] == [
+        {"task_id": t["task_id"], "job_id": "00aa11bb22cc", "index": i, "lease_id": leases[t["task_id"]],
+         "attempt": 1, "kind": "function", "fn": fn, "timeout": 7.5, "name": "squares", "slot": 0,
+         "result_format": "pickle", "isolation": "job", "requires": ["numpy>=1"]}
+        for i, t in zip((1, 2, 3), head["tasks"])]
+    assert [list(t) for t in head["tasks"]] == [[
+        "task_id", "job_id", "index", "lease_id", "attempt", "kind", "fn", "timeout", "name",
+        "slot", "result_format", "isolation", "requires"]] * 3, "the wire's key order"
+    assert args == [b"a1", b"a2", b"a3"]
