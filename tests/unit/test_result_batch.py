@@ -186,3 +186,59 @@ def test_a_person_with_a_max_running_cap_gets_no_queue(coordinator):
     r = _post(c, [BatchedResult(g0.task_id, g0.lease_id, "ok", has_payload=True)], [b"r0"],
               next={0: 4}, idle=[0])
     assert len(_answer(r)[0]["tasks"]) == 1, "a queued grant would count against the cap"
+
+
+def test_each_queued_grant_carries_the_keys_and_values_of_a_lease_answer(coordinator):
+    c, coord = coordinator
+    r = c.post(protocol.WORKERS, json={"slots": 1, "hostname": "box", "allow_installs": True},
+               headers=_auth(WORKER))  # (it may build the job's environment)
+    assert r.status_code == 200, r.text
+    blob = b"not really a function"
+    fn = hashlib.sha256(blob).hexdigest()
+    submit = JobSubmit(job_id="00aa11bb22cc", fn=fn, n_tasks=4, fn_inline=True, isolation="job",
+                       name="squares", timeout=7.5, require={"requires": ["numpy>=1"]})
+    r = c.post(protocol.JOBS, content=_body([json.dumps(submit.as_dict()).encode(), blob,
+                                             *[f"a{i}".encode() for i in range(4)]]), headers=_auth())
+    assert r.status_code == 200, r.text
+    wid = _worker_id(c)
+    (g0,) = _lease(c, wid, [0])
+    r = _post(c, [BatchedResult(g0.task_id, g0.lease_id, "ok", has_payload=True)], [b"r0"],
+              next={0: 3}, idle=[0])
+    head, args = _answer(r)
+    leases = {tid: lease.lease_id for tid, lease in coord.leases.items()}
+    assert head["tasks"] == [
+        {"task_id": t["task_id"], "job_id": "00aa11bb22cc", "index": i, "lease_id": leases[t["task_id"]],
+         "attempt": 1, "kind": "function", "fn": fn, "timeout": 7.5, "name": "squares", "slot": 0,
+         "result_format": "pickle", "isolation": "job", "requires": ["numpy>=1"]}
+        for i, t in zip((1, 2, 3), head["tasks"])]
+    assert [list(t) for t in head["tasks"]] == [[
+        "task_id", "job_id", "index", "lease_id", "attempt", "kind", "fn", "timeout", "name",
+        "slot", "result_format", "isolation", "requires"]] * 3, "the wire's key order"
+    assert args == [b"a1", b"a2", b"a3"]
+
+
+def test_a_store_failure_mid_batch_keeps_what_was_stored_and_the_store_usable(coordinator):
+    c, coord = coordinator
+    _setup(c, 4, slots=2)
+    wid = _worker_id(c)
+    g = _lease(c, wid, [0, 1])
+    real, calls = coord.store.finish, []
+
+    def finish(*a, **kw):  # the second result's write fails (a full disk, say)
+        calls.append(a[0])
+        if len(calls) == 2:
+            raise OSError("no space left on device")
+        return real(*a, **kw)
+    coord.store.finish = finish
+    r = _post(c, [BatchedResult(g[0].task_id, g[0].lease_id, "ok", has_payload=True),
+                  BatchedResult(g[1].task_id, g[1].lease_id, "ok", has_payload=True)], [b"v0", b"v1"],
+              next={0: 1, 1: 1})
+    assert r.status_code == 500 and r.json()["error"] == "internal"
+    coord.store.finish = real
+    assert not coord.store.db.in_transaction, "the batch's transaction was ended"
+    assert _results(c)[g[0].index] == ("done", b"v0"), "the result stored before the failure is kept"
+    # the store takes the next batch as usual
+    (again,) = [x for x in _lease(c, wid, [0]) if x.index not in (g[0].index, g[1].index)]
+    r = _post(c, [BatchedResult(again.task_id, again.lease_id, "ok", has_payload=True)], [b"v2"])
+    assert r.status_code == 200, r.text
+    assert _results(c)[again.index] == ("done", b"v2")

@@ -146,6 +146,25 @@ def test_result_meta_and_hand_back_and_output_validation(api):
         == "output needs two frames: stdout, stderr"
 
 
+def test_a_result_asking_for_a_bad_slot_is_refused_before_anything_is_stored(api):
+    wid = api.worker(slots=1)
+    assert api.submit().status_code == 200
+    r = api.call("POST", protocol.worker_lease(wid), json={"slots": 1, "free": [0]})
+    (grant,) = protocol.TaskGrant.list_from_dict(json.loads(bytes(wire.unpack_frames(bytearray(r.content))[0])))
+    head = b"".join(bytes(c) for c in wire.pack_frames([json.dumps({"status": "ok"}).encode(), b"v"])[0])
+    path = protocol.task_result(grant.task_id) + f"?lease={grant.lease_id}&next=1&slot=99999"
+    assert api.refusal("POST", path, 400, "bad_request", content=head) \
+        == "query parameter 'slot' must be a slot id"
+    # the result was not stored: the lease is still current, and a good post lands
+    assert api.coord.leases[grant.task_id].lease_id == grant.lease_id
+    path = protocol.task_result(grant.task_id) + f"?lease={grant.lease_id}&next=1&slot=0"
+    r = api.call("POST", path, content=head)
+    assert r.status_code == 200, r.text
+    (nxt,) = protocol.TaskGrant.list_from_dict(json.loads(bytes(wire.unpack_frames(bytearray(r.content))[0])))
+    assert (nxt.index, nxt.slot) == (1, 0)
+    assert {t["index"]: t["state"] for t in api.store.task_rows("abcdef01")} == {0: "done", 1: "leased"}
+
+
 def test_release_many_and_tokens_validation(api):
     assert api.refusal("POST", protocol.JOBS_RELEASE, 400, "bad_request", json={"jobs": []}) \
         == f"field 'jobs' must be a list of 1 to {schemas.MAX_RELEASE_JOBS} job ids"

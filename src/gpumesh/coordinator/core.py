@@ -269,10 +269,13 @@ class Coordinator:
             if cur and cur[0] is fut:
                 del self.idle[wid]
 
-    def _grant(self, w: Worker, slots: int, free: list[int] | None = None) -> list[Grant]:
+    def _grant(self, w: Worker, slots: int, free: list[int] | None = None,
+               queue: bool = False) -> list[Grant]:
         """Give each of ``w``'s free slots (strongest first) a task it can run, chosen by
         :mod:`.placement` from what the run queue offers (round-robin between people, then
-        between each person's jobs; a person at their ``max_running`` cap is passed over)."""
+        between each person's jobs; a person at their ``max_running`` cap is passed over).
+        ``queue`` (``free`` names one slot): up to ``slots`` tasks for that one slot, one
+        after the other, while each granted job may queue another (:meth:`queues`)."""
         if not len(self.queue):
             return []
         slot_ids = placing.free_slots(self, w, slots, free)
@@ -280,7 +283,7 @@ class Coordinator:
             return []
         views = w.slot_views()  # strongest first
         if len(slot_ids) == 1:
-            serve = [v for v in views if v.id == slot_ids[0]]
+            serve = [v for v in views if v.id == slot_ids[0]] * (max(1, slots) if queue else 1)
         else:
             want = Counter(slot_ids)  # a legacy request may name a slot more than once
             serve = [v for v in views for _ in range(want.get(v.id, 0))]
@@ -308,11 +311,16 @@ class Coordinator:
             if got is None:
                 got = self.queue.take_one(lambda j, q: self._choose(j, q, slot, ctx),
                                           lane_ok=lambda req: placing.runs(req, slot), owner_ok=owner_ok)
-            if got is not None:
-                taken.append((got[0], got[1], slot.id, slot.kind != "cpu"))
-                if owner_ok is not None:
-                    job = self.jobs.get(got[0])
-                    running[job.owner if job else None] += 1
+            if got is None:
+                if queue:
+                    break  # (the same slot again would get nothing either)
+                continue
+            taken.append((got[0], got[1], slot.id, slot.kind != "cpu"))
+            if owner_ok is not None:
+                job = self.jobs.get(got[0])
+                running[job.owner if job else None] += 1
+            if queue and not self.queues(got[0]):
+                break
         if not taken:
             return []
         now = self.clock()
@@ -331,6 +339,34 @@ class Coordinator:
         if self.on_grants is not None:
             self.on_grants(grants, now)
         return grants
+
+    def grant_queued(self, wid: str, slot: int, n: int, idle: bool = False) -> list[Grant]:
+        """Up to ``n`` tasks for slot ``slot`` of worker ``wid``, in one placement pass and
+        one store write (``[]`` for a worker that is gone or when nothing is pending).
+
+        The grants are what the slot runs next, in this order: behind its running task
+        (its queue), or first of all when the slot is ``idle``. Each is an ordinary lease
+        (counted as running, re-queued when the worker is lost). A grant follows another
+        only while the job granted last queues (:meth:`queues`): a task of another kind
+        may end the queue, but nothing waits behind it. An idle slot that gets nothing
+        joins the worker's open lease poll, as with :meth:`grant_now`; a busy one does
+        not (that poll would start a second task in it)."""
+        w = self.workers.get(wid)
+        if w is None or not w.alive or n < 1:
+            return []
+        grants = self._grant(w, n, [slot], queue=True)
+        if not grants and idle:
+            self._poll_serves(wid, slot)
+        return grants
+
+    def queues(self, job_id: str) -> bool:
+        """Whether a slot may hold more grants behind a task of ``job_id``: only a job
+        that keeps its process (``isolation="job"``), and not for a person with a
+        ``max_running`` cap (a queued grant counts as running, and would keep their tasks
+        off other, idle slots)."""
+        job = self.jobs.get(job_id)
+        return job is not None and job.meta.get("isolation") == "job" \
+            and job.owner not in self.max_running
 
     def running_by_owner(self) -> Counter[str | None]:
         """Leased tasks per person (O(leases): at most the pool's slots, plus a few)."""
@@ -607,14 +643,17 @@ class Coordinator:
             return []
         grants = self._grant(w, slots, None if slot is None else [slot])
         if not grants and slot is not None:
-            # The slot is idle now. If the worker has a lease long-poll open (naming its
-            # other free slots), let that poll serve this slot too; otherwise a task only
-            # this slot may run would wait for the poll to time out.
-            waiter = self.idle.get(wid)
-            if waiter is not None and not waiter[0].done() and waiter[2] is not None \
-                    and slot not in waiter[2]:
-                self.idle[wid] = (waiter[0], waiter[1] + 1, waiter[2] + [slot])
+            self._poll_serves(wid, slot)
         return grants
+
+    def _poll_serves(self, wid: str, slot: int) -> None:
+        """Slot ``slot`` of ``wid`` is idle and got nothing. If the worker has a lease
+        long-poll open (naming its other free slots), let that poll serve this slot too;
+        otherwise a task only this slot may run would wait for the poll to time out."""
+        waiter = self.idle.get(wid)
+        if waiter is not None and not waiter[0].done() and waiter[2] is not None \
+                and slot not in waiter[2]:
+            self.idle[wid] = (waiter[0], waiter[1] + 1, waiter[2] + [slot])
 
     def _finalize(self, job_id: str, task_id: str, state: str, error: dict[str, Any] | None,
                   payload: Any, worker_id: str | None = None) -> None:

@@ -198,6 +198,11 @@ class FinalTask:
     result_size: int
 
 
+#: Task ids per ``IN (...)`` query: well under SQLite's smallest limit on a statement's
+#: parameters (999 before SQLite 3.32).
+ARGS_PER_QUERY = 500
+
+
 class Store:
     """SQLite + files under ``data_dir``. Raises ``OSError``/``sqlite3.Error`` if unusable."""
 
@@ -237,7 +242,18 @@ class Store:
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[None]:
-        """One explicit transaction (the connection is in autocommit mode otherwise)."""
+        """One explicit transaction (the connection is in autocommit mode otherwise);
+        inside :meth:`transaction`, a savepoint: its writes all land, or none does."""
+        if self.db.in_transaction:
+            self.db.execute("SAVEPOINT tx")
+            try:
+                yield
+            except BaseException:
+                self.db.execute("ROLLBACK TO tx")
+                self.db.execute("RELEASE tx")
+                raise
+            self.db.execute("RELEASE tx")
+            return
         self.db.execute("BEGIN IMMEDIATE")
         try:
             yield
@@ -245,6 +261,28 @@ class Store:
             self.db.execute("ROLLBACK")
             raise
         self.db.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Every write made inside in one commit, instead of one each (a commit costs as
+        much as a few small writes). It commits when the block raises too: the
+        coordinator's memory already holds each write that ran, so the store keeps them,
+        as it would have with one commit each. Nested, the outermost one commits. A
+        commit that fails is rolled back (the connection stays usable) and raises
+        ``sqlite3.Error``."""
+        if self.db.in_transaction:
+            yield
+            return
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            try:
+                self.db.execute("COMMIT")
+            except sqlite3.Error:
+                if self.db.in_transaction:
+                    self.db.execute("ROLLBACK")
+                raise
 
     # ---------------------------------------------------------- files ------------
     def _write_file(self, rel: str, chunks: Iterable[Chunk]) -> int:
@@ -473,6 +511,18 @@ class Store:
     def task_args(self, task_id: str) -> tuple[bytes | None, str | None]:
         row = self.db.execute("SELECT args, args_file FROM tasks WHERE id=?", (task_id,)).fetchone()
         return (row[0], row[1]) if row else (None, None)
+
+    def tasks_args(self, task_ids: list[str]) -> dict[str, tuple[bytes | None, str | None]]:
+        """:meth:`task_args` of several tasks in one query per ``ARGS_PER_QUERY``:
+        ``{task_id: (inline, file name)}``, ``(None, None)`` for an unknown task."""
+        out: dict[str, tuple[bytes | None, str | None]] = dict.fromkeys(task_ids, (None, None))
+        for i in range(0, len(task_ids), ARGS_PER_QUERY):
+            ids = task_ids[i:i + ARGS_PER_QUERY]
+            marks = ",".join("?" * len(ids))
+            for tid, inline, fname in self.db.execute(
+                    f"SELECT id, args, args_file FROM tasks WHERE id IN ({marks})", ids):
+                out[tid] = (inline, fname)
+        return out
 
     def lease(self, grants: list[tuple[str, str, str]], on_gpu: frozenset[str] | set[str] = frozenset()) -> None:
         """Mark tasks leased: ``(task_id, lease_id, worker_id)``; ``on_gpu``: the task ids

@@ -61,34 +61,23 @@ async def results(request: Request) -> Response:
     meta, parts = await frames_streamed(request, coord.store)
     batch = read_batch(meta, len(parts))
     payloads = iter(parts)
-    refused, wid = [], None
-    for r in batch.results:
-        payload = next(payloads) if r.has_payload else None
-        try:
-            wid = coord.post_result(r.task_id, r.lease_id, r.status, r.error, payload) or wid
-        except StaleLease as e:
-            refused.append({"task_id": r.task_id, "error": protocol.ErrorCode.STALE_LEASE,
-                            "message": StaleLease(e.task_id, "the task was re-queued or "
-                                                  "already has a result").message})
-    tracing.mark("coordinator.result_stored")
-    grants = []
-    w = coord.workers.get(wid) if wid is not None else None
+    refused, wid, grants = [], None, []
     idle = set(batch.idle or ())
-    if wid is not None and w is not None and w.alive:  # (w is None when wid is)
-        for slot, n in sorted((batch.next or {}).items()):
-            for k in range(n):
-                # An idle slot that gets nothing joins the worker's open lease poll
-                # (grant_now); a busy one must not: that poll would start a second task
-                # in it. Either way the grant is a lease, counted as running.
-                got = (coord.grant_now(wid, 1, slot) if k == 0 and slot in idle
-                       else coord._grant(w, 1, [slot]))
-                grants += got
-                # Only a job that keeps its process (isolation="job") queues behind the
-                # slot's running task: a per-task-process job's grant waits for nothing.
-                # Nor does a person with a max_running cap: a queued grant counts as
-                # running, and would keep their tasks off other, idle slots.
-                job = coord.jobs[got[0].job_id] if got else None
-                if job is None or job.meta.get("isolation") != "job" \
-                        or job.owner in coord.max_running:
-                    break
+    # The batch's results and its grants in one commit: the answer leaves after it, so
+    # a result it acknowledges is stored, and a grant it carries is a stored lease.
+    with coord.store.transaction():
+        for r in batch.results:
+            payload = next(payloads) if r.has_payload else None
+            try:
+                wid = coord.post_result(r.task_id, r.lease_id, r.status, r.error, payload) or wid
+            except StaleLease as e:
+                refused.append({"task_id": r.task_id, "error": protocol.ErrorCode.STALE_LEASE,
+                                "message": StaleLease(e.task_id, "the task was re-queued or "
+                                                      "already has a result").message})
+        if wid is not None:
+            for slot, n in sorted((batch.next or {}).items()):
+                # Each grant is a lease, counted as running; only a job that keeps its
+                # process queues more behind the first (Coordinator.grant_queued).
+                grants += coord.grant_queued(wid, slot, n, idle=slot in idle)
+    tracing.mark("coordinator.result_stored")
     return lease_response(coord, grants, batch.handoff, extra={"refused": refused})

@@ -30,20 +30,22 @@ async def result(request: Request) -> Response:
         raise bad("an ok result needs a payload frame")
     parts = take_handoffs(request, v["handoff_files"], parts, coord.store, v["refs"])
     payload = parts[0] if parts else None
-    try:
-        wid = coord.post_result(tid, lease_id, v["status"], v["error"], payload)
-        tracing.mark("coordinator.result_stored")
-    except StaleLease:
-        raise StaleLease(tid, "the task was re-queued or already has a result") from None
     # ?next=1: the worker's slot is free again; hand it the next task in the same
     # round trip instead of making it come back with a lease request.
-    if request.query_params.get("next") == "1" and wid is not None:
-        slot = request.query_params.get("slot")
-        if slot is not None and not (re.fullmatch(r"[0-9]{1,4}", slot) and int(slot) < 1024):
-            raise bad("query parameter 'slot' must be a slot id")
-        return lease_response(coord, coord.grant_now(wid, 1, None if slot is None else int(slot)),
-                              request.query_params.get("handoff") == "1")
-    return lease_response(coord, [])
+    want_next = request.query_params.get("next") == "1"
+    slot = request.query_params.get("slot") if want_next else None
+    if slot is not None and not (re.fullmatch(r"[0-9]{1,4}", slot) and int(slot) < 1024):
+        raise bad("query parameter 'slot' must be a slot id")  # (before anything is stored)
+    grants = []
+    with coord.store.transaction():  # the result and the next grant in one commit
+        try:
+            wid = coord.post_result(tid, lease_id, v["status"], v["error"], payload)
+        except StaleLease:
+            raise StaleLease(tid, "the task was re-queued or already has a result") from None
+        if want_next and wid is not None:
+            grants = coord.grant_now(wid, 1, None if slot is None else int(slot))
+    tracing.mark("coordinator.result_stored")
+    return lease_response(coord, grants, request.query_params.get("handoff") == "1")
 
 
 @route(protocol.TASK_RELEASE, ["POST"], worker=True)

@@ -16,6 +16,7 @@ from ...limits import HEARTBEAT_INTERVAL_S, SESSION_PING_S, WORKER_TTL_S
 from .. import people
 from ..bodies import Part, frames_response, json_body
 from ..core import Coordinator
+from ..model import Job
 from ..schemas import HEARTBEAT, LEASE_REQUEST, REGISTRATION
 from .base import ctx, path_id, route, until_disconnect
 
@@ -112,9 +113,10 @@ def lease_response(coord: Coordinator, grants, by_path: bool = False,
     if grants:
         tracing.mark("coordinator.grant")
     tasks, parts, files = [], [], {}
+    args = coord.store.tasks_args([g.task_id for g in grants]) if grants else {}
+    fields: dict[str, tuple[dict, dict]] = {}  # job id -> its keys (before, after "slot")
     for g in grants:
-        job = coord.jobs[g.job_id]
-        inline, fname = coord.store.task_args(g.task_id)
+        inline, fname = args[g.task_id]
         if fname is None:
             parts.append(Part(inline))
         elif by_path:  # same machine: the worker maps the file itself
@@ -123,14 +125,12 @@ def lease_response(coord: Coordinator, grants, by_path: bool = False,
         else:
             path = coord.store.file_path(fname)
             parts.append(Part(path=path, size=path.stat().st_size))
+        if g.job_id not in fields:  # a queue's grants are mostly of one job: once each
+            fields[g.job_id] = _job_fields(coord.jobs[g.job_id])
+        before, after = fields[g.job_id]
         tasks.append({"task_id": g.task_id, "job_id": g.job_id, "index": g.index,
-                      "lease_id": g.lease_id, "attempt": g.attempt, "kind": job.kind,
-                      "fn": job.fn_hash, "timeout": job.meta.get("timeout"),
-                      "name": job.meta.get("name", ""), "slot": g.slot,
-                      "result_format": job.meta.get("result_format", "pickle"),
-                      "isolation": job.meta.get("isolation", "task")})
-        if job.require.requires:  # built into a task environment if the worker lacks them
-            tasks[-1]["requires"] = list(job.require.requires)
+                      "lease_id": g.lease_id, "attempt": g.attempt, **before, "slot": g.slot,
+                      **after})
         if g.task_id in files:
             tasks[-1][payloadref.REFS] = {"args": {"kind": "store", "path": files[g.task_id]}}
             # The key before refs, for a worker from before it: drop it in the next release.
@@ -143,3 +143,15 @@ def lease_response(coord: Coordinator, grants, by_path: bool = False,
     # broke off goes back to the queue at once (see Coordinator.lease_delivered).
     return frames_response(head, parts,
                            on_sent=lambda ok: coord.lease_delivered(leases, ok))
+
+
+def _job_fields(job: Job) -> tuple[dict, dict]:
+    """The keys a grant of ``job`` carries that are the same for all its tasks, as two
+    dicts: those before the grant's ``slot`` and those after it (the wire's key order)."""
+    head = {"kind": job.kind, "fn": job.fn_hash, "timeout": job.meta.get("timeout"),
+            "name": job.meta.get("name", "")}
+    tail = {"result_format": job.meta.get("result_format", "pickle"),
+            "isolation": job.meta.get("isolation", "task")}
+    if job.require.requires:  # built into a task environment if the worker lacks them
+        tail["requires"] = list(job.require.requires)
+    return head, tail
