@@ -84,8 +84,10 @@ def send_msg(sock: socket.socket, msg: dict, fds: list[int] | tuple = ()) -> Non
 
 
 def recv_raw(sock: socket.socket) -> tuple[bytes | None, list[int]]:
-    """One message, undecoded, and the fds passed with it; ``(None, [])`` at EOF."""
-    data, fds, _flags, _addr = socket.recv_fds(sock, MAX_CONTROL_BYTES + 1024, 4)
+    """One message, undecoded, and the fds passed with it (close-on-exec: what the
+    receiver starts with ``exec`` never inherits them); ``(None, [])`` at EOF."""
+    data, fds, _flags, _addr = socket.recv_fds(sock, MAX_CONTROL_BYTES + 1024, 4,
+                                               getattr(socket, "MSG_CMSG_CLOEXEC", 0))
     if not data:
         for fd in fds:
             os.close(fd)
