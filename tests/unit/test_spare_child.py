@@ -49,6 +49,7 @@ def run(tmp_path):
         assert out.status == "ok", out.error
         return wire.loads(out.payload)
 
+    run_fn.executor = ex  # type: ignore[attr-defined]
     yield run_fn
     ex.close()
 
@@ -84,6 +85,9 @@ def test_a_task_and_its_result_skip_the_host_and_no_state_carries_over(run):
     spare = wait_for(lambda: _children(host) - {pid1}, 10, 'the spare')
     (spare,) = spare
     wait_for(lambda: os.getpgid(spare) == spare, 10, 'the spare to lead its group')
+    # (and the agent to have its socket: the host passes it on just after the fork)
+    hosts = list(run.executor._hosts.values())
+    wait_for(lambda: [s.pid for h in hosts for s in h._spares] == [spare], 10, "the spare's socket")
     # With its host stopped, the next task still runs and answers: the agent hands it to
     # the spare and reads its result on the spare's own socket (through the host it
     # would wait for the host, and time out).
