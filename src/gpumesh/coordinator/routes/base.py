@@ -75,7 +75,7 @@ class Endpoint:
         return self.roles or (people.WORKER if self.worker else people.SUBMIT)
 
 
-#: Every route in registration order (Starlette matches in this order).
+#: Every route in registration order (the app tries them in the order of :func:`ordered`).
 ENDPOINTS: list[Endpoint] = []
 
 
