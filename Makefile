@@ -42,10 +42,20 @@ test: $(PY)
 	$(PY) -m pytest
 
 # Workers started by these suites inherit GPUMESH_RUNTIME: the same tests, no fork.
+# Left out: test_winsurface (spawn already, whatever the variable) and the modules whose
+# subject is not how a worker runs tasks (proxies, discovery, installs, version checks,
+# the CLI, doctor, the dashboard, the notebook caller, a dropped link's heartbeats);
+# make test runs every one of them.
+SPAWN_SKIP := integration/test_winsurface integration/test_proxies integration/test_radar \
+	integration/test_install_from_coordinator integration/test_python_skew \
+	integration/test_version_skew integration/test_datadir_lock integration/test_doctor \
+	integration/test_doctor_pool integration/test_cli integration/test_cli_more \
+	integration/test_troubleshooting integration/test_dashboard_browser \
+	integration/test_notebook integration/test_windows_details faults/test_network
 test-spawn: $(PY)
 	$(PIP) install -q -e '.[dev]'
 	GPUMESH_RUNTIME=spawn $(PY) -m pytest tests/integration tests/faults tests/conformance \
-		--ignore=tests/integration/test_winsurface.py  # (spawn already, whatever the variable)
+		$(foreach m,$(SPAWN_SKIP),--ignore=tests/$(m).py)
 
 # The same decorator/.map tests on the native mesh, a Dask LocalCluster and a local Ray.
 ENGINES ?= dask ray
