@@ -13,6 +13,7 @@ from gpumesh import protocol, wire
 from gpumesh.coordinator.app import create_app
 from gpumesh.coordinator.core import Coordinator
 from gpumesh.coordinator.store import Store
+from gpumesh.limits import INLINE_BLOB_BYTES
 from gpumesh.protocol import BatchedResult, JobSubmit, LeaseRequest, ResultBatch, TaskGrant
 
 MAIN = "main-token-0123456789abcdefghij"
@@ -233,12 +234,51 @@ def test_a_store_failure_mid_batch_keeps_what_was_stored_and_the_store_usable(co
     r = _post(c, [BatchedResult(g[0].task_id, g[0].lease_id, "ok", has_payload=True),
                   BatchedResult(g[1].task_id, g[1].lease_id, "ok", has_payload=True)], [b"v0", b"v1"],
               next={0: 1, 1: 1})
-    assert r.status_code == 500 and r.json()["error"] == "internal"
+    assert r.status_code == 503 and r.json()["error"] == "internal"
+    assert g[1].task_id in r.json()["message"] and "post the result again" in r.json()["message"]
     coord.store.finish = real
     assert not coord.store.db.in_transaction, "the batch's transaction was ended"
     assert _results(c)[g[0].index] == ("done", b"v0"), "the result stored before the failure is kept"
+    assert g[0].task_id not in coord.leases
+    assert coord.leases[g[1].task_id].lease_id == g[1].lease_id, "the failed one is still leased"
+    # The worker's retry of the same batch: the first is already in, the second lands now.
+    r = _post(c, [BatchedResult(g[0].task_id, g[0].lease_id, "ok", has_payload=True),
+                  BatchedResult(g[1].task_id, g[1].lease_id, "ok", has_payload=True)], [b"v0", b"v1"])
+    assert r.status_code == 200, r.text
+    assert [x["task_id"] for x in _answer(r)[0]["refused"]] == [g[0].task_id]
+    got = _results(c)
+    assert got[g[0].index] == ("done", b"v0") and got[g[1].index] == ("done", b"v1")
     # the store takes the next batch as usual
     (again,) = [x for x in _lease(c, wid, [0]) if x.index not in (g[0].index, g[1].index)]
     r = _post(c, [BatchedResult(again.task_id, again.lease_id, "ok", has_payload=True)], [b"v2"])
     assert r.status_code == 200, r.text
     assert _results(c)[again.index] == ("done", b"v2")
+
+
+def test_a_single_result_the_store_cannot_write_keeps_its_lease_and_its_retry_lands(coordinator):
+    c, coord = coordinator
+    _setup(c, 1)
+    wid = _worker_id(c)
+    (g,) = _lease(c, wid, [0])
+    big = b"x" * (INLINE_BLOB_BYTES + 1)  # streamed into a file, renamed into place when stored
+    real = coord.store._adopt
+
+    def adopt(*a, **kw):  # the store's rename fails once
+        coord.store._adopt = real
+        raise OSError(5, "Input/output error")
+    coord.store._adopt = adopt
+    meta = json.dumps(protocol.ResultPost("ok").as_dict()).encode()
+    post = {"content": _body([meta, big]), "params": {"lease": g.lease_id}, "headers": _auth(WORKER)}
+    r = c.post(protocol.task_result(g.task_id), **post)
+    assert r.status_code == 503 and r.json()["error"] == "internal", r.text
+    assert "Input/output error" in r.json()["message"]
+    assert coord.leases[g.task_id].lease_id == g.lease_id and g.task_id in coord.workers[wid].leases
+    row = coord.store.task_rows("00aa11bb22cc")[0]
+    assert (row["state"], row["attempts"]) == ("leased", 1), "nothing of the result is stored"
+    assert not coord.store.db.in_transaction
+    r = c.post(protocol.task_result(g.task_id), **post)  # the worker posts it again
+    assert r.status_code == 200, r.text
+    assert _results(c) == {0: ("done", big)}
+    row = coord.store.task_rows("00aa11bb22cc")[0]
+    assert (row["state"], row["attempts"]) == ("done", 1), "the task ran once"
+    assert coord.jobs["00aa11bb22cc"].state == "finished"

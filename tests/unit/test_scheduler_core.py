@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 
 import pytest
 
@@ -10,6 +11,7 @@ from gpumesh.coordinator import core
 from gpumesh.coordinator.core import Coordinator, NoWorkers, StaleLease, UnknownJob, UnknownWorker
 from gpumesh.coordinator.scheduler import RunQueue
 from gpumesh.coordinator.store import Store
+from gpumesh.limits import INLINE_BLOB_BYTES
 
 TTL = core.WORKER_TTL_S
 MAX_ATTEMPTS = core.MAX_ATTEMPTS
@@ -239,6 +241,40 @@ def test_submit_lease_result(coord, store):
     assert job.state == "finished"
     assert store.job_row(job.id)["state"] == "finished"
     assert lease(coord, w.id) == []
+
+
+@pytest.mark.parametrize("fails", ["payload file", "row"])
+def test_a_result_the_store_cannot_write_changes_nothing_and_its_retry_is_accepted(coord, store, fails):
+    w = coord.register({"hostname": "h"}, None, 1)
+    job, _ = submit(coord, n=1)
+    (g,) = lease(coord, w.id)
+    value = b"V" * (INLINE_BLOB_BYTES + 1) if fails == "payload file" else b"V"
+    name = "_write_file" if fails == "payload file" else "set_job_state"
+    real = getattr(store, name)
+
+    def broken(*a, **kw):  # fails once: a full disk, a busy database
+        setattr(store, name, real)
+        raise OSError(28, "No space left on device") if fails == "payload file" \
+            else sqlite3.OperationalError("database is locked")
+    setattr(store, name, broken)
+    with pytest.raises(core.ResultNotStored) as e:
+        coord.post_result(g.task_id, g.lease_id, "ok", None, value)
+    assert e.value.status == 503 and g.task_id in e.value.message
+    assert coord.leases[g.task_id].lease_id == g.lease_id and g.task_id in w.leases
+    assert (job.n_final, job.next_seq, job.state) == (0, 0, "active")
+    assert task_state(store, job.id) == {0: ("leased", 1)}, "the row was rolled back"
+    assert store.job_row(job.id)["state"] == "active"
+    assert results(store, job.id) == []
+    assert [p for p in (store.blob_dir / "results").rglob("*") if p.is_file()] == []
+    assert not store.db.in_transaction
+    # the worker's retry of the same post
+    assert coord.post_result(g.task_id, g.lease_id, "ok", None, value) == w.id
+    assert [(r.idx, r.state, r.seq) for r in results(store, job.id)] == [(0, "done", 0)]
+    got = results(store, job.id)[0]
+    assert (got.result or store.file_path(got.result_file).read_bytes()) == value
+    assert task_state(store, job.id) == {0: ("done", 1)}, "the task ran once"
+    assert job.state == "finished" and store.job_row(job.id)["state"] == "finished"
+    assert g.task_id not in coord.leases
 
 
 def test_stale_lease_is_refused_and_does_not_overwrite(coord, store, clock):

@@ -77,8 +77,8 @@ from .auth import Authenticator, AuthRefused
 from .bodies import FRAMES, Part, frames_response  # noqa: F401  (the app's body helpers)
 from .core import Coordinator
 from .model import CoordinatorError, HTTPError  # noqa: F401
-from .routes import ENDPOINTS, Context, endpoint
-from .routes.base import error
+from .routes import Context, endpoint
+from .routes.base import error, ordered
 from .routes.meta import bad_method, not_found
 
 log = logging.getLogger("gpumesh.coordinator")
@@ -119,7 +119,7 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         auth.people = people.People(coord.store, on_change=caps_changed)
     caps_changed(auth.people)
 
-    routes = [Route(ep.path, endpoint(ep), methods=list(ep.methods)) for ep in ENDPOINTS]
+    routes = [Route(ep.path, endpoint(ep), methods=list(ep.methods)) for ep in ordered()]
     from . import metrics, ui  # leaves: GET /metrics, the dashboard at /ui
     routes.append(metrics.route(coord, auth, metrics_token))
     routes.extend(ui.routes(coord, auth))

@@ -87,6 +87,7 @@ REFUSED_CACHE = 1024
 #: Request headers that a proxy or tunnel adds: their presence means "not a local caller".
 PROXY_HEADERS = ("forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto",
                  "x-real-ip", "via", "cf-connecting-ip", "true-client-ip")
+_PROXY_HEADER_NAMES = frozenset(h.encode("latin-1") for h in PROXY_HEADERS)
 
 
 def kdf(token: bytes, salt: bytes) -> bytes:
@@ -314,6 +315,9 @@ class Authenticator:
         """Whether failures from this client are not counted (see the module docstring)."""
         if not (self.loopback_exempt and self.loopback_bound and is_loopback(client_host)):
             return False
+        raw = getattr(headers, "raw", None)  # Starlette's: one pass over the names
+        if raw is not None:
+            return not any(name.lower() in _PROXY_HEADER_NAMES for name, _ in raw)
         return not any(h in headers for h in PROXY_HEADERS)
 
     async def role(self, client_host: str | None, headers) -> str:

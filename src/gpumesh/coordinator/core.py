@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import sqlite3
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
@@ -38,7 +39,7 @@ from .. import availability, hardware
 from ..limits import HEARTBEAT_INTERVAL_S, MAX_ATTEMPTS, WORKER_TTL_S
 from . import placement, placing, recovery, views
 from .model import (CoordinatorError, Grant, Job, JobReleased, Lease, NoWorkers,  # noqa: F401
-                    StaleLease, UnknownJob, UnknownWorker, Unsatisfiable, Worker)
+                    ResultNotStored, StaleLease, UnknownJob, UnknownWorker, Unsatisfiable, Worker)
 from .output import OutputHub
 from .scheduler import RunQueue
 from .store import Store
@@ -527,6 +528,16 @@ class Coordinator:
                 return lease.worker_id if w and w.alive else None
         if status == "error" and self._retry_raised(lease, error):
             return lease.worker_id if w and w.alive else None
+        state = "done" if status == "ok" else "failed"
+        cost = self.task_cost.get(task_id, 1.0)
+        try:
+            # The store first: when it cannot write the result, nothing here changed (the
+            # lease holds, so the worker's next post of it is accepted).
+            self._finalize(lease.job_id, task_id, state, error, payload, worker_id=lease.worker_id)
+        except (OSError, sqlite3.Error) as e:
+            log.error("task %s: its result could not be stored (%s: %s); the task stays leased",
+                      task_id, type(e).__name__, e)
+            raise ResultNotStored(task_id, e) from e
         del self.leases[task_id]
         if w:
             w.leases.discard(task_id)
@@ -534,9 +545,7 @@ class Coordinator:
             job = self.jobs.get(lease.job_id)
             now = self.clock()
             self.stats.record((lease.worker_id, lease.slot), (job.fn_hash if job else None) or "",
-                              now - lease.granted, self.task_cost.get(task_id, 1.0), now)
-        state = "done" if status == "ok" else "failed"
-        self._finalize(lease.job_id, task_id, state, error, payload, worker_id=lease.worker_id)
+                              now - lease.granted, cost, now)
         if self.on_result is not None:
             self.on_result(lease, state, self.clock())
         if self.max_running and self.idle:
@@ -665,7 +674,9 @@ class Coordinator:
                 error["hostname"] = str(w.info["hostname"])[:200]
         if error is not None and task_id in self.task_meta:
             error["attempt"] = self.task_meta[task_id][1]  # ours, whatever the worker said
-        self.store.finish(task_id, state, job.next_seq, error, payload, job_id)
+        last = job.n_final + 1 >= job.n_tasks and job.state == "active"
+        # Stored before anything in memory changes: a write that raises leaves both as they were.
+        self.store.finish(task_id, state, job.next_seq, error, payload, job_id, job_finished=last)
         job.next_seq += 1
         job.n_final += 1
         self.task_meta.pop(task_id, None)
@@ -673,9 +684,8 @@ class Coordinator:
         self.retried.pop(task_id, None)
         self.preempted_runs.pop(task_id, None)
         job.avoid.pop(task_id, None)
-        if job.n_final >= job.n_tasks and job.state == "active":
+        if last:
             job.state = "finished"
-            self.store.set_job_state(job_id, "finished")
         job.notify()
 
     def cancel(self, job_id: str) -> int:

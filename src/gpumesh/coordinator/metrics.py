@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -157,6 +158,9 @@ class Metrics:
         self.result_latency = Histogram("gpumesh_result_latency_seconds",
                                         "From a task's lease to its result being accepted",
                                         ["state"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        # Each state's child, looked up at its first result (``labels()`` takes a lock;
+        # made earlier, a state no result had yet would show up in scrapes as zeros).
+        self._latency_of: dict[str, Any] = {}
         coord.on_grants = self._granted
         coord.on_result = self._result
 
@@ -167,7 +171,10 @@ class Metrics:
                 self.lease_wait.observe(max(0.0, now - job.submitted))
 
     def _result(self, lease, state: str, now: float) -> None:
-        self.result_latency.labels(state).observe(max(0.0, now - lease.granted))
+        child = self._latency_of.get(state)
+        if child is None:  # ("done" or "failed": two at most)
+            child = self._latency_of[state] = self.result_latency.labels(state)
+        child.observe(max(0.0, now - lease.granted))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

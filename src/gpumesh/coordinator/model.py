@@ -103,6 +103,22 @@ class JobReleased(CoordinatorError):
                 "submit it again")
 
 
+class ResultNotStored(CoordinatorError):
+    """The store could not write a result (a full disk, an I/O error): nothing of it
+    was accepted, the task stays leased, and the same post may be sent again."""
+
+    status, code = 503, ErrorCode.INTERNAL
+
+    def __init__(self, task_id: str, cause: BaseException):
+        super().__init__(task_id)
+        self.task_id, self.cause = task_id, cause
+
+    @property
+    def message(self) -> str:
+        return (f"the result of task {self.task_id} could not be stored ({type(self.cause).__name__}:"
+                f" {str(self.cause)[:200]}); the task is still leased: post the result again")
+
+
 class StaleLease(CoordinatorError):
     """A result posted under a lease that is no longer the task's current one.
 

@@ -549,16 +549,27 @@ class Store:
                 [(t,) for t in task_ids])
 
     def finish(self, task_id: str, state: str, seq: int, error: dict[str, Any] | None,
-               result: Chunk | Incoming | None, job_id: str) -> None:
+               result: Chunk | Incoming | None, job_id: str, job_finished: bool = False) -> None:
         """Record a final result (value or failure). ``state`` is 'done', 'failed' or
-        'cancelled'. ``result`` may be a finished :class:`Incoming` file (adopted)."""
+        'cancelled'. ``result`` may be a finished :class:`Incoming` file (adopted).
+        ``job_finished``: it is the job's last one; the job's state becomes 'finished' in
+        the same write. All or nothing: when it raises (``OSError`` writing the payload,
+        ``sqlite3.Error``) no row changed and no payload file of it is left."""
         inline, fname = (None, None)
         if result is not None:
             inline, fname = self._store_payload(f"results/{job_id}/{task_id}", result)
-        self.db.execute(
-            "UPDATE tasks SET state=?, seq=?, error=?, result=?, result_file=?, finished=?,"
-            " lease_id=NULL WHERE id=?",
-            (state, seq, json.dumps(error) if error else None, inline, fname, time.time(), task_id))
+        try:
+            with self._tx() if job_finished else contextlib.nullcontext():
+                self.db.execute(
+                    "UPDATE tasks SET state=?, seq=?, error=?, result=?, result_file=?, finished=?,"
+                    " lease_id=NULL WHERE id=?",
+                    (state, seq, json.dumps(error) if error else None, inline, fname, time.time(),
+                     task_id))
+                if job_finished:
+                    self.set_job_state(job_id, "finished")
+        except BaseException:
+            self._remove_file(fname)  # no row points at it
+            raise
 
     def finish_many(self, rows: list[tuple[str, str, int, dict[str, Any] | None]]) -> None:
         """Final failures without payloads: ``(task_id, state, seq, error)``, one transaction."""

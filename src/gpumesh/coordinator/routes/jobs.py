@@ -103,7 +103,7 @@ async def job_status(request: Request) -> Response:
     return JSONResponse(view)
 
 
-@route(protocol.JOB_RESULTS, ["GET"], action="read results", roles=people.READ)
+@route(protocol.JOB_RESULTS, ["GET"], action="read results", roles=people.READ, hot=True)
 async def results(request: Request) -> Response:
     coord = ctx(request).coord
     jid = path_id(request, "jid", "job id")

@@ -18,7 +18,7 @@ from .base import ctx, lease_of, path_id, route
 from .workers import lease_response
 
 
-@route(protocol.TASK_RESULT, ["POST"], worker=True)
+@route(protocol.TASK_RESULT, ["POST"], worker=True, hot=True)
 async def result(request: Request) -> Response:
     tracing.mark("coordinator.result")
     coord = ctx(request).coord

@@ -95,7 +95,7 @@ async def deregister(request: Request) -> Response:
     return JSONResponse({"requeued": ctx(request).coord.deregister(wid)})
 
 
-@route(protocol.WORKER_LEASE, ["POST"], worker=True)
+@route(protocol.WORKER_LEASE, ["POST"], worker=True, hot=True)
 async def lease(request: Request) -> Response:
     coord = ctx(request).coord
     wid = path_id(request, "wid", "worker id")
