@@ -46,6 +46,12 @@ class RequestRejected(MeshError):
         super().__init__(message)
         self.status = status
 
+    @property
+    def retry_later(self) -> bool:
+        """503: the coordinator took nothing from this request (a result it could not
+        store keeps its lease) and asks for the same request again later."""
+        return self.status == 503
+
 
 class MeshUnavailable(MeshError):
     """The coordinator could not be reached for longer than the client is willing to wait.

@@ -677,8 +677,13 @@ class WorkerAgent(OwnerRules):
                         "kind": protocol.FailureKind.HANDOFF, "message": str(e)}).as_dict()).encode()]
                     chunks, size = wire.pack_frames(frames)
                     continue
-                log.info("result for task %s refused: %s", task.task_id, e)
-                return None, None
+                if not e.retry_later:
+                    log.info("result for task %s refused: %s", task.task_id, e)
+                    return None, None
+                log.warning("task %s: result not stored yet, posting it again: %s", task.task_id, e)
+                if self.stopping.wait(next(delays)):
+                    return None, None
+                continue
             except Unreachable:
                 if self.stopping.is_set():
                     return None, None

@@ -208,8 +208,15 @@ class ResultPoster:
                     headers={"content-length": str(size)}, timeout=600,
                     buffer_for=membody.buffer_for)
             except RequestRejected as e:
-                log.warning("%d results refused: %s", len(batch), e)
-                return
+                if not e.retry_later:
+                    log.warning("%d results refused: %s", len(batch), e)
+                    return
+                # Not stored (the coordinator kept the leases): the same batch again;
+                # what it did store of it comes back refused as stale, the rest lands.
+                log.warning("%d results not stored yet, posting them again: %s", len(batch), e)
+                if agent.stopping.wait(next(delays)):
+                    return
+                continue
             except Unreachable:
                 if agent.stopping.is_set():
                     return
