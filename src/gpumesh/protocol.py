@@ -87,8 +87,7 @@ Error codes: every refusal is ``{"error": code, "message": text}``::
     410 released            the job's results were already collected
     413 too_large           the body is over the coordinator's limit       -> PayloadTooLarge
     500 internal            a bug; the coordinator logs it and keeps serving
-    503 internal            the store could not write a result: none of it was kept, the
-                            task is still leased, and the same post may be sent again
+    503 internal            a result the store could not write: nothing kept, still leased; post again
     503 dist_unavailable    the coordinator cannot build its wheel
     (any other 4xx code)                                                   -> RequestRejected
 
