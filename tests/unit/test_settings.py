@@ -128,10 +128,10 @@ def test_a_bad_value_names_the_variable_and_what_it_expects(env, text, expected)
     assert isinstance(e.value, ValueError)  # what callers caught before the table
 
 
-def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+def _python(code: str, argv: list[str] = (), **env: str) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if not k.startswith("GPUMESH_")}
     full.update(env)
-    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True,
+    return subprocess.run([sys.executable, "-c", code, *argv], env=full, capture_output=True,
                           text=True, timeout=60)
 
 
@@ -147,8 +147,19 @@ def test_a_variable_read_at_import_is_what_the_process_started_with():
 def test_a_bad_value_read_at_import_stops_the_process_with_the_variable_named():
     r = _python("import gpumesh.limits", GPUMESH_MAX_BODY_MB="lots")
     assert r.returncode == 1
-    assert ("gpumesh.limits.SettingError: GPUMESH_MAX_BODY_MB='lots': expected a whole number "
+    assert ("gpumesh.errors.SettingError: GPUMESH_MAX_BODY_MB='lots': expected a whole number "
             "of MiB (at least 0)") in r.stderr
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["workers"], ["join", "--help"]])
+def test_a_bad_value_stops_the_command_with_one_line_and_a_usage_exit(argv):
+    """The command reports it as a usage error (exit 2), without a traceback, whatever
+    it was asked to do."""
+    r = _python("import sys; from gpumesh.cli import main; main(sys.argv[1:], prog_name='gpumesh')",
+                GPUMESH_WARM_IDLE="abc", argv=argv)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == "Error: GPUMESH_WARM_IDLE='abc': expected a number of seconds (at least 0)\n"
+    assert r.stdout == ""
 
 
 def test_the_store_refuses_a_bad_sync_setting(tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 
 import click
 
@@ -37,6 +38,18 @@ def main(verbose: int, log_json: bool, no_color: bool) -> None:
     logs.configure(verbose, log_json)
 
 
+def _settings_or_exit() -> None:
+    """The ``GPUMESH_*`` settings are read when :mod:`gpumesh.limits` is imported: a bad
+    one is the command's usage error (one line naming the variable, exit 2), not a
+    traceback from whichever module imported it first."""
+    from ..errors import SettingError
+    try:
+        from .. import limits  # noqa: F401 - reading the settings table is the point
+    except SettingError as e:
+        click.echo(f"Error: {e}", err=True)
+        sys.exit(2)
+
+
 def _register() -> None:
     from . import doctor, jobs, join, owner, pool, radar, serve, setup, submit, tokens
     for command in (serve.serve, join.join, pool.workers, pool.devices, submit.submit, jobs.jobs,
@@ -45,4 +58,5 @@ def _register() -> None:
         main.add_command(command)
 
 
+_settings_or_exit()
 _register()
