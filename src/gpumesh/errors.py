@@ -155,8 +155,3 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return f'\n"""\n{self.tb}"""'
-
-
-class SettingError(ValueError):
-    """A ``GPUMESH_*`` variable holds text its setting cannot take; the message names the
-    variable, the text, and what it expects (raised by :mod:`gpumesh.limits`)."""

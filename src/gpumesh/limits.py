@@ -37,13 +37,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .errors import SettingError
-
 T = TypeVar("T")
 
 MiB = 2**20
 
 
+class SettingError(ValueError):
+    """A ``GPUMESH_*`` variable holds text its setting cannot take; the message names the
+    variable, the text, and what it expects."""
 
 
 @dataclass(frozen=True)

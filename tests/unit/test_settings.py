@@ -147,7 +147,7 @@ def test_a_variable_read_at_import_is_what_the_process_started_with():
 def test_a_bad_value_read_at_import_stops_the_process_with_the_variable_named():
     r = _python("import gpumesh.limits", GPUMESH_MAX_BODY_MB="lots")
     assert r.returncode == 1
-    assert ("gpumesh.errors.SettingError: GPUMESH_MAX_BODY_MB='lots': expected a whole number "
+    assert ("gpumesh.limits.SettingError: GPUMESH_MAX_BODY_MB='lots': expected a whole number "
             "of MiB (at least 0)") in r.stderr
 
 

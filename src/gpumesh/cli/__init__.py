@@ -42,10 +42,13 @@ def _settings_or_exit() -> None:
     """The ``GPUMESH_*`` settings are read when :mod:`gpumesh.limits` is imported: a bad
     one is the command's usage error (one line naming the variable, exit 2), not a
     traceback from whichever module imported it first."""
-    from ..errors import SettingError
     try:
         from .. import limits  # noqa: F401 - reading the settings table is the point
-    except SettingError as e:
+    except ValueError as e:
+        # limits.SettingError, reached through its instance: the module did not finish
+        # importing, so there is no module to take the class from
+        if (type(e).__module__, type(e).__name__) != ("gpumesh.limits", "SettingError"):
+            raise
         click.echo(f"Error: {e}", err=True)
         sys.exit(2)
 
