@@ -50,6 +50,20 @@ def no_worker_directories_left():
     control.sweep_stale()
 
 
+class FakeClock:
+    """A clock that stands still until told: ``clock()`` is ``t`` (seconds),
+    ``advance(dt)`` moves it on. Handed to a ``Coordinator`` as its ``clock``."""
+
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+
+
 def free_port() -> int:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

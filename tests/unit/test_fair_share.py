@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-import pytest
 
 from gpumesh.coordinator.core import Coordinator
 from gpumesh.coordinator.scheduler import RunQueue
 from gpumesh.coordinator.store import Store
+
+from ..conftest import FakeClock
 
 
 def fifo(job_id, q):
@@ -95,20 +96,6 @@ def test_no_owner_at_all_is_the_old_round_robin_between_jobs():
 
 
 # ---------------------------------------------------------------- Coordinator --------
-class Clock:
-    t = 1000.0
-
-    def __call__(self):
-        return self.t
-
-
-@pytest.fixture
-def coord(tmp_path):
-    store = Store(tmp_path / "data")
-    yield Coordinator(store, clock=Clock())
-    store.close()
-
-
 def submit(coord, job_id, owner, n):
     return coord.submit(job_id, "fn", "function", "f" * 64, {"timeout": None},
                         [b"x"] * n, [1.0] * n, False, owner=owner)[0]
@@ -160,11 +147,11 @@ def test_a_cap_holds_a_person_to_their_running_tasks_and_others_get_the_rest(coo
 
 def test_the_owner_survives_a_restart_and_keeps_sharing(tmp_path):
     store = Store(tmp_path / "data")
-    c1 = Coordinator(store, clock=Clock())
+    c1 = Coordinator(store, clock=FakeClock())
     submit(c1, "aa0001", "alice", 5)
     submit(c1, "aa0002", "alice", 5)
     submit(c1, "bb0001", "bob", 5)
-    c2 = Coordinator(store, clock=Clock())
+    c2 = Coordinator(store, clock=FakeClock())
     assert {j.id: j.owner for j in c2.jobs.values()} == {"aa0001": "alice", "aa0002": "alice",
                                                          "bb0001": "bob"}
     w = c2.register({"hostname": "h"}, None, 4)

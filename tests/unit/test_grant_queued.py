@@ -10,27 +10,8 @@ import sqlite3
 import pytest
 
 from gpumesh.coordinator.core import Coordinator, StaleLease
-from gpumesh.coordinator.store import Store
 
-
-class Clock:
-    def __init__(self, t: float = 1000.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "data")
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def coord(store):
-    return Coordinator(store, clock=Clock())
+from ..conftest import FakeClock
 
 
 def submit(coord, job_id, n, isolation="job", owner=None):
@@ -134,7 +115,7 @@ def test_a_person_with_a_max_running_cap_gets_one_grant_and_stays_under_the_cap(
 
 def test_an_idle_slot_that_gets_nothing_joins_the_open_lease_poll_and_a_busy_one_does_not(coord):
     async def scenario(idle: bool) -> list[int | None]:
-        c = Coordinator(coord.store, clock=Clock())
+        c = Coordinator(coord.store, clock=FakeClock())
         w = c.register({"hostname": "h"}, None, 2)
         poll = asyncio.ensure_future(c.lease(w.id, 1, 5.0, free=[1]))
         await asyncio.sleep(0)  # the poll is open (nothing pending)

@@ -10,8 +10,7 @@ import pytest
 
 from gpumesh import hardware as hw
 from gpumesh.coordinator import placement as pl
-from gpumesh.coordinator.core import Coordinator, Unsatisfiable
-from gpumesh.coordinator.store import Store
+from gpumesh.coordinator.core import Unsatisfiable
 from gpumesh.hardware import Slot
 
 # ---------------------------------------------------------------- pick() -------------
@@ -148,26 +147,6 @@ def test_free_tasks_and_nonsense_are_ignored():
 
 
 # ---------------------------------------------------------------- the coordinator ----
-
-class Clock:
-    def __init__(self, t: float = 1000.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@pytest.fixture
-def clock():
-    return Clock()
-
-
-@pytest.fixture
-def coord(tmp_path, clock):
-    store = Store(tmp_path / "data")
-    yield Coordinator(store, clock=clock)
-    store.close()
-
 
 A100 = {"index": 0, "name": "NVIDIA A100-SXM4-80GB", "memory_total_mb": 81920, "memory_free_mb": 80000}
 RTX = {"index": 1, "name": "NVIDIA GeForce RTX 4090", "memory_total_mb": 24564, "memory_free_mb": 2000}

@@ -169,34 +169,6 @@ def test_queue_take_one_looks_at_one_job_however_deep_the_queue():
 
 # ---------------------------------------------------------------- Coordinator --------
 
-class Clock:
-    def __init__(self, t: float = 1000.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, dt: float) -> None:
-        self.t += dt
-
-
-@pytest.fixture
-def clock():
-    return Clock()
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "data")
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def coord(store, clock):
-    return Coordinator(store, clock=clock)
-
-
 def lease(coord, wid, slots=1, wait=0.0):
     return asyncio.run(coord.lease(wid, slots, wait))
 

@@ -19,20 +19,7 @@ from gpumesh.limits import MAX_ATTEMPTS, MAX_RETRIES
 from gpumesh.protocol import ResultItem
 from gpumesh import retries
 
-
-class Clock:
-    def __init__(self):
-        self.t = 1000.0
-
-    def __call__(self):
-        return self.t
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "data")
-    yield s
-    s.close()
+from ..conftest import FakeClock
 
 
 def lease(coord, wid, slots=1):
@@ -54,7 +41,7 @@ RETRY_META = {"retries": 2, "retry_on": ["OSError"]}
 
 
 def test_retry_on_requeues_a_subclass_elsewhere_then_delivers(store):
-    coord = Coordinator(store, clock=Clock())
+    coord = Coordinator(store, clock=FakeClock())
     a = coord.register({"hostname": "box-a"}, None, 1)
     b = coord.register({"hostname": "box-b"}, None, 1)
     job = submit(coord, meta=RETRY_META)
@@ -78,7 +65,7 @@ def test_retry_on_requeues_a_subclass_elsewhere_then_delivers(store):
 
 
 def test_retry_on_runs_on_the_same_worker_when_it_is_the_only_one(store):
-    coord = Coordinator(store, clock=Clock())
+    coord = Coordinator(store, clock=FakeClock())
     a = coord.register({}, None, 1)
     job = submit(coord, meta=RETRY_META)
     for attempt in (1, 2, 3):
@@ -91,7 +78,7 @@ def test_retry_on_runs_on_the_same_worker_when_it_is_the_only_one(store):
 
 
 def test_other_types_and_jobs_without_retry_on_are_answered_at_once(store):
-    coord = Coordinator(store, clock=Clock())
+    coord = Coordinator(store, clock=FakeClock())
     a = coord.register({}, None, 2)
     j1 = submit(coord, meta=RETRY_META, job_id="aaaa01")
     j2 = submit(coord, job_id="bbbb02")
@@ -103,7 +90,7 @@ def test_other_types_and_jobs_without_retry_on_are_answered_at_once(store):
 
 
 def test_raised_retries_do_not_count_as_losses(store):
-    clock = Clock()
+    clock = FakeClock()
     coord = Coordinator(store, clock=clock)
     a = coord.register({}, None, 1)
     job = submit(coord, meta={"retries": MAX_ATTEMPTS, "retry_on": ["OSError"]})
@@ -117,7 +104,7 @@ def test_raised_retries_do_not_count_as_losses(store):
 
 
 def test_a_lost_or_handed_back_attempt_is_kept_in_the_history(store):
-    coord = Coordinator(store, clock=Clock())
+    coord = Coordinator(store, clock=FakeClock())
     a = coord.register({"hostname": "box-a"}, None, 1)
     job = submit(coord)
     (g1,) = lease(coord, a.id)
@@ -132,7 +119,7 @@ def test_a_lost_or_handed_back_attempt_is_kept_in_the_history(store):
 
 def test_retry_on_counts_survive_a_restart(tmp_path):
     s1 = Store(tmp_path / "d")
-    c1 = Coordinator(s1, clock=Clock())
+    c1 = Coordinator(s1, clock=FakeClock())
     a = c1.register({}, None, 1)
     submit(c1, meta={"retries": 1, "retry_on": ["OSError"]})
     (g,) = lease(c1, a.id)
@@ -140,7 +127,7 @@ def test_retry_on_counts_survive_a_restart(tmp_path):
     s1.close()
     s2 = Store(tmp_path / "d")
     try:
-        c2 = Coordinator(s2, clock=Clock())
+        c2 = Coordinator(s2, clock=FakeClock())
         assert c2.retried == {g.task_id: 1}
         assert c2.jobs["aaaa01"].avoid == {g.task_id: {a.id}}
         w = c2.register({}, a.id, 1)
