@@ -85,6 +85,24 @@ def test_values_are_equal_and_of_the_same_types(client, monkeypatch):
     assert box == ["mine"]  # neither changed the caller's list
 
 
+def scale_in_place(a):
+    import numpy as np
+    a *= 2  # the argument is the task's own copy, writable
+    return a, np.arange(3.0)
+
+
+def test_arrays_are_writable_copies_on_both(client, monkeypatch):
+    np = pytest.importorskip("numpy")
+    a = np.ones(4)
+    remote, local = both(monkeypatch, accelerate(client)(scale_in_place), a)
+    for doubled, fresh in (remote, local):
+        assert doubled.tolist() == [2.0] * 4 and fresh.tolist() == [0.0, 1.0, 2.0]
+        doubled[0] = -1.0  # the caller may write into what it got back
+        fresh[0] = -1.0
+        assert doubled.flags.writeable and fresh.flags.writeable
+    assert a.tolist() == [1.0] * 4  # neither changed the caller's array
+
+
 def test_exceptions_are_the_same_objects(client, monkeypatch):
     f = accelerate(client)(refuse)
     remote, local = both(monkeypatch, f, 7)

@@ -291,8 +291,13 @@ class InlineBackend(Backend):
 INLINE = InlineBackend()
 
 
-def _joined(payload: wire.Payload) -> bytes:
-    return b"".join(bytes(c) for c in payload.chunks)
+def _joined(payload: wire.Payload) -> bytearray:
+    """The payload's bytes in one writable buffer: arrays loaded from it are writable, as
+    a worker's and a remote call's are (``wire.loads`` of ``bytes`` gives read-only ones)."""
+    out = bytearray()
+    for c in payload.chunks:
+        out += c
+    return out
 
 
 def _round_trip(obj: Any, what: str, code: bool = False) -> Any:
