@@ -203,6 +203,9 @@ class Mesh:
                         GPUMESH_CONFIG=str(root / "config.json"))
         self.env.pop("GPUMESH_URL", None)
         self.env.pop("GPUMESH_LOCAL", None)
+        # The name of the test that happened to start the mesh (a session's mesh outlives
+        # it); a parametrized test's id may even hold a token-like string.
+        self.env.pop("PYTEST_CURRENT_TEST", None)
         self.coordinator: Proc | None = None
         self.serve_args: list[str] = []
 
