@@ -27,12 +27,13 @@ Everything here runs on the event loop thread; there is no locking.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import sqlite3
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import availability, hardware
@@ -91,7 +92,75 @@ class Coordinator:
         #: now)`` after a worker's result is accepted. They must not raise.
         self.on_grants = None
         self.on_result = None
+        #: Inside :meth:`atomic`: how to put memory back if its commit fails (run last
+        #: first), and what may happen only once it committed; None outside.
+        self._undo: list[Callable[[], None]] | None = None
+        self._after: list[Callable[[], None]] | None = None
         recovery.recover(self)  # rebuild the in-memory view from the store
+
+    # ------------------------------------------------------------ transactions ---
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[None]:
+        """The store's writes made inside in one commit (:meth:`Store.transaction`), and
+        memory kept as the store has it. Memory moves with each write, so that what
+        follows in the block sees it (a result frees the slot its grant fills); what
+        others may see — a caller woken with a result, a long-polling worker answered
+        with a grant, the metrics — waits for the commit. When the commit fails (a full
+        disk, an I/O error), every change the block made to memory is undone, last
+        first: the leases it ended hold again, its grants' tasks are pending again, its
+        jobs' counts are as stored; then the store's error (``sqlite3.Error``) is raised.
+        When the block raises, the writes it made before commit as usual (each change
+        either landed or never happened) and the exception goes on. Nested: part of the
+        outer one."""
+        if self._undo is not None:
+            yield
+            return
+        undo: list[Callable[[], None]] = []
+        after: list[Callable[[], None]] = []
+        self._undo, self._after = undo, after
+        raised: BaseException | None = None
+        try:
+            with self.store.transaction():
+                try:
+                    yield
+                except BaseException as e:
+                    raised = e
+                    raise
+        except BaseException as e:
+            self._undo = self._after = None
+            if e is raised:
+                self._run_after(after)
+                raise
+            log.error("a commit failed (%s: %s); %d change(s) to memory undone",
+                      type(e).__name__, e, len(undo))
+            for fn in reversed(undo):
+                fn()
+            raise
+        self._undo = self._after = None
+        self._run_after(after)
+
+    @staticmethod
+    def _run_after(after: list[Callable[[], None]]) -> None:
+        # Each runs: one that fails (a store that fails again, granting to a waiting
+        # worker) must not keep the callers of the others from being woken.
+        for fn in after:
+            try:
+                fn()
+            except Exception:
+                log.exception("after a commit")
+
+    def _on_rollback(self, fn: Callable[[], None]) -> None:
+        """Inside :meth:`atomic`: ``fn`` puts back what was just changed in memory, should
+        the commit fail. Outside, the write has committed already."""
+        if self._undo is not None:
+            self._undo.append(fn)
+
+    def _once_stored(self, fn: Callable[[], None]) -> None:
+        """``fn`` now, or, inside :meth:`atomic`, once the commit has succeeded."""
+        if self._after is None:
+            fn()
+        else:
+            self._after.append(fn)
 
     # ------------------------------------------------------------ workers --------
     def register(self, info: dict[str, Any], worker_id: str | None, slots: int) -> Worker:
@@ -329,17 +398,37 @@ class Coordinator:
         for job_id, tid, slot_id, gpu in taken:
             idx, attempts = self.task_meta[tid]
             lease_id = new_id(8)
-            self.task_meta[tid] = (idx, attempts + 1)
-            self.leases[tid] = Lease(tid, job_id, lease_id, w.id, now, slot_id)
-            w.leases.add(tid)
             grants.append(Grant(tid, job_id, idx, lease_id, attempts + 1, slot_id))
             rows.append((tid, lease_id, w.id))
             if gpu:
                 on_gpu.add(tid)
-        self.store.lease(rows, on_gpu)
+        try:
+            self.store.lease(rows, on_gpu)
+        except BaseException:
+            self._ungrant(w, grants)  # the tasks go back in line, as the store has them
+            raise
+        for g in grants:
+            self.task_meta[g.task_id] = (g.index, g.attempt)
+            self.leases[g.task_id] = Lease(g.task_id, g.job_id, g.lease_id, w.id, now, g.slot)
+            w.leases.add(g.task_id)
+        self._on_rollback(lambda: self._ungrant(w, grants, leased=True))
         if self.on_grants is not None:
-            self.on_grants(grants, now)
+            on_grants = self.on_grants
+            self._once_stored(lambda: on_grants(grants, now))
         return grants
+
+    def _ungrant(self, w: Worker, grants: list[Grant], leased: bool = False) -> None:
+        """Undo :meth:`_grant` (its store write failed or was rolled back): each task
+        pending again, first in its job's line as it was; ``leased``: memory had leased
+        them."""
+        for g in reversed(grants):
+            if leased:
+                self.leases.pop(g.task_id, None)
+                w.leases.discard(g.task_id)
+                self.task_meta[g.task_id] = (g.index, g.attempt - 1)
+            job = self.jobs.get(g.job_id)
+            self.queue.push_front(g.job_id, g.task_id, lane=job.lane if job else None,
+                                  owner=job.owner if job else None)
 
     def grant_queued(self, wid: str, slot: int, n: int, idle: bool = False) -> list[Grant]:
         """Up to ``n`` tasks for slot ``slot`` of worker ``wid``, in one placement pass and
@@ -412,12 +501,10 @@ class Coordinator:
         but is not a loss: like a ``retry_on`` re-run it does not count towards the limit."""
         back, lost, history = [], [], {}
         for tid in task_ids:
-            lease = self.leases.pop(tid, None)
-            if lease is None:
+            lease = self.leases.get(tid)
+            if lease is None or tid in history:
                 continue
             w = self.workers.get(lease.worker_id)
-            if w:
-                w.leases.discard(tid)
             idx, attempts = self.task_meta[tid]
             entry = {"attempt": attempts, "worker": lease.worker_id, "ended": reason}
             if w is not None and w.info.get("hostname"):
@@ -427,27 +514,52 @@ class Coordinator:
                 entry["error"] = {k: error[k] for k in ("type", "message") if isinstance(error.get(k), str)}
             if preempted:
                 entry["preempted"] = True
-                self.preempted_runs[tid] = self.preempted_runs.get(tid, 0) + 1
             history[tid] = entry
-            losses = attempts - self.retried.get(tid, 0) - self.preempted_runs.get(tid, 0)
+            runs = self.preempted_runs.get(tid, 0) + (1 if preempted else 0)
+            losses = attempts - self.retried.get(tid, 0) - runs
             if losses >= MAX_ATTEMPTS:  # losses only
-                lost.append((lease.job_id, tid, attempts))
+                lost.append((lease, attempts))
             else:
-                back.append((lease.job_id, tid))
-        if history:
-            self.store.add_history(history)
-        if back:
-            self.store.requeue([tid for _, tid in back])
-            for job_id, tid in reversed(back):
-                job = self.jobs.get(job_id)
-                self.queue.push_front(job_id, tid, lane=job.lane if job else None,
+                back.append(lease)
+        if not history:
+            return
+        with self.atomic():  # one commit; memory as the store has it, whatever fails
+            # The store first (one write): when it fails, nothing here changed.
+            self.store.requeue([lease.task_id for lease in back], history)
+            for lease in back:
+                self._lease_ended(lease, preempted)
+            for lease in reversed(back):
+                job = self.jobs.get(lease.job_id)
+                self.queue.push_front(lease.job_id, lease.task_id, lane=job.lane if job else None,
                                       owner=job.owner if job else None)
-        for job_id, tid, attempts in lost:
-            self._finalize(job_id, tid, "failed", {
-                "kind": "lost", "type": "WorkerLost",
-                "message": f"task lost its worker {attempts} times (last: {reason})"}, None)
-        if back:
-            self._wake_idle()
+            self._on_rollback(lambda: [self.queue.remove(lease.job_id, lease.task_id) for lease in back])
+            for lease, attempts in lost:
+                self._finalize(lease.job_id, lease.task_id, "failed", {
+                    "kind": "lost", "type": "WorkerLost",
+                    "message": f"task lost its worker {attempts} times (last: {reason})"}, None)
+                self._lease_ended(lease, False)  # (final: no attempt of it is counted again)
+            if back:
+                self._once_stored(self._wake_idle)
+
+    def _lease_ended(self, lease: Lease, preempted: bool) -> None:
+        """``lease`` no longer holds (its task was re-queued or failed as lost); a
+        ``preempted`` attempt is counted as such. Undone if the commit fails."""
+        tid = lease.task_id
+        del self.leases[tid]
+        w = self.workers.get(lease.worker_id)
+        if w:
+            w.leases.discard(tid)
+        runs = self.preempted_runs.get(tid)
+        if preempted:
+            self.preempted_runs[tid] = (runs or 0) + 1
+
+        def undo() -> None:
+            self._relet(lease)
+            if runs is None:
+                self.preempted_runs.pop(tid, None)
+            else:
+                self.preempted_runs[tid] = runs
+        self._on_rollback(undo)
 
     # ------------------------------------------------------------ jobs -----------
     def submit(self, job_id: str, name: str, kind: str, fn_hash: str | None, meta: dict[str, Any],
@@ -519,20 +631,20 @@ class Coordinator:
         w = self.workers.get(lease.worker_id)
         if w:
             w.last_seen = self.clock()
-        if status == "retry":
-            self._requeue([task_id], reason=(error or {}).get("message", "worker asked to retry"))
-            return lease.worker_id if w and w.alive else None
-        if status == "error" and isinstance(error, dict) and isinstance(error.get("module"), str):
-            error = self._missing_module(lease, error)
-            if error is None:  # tried again on a worker that may have it
-                return lease.worker_id if w and w.alive else None
-        if status == "error" and self._retry_raised(lease, error):
-            return lease.worker_id if w and w.alive else None
         state = "done" if status == "ok" else "failed"
         cost = self.task_cost.get(task_id, 1.0)
         try:
-            # The store first: when it cannot write the result, nothing here changed (the
-            # lease holds, so the worker's next post of it is accepted).
+            # The store first: when it cannot write the result (or the re-queue), nothing
+            # here changed (the lease holds, so the worker's next post of it is accepted).
+            if status == "retry":
+                self._requeue([task_id], reason=(error or {}).get("message", "worker asked to retry"))
+                return lease.worker_id if w and w.alive else None
+            if status == "error" and isinstance(error, dict) and isinstance(error.get("module"), str):
+                error = self._missing_module(lease, error)
+                if error is None:  # tried again on a worker that may have it
+                    return lease.worker_id if w and w.alive else None
+            if status == "error" and self._retry_raised(lease, error):
+                return lease.worker_id if w and w.alive else None
             self._finalize(lease.job_id, task_id, state, error, payload, worker_id=lease.worker_id)
         except (OSError, sqlite3.Error) as e:
             log.error("task %s: its result could not be stored (%s: %s); the task stays leased",
@@ -541,16 +653,25 @@ class Coordinator:
         del self.leases[task_id]
         if w:
             w.leases.discard(task_id)
+        self._on_rollback(lambda: self._relet(lease))
+        now = self.clock()
         if status == "ok" and lease.slot is not None:
             job = self.jobs.get(lease.job_id)
-            now = self.clock()
-            self.stats.record((lease.worker_id, lease.slot), (job.fn_hash if job else None) or "",
-                              now - lease.granted, cost, now)
+            key = (lease.worker_id, lease.slot), (job.fn_hash if job else None) or ""
+            self._once_stored(lambda: self.stats.record(*key, now - lease.granted, cost, now))
         if self.on_result is not None:
-            self.on_result(lease, state, self.clock())
+            on_result = self.on_result
+            self._once_stored(lambda: on_result(lease, state, now))
         if self.max_running and self.idle:
-            self._wake_idle()  # a person at their cap may have a task to start now
+            self._once_stored(self._wake_idle)  # a person at their cap may have a task to start now
         return lease.worker_id if w and w.alive else None
+
+    def _relet(self, lease: Lease) -> None:
+        """``lease`` holds again (what ended it was not stored)."""
+        self.leases[lease.task_id] = lease
+        w = self.workers.get(lease.worker_id)
+        if w is not None:
+            w.leases.add(lease.task_id)
 
     def _missing_module(self, lease: Lease, error: dict[str, Any]) -> dict[str, Any] | None:
         """The task failed on ``lease``'s worker with ModuleNotFoundError: none of the job's
@@ -571,9 +692,7 @@ class Coordinator:
             log.info("task %s: worker %s has no module %r; trying it on another worker",
                      lease.task_id, lease.worker_id, module)
             # Not a loss (like a retry_on re-run): the attempt goes into the task's history.
-            self.retried[lease.task_id] = self.retried.get(lease.task_id, 0) + 1
-            self._requeue([lease.task_id], reason=f"no module {module!r} on this worker",
-                          error=error)
+            self._rerun(lease, f"no module {module!r} on this worker", error)
             return None
         return dict(error, kind="missing_module", message=views.missing_module_message(self, job, module))
 
@@ -620,13 +739,38 @@ class Coordinator:
         done = self.retried.get(lease.task_id, 0)
         if done >= int(job.meta.get("retries") or 0):
             return False
-        self.retried[lease.task_id] = done + 1
-        job.avoid.setdefault(lease.task_id, set()).add(lease.worker_id)
         name = error.get("type") if isinstance(error.get("type"), str) else "an exception"
-        self._requeue([lease.task_id], reason=f"raised {name}, which the job retries "
-                                               f"(retry {done + 1} of {job.meta.get('retries')})",
-                      error=error)
+        self._rerun(lease, f"raised {name}, which the job retries (retry {done + 1} of "
+                           f"{job.meta.get('retries')})", error, avoid=job)
         return True
+
+    def _rerun(self, lease: Lease, reason: str, error: dict[str, Any], avoid: Job | None = None) -> None:
+        """Re-queue ``lease``'s task for a re-run that is not a loss (counted in
+        ``retried``); ``avoid``: its job, which then keeps the task off this worker. All
+        of it, or (a store write that fails) none of it, also when a commit fails later."""
+        tid, wid = lease.task_id, lease.worker_id
+        done = self.retried.get(tid)
+        had = avoid is None or wid in avoid.avoid.get(tid, ())
+        fresh = avoid is not None and tid not in avoid.avoid
+        self.retried[tid] = (done or 0) + 1
+        if not had:
+            avoid.avoid.setdefault(tid, set()).add(wid)
+
+        def undo() -> None:
+            if done is None:
+                self.retried.pop(tid, None)
+            else:
+                self.retried[tid] = done
+            if fresh:
+                avoid.avoid.pop(tid, None)
+            elif not had:
+                avoid.avoid[tid].discard(wid)
+        try:
+            self._requeue([tid], reason=reason, error=error)
+        except BaseException:
+            undo()
+            raise
+        self._on_rollback(undo)
 
     def lease_delivered(self, leases: list[tuple[str, str]], ok: bool) -> None:
         """The answer carrying these ``(task_id, lease_id)`` grants finished sending (``ok``)
@@ -677,16 +821,20 @@ class Coordinator:
         last = job.n_final + 1 >= job.n_tasks and job.state == "active"
         # Stored before anything in memory changes: a write that raises leaves both as they were.
         self.store.finish(task_id, state, job.next_seq, error, payload, job_id, job_finished=last)
+        counts = job.next_seq, job.n_final, job.state
         job.next_seq += 1
         job.n_final += 1
-        self.task_meta.pop(task_id, None)
-        self.task_cost.pop(task_id, None)
-        self.retried.pop(task_id, None)
-        self.preempted_runs.pop(task_id, None)
-        job.avoid.pop(task_id, None)
+        kept = [(d, d.pop(task_id)) for d in (self.task_meta, self.task_cost, self.retried,
+                                               self.preempted_runs, job.avoid) if task_id in d]
         if last:
             job.state = "finished"
-        job.notify()
+
+        def undo() -> None:
+            job.next_seq, job.n_final, job.state = counts
+            for d, v in kept:
+                d[task_id] = v
+        self._on_rollback(undo)
+        self._once_stored(job.notify)  # no caller is woken with a result not stored
 
     def cancel(self, job_id: str) -> int:
         """Cancel every task of a job that is not final yet. Returns how many."""

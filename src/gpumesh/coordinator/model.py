@@ -109,14 +109,18 @@ class ResultNotStored(CoordinatorError):
 
     status, code = 503, ErrorCode.INTERNAL
 
-    def __init__(self, task_id: str, cause: BaseException):
+    def __init__(self, task_id: str, cause: BaseException, more: int = 0):
         super().__init__(task_id)
-        self.task_id, self.cause = task_id, cause
+        self.task_id, self.cause, self.more = task_id, cause, more
 
     @property
     def message(self) -> str:
-        return (f"the result of task {self.task_id} could not be stored ({type(self.cause).__name__}:"
-                f" {str(self.cause)[:200]}); the task is still leased: post the result again")
+        why = f"{type(self.cause).__name__}: {str(self.cause)[:200]}"
+        if self.more:  # a batch's commit
+            return (f"the results of task {self.task_id} and {self.more} more could not be "
+                    f"stored ({why}); the tasks are still leased: post the results again")
+        return (f"the result of task {self.task_id} could not be stored ({why}); the task is "
+                "still leased: post the result again")
 
 
 class StaleLease(CoordinatorError):

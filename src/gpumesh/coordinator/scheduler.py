@@ -123,6 +123,18 @@ class RunQueue(Generic[L]):
             q.appendleft(task_id)
         self._n += 1
 
+    def remove(self, job_id: str, task_id: str) -> bool:
+        """Take one pending task out of line (found from the front: where a re-queued
+        task stands). Returns whether it was there."""
+        q = self._jobs.get(job_id)
+        if q is None or task_id not in q:
+            return False
+        q.remove(task_id)
+        self._n -= 1
+        if not q:
+            self._leave(job_id)
+        return True
+
     def drop_job(self, job_id: str) -> list[str]:
         """Remove and return every pending task of ``job_id``."""
         q = self._jobs.get(job_id)

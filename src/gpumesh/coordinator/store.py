@@ -223,6 +223,9 @@ class Store:
         self.handoff_dir.mkdir(mode=0o700)
         self.handoff_nonce = os.urandom(16).hex()
         (self.handoff_dir / handoff.PROBE).write_text(self.handoff_nonce, encoding="ascii")
+        #: Inside :meth:`transaction`: the payload files written for its rows (removed
+        #: when its commit fails); None outside one.
+        self._written: list[str] | None = None
         self.db = sqlite3.connect(self.dir / "gpumesh.db", isolation_level=None,
                                   check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -260,7 +263,18 @@ class Store:
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
-        self.db.execute("COMMIT")
+        self._commit()
+
+    def _commit(self) -> None:
+        """COMMIT; when it fails (a full disk, an I/O error, a busy database), roll back
+        what SQLite left open, so the connection is usable and the next write is not
+        nested, uncommitted, inside the failed transaction. Raises ``sqlite3.Error``."""
+        try:
+            self.db.execute("COMMIT")
+        except sqlite3.Error:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            raise
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
@@ -269,19 +283,21 @@ class Store:
         coordinator's memory already holds each write that ran, so the store keeps them,
         as it would have with one commit each. Nested, the outermost one commits. A
         commit that fails is rolled back (the connection stays usable) and raises
-        ``sqlite3.Error``."""
+        ``sqlite3.Error``; the payload files its rows would have pointed at are removed."""
         if self.db.in_transaction:
             yield
             return
         self.db.execute("BEGIN IMMEDIATE")
+        self._written = []
         try:
             yield
         finally:
+            written, self._written = self._written, None
             try:
-                self.db.execute("COMMIT")
+                self._commit()
             except sqlite3.Error:
-                if self.db.in_transaction:
-                    self.db.execute("ROLLBACK")
+                for rel in written:  # payload files of rows that are gone
+                    self._remove_file(rel)
                 raise
 
     # ---------------------------------------------------------- files ------------
@@ -541,8 +557,12 @@ class Store:
                 "UPDATE tasks SET history = COALESCE(history, '') || ? WHERE id=?",
                 [(json.dumps(e) + "\n", tid) for tid, e in entries.items()])
 
-    def requeue(self, task_ids: list[str]) -> None:
+    def requeue(self, task_ids: list[str], history: dict[str, dict[str, Any]] | None = None) -> None:
+        """Leased tasks pending again; ``history``: ended attempts to append (as
+        :meth:`add_history`), in the same write: both land, or neither does."""
         with self._tx():
+            if history:
+                self.add_history(history)
             self.db.executemany(
                 "UPDATE tasks SET state='pending', lease_id=NULL, worker_id=NULL"
                 " WHERE id=? AND state='leased'",
@@ -570,6 +590,8 @@ class Store:
         except BaseException:
             self._remove_file(fname)  # no row points at it
             raise
+        if fname and self._written is not None:
+            self._written.append(fname)
 
     def finish_many(self, rows: list[tuple[str, str, int, dict[str, Any] | None]]) -> None:
         """Final failures without payloads: ``(task_id, state, seq, error)``, one transaction."""

@@ -11,13 +11,15 @@ queue of each slot that asked (``next``) with grants as a lease answer carries t
 
 from __future__ import annotations
 
+import sqlite3
+
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ... import protocol, tracing
 from ...errors import WireError
 from ..bodies import frames_streamed
-from ..model import StaleLease
+from ..model import ResultNotStored, StaleLease
 from ..schemas import bad, check_id
 from .base import ctx, route
 from .workers import lease_response
@@ -65,19 +67,24 @@ async def results(request: Request) -> Response:
     idle = set(batch.idle or ())
     # The batch's results and its grants in one commit: the answer leaves after it, so
     # a result it acknowledges is stored, and a grant it carries is a stored lease.
-    with coord.store.transaction():
-        for r in batch.results:
-            payload = next(payloads) if r.has_payload else None
-            try:
-                wid = coord.post_result(r.task_id, r.lease_id, r.status, r.error, payload) or wid
-            except StaleLease as e:
-                refused.append({"task_id": r.task_id, "error": protocol.ErrorCode.STALE_LEASE,
-                                "message": StaleLease(e.task_id, "the task was re-queued or "
-                                                      "already has a result").message})
-        if wid is not None:
-            for slot, n in sorted((batch.next or {}).items()):
-                # Each grant is a lease, counted as running; only a job that keeps its
-                # process queues more behind the first (Coordinator.grant_queued).
-                grants += coord.grant_queued(wid, slot, n, idle=slot in idle)
+    try:
+        with coord.atomic():
+            for r in batch.results:
+                payload = next(payloads) if r.has_payload else None
+                try:
+                    wid = coord.post_result(r.task_id, r.lease_id, r.status, r.error, payload) or wid
+                except StaleLease as e:
+                    refused.append({"task_id": r.task_id, "error": protocol.ErrorCode.STALE_LEASE,
+                                    "message": StaleLease(e.task_id, "the task was re-queued or "
+                                                          "already has a result").message})
+            if wid is not None:
+                for slot, n in sorted((batch.next or {}).items()):
+                    # Each grant is a lease, counted as running; only a job that keeps its
+                    # process queues more behind the first (Coordinator.grant_queued).
+                    grants += coord.grant_queued(wid, slot, n, idle=slot in idle)
+    except (OSError, sqlite3.Error) as e:
+        # The commit failed: memory is as stored again (every lease of the batch holds,
+        # its grants' tasks are pending), so the worker's next post of it is accepted.
+        raise ResultNotStored(batch.results[0].task_id, e, len(batch.results) - 1) from e
     tracing.mark("coordinator.result_stored")
     return lease_response(coord, grants, batch.handoff, extra={"refused": refused})

@@ -5,6 +5,7 @@ current is refused (409 ``stale_lease``) and changes nothing."""
 from __future__ import annotations
 
 import re
+import sqlite3
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -12,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 from ... import protocol, tracing
 from ...limits import OUTPUT_BODY_BYTES
 from ..bodies import frames, frames_streamed, json_body, read_body, take_handoffs
-from ..model import StaleLease
+from ..model import ResultNotStored, StaleLease
 from ..schemas import HAND_BACK, RESULT_META, bad
 from .base import ctx, lease_of, path_id, route
 from .workers import lease_response
@@ -37,13 +38,17 @@ async def result(request: Request) -> Response:
     if slot is not None and not (re.fullmatch(r"[0-9]{1,4}", slot) and int(slot) < 1024):
         raise bad("query parameter 'slot' must be a slot id")  # (before anything is stored)
     grants = []
-    with coord.store.transaction():  # the result and the next grant in one commit
-        try:
-            wid = coord.post_result(tid, lease_id, v["status"], v["error"], payload)
-        except StaleLease:
-            raise StaleLease(tid, "the task was re-queued or already has a result") from None
-        if want_next and wid is not None:
-            grants = coord.grant_now(wid, 1, None if slot is None else int(slot))
+    try:
+        with coord.atomic():  # the result and the next grant in one commit
+            try:
+                wid = coord.post_result(tid, lease_id, v["status"], v["error"], payload)
+            except StaleLease:
+                raise StaleLease(tid, "the task was re-queued or already has a result") from None
+            if want_next and wid is not None:
+                grants = coord.grant_now(wid, 1, None if slot is None else int(slot))
+    except (OSError, sqlite3.Error) as e:
+        # The commit failed: memory is as stored again (the lease holds, no grant was made).
+        raise ResultNotStored(tid, e) from e
     tracing.mark("coordinator.result_stored")
     return lease_response(coord, grants, request.query_params.get("handoff") == "1")
 
