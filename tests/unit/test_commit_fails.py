@@ -10,6 +10,7 @@ the transaction back itself (``SQLITE_FULL``, ``SQLITE_IOERR``) or leaving it op
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import sqlite3
@@ -227,8 +228,38 @@ def test_a_submit_whose_commit_fails_is_not_acknowledged_and_may_be_sent_again(c
     r = c.post(protocol.JOBS, content=body, headers=_auth())
     assert r.status_code == 500, r.text
     assert JOB not in coord.jobs and not coord.store.job_exists(JOB) and len(coord.queue) == 0
-    assert not (coord.store.blob_dir / "args" / JOB).exists() or \
-        not any((coord.store.blob_dir / "args" / JOB).iterdir())
+    assert [f for f in (coord.store.blob_dir / "args").rglob("*") if f.is_file()] == []
     r = c.post(protocol.JOBS, content=body, headers=_auth())
     assert r.status_code == 200 and r.json()["created"] is True
     assert coord.queue.pending(JOB) == 2
+
+
+def test_a_submit_whose_commit_fails_answers_no_waiting_worker(tmp_path):
+    """The job and the grant to a worker that long-polls for work are one commit: when it
+    fails, the poll is not answered, nothing is leased or queued, and the job is unknown."""
+    store = Store(tmp_path / "data")
+    coord = Coordinator(store)
+    try:
+        w = coord.register({"hostname": "h"}, None, 1)
+
+        async def scenario():
+            poll = asyncio.ensure_future(coord.lease(w.id, 1, 5.0))
+            await asyncio.sleep(0.01)
+            fail_next_commit(store, rolls_back=True)
+            with pytest.raises(sqlite3.OperationalError):
+                coord.submit(JOB, "x", "function", "f" * 64, {}, [b"a0", b"A" * (1 << 20)],
+                             [1.0, 1.0], False)
+            await asyncio.sleep(0.01)
+            assert not poll.done(), "the worker's poll still waits"
+            assert (coord.jobs, coord.leases, coord.task_meta, len(coord.queue)) == ({}, {}, {}, 0)
+            assert not store.job_exists(JOB)
+            assert [f for f in (store.blob_dir / "args").rglob("*") if f.is_file()] == []
+            job, created = coord.submit(JOB, "x", "function", "f" * 64, {}, [b"a0", b"a1"],
+                                        [1.0, 1.0], False)
+            return created, await asyncio.wait_for(poll, 1.0)
+
+        created, grants = asyncio.run(scenario())
+        assert created and [(g.index, g.attempt) for g in grants] == [(0, 1)]
+        assert rows(store)[0] == ("leased", 1, grants[0].lease_id)
+    finally:
+        store.close()

@@ -62,6 +62,12 @@ def new_id(nbytes: int = 6) -> str:
     return secrets.token_hex(nbytes)
 
 
+def _settle(fut: asyncio.Future, value: Any) -> None:
+    """A long-poll's timer: ``fut`` gets ``value`` unless something answered it first."""
+    if not fut.done():
+        fut.set_result(value)
+
+
 class Coordinator:
     """All mutable coordinator state. ``clock`` is injectable for tests (seconds)."""
 
@@ -96,6 +102,9 @@ class Coordinator:
         #: first), and what may happen only once it committed; None outside.
         self._undo: list[Callable[[], None]] | None = None
         self._after: list[Callable[[], None]] | None = None
+        #: Set when a result woke a waiting caller (a route clears it before its writes):
+        #: the worker's answer may then let the caller's go first (routes/batch.py).
+        self.woke_callers = False
         recovery.recover(self)  # rebuild the in-memory view from the store
 
     # ------------------------------------------------------------ transactions ---
@@ -321,12 +330,14 @@ class Coordinator:
         old = self.idle.pop(wid, None)
         if old and not old[0].done():
             old[0].set_result([])
-        fut: asyncio.Future[list[Grant]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[list[Grant]] = loop.create_future()
         self.idle[wid] = (fut, slots, free)
+        # Awaited as it is (not through wait_for, whose callbacks cost two more turns of
+        # the event loop between a grant and this answer): the timer settles it empty.
+        timer = loop.call_later(wait, _settle, fut, [])
         try:
-            return await asyncio.wait_for(fut, wait)
-        except asyncio.TimeoutError:
-            return []
+            return await fut
         except asyncio.CancelledError:
             # The long-poll was abandoned (its connection dropped). Tasks granted in the
             # same instant would be stranded on a worker that never saw them.
@@ -335,6 +346,7 @@ class Coordinator:
                               reason="the lease response was not delivered")
             raise
         finally:
+            timer.cancel()
             cur = self.idle.get(wid)
             if cur and cur[0] is fut:
                 del self.idle[wid]
@@ -834,7 +846,13 @@ class Coordinator:
             for d, v in kept:
                 d[task_id] = v
         self._on_rollback(undo)
-        self._once_stored(job.notify)  # no caller is woken with a result not stored
+        self._once_stored(lambda: self._notify(job))  # no caller is woken with a result not stored
+
+    def _notify(self, job: Job) -> None:
+        """Wake the callers waiting for ``job``'s results (:attr:`woke_callers` says so)."""
+        if job.waiters:
+            self.woke_callers = True
+        job.notify()
 
     def cancel(self, job_id: str) -> int:
         """Cancel every task of a job that is not final yet. Returns how many."""
@@ -903,11 +921,17 @@ class Coordinator:
             return job
         if out_after is not None and self.output.last_seq(job_id) > out_after:
             return job
-        fut = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         job.waiters.append(fut)
+        timer = loop.call_later(wait, _settle, fut, False)  # (notify settles it None)
         try:
-            await asyncio.wait_for(fut, wait)
-        except asyncio.TimeoutError:
+            woken = await fut
+        finally:
+            timer.cancel()
+        if woken is False:  # the wait ran out
+            if fut in job.waiters:
+                job.waiters.remove(fut)
             return job
         if job.n_tasks - job.n_final > 1:
             # More results are on their way: gather a few per answer instead of one

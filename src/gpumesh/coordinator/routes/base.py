@@ -210,25 +210,33 @@ def not_yours(jid: str, owner: str | None, who: people.Identity, action: str) ->
 
 
 async def until_disconnect(request: Request, work: Awaitable) -> Any:
-    """Run ``work``; cancel it if the client goes away first (then return None)."""
-    task = asyncio.ensure_future(work)
+    """Run ``work``; cancel it if the client goes away first (then return None).
+
+    ``work`` runs in the request's own task, not in one of its own: the future a
+    long-poll waits on then wakes the route itself, with no task and no ``asyncio.wait``
+    between them (each cost a turn of the event loop before the answer could leave).
+    The watcher cancels the route's task when the client leaves."""
+    me = asyncio.current_task()
+    assert me is not None
+    gone = False
 
     async def watch():
+        nonlocal gone
         while True:
             msg = await request.receive()
             if msg["type"] == "http.disconnect":
+                gone = True
+                me.cancel()
                 return
 
     watcher = asyncio.ensure_future(watch())
     try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise  # (the server is stopping)
+        if hasattr(me, "uncancel"):  # Python 3.11+: this cancel was ours, and is handled
+            me.uncancel()
+        return None
     finally:
         watcher.cancel()
-    if task in done:
-        return task.result()
-    task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        pass
-    return None

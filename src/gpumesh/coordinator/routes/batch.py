@@ -11,6 +11,7 @@ queue of each slot that asked (``next``) with grants as a lease answer carries t
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 
 from starlette.requests import Request
@@ -65,6 +66,7 @@ async def results(request: Request) -> Response:
     payloads = iter(parts)
     refused, wid, grants = [], None, []
     idle = set(batch.idle or ())
+    coord.woke_callers = False
     # The batch's results and its grants in one commit: the answer leaves after it, so
     # a result it acknowledges is stored, and a grant it carries is a stored lease.
     try:
@@ -87,4 +89,8 @@ async def results(request: Request) -> Response:
         # its grants' tasks are pending), so the worker's next post of it is accepted.
         raise ResultNotStored(batch.results[0].task_id, e, len(batch.results) - 1) from e
     tracing.mark("coordinator.result_stored")
+    if coord.woke_callers:
+        # A caller waits for one of these results: its answer leaves first, this
+        # worker's right after it (it is delayed by one results page, not the other way).
+        await asyncio.sleep(0)
     return lease_response(coord, grants, batch.handoff, extra={"refused": refused})

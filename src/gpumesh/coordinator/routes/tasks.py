@@ -4,6 +4,7 @@ current is refused (409 ``stale_lease``) and changes nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sqlite3
 
@@ -38,6 +39,7 @@ async def result(request: Request) -> Response:
     if slot is not None and not (re.fullmatch(r"[0-9]{1,4}", slot) and int(slot) < 1024):
         raise bad("query parameter 'slot' must be a slot id")  # (before anything is stored)
     grants = []
+    coord.woke_callers = False
     try:
         with coord.atomic():  # the result and the next grant in one commit
             try:
@@ -50,6 +52,8 @@ async def result(request: Request) -> Response:
         # The commit failed: memory is as stored again (the lease holds, no grant was made).
         raise ResultNotStored(tid, e) from e
     tracing.mark("coordinator.result_stored")
+    if coord.woke_callers:
+        await asyncio.sleep(0)  # the waiting caller's answer first (see routes/batch.py)
     return lease_response(coord, grants, request.query_params.get("handoff") == "1")
 
 
