@@ -501,8 +501,17 @@ class Coordinator:
                 continue
             grants = self._grant(w, slots, free)
             if grants:
-                del self.idle[wid]
-                fut.set_result(grants)
+                waiter = self.idle.pop(wid)
+                if self._undo is not None:  # (the grants are undone first: last first)
+                    self._undo.append(lambda wid=wid, waiter=waiter: self.idle.setdefault(wid, waiter))
+                # The worker's answer waits for the commit (one that fails undoes the grants).
+                self._once_stored(lambda fut=fut, grants=grants: self._answer_poll(fut, grants))
+
+    def _answer_poll(self, fut: asyncio.Future[list[Grant]], grants: list[Grant]) -> None:
+        if fut.done():  # (its worker left meanwhile: nobody takes these)
+            self._requeue([g.task_id for g in grants], reason="the lease response was not delivered")
+        else:
+            fut.set_result(grants)
 
     def _requeue(self, task_ids: list[str], reason: str, error: dict[str, Any] | None = None,
                  preempted: bool = False) -> None:
@@ -599,21 +608,33 @@ class Coordinator:
             if not hardware.satisfiable(job.require, slots, hint):
                 raise Unsatisfiable(self.unsatisfiable_message(job.require, hint))
         task_ids = [new_id() for _ in args]
-        self.store.create_job(job_id, name, kind, fn_hash, meta,
-                              [(tid, i, costs[i], a) for i, (tid, a) in enumerate(zip(task_ids, args))],
-                              owner=owner)
-        self.jobs[job_id] = job
-        job.costs_vary = len(set(costs)) > 1
-        for i, tid in enumerate(task_ids):
-            self.task_meta[tid] = (i, 0)
-            if job.costs_vary and costs[i] != 1.0:
-                self.task_cost[tid] = costs[i]
-        if not args:
-            job.state = "finished"
-            self.store.set_job_state(job_id, "finished")
-        self.queue.add(job_id, task_ids, lane=job.lane, owner=job.owner)
-        self._wake_idle()
+        # The job and the grants to workers that wait for work in one commit: the job is
+        # acknowledged, and a grant leaves, only once both are stored.
+        with self.atomic():
+            self.store.create_job(job_id, name, kind, fn_hash, meta,
+                                  [(tid, i, costs[i], a) for i, (tid, a) in enumerate(zip(task_ids, args))],
+                                  owner=owner)
+            if not args:
+                job.state = "finished"
+                self.store.set_job_state(job_id, "finished")
+            self.jobs[job_id] = job
+            job.costs_vary = len(set(costs)) > 1
+            for i, tid in enumerate(task_ids):
+                self.task_meta[tid] = (i, 0)
+                if job.costs_vary and costs[i] != 1.0:
+                    self.task_cost[tid] = costs[i]
+            self.queue.add(job_id, task_ids, lane=job.lane, owner=job.owner)
+            self._on_rollback(lambda: self._unsubmit(job_id, task_ids))
+            self._wake_idle()
         return job, True
+
+    def _unsubmit(self, job_id: str, task_ids: list[str]) -> None:
+        """Forget a job whose submit was not stored (its commit failed)."""
+        self.queue.drop_job(job_id)
+        self.jobs.pop(job_id, None)
+        for tid in task_ids:
+            self.task_meta.pop(tid, None)
+            self.task_cost.pop(tid, None)
 
     def unsatisfiable_message(self, req: hardware.Requirements, hint: float | None) -> str:
         """The text of the ``Unsatisfiable`` refusal (see :func:`.views.unsatisfiable_message`)."""

@@ -430,6 +430,8 @@ class Store:
             for f in written:
                 self._remove_file(f)
             raise
+        if self._written is not None:
+            self._written.extend(written)
 
     def job_exists(self, job_id: str) -> bool:
         return self.db.execute("SELECT 1 FROM jobs WHERE id=?", (job_id,)).fetchone() is not None
