@@ -42,7 +42,7 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import urllib3
-from urllib3.connection import HTTPConnection
+from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import (ConnectTimeoutError, HTTPError, NewConnectionError,
                                 ProtocolError, ReadTimeoutError)
 
@@ -124,11 +124,14 @@ class Transport:
                                   assert_hostname=False)
                 else:
                     kwargs.update(cert_reqs="CERT_REQUIRED")
-            self._pool = urllib3.connection_from_url(
+            pool = urllib3.connection_from_url(
                 self.url, maxsize=POOL_SIZE, block=False, retries=False,
                 timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S),
                 socket_options=HTTPConnection.default_socket_options + keepalive_options(),
                 **kwargs)
+            pool.ConnectionCls = (_JoinedHTTPS if isinstance(pool, urllib3.HTTPSConnectionPool)
+                                  else _JoinedHTTP)
+            self._pool = pool
         return self._pool
 
     def close(self) -> None:
@@ -295,6 +298,56 @@ class Transport:
             if not done:
                 resp.close()  # a half-read connection is never reused
             resp.release_conn()
+
+
+class _Joined:
+    """A connection that sends a request's head and the start of its body in one write.
+
+    urllib3 writes the head, then each piece of the body, one ``sendall`` each: with
+    TCP_NODELAY that is a segment each, and the coordinator reads and parses the head
+    apart from the body (a turn of its event loop each). Small writes of one request
+    are held and joined (up to ``JOIN_BYTES``, one copy of them) and sent together; a
+    bigger piece is sent as it is, after what was held."""
+
+    JOIN_BYTES = 64 * 1024
+    _held: list[bytes] | None = None
+    _held_n = 0
+
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        self._held, self._held_n = [], 0
+        try:
+            super().request(*args, **kwargs)  # type: ignore[misc]
+            self._send_held()
+        finally:
+            self._held = None
+
+    def send(self, data: Any) -> None:
+        held = self._held
+        if held is None or not isinstance(data, (bytes, bytearray, memoryview)):
+            return super().send(data)  # type: ignore[misc]
+        n = memoryview(data).nbytes
+        if self._held_n + n <= self.JOIN_BYTES:
+            held.append(bytes(data))
+            self._held_n += n
+            return None
+        self._send_held()
+        return super().send(data)  # type: ignore[misc]
+
+    def _send_held(self) -> None:
+        held = self._held
+        if held:
+            data = held[0] if len(held) == 1 else b"".join(held)
+            held.clear()
+            self._held_n = 0
+            super().send(data)  # type: ignore[misc]
+
+
+class _JoinedHTTP(_Joined, HTTPConnection):
+    pass
+
+
+class _JoinedHTTPS(_Joined, HTTPSConnection):
+    pass
 
 
 def _pieces(chunks: Iterable) -> Iterator[bytes | memoryview]:

@@ -27,20 +27,20 @@ Everything here runs on the event loop thread; there is no locking.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import sqlite3
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from .. import availability, hardware
-from ..limits import HEARTBEAT_INTERVAL_S, MAX_ATTEMPTS, WORKER_TTL_S
-from . import placement, placing, recovery, views
+from ..limits import HEARTBEAT_INTERVAL_S, MAX_ATTEMPTS, WORKER_TTL_S  # noqa: F401 (MAX_ATTEMPTS: core's own)
+from . import placement, placing, recovery, requeue, views
 from .model import (CoordinatorError, Grant, Job, JobReleased, Lease, NoWorkers,  # noqa: F401
                     ResultNotStored, StaleLease, UnknownJob, UnknownWorker, Unsatisfiable, Worker)
+from .journal import Journalled
 from .output import OutputHub
 from .scheduler import RunQueue
 from .store import Store
@@ -54,10 +54,6 @@ RESULT_BATCH_S = 0.005
 FORGET_DEAD_AFTER_S = 300.0
 
 
-#: Modules remembered as missing on some worker (for ``gpumesh doctor``), newest kept.
-MAX_LACKING_MODULES = 100
-
-
 def new_id(nbytes: int = 6) -> str:
     return secrets.token_hex(nbytes)
 
@@ -68,7 +64,7 @@ def _settle(fut: asyncio.Future, value: Any) -> None:
         fut.set_result(value)
 
 
-class Coordinator:
+class Coordinator(Journalled):
     """All mutable coordinator state. ``clock`` is injectable for tests (seconds)."""
 
     def __init__(self, store: Store, clock: Callable[[], float] = time.monotonic):
@@ -98,78 +94,10 @@ class Coordinator:
         #: now)`` after a worker's result is accepted. They must not raise.
         self.on_grants = None
         self.on_result = None
-        #: Inside :meth:`atomic`: how to put memory back if its commit fails (run last
-        #: first), and what may happen only once it committed; None outside.
-        self._undo: list[Callable[[], None]] | None = None
-        self._after: list[Callable[[], None]] | None = None
         #: Set when a result woke a waiting caller (a route clears it before its writes):
         #: the worker's answer may then let the caller's go first (routes/batch.py).
         self.woke_callers = False
         recovery.recover(self)  # rebuild the in-memory view from the store
-
-    # ------------------------------------------------------------ transactions ---
-    @contextlib.contextmanager
-    def atomic(self) -> Iterator[None]:
-        """The store's writes made inside in one commit (:meth:`Store.transaction`), and
-        memory kept as the store has it. Memory moves with each write, so that what
-        follows in the block sees it (a result frees the slot its grant fills); what
-        others may see — a caller woken with a result, a long-polling worker answered
-        with a grant, the metrics — waits for the commit. When the commit fails (a full
-        disk, an I/O error), every change the block made to memory is undone, last
-        first: the leases it ended hold again, its grants' tasks are pending again, its
-        jobs' counts are as stored; then the store's error (``sqlite3.Error``) is raised.
-        When the block raises, the writes it made before commit as usual (each change
-        either landed or never happened) and the exception goes on. Nested: part of the
-        outer one."""
-        if self._undo is not None:
-            yield
-            return
-        undo: list[Callable[[], None]] = []
-        after: list[Callable[[], None]] = []
-        self._undo, self._after = undo, after
-        raised: BaseException | None = None
-        try:
-            with self.store.transaction():
-                try:
-                    yield
-                except BaseException as e:
-                    raised = e
-                    raise
-        except BaseException as e:
-            self._undo = self._after = None
-            if e is raised:
-                self._run_after(after)
-                raise
-            log.error("a commit failed (%s: %s); %d change(s) to memory undone",
-                      type(e).__name__, e, len(undo))
-            for fn in reversed(undo):
-                fn()
-            raise
-        self._undo = self._after = None
-        self._run_after(after)
-
-    @staticmethod
-    def _run_after(after: list[Callable[[], None]]) -> None:
-        # Each runs: one that fails (a store that fails again, granting to a waiting
-        # worker) must not keep the callers of the others from being woken.
-        for fn in after:
-            try:
-                fn()
-            except Exception:
-                log.exception("after a commit")
-
-    def _on_rollback(self, fn: Callable[[], None]) -> None:
-        """Inside :meth:`atomic`: ``fn`` puts back what was just changed in memory, should
-        the commit fail. Outside, the write has committed already."""
-        if self._undo is not None:
-            self._undo.append(fn)
-
-    def _once_stored(self, fn: Callable[[], None]) -> None:
-        """``fn`` now, or, inside :meth:`atomic`, once the commit has succeeded."""
-        if self._after is None:
-            fn()
-        else:
-            self._after.append(fn)
 
     # ------------------------------------------------------------ workers --------
     def register(self, info: dict[str, Any], worker_id: str | None, slots: int) -> Worker:
@@ -515,72 +443,8 @@ class Coordinator:
 
     def _requeue(self, task_ids: list[str], reason: str, error: dict[str, Any] | None = None,
                  preempted: bool = False) -> None:
-        """Put leased tasks back in line (or fail them as lost after ``MAX_ATTEMPTS``
-        losses); each attempt that ended so is added to its task's history, with
-        ``error`` when it raised a ``retry_on`` exception. A ``preempted`` attempt (its
-        worker handed it back) keeps its number, so logs and history tell the runs apart,
-        but is not a loss: like a ``retry_on`` re-run it does not count towards the limit."""
-        back, lost, history = [], [], {}
-        for tid in task_ids:
-            lease = self.leases.get(tid)
-            if lease is None or tid in history:
-                continue
-            w = self.workers.get(lease.worker_id)
-            idx, attempts = self.task_meta[tid]
-            entry = {"attempt": attempts, "worker": lease.worker_id, "ended": reason}
-            if w is not None and w.info.get("hostname"):
-                entry["hostname"] = str(w.info["hostname"])[:200]
-            if error is not None:
-                entry["retried"] = True  # a raised retry_on exception, not a loss
-                entry["error"] = {k: error[k] for k in ("type", "message") if isinstance(error.get(k), str)}
-            if preempted:
-                entry["preempted"] = True
-            history[tid] = entry
-            runs = self.preempted_runs.get(tid, 0) + (1 if preempted else 0)
-            losses = attempts - self.retried.get(tid, 0) - runs
-            if losses >= MAX_ATTEMPTS:  # losses only
-                lost.append((lease, attempts))
-            else:
-                back.append(lease)
-        if not history:
-            return
-        with self.atomic():  # one commit; memory as the store has it, whatever fails
-            # The store first (one write): when it fails, nothing here changed.
-            self.store.requeue([lease.task_id for lease in back], history)
-            for lease in back:
-                self._lease_ended(lease, preempted)
-            for lease in reversed(back):
-                job = self.jobs.get(lease.job_id)
-                self.queue.push_front(lease.job_id, lease.task_id, lane=job.lane if job else None,
-                                      owner=job.owner if job else None)
-            self._on_rollback(lambda: [self.queue.remove(lease.job_id, lease.task_id) for lease in back])
-            for lease, attempts in lost:
-                self._finalize(lease.job_id, lease.task_id, "failed", {
-                    "kind": "lost", "type": "WorkerLost",
-                    "message": f"task lost its worker {attempts} times (last: {reason})"}, None)
-                self._lease_ended(lease, False)  # (final: no attempt of it is counted again)
-            if back:
-                self._once_stored(self._wake_idle)
-
-    def _lease_ended(self, lease: Lease, preempted: bool) -> None:
-        """``lease`` no longer holds (its task was re-queued or failed as lost); a
-        ``preempted`` attempt is counted as such. Undone if the commit fails."""
-        tid = lease.task_id
-        del self.leases[tid]
-        w = self.workers.get(lease.worker_id)
-        if w:
-            w.leases.discard(tid)
-        runs = self.preempted_runs.get(tid)
-        if preempted:
-            self.preempted_runs[tid] = (runs or 0) + 1
-
-        def undo() -> None:
-            self._relet(lease)
-            if runs is None:
-                self.preempted_runs.pop(tid, None)
-            else:
-                self.preempted_runs[tid] = runs
-        self._on_rollback(undo)
+        """Put leased tasks back in line, or fail them as lost (see :func:`.requeue.requeue`)."""
+        requeue.requeue(self, task_ids, reason, error, preempted)
 
     # ------------------------------------------------------------ jobs -----------
     def submit(self, job_id: str, name: str, kind: str, fn_hash: str | None, meta: dict[str, Any],
@@ -673,10 +537,10 @@ class Coordinator:
                 self._requeue([task_id], reason=(error or {}).get("message", "worker asked to retry"))
                 return lease.worker_id if w and w.alive else None
             if status == "error" and isinstance(error, dict) and isinstance(error.get("module"), str):
-                error = self._missing_module(lease, error)
+                error = requeue.missing_module(self, lease, error)
                 if error is None:  # tried again on a worker that may have it
                     return lease.worker_id if w and w.alive else None
-            if status == "error" and self._retry_raised(lease, error):
+            if status == "error" and requeue.retry_raised(self, lease, error):
                 return lease.worker_id if w and w.alive else None
             self._finalize(lease.job_id, task_id, state, error, payload, worker_id=lease.worker_id)
         except (OSError, sqlite3.Error) as e:
@@ -686,7 +550,7 @@ class Coordinator:
         del self.leases[task_id]
         if w:
             w.leases.discard(task_id)
-        self._on_rollback(lambda: self._relet(lease))
+        self._on_rollback(lambda: requeue.relet(self, lease))
         now = self.clock()
         if status == "ok" and lease.slot is not None:
             job = self.jobs.get(lease.job_id)
@@ -698,36 +562,6 @@ class Coordinator:
         if self.max_running and self.idle:
             self._once_stored(self._wake_idle)  # a person at their cap may have a task to start now
         return lease.worker_id if w and w.alive else None
-
-    def _relet(self, lease: Lease) -> None:
-        """``lease`` holds again (what ended it was not stored)."""
-        self.leases[lease.task_id] = lease
-        w = self.workers.get(lease.worker_id)
-        if w is not None:
-            w.leases.add(lease.task_id)
-
-    def _missing_module(self, lease: Lease, error: dict[str, Any]) -> dict[str, Any] | None:
-        """The task failed on ``lease``'s worker with ModuleNotFoundError: none of the job's
-        tasks goes to that worker again. If another alive worker could run it, re-queue it
-        there and return None; otherwise return the task's final error, which names the
-        module and the workers that lack it."""
-        job = self.jobs.get(lease.job_id)
-        if job is None:
-            return error
-        module = error["module"][:200]
-        job.lacking.setdefault(module, set()).add(lease.worker_id)
-        self.lacking.setdefault(module, set()).add(lease.worker_id)
-        while len(self.lacking) > MAX_LACKING_MODULES:  # the oldest module first
-            del self.lacking[next(iter(self.lacking))]
-        others = [w for w in self.alive_workers() if not job.excludes(w.id)
-                  and any(placing.runs(job.lane, s) for s in w.slot_views())]
-        if others:
-            log.info("task %s: worker %s has no module %r; trying it on another worker",
-                     lease.task_id, lease.worker_id, module)
-            # Not a loss (like a retry_on re-run): the attempt goes into the task's history.
-            self._rerun(lease, f"no module {module!r} on this worker", error)
-            return None
-        return dict(error, kind="missing_module", message=views.missing_module_message(self, job, module))
 
     def hand_back(self, task_id: str, lease_id: str, reason: str) -> None:
         """The worker gives a running task back (its owner paused it, wants the GPU, the
@@ -755,55 +589,6 @@ class Coordinator:
         """Why the job's pending tasks wait although workers that could run them are
         alive (see :func:`.views.waiting_reason`). None otherwise."""
         return views.waiting_reason(self, job_id)
-
-    def _retry_raised(self, lease: Lease, error: dict[str, Any] | None) -> bool:
-        """If the function raised an exception its job retries (``retry_on``: the type or
-        one of its bases, by name) and retries are left, re-queue the task, to run on
-        another worker when one can (see :func:`.placing.choose`). Returns whether it did."""
-        job = self.jobs.get(lease.job_id)
-        names = job.meta.get("retry_on") if job is not None else None
-        if job is None or not names or not isinstance(error, dict) or error.get("kind") != "raised":
-            return False
-        mro = error.get("mro")
-        if not isinstance(mro, list):
-            mro = [error.get("type")]
-        if not any(isinstance(t, str) and t in names for t in mro):
-            return False
-        done = self.retried.get(lease.task_id, 0)
-        if done >= int(job.meta.get("retries") or 0):
-            return False
-        name = error.get("type") if isinstance(error.get("type"), str) else "an exception"
-        self._rerun(lease, f"raised {name}, which the job retries (retry {done + 1} of "
-                           f"{job.meta.get('retries')})", error, avoid=job)
-        return True
-
-    def _rerun(self, lease: Lease, reason: str, error: dict[str, Any], avoid: Job | None = None) -> None:
-        """Re-queue ``lease``'s task for a re-run that is not a loss (counted in
-        ``retried``); ``avoid``: its job, which then keeps the task off this worker. All
-        of it, or (a store write that fails) none of it, also when a commit fails later."""
-        tid, wid = lease.task_id, lease.worker_id
-        done = self.retried.get(tid)
-        had = avoid is None or wid in avoid.avoid.get(tid, ())
-        fresh = avoid is not None and tid not in avoid.avoid
-        self.retried[tid] = (done or 0) + 1
-        if not had:
-            avoid.avoid.setdefault(tid, set()).add(wid)
-
-        def undo() -> None:
-            if done is None:
-                self.retried.pop(tid, None)
-            else:
-                self.retried[tid] = done
-            if fresh:
-                avoid.avoid.pop(tid, None)
-            elif not had:
-                avoid.avoid[tid].discard(wid)
-        try:
-            self._requeue([tid], reason=reason, error=error)
-        except BaseException:
-            undo()
-            raise
-        self._on_rollback(undo)
 
     def lease_delivered(self, leases: list[tuple[str, str]], ok: bool) -> None:
         """The answer carrying these ``(task_id, lease_id)`` grants finished sending (``ok``)

@@ -204,7 +204,7 @@ class Job:
     submitted: float = 0.0  # coordinator clock when it was submitted (or recovered)
     preempted: int = 0  # tasks handed back by their workers' owners (see hand_back)
     #: module -> workers whose run of this job failed with ModuleNotFoundError for it;
-    #: none of the job's tasks is granted to them again (see Coordinator._missing_module).
+    #: none of the job's tasks is granted to them again (see coordinator.requeue.missing_module).
     lacking: dict[str, set[str]] = field(default_factory=dict)
 
     def excludes(self, worker_id: str) -> bool:

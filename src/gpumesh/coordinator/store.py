@@ -178,7 +178,7 @@ class OpenTask:
     cost: float
     lease_id: str | None
     worker_id: str | None
-    retried: int = 0  # re-runs after a retry_on exception (see Coordinator._retry_raised)
+    retried: int = 0  # re-runs after a retry_on exception (see coordinator.requeue.retry_raised)
     raised_on: tuple[str, ...] = ()  # the workers where those attempts raised
     preempted: int = 0  # attempts its workers handed back (not losses)
 

@@ -1,0 +1,178 @@
+"""How a lease ends other than by a stored result: its task re-queued (its worker was
+lost, handed it back, or asked to retry), re-run on another worker (a ``retry_on``
+exception, a module missing there), or failed as lost after ``MAX_ATTEMPTS`` losses.
+
+Each is all or nothing, also inside a commit that fails later (:mod:`.journal`): the
+store is written first, and each change to memory registers its undoing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..limits import MAX_ATTEMPTS
+from . import placing, views
+from .model import Job, Lease
+
+if TYPE_CHECKING:
+    from .core import Coordinator
+
+log = logging.getLogger("gpumesh.coordinator")
+
+#: Modules remembered as missing on some worker (for ``gpumesh doctor``), newest kept.
+MAX_LACKING_MODULES = 100
+
+
+def requeue(coord: Coordinator, task_ids: list[str], reason: str, error: dict[str, Any] | None = None,
+             preempted: bool = False) -> None:
+    """Put leased tasks back in line (or fail them as lost after ``MAX_ATTEMPTS``
+    losses); each attempt that ended so is added to its task's history, with
+    ``error`` when it raised a ``retry_on`` exception. A ``preempted`` attempt (its
+    worker handed it back) keeps its number, so logs and history tell the runs apart,
+    but is not a loss: like a ``retry_on`` re-run it does not count towards the limit."""
+    back, lost, history = [], [], {}
+    for tid in task_ids:
+        lease = coord.leases.get(tid)
+        if lease is None or tid in history:
+            continue
+        w = coord.workers.get(lease.worker_id)
+        idx, attempts = coord.task_meta[tid]
+        entry = {"attempt": attempts, "worker": lease.worker_id, "ended": reason}
+        if w is not None and w.info.get("hostname"):
+            entry["hostname"] = str(w.info["hostname"])[:200]
+        if error is not None:
+            entry["retried"] = True  # a raised retry_on exception, not a loss
+            entry["error"] = {k: error[k] for k in ("type", "message") if isinstance(error.get(k), str)}
+        if preempted:
+            entry["preempted"] = True
+        history[tid] = entry
+        runs = coord.preempted_runs.get(tid, 0) + (1 if preempted else 0)
+        losses = attempts - coord.retried.get(tid, 0) - runs
+        if losses >= MAX_ATTEMPTS:  # losses only
+            lost.append((lease, attempts))
+        else:
+            back.append(lease)
+    if not history:
+        return
+    with coord.atomic():  # one commit; memory as the store has it, whatever fails
+        # The store first (one write): when it fails, nothing here changed.
+        coord.store.requeue([lease.task_id for lease in back], history)
+        for lease in back:
+            lease_ended(coord, lease, preempted)
+        for lease in reversed(back):
+            job = coord.jobs.get(lease.job_id)
+            coord.queue.push_front(lease.job_id, lease.task_id, lane=job.lane if job else None,
+                                  owner=job.owner if job else None)
+        coord._on_rollback(lambda: [coord.queue.remove(lease.job_id, lease.task_id) for lease in back])
+        for lease, attempts in lost:
+            coord._finalize(lease.job_id, lease.task_id, "failed", {
+                "kind": "lost", "type": "WorkerLost",
+                "message": f"task lost its worker {attempts} times (last: {reason})"}, None)
+            lease_ended(coord, lease, False)  # (final: no attempt of it is counted again)
+        if back:
+            coord._once_stored(coord._wake_idle)
+
+
+def lease_ended(coord: Coordinator, lease: Lease, preempted: bool) -> None:
+    """``lease`` no longer holds (its task was re-queued or failed as lost); a
+    ``preempted`` attempt is counted as such. Undone if the commit fails."""
+    tid = lease.task_id
+    del coord.leases[tid]
+    w = coord.workers.get(lease.worker_id)
+    if w:
+        w.leases.discard(tid)
+    runs = coord.preempted_runs.get(tid)
+    if preempted:
+        coord.preempted_runs[tid] = (runs or 0) + 1
+
+    def undo() -> None:
+        relet(coord, lease)
+        if runs is None:
+            coord.preempted_runs.pop(tid, None)
+        else:
+            coord.preempted_runs[tid] = runs
+    coord._on_rollback(undo)
+
+
+def relet(coord: Coordinator, lease: Lease) -> None:
+    """``lease`` holds again (what ended it was not stored)."""
+    coord.leases[lease.task_id] = lease
+    w = coord.workers.get(lease.worker_id)
+    if w is not None:
+        w.leases.add(lease.task_id)
+
+
+def missing_module(coord: Coordinator, lease: Lease, error: dict[str, Any]) -> dict[str, Any] | None:
+    """The task failed on ``lease``'s worker with ModuleNotFoundError: none of the job's
+    tasks goes to that worker again. If another alive worker could run it, re-queue it
+    there and return None; otherwise return the task's final error, which names the
+    module and the workers that lack it."""
+    job = coord.jobs.get(lease.job_id)
+    if job is None:
+        return error
+    module = error["module"][:200]
+    job.lacking.setdefault(module, set()).add(lease.worker_id)
+    coord.lacking.setdefault(module, set()).add(lease.worker_id)
+    while len(coord.lacking) > MAX_LACKING_MODULES:  # the oldest module first
+        del coord.lacking[next(iter(coord.lacking))]
+    others = [w for w in coord.alive_workers() if not job.excludes(w.id)
+              and any(placing.runs(job.lane, s) for s in w.slot_views())]
+    if others:
+        log.info("task %s: worker %s has no module %r; trying it on another worker",
+                 lease.task_id, lease.worker_id, module)
+        # Not a loss (like a retry_on re-run): the attempt goes into the task's history.
+        rerun(coord, lease, f"no module {module!r} on this worker", error)
+        return None
+    return dict(error, kind="missing_module", message=views.missing_module_message(coord, job, module))
+
+
+def retry_raised(coord: Coordinator, lease: Lease, error: dict[str, Any] | None) -> bool:
+    """If the function raised an exception its job retries (``retry_on``: the type or
+    one of its bases, by name) and retries are left, re-queue the task, to run on
+    another worker when one can (see :func:`.placing.choose`). Returns whether it did."""
+    job = coord.jobs.get(lease.job_id)
+    names = job.meta.get("retry_on") if job is not None else None
+    if job is None or not names or not isinstance(error, dict) or error.get("kind") != "raised":
+        return False
+    mro = error.get("mro")
+    if not isinstance(mro, list):
+        mro = [error.get("type")]
+    if not any(isinstance(t, str) and t in names for t in mro):
+        return False
+    done = coord.retried.get(lease.task_id, 0)
+    if done >= int(job.meta.get("retries") or 0):
+        return False
+    name = error.get("type") if isinstance(error.get("type"), str) else "an exception"
+    rerun(coord, lease, f"raised {name}, which the job retries (retry {done + 1} of "
+                       f"{job.meta.get('retries')})", error, avoid=job)
+    return True
+
+
+def rerun(coord: Coordinator, lease: Lease, reason: str, error: dict[str, Any], avoid: Job | None = None) -> None:
+    """Re-queue ``lease``'s task for a re-run that is not a loss (counted in
+    ``retried``); ``avoid``: its job, which then keeps the task off this worker. All
+    of it, or (a store write that fails) none of it, also when a commit fails later."""
+    tid, wid = lease.task_id, lease.worker_id
+    done = coord.retried.get(tid)
+    had = avoid is None or wid in avoid.avoid.get(tid, ())
+    fresh = avoid is not None and tid not in avoid.avoid
+    coord.retried[tid] = (done or 0) + 1
+    if not had:
+        avoid.avoid.setdefault(tid, set()).add(wid)
+
+    def undo() -> None:
+        if done is None:
+            coord.retried.pop(tid, None)
+        else:
+            coord.retried[tid] = done
+        if fresh:
+            avoid.avoid.pop(tid, None)
+        elif not had:
+            avoid.avoid[tid].discard(wid)
+    try:
+        requeue(coord, [tid], reason=reason, error=error)
+    except BaseException:
+        undo()
+        raise
+    coord._on_rollback(undo)
