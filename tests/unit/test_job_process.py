@@ -214,3 +214,21 @@ def test_close_leaves_no_process_behind(tmp_path):
         ex.close()
     for pid in everything:
         _gone(pid)
+
+
+def _echo_big(data):
+    import os
+    return os.getpid(), bytes(reversed(data))
+
+
+def test_big_arguments_and_results_cross_a_kept_process_task_after_task(ex, tmp_path):
+    pids = set()
+    for i in range(3):
+        data = bytes([i]) * (3 << 20) + b"end"  # past the inline limit and the memory-file one
+        out = _call(ex, tmp_path, _echo_big, data)
+        assert out.status == "ok", out.error
+        assert isinstance(out.payload, memoryview)  # the result came as a memory file
+        pid, back = wire.loads(out.payload)
+        assert back == data[::-1]
+        pids.add(pid)
+    assert len(pids) == 1
