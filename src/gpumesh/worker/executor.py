@@ -402,7 +402,8 @@ class Executor:
 
     def _janitor(self) -> None:
         """Release what idles: processes jobs kept that ran no task for JOB_IDLE_S, hosts
-        whose function ran no task for WARM_IDLE_S (with their spare), then the zygote once it hosts none and has forked none for as long
+        whose function ran no task for WARM_IDLE_S (with their spare) and that no job keeps
+        a process of, then the zygote once it hosts none and has forked none for as long
         (the next function task starts it again, ~0.1 s)."""
         while not self._closed:
             time.sleep(min(5.0, max(0.05, min(WARM_IDLE_S, JOB_IDLE_S) / 4)))
