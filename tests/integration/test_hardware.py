@@ -349,7 +349,7 @@ def test_cpu_slots_flag_and_its_alias(make_mesh):
     r = subprocess.run([sys.executable, "-m", "gpumesh", "join", m.url, "--cpu-slots", "0"],
                        env=dict(m.env, GPUMESH_FAKE_GPUS="[]"), capture_output=True, text=True, timeout=30)
     assert r.returncode == 2  # a usage error on this machine
-    assert r.stderr.strip().splitlines() == ["error: --cpu-slots 0 leaves this worker no slot: it has no GPU"]
+    assert r.stderr.strip().splitlines() == ["Error: --cpu-slots 0 leaves this worker no slot: it has no GPU"]
 
 
 def test_gpu_only_worker(make_mesh):

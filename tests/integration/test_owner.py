@@ -125,7 +125,7 @@ def test_pause_without_a_worker_says_so(make_mesh):
     m = make_mesh(workers=0)
     r = cli(m, "pause")
     assert r.returncode == 1
-    assert r.stderr.strip() == "error: no gpumesh worker of this user is running on this machine"
+    assert r.stderr.strip() == "Error: no gpumesh worker of this user is running on this machine"
     assert cli(m, "resume").returncode == 1
 
 

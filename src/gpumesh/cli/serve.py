@@ -189,7 +189,9 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
         if metrics_token in (token, worker_token):
             fail("the metrics token must differ from the main and worker tokens")
     if (tls_cert is None) != (tls_key is None):
-        fail("--tls-cert and --tls-key go together")
+        given, missing = ("--tls-cert", "--tls-key") if tls_key is None else ("--tls-key", "--tls-cert")
+        fail(f"{given} needs {missing} too: --tls-cert FILE --tls-key FILE serve HTTPS with "
+             "your certificate and its key (or --tls alone, a self-signed one)", code=2)
     if public and (tls or tls_cert is not None):
         fail("--public serves https:// at ngrok's edge already; drop --tls (the tunnel "
              "reaches this coordinator over loopback)", code=2)

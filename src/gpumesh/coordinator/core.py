@@ -135,25 +135,25 @@ class Coordinator:
                 log.info("worker scored: %s (%s, id %s)", w.info.get("hostname", "?"),
                          ", ".join(f"{k} score={v:.3f}" for k, v in info["scores"].items()), wid)
             w.info.update(info)
-            # Whether placement may now grant what it refused: the worker's packages
-            # changed (something was installed), or its GPUs' free memory did.
-            news = "packages" in info
-            if news:  # give the jobs that lacked a module here another try
+            news = "packages" in info  # something was installed: give its jobs another try
+            if news:
                 for job in self.jobs.values():
                     for ws in job.lacking.values():
                         ws.discard(wid)
                 for ws in self.lacking.values():
                     ws.discard(wid)
-            for g in (w.info.get("gpus") or ()) if free else ():
+            for g in (w.info.get("gpus") or ()) if free else ():  # a waiting task may fit now
                 new = free.get(g.get("index"))
                 if new is not None and new != g.get("memory_free_mb"):
                     g["memory_free_mb"], news = new, True
-            w.views = None  # after every change above: the slots are described anew
-            # Slots the owner's rules opened again (paused -> resumed, a GPU that stopped
-            # yielding or cooled down): not just fewer closed, any one that reopened.
-            opened = closed - availability.closed_slots(w.info, w.slot_list)
+            w.views = None  # after every change above: placement reads them all
+            # Slots the owner's rules opened again join the worker's open poll (it named
+            # only the open ones), as an idle slot does after its result.
+            opened = placing.reopened(self, w, closed)
+            for slot in opened if self.idle else ():
+                self._poll_serves(wid, slot)
             if self.idle and (news or opened):
-                self._heartbeat_news(w, opened)
+                self._wake_idle()  # place again now, as a new job does
         cancel: list[str] = []
         if running is not None:
             held = set(running)
@@ -164,18 +164,6 @@ class Coordinator:
             self._requeue(forgotten, reason="the worker no longer reported it")
             cancel = [tid for tid in held if tid not in w.leases]
         return {"cancel": cancel}
-
-    def _heartbeat_news(self, w: Worker, opened: set[int]) -> None:
-        """A heartbeat of ``w`` changed what placement reads: place pending tasks again
-        now, as a new job does, rather than when the workers' lease polls come round.
-        ``opened``: ``w``'s slots that its owner's rules closed until now. The worker's
-        open poll named only the slots open when it asked, so those (the idle ones: no
-        lease on them) join it, as an idle slot does after its result
-        (:meth:`_poll_serves`); a paused worker had no poll open, and asks again itself."""
-        held = {lease.slot for tid in w.leases if (lease := self.leases.get(tid)) is not None}
-        for slot in sorted(opened - held):
-            self._poll_serves(w.id, slot)
-        self._wake_idle()
 
     def deregister(self, wid: str, reason: str = "worker left") -> int:
         """A worker is gone: requeue its leases now. Returns how many were requeued."""
