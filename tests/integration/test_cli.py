@@ -122,6 +122,12 @@ def test_join_url_without_http_scheme(cli_env, url):
     assert url in line
 
 
+def test_join_fingerprint_with_an_http_url_is_a_usage_error(cli_env):
+    r = run_cli(["join", "http://127.0.0.1:9", "--token", "x" * 43, "--fingerprint",
+                 "SHA256:" + "1" * 64], cli_env, timeout=20)
+    assert_one_line_error(r, "--fingerprint pins a TLS certificate", "not an https:// URL", code=2)
+
+
 def test_join_without_token(cli_env, shared_mesh):
     r = run_cli(["join", shared_mesh.url], cli_env, timeout=20)
     assert_one_line_error(r, "token")
