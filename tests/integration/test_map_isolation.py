@@ -41,7 +41,6 @@ def test_map_refuses_another_isolation(make_mesh):
     m = make_mesh(workers=0)
     f = accelerate(m.client())(where)
     for bad in ("process", "", 1, "JOB"):
-        for run in (lambda: f.map([1], isolation=bad), lambda: f.imap([1], isolation=bad),
-                    lambda: f.map([1], ordered=False, isolation=bad)):
+        for method, kw in ((f.map, {}), (f.imap, {}), (f.map, {"ordered": False})):
             with pytest.raises(ValueError, match=f"isolation must be 'task' or 'job', got {bad!r}"):
-                run()
+                method([1], isolation=bad, **kw)
