@@ -128,6 +128,21 @@ def test_join_fingerprint_with_an_http_url_is_a_usage_error(cli_env):
     assert_one_line_error(r, "--fingerprint pins a TLS certificate", "not an https:// URL", code=2)
 
 
+@pytest.mark.parametrize("flags, words", [
+    (["--tls-cert", "c.pem"], ["--tls-cert needs --tls-key too"]),
+    (["--tls-key", "k.pem"], ["--tls-key needs --tls-cert too"]),
+    (["--tailscale", "--public"], ["--tailscale and --public"]),
+    (["--public", "--tls"], ["--public", "drop --tls"]),
+])
+def test_serve_flags_that_do_not_go_together_are_usage_errors(cli_env, tmp_path, flags, words):
+    # refused first (before a token too short, say), naming the flags, leaving nothing behind
+    data = tmp_path / "data"
+    r = run_cli(["serve", "--no-self-worker", "--port", str(free_port()), "--data-dir", str(data),
+                 *flags], dict(cli_env, GPUMESH_TOKEN="short"), timeout=20)
+    assert_one_line_error(r, *words, code=2)
+    assert not data.exists() and not (tmp_path / "config.json").exists()
+
+
 def test_join_without_token(cli_env, shared_mesh):
     r = run_cli(["join", shared_mesh.url], cli_env, timeout=20)
     assert_one_line_error(r, "token")
