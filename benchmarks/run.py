@@ -177,7 +177,7 @@ def settings(args) -> dict:
         "sleep_tasks": 8,
         "sleep_s": 1.0,
         "array_reps": 5 if quick else 9,  # the median of few calls moves with the VM's memory
-        "curve_reps": 3 if quick else 5,
+        "curve_reps": 5 if quick else 7,
         "slow_tasks": 20,
         "slow_import_s": SLOW_IMPORT_S,
         # Ray with max_calls=1 starts a process per task (~0.25 s here): a 1,000-task map
@@ -348,10 +348,13 @@ def run_child(name: str, cfg: dict, out: Path) -> int:
         det["array_out_s"] = ts
 
     def curve() -> None:
-        r = system.call(ones_bytes, 16)  # warm: numpy imported remotely
-        assert r.shape == (4,)
+        # Warm every worker, not just the one the first call lands on: a map of several
+        # tasks reaches both slots, so each has numpy imported and the function loaded
+        # (one cold worker in a median of 3 made the small sizes look 5-20x slower).
+        rs = system.map(ones_bytes, [16] * 4)
+        assert [r.shape for r in rs] == [(4,)] * 4
         for n in CURVE_SIZES:
-            system.call(ones_bytes, n)  # the first call of a size is not timed
+            system.map(ones_bytes, [n, n])  # the first calls of a size are not timed
             ts = []
             for _ in range(cfg["curve_reps"]):
                 t0 = time.perf_counter()

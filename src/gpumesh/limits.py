@@ -281,6 +281,9 @@ NO_WORKER_WAIT_S: float = _env(
 RETENTION_S: float = _env(
     "RETENTION_S", "GPUMESH_RETENTION_HOURS", _number("hours", 3600.0), "24", "h", "`serve`",
     "how long a finished job (tasks, payloads, results, output) is kept", unit="s")
+CHECKPOINT_S = _const("CHECKPOINT_S", 1.0, "s",
+                      "how often the coordinator copies its write-ahead log into the database, "
+                      "on a thread of its own (coordinator/checkpoint.py)")
 PURGE_INTERVAL_S: float = _env(
     "PURGE_INTERVAL_S", "GPUMESH_PURGE_INTERVAL", SECONDS, "60", "s", "`serve`",
     "how often what is past retention is deleted")

@@ -50,11 +50,12 @@ def run_cli(args, env, timeout=30, exe=None):
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def assert_one_line_error(r, *words):
-    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+def assert_one_line_error(r, *words, code=1):
+    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and "Traceback" not in r.stdout
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("Error: "), lines[0]
     for w in words:
         assert w in lines[0], (w, lines[0])
     return lines[0]
@@ -117,8 +118,29 @@ def test_help_lists_commands(cli_env):
 @pytest.mark.parametrize("url", ["ftp://x", "127.0.0.1:8000", "localhost"])
 def test_join_url_without_http_scheme(cli_env, url):
     r = run_cli(["join", url, "--token", "x" * 43], cli_env, timeout=20)
-    line = assert_one_line_error(r, "http://")
+    line = assert_one_line_error(r, "http://", code=2)  # a usage error
     assert url in line
+
+
+def test_join_fingerprint_with_an_http_url_is_a_usage_error(cli_env):
+    r = run_cli(["join", "http://127.0.0.1:9", "--token", "x" * 43, "--fingerprint",
+                 "SHA256:" + "1" * 64], cli_env, timeout=20)
+    assert_one_line_error(r, "--fingerprint pins a TLS certificate", "not an https:// URL", code=2)
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--tls-cert", "c.pem"], ["--tls-cert needs --tls-key too"]),
+    (["--tls-key", "k.pem"], ["--tls-key needs --tls-cert too"]),
+    (["--tailscale", "--public"], ["--tailscale and --public"]),
+    (["--public", "--tls"], ["--public", "drop --tls"]),
+])
+def test_serve_flags_that_do_not_go_together_are_usage_errors(cli_env, tmp_path, flags, words):
+    # refused first (before a token too short, say), naming the flags, leaving nothing behind
+    data = tmp_path / "data"
+    r = run_cli(["serve", "--no-self-worker", "--port", str(free_port()), "--data-dir", str(data),
+                 *flags], dict(cli_env, GPUMESH_TOKEN="short"), timeout=20)
+    assert_one_line_error(r, *words, code=2)
+    assert not data.exists() and not (tmp_path / "config.json").exists()
 
 
 def test_join_without_token(cli_env, shared_mesh):
@@ -299,7 +321,7 @@ def test_workers_wrong_token_and_down(cli_env, shared_mesh):
     r = run_cli(["workers", "--url", f"http://127.0.0.1:{free_port()}", "--token", "nope"], cli_env)
     assert_one_line_error(r, "cannot reach")
     r = run_cli(["workers", "--url", "ftp://x", "--token", "nope"], cli_env)
-    assert_one_line_error(r, "http://")
+    assert_one_line_error(r, "--url: ", "http://", code=2)
 
 
 # ---------------------------------------------------------------- workers' lives -----

@@ -41,6 +41,16 @@ def test_doctor_all_good_never_prints_the_token(shared_mesh):
     assert TOKEN not in json.dumps(data)
 
 
+def test_doctor_counts_its_warnings(shared_mesh, tmp_path):
+    # no saved connection is a warning, not a failure: the run passes, and says so
+    r = run(["doctor"], env_for(shared_mesh, GPUMESH_CONFIG=str(tmp_path / "none.json")))
+    lines = r.output.splitlines()
+    warned = [ln for ln in lines if ln.startswith("[WARN]")]
+    assert r.exit_code == 0 and any(ln.startswith("[WARN] config") for ln in warned), r.output
+    n = len(warned)
+    assert lines[-1] == f"all checks passed, {n} warning{'s' * (n != 1)}"
+
+
 def test_doctor_says_what_to_do(shared_mesh):
     wrong = "wrong-token-" + "x" * 40
     r = run(["doctor"], env_for(shared_mesh, GPUMESH_TOKEN=wrong))
@@ -81,7 +91,7 @@ def test_exit_codes_and_one_line_errors(shared_mesh):
     r = CliRunner().invoke(main, ["cancel", "0123456789ab", "--url", f"http://127.0.0.1:{free_port()}"],
                            env=env)
     assert r.exit_code == 1 and len(r.output.strip().splitlines()) == 1
-    assert r.output.startswith("error: cannot reach the coordinator")
+    assert r.output.startswith("Error: cannot reach the coordinator")
 
 
 def test_no_color(monkeypatch):
@@ -208,3 +218,33 @@ def test_a_job_id_that_is_not_one_is_refused_before_any_request(shared_mesh, bad
         r = run(command, env_for(shared_mesh))
         assert r.exit_code == 1, (command, r.output)
         assert "is not a job id" in r.output and "no route" not in r.output, (command, r.output)
+
+
+#: Every command that talks to a coordinator, with what it needs besides the URL.
+URL_COMMANDS = [["jobs"], ["status", "0123456789ab"], ["cancel", "0123456789ab"],
+                ["retry", "0123456789ab"], ["logs", "0123456789ab"], ["workers"], ["devices"],
+                ["token", "list"], ["token", "add", "ann"], ["token", "revoke", "ann"], ["doctor"]]
+
+
+@pytest.mark.parametrize("bad", ["ftp://x", "http://", "127.0.0.1:8000"])
+def test_a_coordinator_url_that_is_not_http_is_a_usage_error(tmp_path, bad):
+    # --url, GPUMESH_URL and a URL argument are checked the same way, before anything
+    # is tried: one Error: line that names where the URL came from, exit code 2
+    payloads = tmp_path / "p.json"
+    payloads.write_text("[1]")
+    script = tmp_path / "s.py"
+    script.write_text("print(1)\n")
+    env = {"GPUMESH_CONFIG": str(tmp_path / "none.json"), "GPUMESH_TOKEN": TOKEN, "GPUMESH_URL": None}
+    commands = URL_COMMANDS + [["submit", str(script), "--payloads", str(payloads)]]
+    want = "must start with http:// or https:// and name a host"
+    for args in commands:
+        for how, argv, extra, source in (("flag", [*args, "--url", bad], {}, "--url: "),
+                                         ("env", args, {"GPUMESH_URL": bad}, "GPUMESH_URL: ")):
+            r = CliRunner().invoke(main, argv, env={**env, **extra})
+            lines = r.stderr.strip().splitlines()
+            assert r.exit_code == 2 and len(lines) == 1, (how, args, r.output)
+            assert lines[0].startswith(f"Error: {source}coordinator URL") and want in lines[0], lines
+    for args in (["doctor", bad], ["join", bad, "--token", TOKEN]):
+        r = CliRunner().invoke(main, args, env=env)
+        assert r.exit_code == 2 and r.stderr.strip().splitlines() == [
+            f"Error: coordinator URL {bad.rstrip('/')!r} {want}, e.g. http://127.0.0.1:8000"], r.output

@@ -78,3 +78,24 @@ def test_a_crash_or_timeout_in_job_isolation_loses_no_other_result(make_mesh, fa
     assert got[1:] == [i * i for i in range(1, 12)]
     # the job's other slot kept its process; the failed task's slot gets a new one
     assert task.map(range(1, 5)) == [1, 4, 9, 16]
+
+
+def _say(i):
+    import os
+    print(f"task {i} says")
+    return os.getpid(), os.getppid()
+
+
+def test_a_jobs_kept_process_logs_each_tasks_own_output_and_is_forked_from_the_function_host(make_mesh):
+    m = make_mesh(workers=1, slots=1)
+    mesh = m.client(output=False)
+    got = accelerate(mesh, isolation="job")(_say).map(range(8))
+    assert len({pid for pid, _ in got}) == 1, "one slot: one process for the job"
+    job = mesh.jobs()[0]
+    logs = {t["index"]: t["stdout"] for t in mesh.logs(job["id"])}
+    assert logs == {i: f"task {i} says\n" for i in range(8)}
+    # The job's process has the parent a default task's process has: on the fork runtime
+    # the function's host (a forked child of it, not a fresh interpreter), on the spawn
+    # runtime the agent.
+    _pid, host = accelerate(mesh)(_say)(0)
+    assert {ppid for _, ppid in got} == {host}

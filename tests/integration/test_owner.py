@@ -22,7 +22,7 @@ from datetime import datetime
 import pytest
 
 from gpumesh import Unsatisfiable, accelerate
-from gpumesh.limits import HEARTBEAT_INTERVAL_S
+from gpumesh.limits import HEARTBEAT_INTERVAL_S, LONG_POLL_S
 from tests.conftest import Mesh, Proc, alive, wait_for
 
 RTX = {"name": "NVIDIA GeForce RTX 4090", "memory_total_mb": 24564, "memory_free_mb": 20000, "score": 3000}
@@ -125,7 +125,7 @@ def test_pause_without_a_worker_says_so(make_mesh):
     m = make_mesh(workers=0)
     r = cli(m, "pause")
     assert r.returncode == 1
-    assert r.stderr.strip() == "error: no gpumesh worker of this user is running on this machine"
+    assert r.stderr.strip() == "Error: no gpumesh worker of this user is running on this machine"
     assert cli(m, "resume").returncode == 1
 
 
@@ -286,6 +286,42 @@ def test_a_game_on_gpu0_makes_it_yield_while_gpu1_works_and_a_hot_gpu_pauses(mak
         wait_for(lambda: worker(m, wid).get("gpu_states") == {}, 10, "GPU 1 to reopen")
     assert "[worker] cuda:0 yielding: GPU busy: no new tasks there" in w.output()
     assert "[worker] cuda:1 taking tasks again" in w.output()
+
+
+def test_a_gpu_that_stops_yielding_takes_the_waiting_task_at_once(make_mesh, tmp_path):
+    # While GPU 0 yields, the worker's lease poll names only its CPU slot. When the GPU
+    # reopens, the heartbeat that says so must hand it the waiting GPU task then, not
+    # when that poll runs out (LONG_POLL_S) and the worker asks again.
+    m = make_mesh(workers=0)
+    gpus = tmp_path / "gpus.json"
+
+    def set_gpu(**state) -> None:
+        tmp = gpus.with_suffix(".tmp")
+        tmp.write_text(json.dumps([dict(RTX, **state)]))
+        os.replace(tmp, gpus)
+    set_gpu(other_util_pct=90)                                 # a game holds GPU 0
+    w = start_worker(m, "box", "--cpu-slots", "1", "--yield-gpu", "--busy-threshold", "20%",
+                     "--yield-grace", "1s", role="box", gpus=f"@{gpus}")
+    wid = joined_id(w)
+    wait_for(lambda: worker(m, wid).get("gpu_states") == {"0": {"state": "yielding",
+                                                                "label": "yielding: GPU busy"}},
+             10, "GPU 0 to yield")
+
+    def where():
+        import os as _os
+        return _os.environ.get("CUDA_VISIBLE_DEVICES") or "cpu"
+    out: list = []
+    with closing(m.client(output=False)) as c:
+        # A CPU task first: once its result is in, the worker's next poll (naming the CPU
+        # slot only) has just begun, so that poll would outlast the bound below.
+        assert accelerate(c, gpu="cpu")(where)() == "cpu"
+        th = threading.Thread(target=lambda: out.append(accelerate(c, gpu="cuda")(where)()),
+                              daemon=True)
+        th.start()
+        set_gpu()                                              # the game ends
+        th.join(LONG_POLL_S - 6)   # a heartbeat, the 1 s quiet spell, the task: seconds
+        assert not th.is_alive(), "the GPU task waited for the worker's next lease poll"
+    assert out == ["0"]
 
 
 def test_what_is_shared_gpus_and_their_memory(make_mesh, tmp_path):

@@ -136,7 +136,7 @@ def test_tailscale_unusable_prints_one_line_saying_what_to_run(tmp_path, ts_bin,
     r = serve_once(env, "--tailscale", "--data-dir", str(tmp_path / "data"))
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 1, r.stderr
-    assert len(lines) == 1 and lines[0].startswith("error: --tailscale: "), r.stderr
+    assert len(lines) == 1 and lines[0].startswith("Error: --tailscale: "), r.stderr
     assert said in lines[0] and "tailscale up" in lines[0]
     assert not (tmp_path / "data").exists()  # nothing was set up
 
@@ -220,7 +220,7 @@ def test_public_without_an_authtoken_names_NGROK_AUTHTOKEN(tmp_path, edge_cert):
     env.pop("NGROK_AUTHTOKEN", None)
     r = serve_once(env, "--public", "--data-dir", str(tmp_path / "data"))
     assert r.returncode == 1
-    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: --public needs an ngrok authtoken")
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("Error: --public needs an ngrok authtoken")
     assert "$NGROK_AUTHTOKEN" in r.stderr and "dashboard.ngrok.com" in r.stderr
     assert not (tmp_path / "data").exists()
 
@@ -229,7 +229,7 @@ def test_public_with_a_refused_authtoken_or_no_sdk_says_so(tmp_path, edge_cert):
     r = serve_once(public_env(tmp_path, edge_cert, NGROK_AUTHTOKEN="refused"), "--public",
                    "--data-dir", str(tmp_path / "data"))
     assert r.returncode == 1
-    assert "error: --public: ngrok did not open a tunnel (failed to connect session" in r.stderr
+    assert "Error: --public: ngrok did not open a tunnel (failed to connect session" in r.stderr
     assert "ERR_NGROK_105" in r.stderr
     nosdk = tmp_path / "nosdk"
     nosdk.mkdir()
@@ -238,7 +238,7 @@ def test_public_with_a_refused_authtoken_or_no_sdk_says_so(tmp_path, edge_cert):
     env["PYTHONPATH"] = str(nosdk)
     r = serve_once(env, "--public", "--data-dir", str(tmp_path / "data2"))
     assert r.returncode == 1
-    assert r.stderr.strip() == "error: --public needs the ngrok Agent SDK: pip install ngrok"
+    assert r.stderr.strip() == "Error: --public needs the ngrok Agent SDK: pip install ngrok"
 
 
 def test_public_and_tailscale_refuse_what_cannot_work_together(tmp_path, edge_cert, ts_bin):
@@ -250,7 +250,7 @@ def test_public_and_tailscale_refuse_what_cannot_work_together(tmp_path, edge_ce
     assert r.returncode == 2 and "pick one" in r.stderr
     r = serve_once(env, "--trusted-proxy", "nginx-box", "--data-dir", str(tmp_path / "d3"))
     assert r.returncode == 2
-    assert r.stderr.strip() == ("error: --trusted-proxy: 'nginx-box' is not an IP address or CIDR "
+    assert r.stderr.strip() == ("Error: --trusted-proxy: 'nginx-box' is not an IP address or CIDR "
                                 "range (e.g. 10.0.0.0/8, 127.0.0.1/32, fd00::/8)")
     r = serve_once(dict(env, GPUMESH_TRUSTED_PROXIES="10.0.0.0/8, 300.0.0.1"),
                    "--data-dir", str(tmp_path / "d4"))

@@ -220,7 +220,7 @@ def test_usage_errors_exit_2_and_bad_payloads_exit_1(script_mesh, tmp_path):
     bad = write(tmp_path, "bad.json", '{"x": 1}')
     r = cli(script_mesh, "submit", str(script), "--payloads", str(bad))
     assert r.returncode == 1 and "Traceback" not in r.stderr
-    assert r.stderr.strip() == (f"error: the payloads file {bad} must hold a JSON array with one "
+    assert r.stderr.strip() == (f"Error: the payloads file {bad} must hold a JSON array with one "
                                 "payload per task, not a JSON object (for a single task, put "
                                 "it in brackets: [ ... ])")
     broken = write(tmp_path, "broken.json", "[1, 2")

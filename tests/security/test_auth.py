@@ -17,16 +17,10 @@ from gpumesh.coordinator.auth import (ROLE_MAIN, ROLE_WORKER, Authenticator, Fai
                                       TokenCheck, is_loopback)
 from gpumesh.limits import AUTH_FAIL_MAX, AUTH_FAIL_WINDOW_S, AUTH_LOCKOUT_S
 
+from tests.conftest import FakeClock
+
 from .conftest import APP_MAIN as MAIN
 WORKER = "worker-token-0123456789abcdefgh"
-
-
-class Clock:
-    def __init__(self):
-        self.t = 1000.0
-
-    def __call__(self):
-        return self.t
 
 
 # ---------------------------------------------------------------- TokenCheck --------
@@ -81,25 +75,25 @@ def test_token_check_compares_in_constant_time(monkeypatch):
 # ---------------------------------------------------------------- FailureLimiter ----
 
 def test_limiter_locks_out_after_max_failures_in_window():
-    clock = Clock()
+    clock = FakeClock()
     lim = FailureLimiter(clock=clock)
     for i in range(AUTH_FAIL_MAX - 1):
         assert lim.failed("192.0.2.7") is False
-        clock.t += 1
+        clock.advance(1)
     assert lim.locked_for("192.0.2.7") == 0.0
     assert lim.failed("192.0.2.7") is True
     assert lim.locked_for("192.0.2.7") == pytest.approx(AUTH_LOCKOUT_S)
     assert lim.locked_for("192.0.2.8") == 0.0  # per address
-    clock.t += AUTH_LOCKOUT_S + 0.1
+    clock.advance(AUTH_LOCKOUT_S + 0.1)
     assert lim.locked_for("192.0.2.7") == 0.0
 
 
 def test_limiter_window_slides_and_success_forgives():
-    clock = Clock()
+    clock = FakeClock()
     lim = FailureLimiter(clock=clock)
     for _ in range(AUTH_FAIL_MAX - 1):
         lim.failed("a")
-    clock.t += AUTH_FAIL_WINDOW_S + 1  # the old failures fall out of the window
+    clock.advance(AUTH_FAIL_WINDOW_S + 1)  # the old failures fall out of the window
     assert lim.failed("a") is False
     for _ in range(AUTH_FAIL_MAX - 2):
         lim.failed("b")
@@ -108,7 +102,7 @@ def test_limiter_window_slides_and_success_forgives():
 
 
 def test_limiter_memory_is_bounded():
-    lim = FailureLimiter(max_tracked=100, clock=Clock())
+    lim = FailureLimiter(max_tracked=100, clock=FakeClock())
     for i in range(1000):
         lim.failed(f"198.51.100.{i}")
     assert len(lim._failures) == 100

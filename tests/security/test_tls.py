@@ -108,7 +108,7 @@ def test_join_with_a_wrong_fingerprint_exits_with_one_line(tls_mesh):
     r = subprocess.run([sys.executable, "-m", "gpumesh", "join", m.url, "--fingerprint",
                         "SHA256:" + "1" * 64], env=m.env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1
-    assert r.stderr.strip().splitlines()[-1].startswith("error: the coordinator at")
+    assert r.stderr.strip().splitlines()[-1].startswith("Error: the coordinator at")
     assert m.fingerprint in r.stderr
     r = subprocess.run([sys.executable, "-m", "gpumesh", "join", m.url, "--fingerprint", "nope"],
                        env=m.env, capture_output=True, text=True, timeout=60)
@@ -152,11 +152,15 @@ def test_mismatched_own_pair_is_refused_in_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "gpumesh", "serve", "--no-self-worker", "--port", str(free_port()),
                         "--data-dir", str(tmp_path / "d"), "--tls-cert", str(cert), "--tls-key", str(key)],
                        env=env, capture_output=True, text=True, timeout=30)
-    assert r.returncode == 1 and r.stderr.startswith("error: cannot use") and r.stderr.count("\n") == 1
-    r = subprocess.run([sys.executable, "-m", "gpumesh", "serve", "--no-self-worker", "--port", str(free_port()),
-                        "--data-dir", str(tmp_path / "d"), "--tls-cert", str(cert)],
-                       env=env, capture_output=True, text=True, timeout=30)
-    assert r.returncode == 1 and "--tls-cert and --tls-key go together" in r.stderr
+    assert r.returncode == 1 and r.stderr.startswith("Error: cannot use") and r.stderr.count("\n") == 1
+    # one of the pair without the other is a usage error: one line naming both, exit 2
+    for given, path, missing in (("--tls-cert", cert, "--tls-key"), ("--tls-key", key, "--tls-cert")):
+        r = subprocess.run([sys.executable, "-m", "gpumesh", "serve", "--no-self-worker", "--port",
+                            str(free_port()), "--data-dir", str(tmp_path / "e"), given, str(path)],
+                           env=env, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"Error: {given} needs {missing} too")
+        assert not (tmp_path / "e").exists()                    # refused before anything is written
 
 
 def test_a_handshake_that_never_happens_blocks_nobody(tls_mesh):

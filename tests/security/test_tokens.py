@@ -44,7 +44,7 @@ def test_weak_tokens_are_refused_with_one_line_and_a_recipe(env, tmp_path, flags
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
-    assert lines[0].startswith(f"error: {what}")
+    assert lines[0].startswith(f"Error: {what}")
     if "characters" in what:
         assert HINT in lines[0]
     for value in flags[1::2]:  # the refused token itself is never echoed

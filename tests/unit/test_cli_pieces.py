@@ -153,3 +153,26 @@ def test_progress_elapsed_counts_from_the_batch_start(monkeypatch):
     bar.close()
     text = out.getvalue()
     assert "0:01:05" in text and "2/4 done" in text, text
+
+
+def test_doctor_summary_counts_the_warnings():
+    from gpumesh.cli.doctor import Check, summary
+
+    def checks(*statuses):
+        return [Check(f"c{i}", s, "detail") for i, s in enumerate(statuses)]
+    assert summary(checks("ok", "skip", "ok")) == "all checks passed"
+    assert summary(checks("ok", "warn", "skip")) == "all checks passed, 1 warning"
+    assert summary(checks("warn", "ok", "warn")) == "all checks passed, 2 warnings"
+    assert summary(checks("ok", "fail")) == "some checks failed"
+    assert summary(checks("warn", "fail", "warn", "warn")) == "some checks failed, 3 warnings"
+
+
+def test_every_error_line_has_one_form(capsys):
+    # one function prints them all (click's own usage errors say "Error:" too)
+    from gpumesh.cli.common import fail
+    from gpumesh.cli.failure import fail as the_one
+    assert fail is the_one
+    with pytest.raises(SystemExit) as e:
+        fail("the data directory is in use", code=2)
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "Error: the data directory is in use\n"

@@ -19,20 +19,13 @@ import pytest
 
 from gpumesh import availability
 from gpumesh.cli import owner as owner_cli
-from gpumesh.coordinator.core import Coordinator, StaleLease
-from gpumesh.coordinator.store import Store
+from gpumesh.coordinator.core import StaleLease
 from gpumesh.limits import MAX_ATTEMPTS
 from gpumesh.worker import control
 from gpumesh.worker.owner import (GpuReading, OwnerState, Policy, Threshold, Window, cap_memory,
                                   parse_duration, share_gpus)
 
-
-class Clock:
-    def __init__(self, t: float = 1_000_000.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
+from ..conftest import FakeClock
 
 
 # 2026-12-07 is a Monday; the fake clock's seconds are read as that day plus seconds.
@@ -113,7 +106,7 @@ def test_what_is_shared():
 # ---------------------------------------------------------------- decisions ----------
 
 def test_pause_finish_now_and_for():
-    clock = Clock()
+    clock = FakeClock()
     s = OwnerState(Policy(), clock=clock)
     assert s.decide().open(None) and s.decide().worker is None
     s.pause()
@@ -123,16 +116,16 @@ def test_pause_finish_now_and_for():
     s.pause(now=True, for_s=7200)
     d = s.decide()
     assert d.hand_back(None) and d.hand_back(1) and d.worker["until"] == clock.t + 7200
-    clock.t += 7199
+    clock.advance(7199)
     assert not s.decide().open(None)
-    clock.t += 1
+    clock.advance(1)
     assert s.decide().open(None) and not s.paused                        # resumed by itself
     s.pause()
     assert s.resume() is True and s.resume() is False and s.decide().open(0)
 
 
 def test_hours_and_window_end():
-    clock = Clock(at(0, 21, 59))
+    clock = FakeClock(at(0, 21, 59))
     policy = Policy(hours=(Window.parse("22:00-08:00"),), at_window_end="finish")
     s = OwnerState(policy, clock=clock, localtime=local)
     d = s.decide()
@@ -149,7 +142,7 @@ def test_hours_and_window_end():
 
 
 def test_yield_gpu_grace_and_quiet_spell():
-    clock = Clock()
+    clock = FakeClock()
     s = OwnerState(Policy(yield_gpu=True, yield_grace_s=10), clock=clock)
     quiet = {0: GpuReading(0, other_util_pct=0), 1: GpuReading(1, other_util_pct=0)}
     game = {0: GpuReading(0, other_util_pct=85), 1: GpuReading(1, other_util_pct=3)}
@@ -157,28 +150,28 @@ def test_yield_gpu_grace_and_quiet_spell():
     d = s.decide(game)
     assert d.gpus == {0: {"state": "yielding", "label": "yielding: GPU busy"}}
     assert not d.open(0) and d.open(1) and d.open(None) and not d.hand_back(0)
-    clock.t += 9.9
+    clock.advance(9.9)
     assert not s.decide(game).hand_back(0)
-    clock.t += 0.1
+    clock.advance(0.1)
     d = s.decide(game)
     assert d.hand_back(0) and not d.hand_back(1) and not d.hand_back(None)
-    clock.t += 1
+    clock.advance(1)
     assert not s.decide(quiet).open(0)                                  # quiet, but not for long
-    clock.t += 9
+    clock.advance(9)
     assert not s.decide(quiet).open(0)
-    clock.t += 1
+    clock.advance(1)
     assert s.decide(quiet).open(0)                                      # 10 s of quiet: reopened
     assert s.decide(game).gpus and not s.decide(game).hand_back(0)      # a new grace starts
 
 
 def test_yield_by_memory_threshold():
-    s = OwnerState(Policy(yield_gpu=True, busy_threshold=Threshold.parse("2GiB")), clock=Clock())
+    s = OwnerState(Policy(yield_gpu=True, busy_threshold=Threshold.parse("2GiB")), clock=FakeClock())
     assert s.decide({0: GpuReading(0, other_util_pct=99, other_mb=100)}).open(0)
     assert not s.decide({0: GpuReading(0, other_util_pct=0, other_mb=2048)}).open(0)
 
 
 def test_hot_and_power_with_hysteresis():
-    s = OwnerState(Policy(max_temp_c=80, max_power_w=250), clock=Clock())
+    s = OwnerState(Policy(max_temp_c=80, max_power_w=250), clock=FakeClock())
     def temp(c, w=100):
         return s.decide({0: GpuReading(0, temp_c=c, power_w=w)})
     assert temp(79).open(0)
@@ -194,7 +187,7 @@ def test_hot_and_power_with_hysteresis():
 
 
 def test_unknown_readings_change_nothing():
-    s = OwnerState(Policy(yield_gpu=True, max_temp_c=80), clock=Clock())
+    s = OwnerState(Policy(yield_gpu=True, max_temp_c=80), clock=FakeClock())
     assert s.decide({0: GpuReading(0)}).open(0)
     assert s.decide({}).open(0)
 
@@ -226,13 +219,6 @@ def test_availability_checks_and_labels():
 
 
 # ---------------------------------------------------------------- the coordinator ----
-
-@pytest.fixture
-def coord(tmp_path):
-    store = Store(tmp_path / "data")
-    yield Coordinator(store, clock=Clock())
-    store.close()
-
 
 def _lease(coord, wid, free=None):
     return asyncio.run(coord.lease(wid, 1, 0, free))

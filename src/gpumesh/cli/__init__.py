@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import platform
-import sys
 
 import click
 
@@ -49,8 +48,8 @@ def _settings_or_exit() -> None:
         # importing, so there is no module to take the class from
         if (type(e).__module__, type(e).__name__) != ("gpumesh.limits", "SettingError"):
             raise
-        click.echo(f"Error: {e}", err=True)
-        sys.exit(2)
+        from .failure import fail
+        fail(str(e), code=2)
 
 
 def _register() -> None:

@@ -8,14 +8,9 @@ import sys
 
 import click
 
-from .. import config
+from .. import config, limits
 from ..errors import MeshError
-
-
-def fail(message: str, code: int = 1) -> None:
-    """Print ``error: message`` to stderr and exit with ``code`` (no traceback)."""
-    click.echo(f"error: {message}", err=True)
-    sys.exit(code)
+from .failure import fail  # noqa: F401 - every command's one way to end with an error
 
 
 def one_line_errors(fn):
@@ -45,9 +40,25 @@ def endpoint_options(fn):
     return fn
 
 
+def given_url(url: str | None, what: str | None = "--url") -> str | None:
+    """The coordinator URL the user gave, checked at the boundary: ``url`` (from the
+    command line: the flag ``what``, None for an argument), else ``$GPUMESH_URL``; None
+    when neither is set (the saved config decides). Normalised (see
+    :func:`gpumesh.config.normalise_url`). One that is not ``http(s)://HOST[:PORT]`` is a
+    usage error: one line, naming the flag or variable it came from, exit 2."""
+    if url is None:
+        url, what = limits.setting("GPUMESH_URL"), "GPUMESH_URL"
+        if url is None:
+            return None
+    try:
+        return config.normalise_url(url)
+    except ValueError as e:
+        fail(f"{what}: {e}" if what else str(e), code=2)
+
+
 def resolve_endpoint(url: str | None, token: str | None) -> config.Endpoint:
     """The coordinator to talk to; its token is then hidden from ``ps`` (see secrecy)."""
     from .secrecy import hide
-    ep = config.resolve(url, token)
+    ep = config.resolve(given_url(url), token)
     hide(ep.token)
     return ep

@@ -31,7 +31,7 @@ import click
 from .. import config, limits, protocol
 from .._version import __version__
 from ..limits import CLOCK_SKEW_FAIL_S, CLOCK_SKEW_WARN_S, CONNECT_TIMEOUT_S
-from .common import endpoint_options
+from .common import endpoint_options, given_url
 
 #: The wall clock the coordinator's ``Date`` header is compared with (a seam for tests).
 wall_clock = time.time
@@ -465,7 +465,10 @@ def doctor(target, url, token, fingerprint, as_json):
     from .secrecy import hide
     if target and url and target.rstrip("/") != url.rstrip("/"):
         raise click.UsageError(f"two different URLs: {target} and --url {url}; give one")
-    url = target or url
+    if target or url:
+        url = given_url(target or url, None if target else "--url")
+    else:
+        given_url(None)  # $GPUMESH_URL is checked as a flag is
     checks = [_install(), _python(), _cloudpickle(), _torch(), _gpus(), _runtime(), _saved()]
     checks += _coordinator(url, token, fingerprint)
     hide(token)
@@ -479,6 +482,14 @@ def doctor(target, url, token, fingerprint, as_json):
             if c.fix and c.status in ("fail", "warn"):
                 click.echo(f"{'':20}-> {c.fix}")
         click.echo("")
-        click.echo("some checks failed" if failed else "all checks passed")
+        click.echo(summary(checks))
     if failed:
         sys.exit(1)
+
+
+def summary(checks: list[Check]) -> str:
+    """The last line: ``all checks passed`` or ``some checks failed``, and how many
+    warned (``all checks passed, 2 warnings``): a warning does not fail the run."""
+    warned = sum(c.status == "warn" for c in checks)
+    line = "some checks failed" if any(c.status == "fail" for c in checks) else "all checks passed"
+    return line + (f", {warned} warning{'s' * (warned != 1)}" if warned else "")

@@ -9,7 +9,7 @@ import click
 
 from .. import config, limits
 from ..errors import AuthError, RequestRejected, VersionMismatch
-from .common import fail
+from .common import fail, given_url
 from .owner import owner_options
 from .secrecy import hide
 
@@ -70,12 +70,13 @@ def join(url, token, slots, fingerprint, runtime, allow_installs, **owner_flags)
     except ValueError as e:
         fail(str(e), code=2)
     slots = 1 if file_slots is None else file_slots
-    if url is None:
-        url = _discover_url()
-    try:
-        url = config.normalise_url(url)
-    except ValueError as e:
-        fail(str(e))
+    if url is not None:
+        url = given_url(url, None)  # a bad one is a usage error
+    else:
+        try:
+            url = config.normalise_url(_discover_url())
+        except ValueError as e:  # announced by a coordinator that is not ours
+            fail(str(e))
     token = token or os.environ.get("GPUMESH_WORKER_TOKEN") or os.environ.get("GPUMESH_TOKEN")
     fingerprint = fingerprint or limits.setting("GPUMESH_FINGERPRINT")
     if token is None or fingerprint is None:
@@ -92,8 +93,8 @@ def join(url, token, slots, fingerprint, runtime, allow_installs, **owner_flags)
             fingerprint = normalise_fingerprint(fingerprint)
         except ValueError as e:
             fail(str(e))
-        if not url.startswith("https://"):
-            fail(f"--fingerprint pins a TLS certificate, but {url} is not an https:// URL")
+        if not url.startswith("https://"):  # (a wrong combination: a usage error)
+            fail(f"--fingerprint pins a TLS certificate, but {url} is not an https:// URL", code=2)
 
     try:
         runtime, runtime_why = choose_runtime(runtime)

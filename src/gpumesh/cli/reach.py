@@ -228,7 +228,8 @@ def plan(host: str, tailscale: bool, public: bool, trusted_proxy) -> tuple[tuple
     """What ``serve`` checks before anything binds: the networks whose ``X-Forwarded-For``
     is believed (``--trusted-proxy``, else ``$GPUMESH_TRUSTED_PROXIES``; with ``--public``
     also where the tunnel connects from), and the tailnet (``--tailscale``) or None.
-    Exits with one line on a problem (code 2 for a usage error)."""
+    Exits with one line on a problem (code 2 for a usage error; flags that do not go
+    together were refused before, by ``serve``)."""
     from ..coordinator.auth import parse_networks
     wanted = list(trusted_proxy) or [
         *limits.setting("GPUMESH_TRUSTED_PROXIES")]
@@ -236,8 +237,6 @@ def plan(host: str, tailscale: bool, public: bool, trusted_proxy) -> tuple[tuple
         trusted = parse_networks(wanted)
     except ValueError as e:
         fail(f"--trusted-proxy: {e}", code=2)
-    if tailscale and public:
-        fail("--tailscale and --public are two different ways in: pick one", code=2)
     net = None
     try:
         if tailscale:

@@ -170,6 +170,7 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
     from ..coordinator.server import BindError, Server, bind
     from . import reach
 
+    _check_flags(tls, tls_cert, tls_key, public, tailscale)
     host = host or limits.setting("GPUMESH_HOST")
     token = token or os.environ.get("GPUMESH_TOKEN")
     worker_token = worker_token or os.environ.get("GPUMESH_WORKER_TOKEN") or None
@@ -188,11 +189,6 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
         check_token(metrics_token, "metrics token")
         if metrics_token in (token, worker_token):
             fail("the metrics token must differ from the main and worker tokens")
-    if (tls_cert is None) != (tls_key is None):
-        fail("--tls-cert and --tls-key go together")
-    if public and (tls or tls_cert is not None):
-        fail("--public serves https:// at ngrok's edge already; drop --tls (the tunnel "
-             "reaches this coordinator over loopback)", code=2)
     trusted, net = reach.plan(host, tailscale, public, trusted_proxy)
     if net is not None:
         host = net.ip  # the tailnet address, not 0.0.0.0: the LAN stays out
@@ -292,6 +288,20 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
         if tunnel is not None:
             tunnel.close()
     click.echo("[gpumesh] coordinator stopped")
+
+
+def _check_flags(tls: bool, tls_cert, tls_key, public: bool, tailscale: bool) -> None:
+    """Flags that do not go together: a usage error (one line naming them, exit 2),
+    before any other check and before anything is written."""
+    if (tls_cert is None) != (tls_key is None):
+        given, missing = ("--tls-cert", "--tls-key") if tls_key is None else ("--tls-key", "--tls-cert")
+        fail(f"{given} needs {missing} too: --tls-cert FILE --tls-key FILE serve HTTPS with "
+             "your certificate and its key (or --tls alone, a self-signed one)", code=2)
+    if tailscale and public:
+        fail("--tailscale and --public are two different ways in: pick one", code=2)
+    if public and (tls or tls_cert is not None):
+        fail("--public serves https:// at ngrok's edge already; drop --tls (the tunnel "
+             "reaches this coordinator over loopback)", code=2)
 
 
 def _advertise(host: str, port: int, tls: bool):

@@ -107,18 +107,21 @@ class RemoteFunction:
         run = pipeline.run(None, job, handle, backend=pipeline.INLINE)
         return run if handle is not None else list(run)
 
-    def _call_options(self) -> dict:
+    def _call_options(self, isolation: str | None = None) -> dict:
+        """The options of this function's calls; ``isolation`` (checked) replaces the
+        decorator's for one ``.map``/``.imap``."""
         fn = self.__gpumesh_wrapped__
         options = {"timeout": self.options["timeout"], "name": getattr(fn, "__qualname__", None),
                    "require": self.require}
         if self.retry is not None:  # (an engine refuses what it cannot express)
             options["retry"] = self.retry
-        if self.options["isolation"] != "task":  # (likewise; "task" is what engines do)
-            options["isolation"] = self.options["isolation"]
+        isolation = self.options["isolation"] if isolation is None else isolation
+        if isolation != "task":  # (likewise; "task" is what engines do)
+            options["isolation"] = isolation
         return options
 
     def map(self, items: Iterable[Any], *, return_exceptions: bool = False,
-            ordered: bool = True) -> list[Any] | Results:
+            ordered: bool = True, isolation: str | None = None) -> list[Any] | Results:
         """One task per item (a dict is keyword arguments, a tuple positional arguments,
         anything else the single argument), spread over the mesh; values in input order.
         ``[]`` for no items.
@@ -127,17 +130,21 @@ class RemoteFunction:
         remote traceback attached, its text naming the item, worker and attempt) and the
         other tasks are cancelled. ``return_exceptions=True``: every item runs, and a
         failed item's exception stands in its place in the list. ``ordered=False``: the
-        same as :meth:`imap` (an iterator of ``(index, value)`` as tasks finish)."""
+        same as :meth:`imap` (an iterator of ``(index, value)`` as tasks finish).
+        ``isolation``: ``"task"`` or ``"job"`` for this map's tasks, as for
+        ``@accelerate`` (default: the decorator's); anything else is a ``ValueError``."""
+        isolation = None if isolation is None else check_isolation(isolation)
         if not ordered:
-            return self.imap(items, return_exceptions=return_exceptions)
+            return self.imap(items, return_exceptions=return_exceptions, isolation=isolation)
         fn = self.__gpumesh_wrapped__
         calls, hints = _calls.map_items(fn, list(items))
         if self._inline():
             return [v for _, v in self._run_inline(calls, hints, bool(return_exceptions))]
         return self.mesh.run_calls(fn, calls, hints=hints, return_exceptions=bool(return_exceptions),
-                                   **self._call_options())
+                                   **self._call_options(isolation))
 
-    def imap(self, items: Iterable[Any], *, return_exceptions: bool = False) -> Results:
+    def imap(self, items: Iterable[Any], *, return_exceptions: bool = False,
+             isolation: str | None = None) -> Results:
         """One task per item (as :meth:`map`), submitted at once; returns an iterator of
         ``(index, value)`` pairs in the order the tasks finish, each index once.
 
@@ -145,15 +152,17 @@ class RemoteFunction:
         by dropping the iterator: the tasks not finished yet are cancelled. A failure is
         raised from ``next()`` (and the rest cancelled) unless ``return_exceptions=True``,
         which yields ``(index, exception)`` instead. Without a mesh the items run here,
-        one per ``next()``, in input order."""
+        one per ``next()``, in input order. ``isolation``: as for :meth:`map`."""
+        isolation = None if isolation is None else check_isolation(isolation)
         fn = self.__gpumesh_wrapped__
         calls, hints = _calls.map_items(fn, list(items))
         flag = bool(return_exceptions)
         if self._inline():
             return Results(lambda h: self._run_inline(calls, hints, flag, h), len(calls))
         mesh = self.mesh
+        options = self._call_options(isolation)
         return Results(lambda h: mesh.iter_calls(fn, calls, hints=hints, return_exceptions=flag,
-                                                 handle=h, **self._call_options()), len(calls))
+                                                 handle=h, **options), len(calls))
 
     def to(self, device: str) -> RemoteFunction:
         """The same function bound to a device kind or model (``"cuda"``, ``"mps"``,

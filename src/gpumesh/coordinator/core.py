@@ -141,25 +141,25 @@ class Coordinator(Journalled):
                 log.info("worker scored: %s (%s, id %s)", w.info.get("hostname", "?"),
                          ", ".join(f"{k} score={v:.3f}" for k, v in info["scores"].items()), wid)
             w.info.update(info)
-            w.views = None
-            if "packages" in info:  # something was installed: give its jobs another try
+            news = "packages" in info  # something was installed: give its jobs another try
+            if news:
                 for job in self.jobs.values():
                     for ws in job.lacking.values():
                         ws.discard(wid)
                 for ws in self.lacking.values():
                     ws.discard(wid)
-                if self.idle:
-                    self._wake_idle()
-            if free:
-                changed = False
-                for g in w.info.get("gpus") or ():
-                    new = free.get(g.get("index"))
-                    if new is not None and new != g.get("memory_free_mb"):
-                        g["memory_free_mb"], changed = new, True
-                if changed and self.idle:
-                    self._wake_idle()  # a task waiting for GPU memory may fit now
-            if availability.closed_slots(w.info, w.slot_list) < closed and self.idle:
-                self._wake_idle()  # the owner let it (or one of its GPUs) work again
+            for g in (w.info.get("gpus") or ()) if free else ():  # a waiting task may fit now
+                new = free.get(g.get("index"))
+                if new is not None and new != g.get("memory_free_mb"):
+                    g["memory_free_mb"], news = new, True
+            w.views = None  # after every change above: placement reads them all
+            # Slots the owner's rules opened again join the worker's open poll (it named
+            # only the open ones), as an idle slot does after its result.
+            opened = placing.reopened(self, w, closed)
+            for slot in opened if self.idle else ():
+                self._poll_serves(wid, slot)
+            if self.idle and (news or opened):
+                self._wake_idle()  # place again now, as a new job does
         cancel: list[str] = []
         if running is not None:
             held = set(running)

@@ -81,6 +81,15 @@ def free_slots(coord: Coordinator, w: Worker, slots: int, free: list[int] | None
     return [order[k % len(order)] for k in range(max(0, slots))] if order else []
 
 
+def reopened(coord: Coordinator, w: Worker, closed: set[int]) -> list[int]:
+    """``w``'s slots that its owner's rules closed (``closed``, before a heartbeat) and
+    leave open now (resumed, a GPU that stopped yielding or cooled down), without a lease
+    on them: idle, so they may take a task at once."""
+    opened = closed - availability.closed_slots(w.info, w.slot_list)
+    held = {lease.slot for tid in w.leases if (lease := coord.leases.get(tid)) is not None}
+    return sorted(opened - held)
+
+
 def choose(coord: Coordinator, job_id: str, q: deque[str], slot: hardware.Slot,
            ctx: Placing) -> int | None:
     """Position in job ``job_id``'s queue ``q`` of the task ``slot`` should run, or

@@ -4,6 +4,7 @@ SQLite in WAL mode, ``synchronous=NORMAL``: a transaction is durable once ``comm
 returns as far as a *process* crash is concerned (SIGKILL of the coordinator loses
 nothing it acknowledged); the WAL is fsynced at checkpoints, so a power cut may lose the
 last transactions before one. ``GPUMESH_SYNC=FULL`` fsyncs on every commit instead.
+Checkpoints run on a thread of their own (:mod:`.checkpoint`), never inside a commit.
 
 Payloads (function blobs, task arguments, results) up to ``INLINE_BLOB_BYTES`` live in
 rows; larger ones are files under ``<data_dir>/blobs`` written to a temporary name and
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import sqlite3
@@ -39,6 +41,9 @@ from .. import handoff
 from .. import limits
 from ..limits import INLINE_BLOB_BYTES
 from ..wire import Chunk
+from .checkpoint import JOURNAL_SIZE_LIMIT, Checkpointer
+
+log = logging.getLogger("gpumesh.coordinator")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -239,8 +244,20 @@ class Store:
             if column not in have:
                 self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         self.db.executescript(INDEXES)
+        # Checkpoints run on a thread of their own, not inside a commit on the event loop
+        # (see .checkpoint); SQLite's automatic one stays on if that thread cannot start.
+        self.checkpointer: Checkpointer | None = None
+        try:
+            self.checkpointer = Checkpointer(self.dir / "gpumesh.db")
+        except sqlite3.Error as e:
+            log.warning("checkpoints stay inside commits: %s", e)
+        else:
+            self.db.execute("PRAGMA wal_autocheckpoint=0")
+            self.db.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT}")
 
     def close(self) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.close()
         self.db.close()
 
     @contextlib.contextmanager

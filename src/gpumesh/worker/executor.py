@@ -3,7 +3,11 @@
 :class:`Executor` starts the zygote with the first function task (an idle worker keeps
 no interpreter but its own), keeps up to ``MAX_WARM_FUNCTIONS`` warm function hosts
 (least recently used beyond that are closed, idle ones after ``WARM_IDLE_S``), and runs
-one task at a time per calling thread through :meth:`Executor.run`.
+one task at a time per calling thread through :meth:`Executor.run`. A task of a job that
+asked for ``isolation="job"`` runs in the task process its slot kept from the job's last
+task there (a forked child of the function's host, waiting on its socket), or in a fresh
+one that is then kept; it is closed when the slot runs another job's task, after
+``JOB_IDLE_S`` without one, or with its host.
 
 Failures it names (each becomes an :class:`Outcome` with ``status="error"``):
 
@@ -53,6 +57,11 @@ class Outcome:
     handoff_file: str | None = None
 
 
+#: A process a job keeps in a slot (isolation="job", either runtime) closes after this
+#: long without a task (seconds): the job is over or has moved on (its next task in
+#: that slot gets a new process).
+JOB_IDLE_S = 30.0
+
 #: Arguments up to this size are written to the task's socket without a helper thread
 #: (they fit in the socket buffer, so the write cannot block).
 INLINE_ARGS_BYTES = 64 * 1024
@@ -87,6 +96,7 @@ class _Pending:
         self.started = threading.Event()
         self.exited = threading.Event()
         self.killed_for: str | None = None
+        self.answered = False  # its process replied (so it is alive and may be kept)
 
 
 class _Spare:
@@ -97,6 +107,28 @@ class _Spare:
 
     def __init__(self, pid: int, sock: socket.socket):
         self.pid, self.sock = pid, sock
+
+
+class _Kept:
+    """A task process a job keeps, idle, for its next task in a slot (isolation="job")."""
+
+    __slots__ = ("host", "spare", "last_used")
+
+    def __init__(self, host: Host, spare: _Spare):
+        self.host, self.spare, self.last_used = host, spare, time.monotonic()
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    """Whether an idle kept process's socket is unusable: its process is gone (EOF), or it
+    sent something unasked. Never blocks."""
+    try:
+        sock.settimeout(None)  # (with a timeout, recv polls before it tries)
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return False  # alive, waiting for its next task
+    except OSError:
+        pass
+    return True
 
 
 class Host:
@@ -115,6 +147,9 @@ class Host:
         self.tasks: dict[str, _Pending] = {}
         self._by_pid: dict[int, _Pending] = {}  # the tasks' processes
         self._spares: deque[_Spare] = deque()
+        #: Idle task processes that jobs keep for their next task (isolation="job"): in
+        #: use, so the host is not evicted while one exists; closed with the host.
+        self.kept: set[_Spare] = set()
         self._asked = 1  # spares asked for and not yet come (the host forks one unasked)
         self._takers = 0  # threads waiting for a spare
         self._preloads = 0  # preload messages sent: a spare forked before them is stale
@@ -159,6 +194,7 @@ class Host:
         with self._cv:
             self.dead = True
             self._drop_spares()
+            self._drop_kept()
             self._cv.notify_all()
         self.ready.set()
         for p in list(self.tasks.values()):
@@ -258,10 +294,44 @@ class Host:
         while self._spares:
             self._spares.pop().sock.close()  # it exits, unused
 
+    def _drop_kept(self) -> None:
+        # (a host that died cannot kill them: they lead sessions of their own)
+        while self.kept:
+            self.kept.pop().sock.close()  # it exits at the EOF
+
+    def adopt(self, pending: _Pending, kept: _Spare) -> bool:
+        """Register ``kept`` (an idle process a job keeps here) as ``pending``'s task
+        process, as :meth:`take` does a spare; False if it is no longer ours (the host
+        died or closed, or it was released)."""
+        with self._cv:
+            if self.dead or kept not in self.kept:
+                return False
+            self.kept.discard(kept)
+            pending.pid = kept.pid
+            self._by_pid[kept.pid] = pending
+        pending.started.set()
+        return True
+
+    def keep(self, spare: _Spare) -> bool:
+        """Count ``spare`` (whose task is over) as an idle process kept by a job; False if
+        the host is gone."""
+        with self._cv:
+            if self.dead:
+                return False
+            self.kept.add(spare)
+            return True
+
+    def release(self, kept: _Spare) -> None:
+        """A job is done with ``kept``: close our end of its socket (it exits at the EOF)."""
+        with self._cv:
+            self.kept.discard(kept)
+        kept.sock.close()
+
     def close(self) -> None:
         with self._cv:
             self.dead = True
             self._drop_spares()
+            self._drop_kept()
             self._cv.notify_all()
         try:
             self.ctrl.shutdown(socket.SHUT_RDWR)
@@ -294,9 +364,9 @@ class Executor:
         self._janitor_started = False
         self._closed = False
         self._running: dict[str, tuple[Host | None, _Pending]] = {}  # None: a script
-        # isolation="job" tasks run in spawned processes that a slot keeps for its job
-        # (started on the first such task; see gpumesh.worker.spawn).
-        self._job_runtime: Executor | None = None
+        # isolation="job": the idle task process each (job id, slot) keeps for the job's
+        # next task there (a forked child of the function's host, which ran its last one).
+        self._kept: dict[tuple, _Kept] = {}
 
     # ------------------------------------------------------------------ hosts -------
     def _zygote_socket(self) -> socket.socket:
@@ -331,18 +401,24 @@ class Executor:
         return self._zygote_ctrl
 
     def _janitor(self) -> None:
-        """Release what idles: hosts whose function ran no task for WARM_IDLE_S (with
-        their spare), then the zygote once it hosts none and has forked none for as long
+        """Release what idles: processes jobs kept that ran no task for JOB_IDLE_S, hosts
+        whose function ran no task for WARM_IDLE_S (with their spare) and that no job keeps
+        a process of, then the zygote once it hosts none and has forked none for as long
         (the next function task starts it again, ~0.1 s)."""
         while not self._closed:
-            time.sleep(min(5.0, max(0.05, WARM_IDLE_S / 4)))
+            time.sleep(min(5.0, max(0.05, min(WARM_IDLE_S, JOB_IDLE_S) / 4)))
             with self._lock:
                 if self._closed:
                     return
                 now = time.monotonic()
+                for job_slot, kept in list(self._kept.items()):
+                    if kept.host.dead or now - kept.last_used > JOB_IDLE_S:
+                        del self._kept[job_slot]
+                        kept.host.release(kept.spare)
                 for key, host in list(self._hosts.items()):
                     # Not while it loads its function: its task is not counted yet.
-                    if not host.tasks and host.ready.is_set() and now - host.last_used > WARM_IDLE_S:
+                    if (not host.tasks and not host.kept and host.ready.is_set()
+                            and now - host.last_used > WARM_IDLE_S):
                         del self._hosts[key]
                         host.close()
                 last = max([self._zygote_used, *(h.last_used for h in self._hosts.values())])
@@ -385,7 +461,7 @@ class Executor:
     def _evict(self) -> None:
         now = time.monotonic()
         for h, host in list(self._hosts.items()):
-            busy = bool(host.tasks)
+            busy = bool(host.tasks or host.kept)
             too_many = len(self._hosts) > MAX_WARM_FUNCTIONS
             if not busy and (too_many or now - host.last_used > WARM_IDLE_S or host.dead):
                 del self._hosts[h]
@@ -413,12 +489,14 @@ class Executor:
         the task leave a big result there, named ``handoff_name`` (see gpumesh.handoff;
         ``Outcome.handoff_file``). ``sys_path``: directories put in front of the function's
         ``sys.path`` (a task environment, see gpumesh.worker.envs). ``isolation="job"``: run it in the
-        process ``slot`` keeps for the job (tasks of one job share it; gpumesh.worker.spawn)."""
-        if task.isolation == "job" and task.job_id is not None:
-            return self._jobs_executor().run(
-                task, blob_path, args, env=env, args_ref=args_ref,
-                handoff_dir=handoff_dir, handoff_name=handoff_name, sys_path=sys_path, slot=slot)
+        process ``slot`` (None: this thread) keeps for the job: the task process of its last
+        task there, kept unless it crashed, timed out or was cancelled, and never given another
+        job's task (the slot running one closes it, as do JOB_IDLE_S without a task)."""
         task_id, fn_hash, timeout, result_format = task.task_id, task.fn, task.timeout, task.result_format
+        keep = task.isolation == "job" and task.job_id is not None
+        slot_key = (task.job_id, slot if slot is not None else threading.get_ident())
+        if self._kept:
+            self._leave_slot(slot_key[1], task.job_id if keep else None)
         try:
             host = self._host(fn_hash, blob_path, sys_path)
         except OSError as e:  # the zygote could not be started, or we are closing
@@ -442,19 +520,20 @@ class Executor:
             msg["env"] = env
         if handoff_dir:
             msg["handoff_dir"], msg["handoff_name"] = handoff_dir, handoff_name
+        if keep:
+            msg["keep"] = True  # the process waits for the job's next task afterwards
         fds: list[int] = []
         if args_ref is not None:
             msg["args"], fds = args_ref.to_meta()
         deadline = None if timeout is None else time.monotonic() + timeout
+        spare: _Spare | Outcome | None = None
         try:
             spare = self._start(host, pending, json.dumps(msg).encode(), fds,
-                                None if args_ref is not None else args, deadline, timeout)
+                                None if args_ref is not None else args, deadline, timeout,
+                                self._take_kept(slot_key, host) if keep else None)
             if isinstance(spare, Outcome):
                 return spare
-            try:
-                outcome = self._exchange(host, pending, spare.sock, deadline, timeout)
-            finally:
-                spare.sock.close()
+            outcome = self._exchange(host, pending, spare.sock, deadline, timeout)
             if outcome.status == "error" and outcome.error is not None:
                 tail = _tail(err, ERROR_TAIL_BYTES)
                 if tail:
@@ -463,21 +542,63 @@ class Executor:
         finally:
             self._running.pop(task_id, None)
             host.done(pending)
+            if isinstance(spare, _Spare):
+                if not (keep and pending.answered and not pending.killed_for
+                        and self._keep(slot_key, host, spare)):
+                    spare.sock.close()
             host.tasks.pop(task_id, None)
             host.last_used = time.monotonic()
 
+    # ------------------------------------------------------------------ kept --------
+    def _take_kept(self, key: tuple, host: Host) -> _Spare | None:
+        """The idle process (job id, slot) ``key`` keeps, if it is ``host``'s and alive."""
+        with self._lock:
+            kept = self._kept.pop(key, None)
+        if kept is None:
+            return None
+        if kept.host is host and not _hung_up(kept.spare.sock):
+            return kept.spare
+        kept.host.release(kept.spare)  # (another function's, or gone: a fresh one instead)
+        return None
+
+    def _keep(self, key: tuple, host: Host, spare: _Spare) -> bool:
+        """Keep ``spare``, whose task is over, for the next task of (job id, slot) ``key``;
+        False when it cannot be (the host or this executor is closing)."""
+        with self._lock:
+            if self._closed or not host.keep(spare):
+                return False
+            self._kept[key] = _Kept(host, spare)
+        return True
+
+    def _leave_slot(self, slot, job_id) -> None:
+        """``slot`` runs a task of ``job_id`` (None: a task no job keeps a process for):
+        close the processes other jobs keep there."""
+        with self._lock:
+            gone = [self._kept.pop(k) for k in list(self._kept) if k[1] == slot and k[0] != job_id]
+        for kept in gone:
+            kept.host.release(kept.spare)
+
     def _start(self, host: Host, pending: _Pending, run: bytes, fds: list[int],
                args: bytes | bytearray | memoryview | None, deadline: float | None,
-               timeout: float | None) -> _Spare | Outcome:
-        """Hand the task to a spare of ``host``: its run message (``run``, with ``fds``)
-        and, unless they are a reference, its ``args``, on the spare's own socket. Returns
-        the spare, or the task's outcome when it cannot start (no spare: ``retry``)."""
+               timeout: float | None, kept: _Spare | None = None) -> _Spare | Outcome:
+        """Hand the task to a spare of ``host`` (or to ``kept``, the idle process its job
+        keeps in this slot): its run message (``run``, with ``fds``) and, unless they are a
+        reference, its ``args``, on that process's own socket. Returns the process, or the
+        task's outcome when it cannot start (no spare: ``retry``)."""
         for _attempt in range(3):  # a spare killed while idle: take the next one
-            try:
-                spare = host.take(pending, deadline)
-            except TimeoutError:  # (no process to kill: none was taken)
-                pending.started.set()
-                return self._timed_out(pending, timeout)
+            spare = None
+            if kept is not None:
+                if host.adopt(pending, kept):
+                    spare = kept
+                else:  # (the host died or closed meanwhile: a fresh one, or retry)
+                    host.release(kept)
+            fresh, kept = spare is None, None
+            if fresh:
+                try:
+                    spare = host.take(pending, deadline)
+                except TimeoutError:  # (no process to kill: none was taken)
+                    pending.started.set()
+                    return self._timed_out(pending, timeout)
             if pending.killed_for:
                 if spare is not None:
                     spare.sock.close()
@@ -492,9 +613,10 @@ class Executor:
             try:
                 if deadline is not None:
                     sock.settimeout(max(0.001, deadline - time.monotonic()))
-                # Its first byte says it leads its own process group (the kill of a
-                # timeout or cancel reaches all it starts); it came long ago, as a rule.
-                alive = sock.recv(1) == runner.SPARE_READY
+                # A fresh spare's first byte says it leads its own process group (the kill
+                # of a timeout or cancel reaches all it starts); it came long ago, as a
+                # rule. A kept process said so before its job's first task.
+                alive = not fresh or sock.recv(1) == runner.SPARE_READY
                 if alive:
                     inline = args is not None and len(args) <= INLINE_ARGS_BYTES
                     runner.send_frames(sock, [run, args] if inline else [run], fds)
@@ -510,7 +632,8 @@ class Executor:
                 if args is not None and not inline:
                     # The child reads while we write; we must be free to read its result.
                     threading.Thread(target=self._send_args, args=(sock, args), daemon=True).start()
-                host.replenish()
+                if fresh:
+                    host.replenish()
                 return spare
             sock.close()
             host.done(pending)
@@ -539,6 +662,7 @@ class Executor:
         info = json.loads(meta)
         if pending.killed_for:
             return self._killed_outcome(pending)
+        pending.answered = True
         self._preload(host, info.get("imports"), info.get("path"))
         handoff_file = info.get("handoff_file")
         return Outcome(info["status"], info.get("error"), payload if payload else None,
@@ -548,13 +672,6 @@ class Executor:
         self._kill(pending, "timeout")
         return Outcome("error", {"kind": FailureKind.TIMEOUT, "type": "TaskTimeout",
                                  "message": f"the task ran longer than its timeout of {timeout:g}s"})
-
-    def _jobs_executor(self) -> Executor:
-        with self._lock:
-            if self._job_runtime is None:
-                from .spawn import SpawnExecutor
-                self._job_runtime = SpawnExecutor(self.spool, running=self._running)
-            return self._job_runtime
 
     @staticmethod
     def _preload(host: Host, modules: list | None, path: list | None) -> None:
@@ -658,12 +775,13 @@ class Executor:
         """Kill every task and host, then the zygote. Leaves no process behind."""
         for task_id in list(self._running):
             self.cancel(task_id)
-        if self._job_runtime is not None:
-            self._job_runtime.close()
         with self._lock:
-            self._closed = True  # no zygote starts after this
+            self._closed = True  # no zygote starts after this, and no process is kept
+            for kept in self._kept.values():
+                kept.host.release(kept.spare)
+            self._kept.clear()
             for host in self._hosts.values():
-                host.close()
+                host.close()  # (and so its spares and kept processes)
             self._hosts.clear()
             zygote, ctrl = self._zygote, self._zygote_ctrl
         if ctrl is not None:

@@ -14,11 +14,14 @@
         │ and passes the agent each one's socket: the host is off a task's path
         ▼
     task child      own session/process group; says it is ready, then (the agent, on its
-                    own socket) reads the task and args, calls, writes the result, _exit
+                    own socket) reads the task and args, calls, writes the result, _exit;
+                    or, for isolation="job", waits there for the job's next task in its slot
 
 Isolation: every task runs in its own forked child, so what a task does to its
 process (globals, leaked memory, a crash, ``os._exit``) dies with it and never reaches
-the next task; the host only ever holds the freshly unpickled function. Speed: the
+the next task; the host only ever holds the freshly unpickled function. (A job that asks
+for ``isolation="job"`` trades that away within itself: a slot keeps its child for the
+job's tasks, one after another, and never gives it another job's.) Speed: the
 heavy part (interpreter start, the function's imports) is paid once per function per
 worker, not once per task.
 
@@ -493,7 +496,9 @@ def _fork_spare(fn, ctrl: socket.socket, wake: int, children: set[int], preloads
 def _spare_main(fn, ctrl: socket.socket, wake: int, sock: socket.socket) -> None:
     """A spare's life: set up everything that does not depend on the task (own session,
     GC off, signal handlers reset, RNGs reseeded), say so, wait for the task on its
-    socket, run it, exit. The agent closing the socket first means: exit, unused."""
+    socket, run it, exit. The agent closing the socket first means: exit, unused. A task
+    whose run message says ``"keep": true`` (isolation="job") leaves the process waiting
+    on the same socket for the job's next task in its slot, until the agent closes it."""
     code = 0
     try:
         os.setsid()  # own process group: a timeout kills everything the task started
@@ -505,14 +510,23 @@ def _spare_main(fn, ctrl: socket.socket, wake: int, sock: socket.socket) -> None
         os.close(wake)
         _reseed_after_fork()
         sock.sendall(SPARE_READY)
-        try:
-            run, fds = recv_blob_fds(sock)  # blocks until a task comes
-        except EOFError:  # not needed after all (the agent dropped it, or is gone)
-            return
-        _run_child(fn, sock, json.loads(run), fds)
+        while True:
+            try:
+                run, fds = recv_blob_fds(sock)  # blocks until a task comes
+            except EOFError:  # not needed (any more): the agent dropped it, or is gone
+                return
+            msg = json.loads(run)
+            _run_child(fn, sock, msg, fds)
+            if not msg.get("keep"):
+                return
+            # isolation="job": kept for the job's next task in this slot. Long-lived now,
+            # so collect again; and the next task reports only modules it imports itself.
+            gc.enable()
+            _snapshot_loaded()
     except BaseException:  # noqa: BLE001 - report nothing more; the exit status speaks
         code = 70
     finally:
+        sock.close()
         flush_and_exit(code)
 
 
@@ -567,7 +581,6 @@ def _run_child(fn, sock: socket.socket, msg: dict, fds: list[int]) -> None:
     _redirect(2, msg.get("stderr"))
     run_task(fn, sock, msg.get("result_format"), msg.get("args"), msg.get("handoff_dir"),
              msg.get("handoff_name"), fds)
-    sock.close()
 
 
 def _reap(ctrl: socket.socket, children: set[int]) -> None:

@@ -40,7 +40,7 @@ from ..limits import HANDOFF_MIN_BYTES, MAX_WARM_FUNCTIONS, WARM_IDLE_S
 from ..payloadref import PayloadRef
 from ..protocol import TaskGrant
 from . import procs, runner
-from .executor import INLINE_ARGS_BYTES, Executor, Outcome, _Pending
+from .executor import INLINE_ARGS_BYTES, JOB_IDLE_S, Executor, Outcome, _Pending
 
 log = logging.getLogger("gpumesh.worker")
 
@@ -49,9 +49,6 @@ log = logging.getLogger("gpumesh.worker")
 CONNECT_TIMEOUT_S = 120.0
 #: How often idle spares and idle job processes are looked at for closing (seconds).
 JANITOR_S = 5.0
-#: A job's kept process (isolation="job") closes after this long without a task: the
-#: job is over or has moved on (its next task in this slot would start a new one).
-JOB_IDLE_S = 30.0
 #: The isolation modes a job may ask for (see gpumesh.client.mesh).
 ISOLATIONS = ("task", "job")
 
