@@ -339,7 +339,13 @@ class _Joined:
             data = held[0] if len(held) == 1 else b"".join(held)
             held.clear()
             self._held_n = 0
-            super().send(data)  # type: ignore[misc]
+            # What this send writes itself (a connection opened now, a proxy's CONNECT)
+            # goes straight out.
+            self._held = None
+            try:
+                super().send(data)  # type: ignore[misc]
+            finally:
+                self._held = held
 
 
 class _JoinedHTTP(_Joined, HTTPConnection):
