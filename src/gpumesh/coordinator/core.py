@@ -27,6 +27,7 @@ Everything here runs on the event loop thread; there is no locking.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 import sqlite3
@@ -58,7 +59,7 @@ def new_id(nbytes: int = 6) -> str:
     return secrets.token_hex(nbytes)
 
 
-def _settle(fut: asyncio.Future, value: Any) -> None:
+def _settle(fut: asyncio.Future[Any], value: Any) -> None:
     """A long-poll's timer: ``fut`` gets ``value`` unless something answered it first."""
     if not fut.done():
         fut.set_result(value)
@@ -431,9 +432,11 @@ class Coordinator(Journalled):
             if grants:
                 waiter = self.idle.pop(wid)
                 if self._undo is not None:  # (the grants are undone first: last first)
-                    self._undo.append(lambda wid=wid, waiter=waiter: self.idle.setdefault(wid, waiter))
+                    def restore(wid: str = wid, waiter: Any = waiter) -> None:
+                        self.idle.setdefault(wid, waiter)
+                    self._undo.append(restore)
                 # The worker's answer waits for the commit (one that fails undoes the grants).
-                self._once_stored(lambda fut=fut, grants=grants: self._answer_poll(fut, grants))
+                self._once_stored(functools.partial(self._answer_poll, fut, grants))
 
     def _answer_poll(self, fut: asyncio.Future[list[Grant]], grants: list[Grant]) -> None:
         if fut.done():  # (its worker left meanwhile: nobody takes these)
@@ -642,7 +645,7 @@ class Coordinator(Journalled):
         counts = job.next_seq, job.n_final, job.state
         job.next_seq += 1
         job.n_final += 1
-        kept = [(d, d.pop(task_id)) for d in (self.task_meta, self.task_cost, self.retried,
+        kept: list[tuple[dict[str, Any], Any]] = [(d, d.pop(task_id)) for d in (self.task_meta, self.task_cost, self.retried,
                                                self.preempted_runs, job.avoid) if task_id in d]
         if last:
             job.state = "finished"

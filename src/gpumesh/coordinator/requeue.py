@@ -64,7 +64,11 @@ def requeue(coord: Coordinator, task_ids: list[str], reason: str, error: dict[st
             job = coord.jobs.get(lease.job_id)
             coord.queue.push_front(lease.job_id, lease.task_id, lane=job.lane if job else None,
                                   owner=job.owner if job else None)
-        coord._on_rollback(lambda: [coord.queue.remove(lease.job_id, lease.task_id) for lease in back])
+
+        def unqueue() -> None:
+            for lease in back:
+                coord.queue.remove(lease.job_id, lease.task_id)
+        coord._on_rollback(unqueue)
         for lease, attempts in lost:
             coord._finalize(lease.job_id, lease.task_id, "failed", {
                 "kind": "lost", "type": "WorkerLost",
@@ -155,21 +159,24 @@ def rerun(coord: Coordinator, lease: Lease, reason: str, error: dict[str, Any], 
     of it, or (a store write that fails) none of it, also when a commit fails later."""
     tid, wid = lease.task_id, lease.worker_id
     done = coord.retried.get(tid)
-    had = avoid is None or wid in avoid.avoid.get(tid, ())
-    fresh = avoid is not None and tid not in avoid.avoid
+    kept_off = avoid.avoid if avoid is not None else None  # task id -> workers to avoid
+    had = kept_off is None or wid in kept_off.get(tid, ())
+    fresh = kept_off is not None and tid not in kept_off
     coord.retried[tid] = (done or 0) + 1
-    if not had:
-        avoid.avoid.setdefault(tid, set()).add(wid)
+    if kept_off is not None and not had:
+        kept_off.setdefault(tid, set()).add(wid)
 
     def undo() -> None:
         if done is None:
             coord.retried.pop(tid, None)
         else:
             coord.retried[tid] = done
+        if kept_off is None:
+            return
         if fresh:
-            avoid.avoid.pop(tid, None)
+            kept_off.pop(tid, None)
         elif not had:
-            avoid.avoid[tid].discard(wid)
+            kept_off[tid].discard(wid)
     try:
         requeue(coord, [tid], reason=reason, error=error)
     except BaseException:

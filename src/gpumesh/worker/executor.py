@@ -31,7 +31,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from ..limits import ERROR_TAIL_BYTES, MAX_WARM_FUNCTIONS, WARM_IDLE_S
 from ..payloadref import PayloadRef
 from ..protocol import FailureKind, TaskGrant
 from . import membody, procs, runner
+from .host import Host, Kept, Pending, Spare, hung_up
 
 log = logging.getLogger("gpumesh.worker")
 
@@ -86,260 +87,6 @@ def _tail(path: str, n: int) -> str:
         return ""
 
 
-class _Pending:
-    """One task in flight inside a host: its process (a spare's pid, known when the task
-    takes it) and, should it die, its exit code, which the host reports asynchronously."""
-
-    def __init__(self) -> None:
-        self.pid: int | None = None
-        self.code: int | None = None
-        self.started = threading.Event()
-        self.exited = threading.Event()
-        self.killed_for: str | None = None
-        self.answered = False  # its process replied (so it is alive and may be kept)
-
-
-class _Spare:
-    """A task process its host forked ahead of its task (runner._fork_spare): our end of
-    its socket, and its pid."""
-
-    __slots__ = ("pid", "sock")
-
-    def __init__(self, pid: int, sock: socket.socket):
-        self.pid, self.sock = pid, sock
-
-
-class _Kept:
-    """A task process a job keeps, idle, for its next task in a slot (isolation="job")."""
-
-    __slots__ = ("host", "spare", "last_used")
-
-    def __init__(self, host: Host, spare: _Spare):
-        self.host, self.spare, self.last_used = host, spare, time.monotonic()
-
-
-def _hung_up(sock: socket.socket) -> bool:
-    """Whether an idle kept process's socket is unusable: its process is gone (EOF), or it
-    sent something unasked. Never blocks."""
-    try:
-        sock.settimeout(None)  # (with a timeout, recv polls before it tries)
-        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-    except BlockingIOError:
-        return False  # alive, waiting for its next task
-    except OSError:
-        pass
-    return True
-
-
-class Host:
-    """A warm process that has loaded one function and forks a child per task.
-
-    It keeps task processes forked ahead of their tasks (spares) and passes each one's
-    socket here: a task is handed straight to its spare, and its result comes back the
-    same way, so the host is off a task's path. Each task handed to the last idle spare
-    has the host fork the next one at once."""
-
-    def __init__(self, fn_hash: str, ctrl: socket.socket):
-        self.fn_hash = fn_hash
-        self.ctrl = ctrl
-        self.lock = threading.Lock()  # held to send on ctrl, and for the state below
-        self._cv = threading.Condition(self.lock)
-        self.tasks: dict[str, _Pending] = {}
-        self._by_pid: dict[int, _Pending] = {}  # the tasks' processes
-        self._spares: deque[_Spare] = deque()
-        #: Idle task processes that jobs keep for their next task (isolation="job"): in
-        #: use, so the host is not evicted while one exists; closed with the host.
-        self.kept: set[_Spare] = set()
-        self._asked = 1  # spares asked for and not yet come (the host forks one unasked)
-        self._takers = 0  # threads waiting for a spare
-        self._preloads = 0  # preload messages sent: a spare forked before them is stale
-        self.spare_error: str | None = None  # why the host last could not fork
-        self._fork_failures = 0
-        self.ready = threading.Event()
-        self.load_error: dict | None = None
-        self.key = fn_hash  # its key among the executor's hosts
-        self.dead = False
-        self.last_used = time.monotonic()
-        self.preloaded: set[str] = set()
-        self.reader = threading.Thread(target=self._read, name=f"host-{fn_hash[:8]}", daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        while True:
-            try:
-                msg, fds = runner.recv_msg(self.ctrl)
-            except (OSError, ValueError):
-                msg, fds = None, []
-            if msg is None:
-                break
-            op = msg.get("op")
-            if op == "spare" and fds:
-                self._add_spare(msg, fds[0])
-                fds = fds[1:]
-            elif op == "spare_failed":
-                with self._cv:
-                    self._asked = max(0, self._asked - 1)
-                    self._fork_failures += 1
-                    self.spare_error = str(msg.get("error"))
-                    self._cv.notify_all()
-            elif op == "ready":
-                self.ready.set()
-            elif op == "load_error":
-                self.load_error = msg["error"]
-                self.ready.set()
-            elif op == "exited":
-                self._exited(msg.get("pid"), msg.get("code"))
-            for fd in fds:
-                os.close(fd)
-        with self._cv:
-            self.dead = True
-            self._drop_spares()
-            self._drop_kept()
-            self._cv.notify_all()
-        self.ready.set()
-        for p in list(self.tasks.values()):
-            p.started.set()
-            p.exited.set()
-
-    def _add_spare(self, msg: dict, fd: int) -> None:
-        sock = socket.socket(fileno=fd)
-        with self._cv:
-            self._asked = max(0, self._asked - 1)
-            if self.dead:
-                sock.close()
-            elif msg.get("preloads") != self._preloads:  # forked before our last preload
-                sock.close()  # (it exits, unused)
-                self._ask()
-            else:
-                self._spares.append(_Spare(msg["pid"], sock))
-            self._cv.notify_all()
-
-    def _exited(self, pid, code) -> None:
-        with self._cv:
-            pending = self._by_pid.get(pid)
-            if pending is not None:
-                pending.code = code
-                pending.exited.set()
-                return
-            for spare in self._spares:  # one that died idle (killed from outside)
-                if spare.pid == pid:
-                    self._spares.remove(spare)
-                    spare.sock.close()
-                    break
-
-    def _ask(self) -> None:
-        """Ask the host for one more spare. Called with the lock held."""
-        try:
-            self.ctrl.send(runner.SPARE_REQUEST)
-            self._asked += 1
-        except OSError:
-            pass  # the host is gone: its reader wakes the waiters
-
-    def take(self, pending: _Pending, deadline: float | None = None) -> _Spare | None:
-        """A spare for ``pending``'s task (waiting for one if none is idle), registered as
-        that task's process; None if the host died or could not fork, or the task was
-        cancelled meanwhile. Raises ``TimeoutError`` at ``deadline`` (monotonic)."""
-        with self._cv:
-            self._takers += 1
-            failures = self._fork_failures
-            try:
-                while not self._spares and not self.dead:
-                    if self._fork_failures != failures or pending.killed_for:
-                        return None  # (a failed fork: the next task asks again)
-                    if self._asked < self._takers:
-                        self._ask()
-                    wait = 0.5  # (and look at pending.killed_for again)
-                    if deadline is not None:
-                        wait = min(wait, deadline - time.monotonic())
-                        if wait <= 0:
-                            raise TimeoutError("no task process came in time")
-                    self._cv.wait(wait)
-                if self.dead:
-                    return None
-                spare = self._spares.popleft()
-                pending.pid = spare.pid
-                self._by_pid[spare.pid] = pending
-            finally:
-                self._takers -= 1
-        pending.started.set()
-        return spare
-
-    def replenish(self) -> None:
-        """Have the next spare forked unless one is idle or coming: called once a task
-        was handed to its spare, so the fork runs while the task does (asked for when
-        the task ends instead, the fork competed with posting its result, measured on
-        2 cores), and the next task finds a process ready for it."""
-        with self._cv:
-            if not self._spares and not self._asked and not self.dead:
-                self._ask()
-
-    def done(self, pending: _Pending) -> None:
-        """``pending``'s task is over (or its spare was dead): forget its process."""
-        with self._cv:
-            self._by_pid.pop(pending.pid, None)  # type: ignore[arg-type]
-
-    def preload(self, batches: list[dict]) -> None:
-        """Have the host import modules (``{"op": "preload", ...}`` messages), and replace
-        the spares forked before them, so the next task starts with the modules loaded."""
-        with self._cv:
-            for batch in batches:
-                runner.send_msg(self.ctrl, batch)
-                self._preloads += 1
-            stale = len(self._spares)
-            self._drop_spares()
-            for _ in range(stale):
-                self._ask()
-
-    def _drop_spares(self) -> None:
-        while self._spares:
-            self._spares.pop().sock.close()  # it exits, unused
-
-    def _drop_kept(self) -> None:
-        # (a host that died cannot kill them: they lead sessions of their own)
-        while self.kept:
-            self.kept.pop().sock.close()  # it exits at the EOF
-
-    def adopt(self, pending: _Pending, kept: _Spare) -> bool:
-        """Register ``kept`` (an idle process a job keeps here) as ``pending``'s task
-        process, as :meth:`take` does a spare; False if it is no longer ours (the host
-        died or closed, or it was released)."""
-        with self._cv:
-            if self.dead or kept not in self.kept:
-                return False
-            self.kept.discard(kept)
-            pending.pid = kept.pid
-            self._by_pid[kept.pid] = pending
-        pending.started.set()
-        return True
-
-    def keep(self, spare: _Spare) -> bool:
-        """Count ``spare`` (whose task is over) as an idle process kept by a job; False if
-        the host is gone."""
-        with self._cv:
-            if self.dead:
-                return False
-            self.kept.add(spare)
-            return True
-
-    def release(self, kept: _Spare) -> None:
-        """A job is done with ``kept``: close our end of its socket (it exits at the EOF)."""
-        with self._cv:
-            self.kept.discard(kept)
-        kept.sock.close()
-
-    def close(self) -> None:
-        with self._cv:
-            self.dead = True
-            self._drop_spares()
-            self._drop_kept()
-            self._cv.notify_all()
-        try:
-            self.ctrl.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.ctrl.close()
-
-
 class Executor:
     """Runs tasks in isolated processes. Thread-safe: one task per calling thread.
 
@@ -363,10 +110,10 @@ class Executor:
         self._zygote_used = 0.0  # when the zygote last started (see _janitor)
         self._janitor_started = False
         self._closed = False
-        self._running: dict[str, tuple[Host | None, _Pending]] = {}  # None: a script
+        self._running: dict[str, tuple[Host | None, Pending]] = {}  # None: a script
         # isolation="job": the idle task process each (job id, slot) keeps for the job's
         # next task there (a forked child of the function's host, which ran its last one).
-        self._kept: dict[tuple, _Kept] = {}
+        self._kept: dict[tuple, Kept] = {}
 
     # ------------------------------------------------------------------ hosts -------
     def _zygote_socket(self) -> socket.socket:
@@ -510,7 +257,7 @@ class Executor:
         if host.dead:
             self.forget(host.key)
             return Outcome("retry", {"kind": FailureKind.HOST_DIED, "message": "the function's host process died"})
-        pending = _Pending()
+        pending = Pending()
         host.tasks[task_id] = pending
         self._running[task_id] = (host, pending)
         out, err = self.output_paths()
@@ -526,7 +273,7 @@ class Executor:
         if args_ref is not None:
             msg["args"], fds = args_ref.to_meta()
         deadline = None if timeout is None else time.monotonic() + timeout
-        spare: _Spare | Outcome | None = None
+        spare: Spare | Outcome | None = None
         try:
             spare = self._start(host, pending, json.dumps(msg).encode(), fds,
                                 None if args_ref is not None else args, deadline, timeout,
@@ -542,7 +289,7 @@ class Executor:
         finally:
             self._running.pop(task_id, None)
             host.done(pending)
-            if isinstance(spare, _Spare):
+            if isinstance(spare, Spare):
                 if not (keep and pending.answered and not pending.killed_for
                         and self._keep(slot_key, host, spare)):
                     spare.sock.close()
@@ -550,24 +297,24 @@ class Executor:
             host.last_used = time.monotonic()
 
     # ------------------------------------------------------------------ kept --------
-    def _take_kept(self, key: tuple, host: Host) -> _Spare | None:
+    def _take_kept(self, key: tuple, host: Host) -> Spare | None:
         """The idle process (job id, slot) ``key`` keeps, if it is ``host``'s and alive."""
         with self._lock:
             kept = self._kept.pop(key, None)
         if kept is None:
             return None
-        if kept.host is host and not _hung_up(kept.spare.sock):
+        if kept.host is host and not hung_up(kept.spare.sock):
             return kept.spare
         kept.host.release(kept.spare)  # (another function's, or gone: a fresh one instead)
         return None
 
-    def _keep(self, key: tuple, host: Host, spare: _Spare) -> bool:
+    def _keep(self, key: tuple, host: Host, spare: Spare) -> bool:
         """Keep ``spare``, whose task is over, for the next task of (job id, slot) ``key``;
         False when it cannot be (the host or this executor is closing)."""
         with self._lock:
             if self._closed or not host.keep(spare):
                 return False
-            self._kept[key] = _Kept(host, spare)
+            self._kept[key] = Kept(host, spare)
         return True
 
     def _leave_slot(self, slot, job_id) -> None:
@@ -578,9 +325,9 @@ class Executor:
         for kept in gone:
             kept.host.release(kept.spare)
 
-    def _start(self, host: Host, pending: _Pending, run: bytes, fds: list[int],
+    def _start(self, host: Host, pending: Pending, run: bytes, fds: list[int],
                args: bytes | bytearray | memoryview | None, deadline: float | None,
-               timeout: float | None, kept: _Spare | None = None) -> _Spare | Outcome:
+               timeout: float | None, kept: Spare | None = None) -> Spare | Outcome:
         """Hand the task to a spare of ``host`` (or to ``kept``, the idle process its job
         keeps in this slot): its run message (``run``, with ``fds``) and, unless they are a
         reference, its ``args``, on that process's own socket. Returns the process, or the
@@ -640,7 +387,7 @@ class Executor:
         return Outcome("retry", {"kind": FailureKind.HOST_DIED,
                                  "message": "the task's process died before it could start"})
 
-    def _exchange(self, host: Host, pending: _Pending, sock: socket.socket,
+    def _exchange(self, host: Host, pending: Pending, sock: socket.socket,
                   deadline: float | None, timeout: float | None) -> Outcome:
         fds: list[int] = []  # a big result's memory file (runner.run_task)
         try:
@@ -668,7 +415,7 @@ class Executor:
         return Outcome(info["status"], info.get("error"), payload if payload else None,
                        handoff_file if isinstance(handoff_file, str) else None)
 
-    def _timed_out(self, pending: _Pending, timeout: float | None) -> Outcome:
+    def _timed_out(self, pending: Pending, timeout: float | None) -> Outcome:
         self._kill(pending, "timeout")
         return Outcome("error", {"kind": FailureKind.TIMEOUT, "type": "TaskTimeout",
                                  "message": f"the task ran longer than its timeout of {timeout:g}s"})
@@ -700,7 +447,7 @@ class Executor:
         except OSError:
             pass  # the child died before reading; the reader side reports why
 
-    def _died(self, pending: _Pending) -> Outcome:
+    def _died(self, pending: Pending) -> Outcome:
         if pending.killed_for:
             return self._killed_outcome(pending)
         pending.exited.wait(5)
@@ -718,11 +465,11 @@ class Executor:
         return Outcome("error", {"kind": FailureKind.CRASHED, "type": "TaskCrashed", "message": msg, "code": code})
 
     @staticmethod
-    def _killed_outcome(pending: _Pending) -> Outcome:
+    def _killed_outcome(pending: Pending) -> Outcome:
         return Outcome("error", {"kind": pending.killed_for, "type": "Cancelled",
                                  "message": f"the task was {pending.killed_for}"})
 
-    def _kill(self, pending: _Pending, why: str) -> None:
+    def _kill(self, pending: Pending, why: str) -> None:
         pending.killed_for = why
         pending.started.wait(5)
         if pending.pid:
@@ -736,7 +483,7 @@ class Executor:
         :mod:`gpumesh.worker.scripts`). Never raises for anything the script does."""
         from . import scripts
         out, err = self.output_paths()
-        pending = _Pending()
+        pending = Pending()
         self._running[task_id] = (None, pending)
         try:
             return scripts.run(script_path, bytes(payload), timeout, out, err, pending, self._kill,

@@ -78,7 +78,7 @@ def _error(kind: str, message: str, err_path: str, out_path: str | None = None, 
 def run(script_path: str, payload: bytes, timeout: float | None, out: str, err: str,
         pending, kill, env: dict | None = None):
     """Run one script task; returns an ``executor.Outcome``. ``pending`` (the executor's
-    ``_Pending``) gets the pid so ``kill(pending, why)`` (timeout, cancel) can kill the
+    ``host.Pending``) gets the pid so ``kill(pending, why)`` (timeout, cancel) can kill the
     process group."""
     from .executor import Outcome
 

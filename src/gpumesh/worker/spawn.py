@@ -40,7 +40,8 @@ from ..limits import HANDOFF_MIN_BYTES, MAX_WARM_FUNCTIONS, WARM_IDLE_S
 from ..payloadref import PayloadRef
 from ..protocol import TaskGrant
 from . import procs, runner
-from .executor import INLINE_ARGS_BYTES, JOB_IDLE_S, Executor, Outcome, _Pending
+from .executor import INLINE_ARGS_BYTES, JOB_IDLE_S, Executor, Outcome
+from .host import Pending
 
 log = logging.getLogger("gpumesh.worker")
 
@@ -270,7 +271,7 @@ class SpawnExecutor(Executor):
             except OSError as e:
                 return Outcome("retry", {"kind": "host_died",
                                          "message": f"could not start a task process: {e}"})
-        pending = _Pending()
+        pending = Pending()
         pending.pid = child.pid
         pending.started.set()
         self._running[task_id] = (None, pending)
@@ -333,7 +334,7 @@ class SpawnExecutor(Executor):
                 child.close()  # and whatever the task left running
 
     @staticmethod
-    def _connected(child: _Child, pending: _Pending) -> bool:
+    def _connected(child: _Child, pending: Pending) -> bool:
         """Wait for a new process to connect back; False once it died, was killed (a
         cancel before it started) or took CONNECT_TIMEOUT_S."""
         deadline = time.monotonic() + CONNECT_TIMEOUT_S
@@ -343,7 +344,7 @@ class SpawnExecutor(Executor):
         return child.sock is not None
 
     def _await_ready(self, child: _Child, fn_hash: str, blob_path: str,
-                     pending: _Pending) -> Outcome | None:
+                     pending: Pending) -> Outcome | None:
         """Wait for the process to have loaded the function (telling a generic spare which
         one first). None when ready, else the task's outcome."""
         try:
@@ -362,7 +363,7 @@ class SpawnExecutor(Executor):
         child.ready = True
         return None
 
-    def _exchange_spawned(self, child: _Child, pending: _Pending, args, timeout: float | None) -> Outcome:
+    def _exchange_spawned(self, child: _Child, pending: Pending, args, timeout: float | None) -> Outcome:
         sock = child.sock
         assert sock is not None  # (connected: see _connected)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -393,7 +394,7 @@ class SpawnExecutor(Executor):
         return Outcome(info["status"], info.get("error"), payload if payload else None,
                        handoff_file if isinstance(handoff_file, str) else None)
 
-    def _lost(self, child: _Child, pending: _Pending, why: str | None) -> Outcome:
+    def _lost(self, child: _Child, pending: Pending, why: str | None) -> Outcome:
         """The process went away mid-task: killed by us, or crashed (with its exit code)."""
         if pending.killed_for:
             return self._killed_outcome(pending)
