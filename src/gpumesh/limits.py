@@ -229,7 +229,8 @@ PROBE_TIMEOUT_S = _const("PROBE_TIMEOUT_S", 2.0, "s",
                          "the routing probe (`GET protocol.HEALTH`) may take this long before the "
                          "mesh counts as down")
 PROBE_CACHE_S = _const("PROBE_CACHE_S", 5.0, "s",
-                       "a healthy probe result is trusted this long before the next call probes again")
+                       "a healthy probe, or a call the coordinator answered, is trusted this long "
+                       "before the next call probes again")
 PROBE_DOWN_CACHE_S = _const("PROBE_DOWN_CACHE_S", 2.0, "s",
                             "a failed probe is trusted this long: calls meanwhile run locally "
                             "without probing again")

@@ -279,6 +279,13 @@ class GPUMesh:
         self._probe_ok_until = now + PROBE_CACHE_S
         return True
 
+    def _heard_from(self) -> None:
+        """The coordinator just answered a call: as good as a healthy probe, so the next
+        ``PROBE_CACHE_S`` of calls need none (a call after a short pause would otherwise
+        pay a ``GET /v1/health`` round trip first). Should it go away meanwhile, a submit
+        that could not be sent still runs the call here."""
+        self._probe_ok_until = time.monotonic() + PROBE_CACHE_S
+
     # ------------------------------------------------------------------ calls ------
     def run_calls(self, fn: Callable, calls: list[_calls.Call], *, hints: list[dict] | None = None,
                   timeout: float | None = None, name: str | None = None,

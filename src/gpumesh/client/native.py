@@ -181,6 +181,7 @@ class NativeBackend(Backend):
                     headers={"content-type": "application/x-gpumesh-frames",
                              "content-length": str(size)}, timeout=LONG_POLL_S + 600)
                 tracing.mark("caller.answered")
+                mesh._heard_from()
                 mesh._known_blobs.add(fn_hash)
                 return page if page is not None else bytearray()
             except RequestRejected as e:
