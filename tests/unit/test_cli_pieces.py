@@ -176,3 +176,18 @@ def test_every_error_line_has_one_form(capsys):
         fail("the data directory is in use", code=2)
     assert e.value.code == 2
     assert capsys.readouterr().err == "Error: the data directory is in use\n"
+
+
+def test_doctor_config_is_fine_with_the_connection_in_the_environment(tmp_path, monkeypatch):
+    # No saved config: a warning, unless GPUMESH_URL and GPUMESH_TOKEN give the connection.
+    from gpumesh import config
+    from gpumesh.cli.doctor import _saved
+    monkeypatch.setattr(config, "config_path", lambda: tmp_path / "config.json")
+    monkeypatch.delenv("GPUMESH_URL", raising=False)
+    monkeypatch.delenv("GPUMESH_TOKEN", raising=False)
+    assert _saved().status == "warn"
+    monkeypatch.setenv("GPUMESH_URL", "http://127.0.0.1:8000")
+    assert _saved().status == "warn"  # the token is still missing
+    monkeypatch.setenv("GPUMESH_TOKEN", "a" * 32)
+    check = _saved()
+    assert check.status == "ok" and "GPUMESH_URL" in check.detail

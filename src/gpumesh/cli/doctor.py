@@ -133,6 +133,9 @@ def _saved() -> Check:
     path = config.config_path()
     saved = config.load_saved()
     if not path.exists():
+        if os.environ.get("GPUMESH_URL") and os.environ.get("GPUMESH_TOKEN"):
+            return Check("config", "ok", f"no saved connection at {path}; GPUMESH_URL and "
+                         "GPUMESH_TOKEN are set, and used")
         return Check("config", "warn", f"no saved connection at {path}",
                      "run `gpumesh serve` on the coordinator machine (it saves one), or pass "
                      "--url/--token, or set GPUMESH_URL/GPUMESH_TOKEN")
