@@ -191,3 +191,18 @@ def test_doctor_config_is_fine_with_the_connection_in_the_environment(tmp_path, 
     monkeypatch.setenv("GPUMESH_TOKEN", "a" * 32)
     check = _saved()
     assert check.status == "ok" and "GPUMESH_URL" in check.detail
+
+
+def test_status_names_what_the_function_raised():
+    from gpumesh.cli.views import task_lines
+
+    def task(i, error):
+        return {"id": f"t{i}", "state": "failed", "cost": 1.0, "worker_id": "w1", "error": error}
+    view = {"tasks": [
+        task(0, {"kind": "raised", "type": "KeyError", "message": "'missing 2'"}),
+        task(1, {"kind": "timeout", "type": "TaskTimeout",
+                 "message": "the task ran longer than its timeout of 1s"}),
+    ]}
+    errors = [line.strip() for line in task_lines(view) if line.strip().startswith("error:")]
+    assert errors == ["error: KeyError: 'missing 2'",
+                      "error: the task ran longer than its timeout of 1s"]

@@ -41,8 +41,12 @@ def task_lines(view: dict, color: bool = False) -> list[str]:
         text = result_text(t, view.get("released", False))
         if text is not None:
             lines.append("    result: " + text)
-        if t.get("error"):
-            lines.append(f"    error: {t['error'].get('message', '')}")
+        err = t.get("error")
+        if err:
+            # What the function raised is named by its type, as a traceback would
+            # (``KeyError: 'missing 2'``); gpumesh's own failures read as sentences.
+            kind = err.get("type") if err.get("kind") == "raised" and err.get("type") else None
+            lines.append(f"    error: {kind + ': ' if kind else ''}{err.get('message', '')}")
     return lines
 
 
