@@ -191,6 +191,10 @@ def test_doctor_config_is_fine_with_the_connection_in_the_environment(tmp_path, 
     monkeypatch.setenv("GPUMESH_TOKEN", "a" * 32)
     check = _saved()
     assert check.status == "ok" and "GPUMESH_URL" in check.detail
+    monkeypatch.delenv("GPUMESH_URL")
+    monkeypatch.delenv("GPUMESH_TOKEN")
+    assert _saved("http://127.0.0.1:8000", "a" * 32).status == "ok"  # given as flags
+    assert _saved("http://127.0.0.1:8000", None).status == "warn"
 
 
 def test_status_names_what_the_function_raised():

@@ -129,13 +129,15 @@ def _runtime() -> Check:
     return Check("runtime", "ok", f"{name}: {why}{other} (gpumesh join --runtime)")
 
 
-def _saved() -> Check:
+def _saved(url: str | None = None, token: str | None = None) -> Check:
+    """The saved connection. ``url``, ``token``: what the command line gave; with both
+    given there (or in $GPUMESH_URL and $GPUMESH_TOKEN), no saved config is needed."""
     path = config.config_path()
     saved = config.load_saved()
     if not path.exists():
-        if os.environ.get("GPUMESH_URL") and os.environ.get("GPUMESH_TOKEN"):
-            return Check("config", "ok", f"no saved connection at {path}; GPUMESH_URL and "
-                         "GPUMESH_TOKEN are set, and used")
+        if (url or os.environ.get("GPUMESH_URL")) and (token or os.environ.get("GPUMESH_TOKEN")):
+            return Check("config", "ok", f"no saved connection at {path}; the URL and token "
+                         "given (flags or GPUMESH_URL/GPUMESH_TOKEN) are used")
         return Check("config", "warn", f"no saved connection at {path}",
                      "run `gpumesh serve` on the coordinator machine (it saves one), or pass "
                      "--url/--token, or set GPUMESH_URL/GPUMESH_TOKEN")
@@ -472,7 +474,7 @@ def doctor(target, url, token, fingerprint, as_json):
         url = given_url(target or url, None if target else "--url")
     else:
         given_url(None)  # $GPUMESH_URL is checked as a flag is
-    checks = [_install(), _python(), _cloudpickle(), _torch(), _gpus(), _runtime(), _saved()]
+    checks = [_install(), _python(), _cloudpickle(), _torch(), _gpus(), _runtime(), _saved(url, token)]
     checks += _coordinator(url, token, fingerprint)
     hide(token)
     failed = any(c.status == "fail" for c in checks)
