@@ -35,7 +35,8 @@ def test_doctor_all_good_never_prints_the_token(shared_mesh):
     for name in ("install", "python", "cloudpickle", "torch", "gpus", "config", "coordinator", "token"):
         assert any(ln[7:].startswith(name) for ln in lines), name
     assert any(ln.startswith("[OK]   token") and "2 worker(s) alive" in ln for ln in lines)
-    assert lines[-1] == "all checks passed"
+    # (the shared mesh's pool checks may warn about what other tests' jobs imported)
+    assert lines[-1].startswith("all checks passed"), r.output
     data = json.loads(run(["doctor", "--json"], env_for(shared_mesh)).output)
     assert data["ok"] is True and {c["name"] for c in data["checks"]} >= {"coordinator", "token"}
     assert TOKEN not in json.dumps(data)

@@ -135,7 +135,7 @@ def _saved(url: str | None = None, token: str | None = None) -> Check:
     path = config.config_path()
     saved = config.load_saved()
     if not path.exists():
-        if (url or os.environ.get("GPUMESH_URL")) and (token or os.environ.get("GPUMESH_TOKEN")):
+        if (url or limits.setting("GPUMESH_URL")) and (token or os.environ.get("GPUMESH_TOKEN")):
             return Check("config", "ok", f"no saved connection at {path}; the URL and token "
                          "given (flags or GPUMESH_URL/GPUMESH_TOKEN) are used")
         return Check("config", "warn", f"no saved connection at {path}",
