@@ -130,6 +130,10 @@ def test_devices_and_workers_commands(hw):
                        text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     assert "score=5000.000" in r.stdout and "score=3000.000" in r.stdout
+    # each worker's slots, from what it registered: a mixed pool at a glance
+    by_score = {ln.split("score=")[1].split()[0]: ln for ln in r.stdout.splitlines() if "score=" in ln}
+    assert by_score["5000.000"].endswith("[alive]  slots: 1 GPU, 1 CPU")
+    assert by_score["3000.000"].endswith("[alive]  slots: 2 GPU, 1 CPU")
 
 
 # ---------------------------------------------------------------- placement ----------

@@ -210,3 +210,21 @@ def test_status_names_what_the_function_raised():
     errors = [line.strip() for line in task_lines(view) if line.strip().startswith("error:")]
     assert errors == ["error: KeyError: 'missing 2'",
                       "error: the task ran longer than its timeout of 1s"]
+
+
+def test_workers_table_shows_each_workers_slots():
+    from gpumesh.cli.pool import format_workers
+    gpu_box = {"id": "a" * 12, "hostname": "gpu-box", "device": "GPU", "alive": True, "score": 3000.0,
+               "slot_list": [{"id": 0, "kind": "cuda", "gpu": 0}, {"id": 1, "kind": "cuda", "gpu": 1},
+                             {"id": 2, "kind": "cpu"}, {"id": 3, "kind": "cpu"}],
+               "busy_slots": [0, 2]}
+    mac = {"id": "b" * 12, "hostname": "mac", "device": "GPU", "alive": True, "score": 40.0,
+           "slot_list": [{"id": 0, "kind": "mps"}]}
+    laptop = {"id": "c" * 12, "hostname": "laptop", "device": "CPU", "alive": False, "score": 2.0,
+              "slots": 2, "busy_slots": [1]}
+    rows = format_workers([laptop, mac, gpu_box]).splitlines()[3:]
+    assert rows == [
+        "  GPU  aaaaaaaa    gpu-box           score=3000.000  [alive]  slots: 2 GPU, 2 CPU (2 busy)",
+        "  GPU  bbbbbbbb    mac               score=40.000    [alive]  slots: 1 GPU",
+        "  CPU  cccccccc    laptop            score=2.000     [dead]  slots: 2 CPU",
+    ]
