@@ -52,7 +52,7 @@ class Plan:
 
 
 def serve_plan(network: str, port: int = DEFAULT_PORT, token: str | None = None,
-               generated: bool = False, self_worker: bool = True) -> Plan:
+               generated: bool = False) -> Plan:
     """The ``gpumesh serve`` command for a coordinator."""
     if network not in NETWORKS:
         raise ValueError(f"network must be one of {NETWORKS}")
@@ -64,14 +64,12 @@ def serve_plan(network: str, port: int = DEFAULT_PORT, token: str | None = None,
                      "`gpumesh radar` shows it). Anyone with the token can run code here.")
     else:
         notes.append("Only this machine can use the coordinator (bound to 127.0.0.1).")
-    if not self_worker:
-        argv.append("--no-self-worker")
     env = {"GPUMESH_TOKEN": token} if token else {}
     return Plan(argv, env, notes, show_token=generated)
 
 
 def join_plan(network: str, url: str | None = None, port: int = DEFAULT_PORT,
-              token: str | None = None, slots: int = 1) -> Plan:
+              token: str | None = None) -> Plan:
     """The ``gpumesh join`` command for a worker."""
     if network not in NETWORKS:
         raise ValueError(f"network must be one of {NETWORKS}")
@@ -84,8 +82,6 @@ def join_plan(network: str, url: str | None = None, port: int = DEFAULT_PORT,
     else:
         notes.append("No URL: `gpumesh join` looks for the coordinator on the LAN and joins it "
                      "if exactly one is found.")
-    if slots != 1:
-        argv += ["--cpu-slots", str(slots)]
     env = {"GPUMESH_TOKEN": token} if token else {}
     if not token:
         notes.append("Token: taken from $GPUMESH_TOKEN or the saved config.")
