@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from .common import endpoint_options, fail, one_line_errors, resolve_endpoint
+from .common import endpoint_options, fail, job_id_argument, one_line_errors, resolve_endpoint
 from .views import color_enabled, counts_dict, task_lines
 
 
@@ -94,7 +94,7 @@ def _wait(mesh, job_id: str, total: int, quiet: bool) -> None:
 
 
 @click.command()
-@click.argument("job_id")
+@job_id_argument
 @endpoint_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
 @one_line_errors
