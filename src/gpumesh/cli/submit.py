@@ -21,7 +21,7 @@ def _mesh(url, token):
 
 @click.command()
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
-@click.option("--payloads", "payloads_file", required=True, type=click.Path(dir_okay=False),
+@click.option("--payloads", "payloads_file", required=True, type=click.Path(exists=True, dir_okay=False),
               help="JSON file: an array with one payload per task, or one JSON value per line "
                    "(a file holding a single JSON object is one value, not a list: write [{...}]).")
 @click.option("--name", default=None, help="Job name [default: the SCRIPT path as given].")
