@@ -151,15 +151,3 @@ def test_setup_bad_url_is_asked_again_not_a_failure():
     assert r.output.count("Coordinator URL (empty: find it on the LAN):") == 2
     assert r.output.rstrip().endswith("gpumesh join http://10.0.0.5:8000")
 
-
-def test_submit_with_a_missing_payloads_file_is_a_usage_error_like_a_missing_script(tmp_path):
-    # Both are arguments naming a file that is not there: exit 2 before anything is sent
-    # (the payloads file was read later, an error with exit code 1).
-    script = tmp_path / "job.py"
-    script.write_text("print(1)\n")
-    env = {"GPUMESH_URL": "http://127.0.0.1:9", "GPUMESH_TOKEN": "t" * 32}
-    r = CliRunner().invoke(main, ["submit", str(script), "--payloads", str(tmp_path / "absent.json")], env=env)
-    assert r.exit_code == 2, r.output
-    assert "Invalid value for '--payloads'" in r.output and "absent.json' does not exist" in r.output
-    r = CliRunner().invoke(main, ["submit", str(tmp_path / "absent.py"), "--payloads", str(script)], env=env)
-    assert r.exit_code == 2 and "Invalid value for 'SCRIPT'" in r.output
