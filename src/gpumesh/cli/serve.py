@@ -294,7 +294,7 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
 
 
 def _check_flags(tls: bool, tls_cert, tls_key, public: bool, tailscale: bool, *,
-                 slots_given: bool = False, self_worker: bool = True) -> None:
+                 slots_given: bool, self_worker: bool) -> None:
     """Flags that do not go together, or one that the others would make do nothing: a
     usage error (one line naming them, exit 2), before any other check and before
     anything is written."""
