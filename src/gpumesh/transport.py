@@ -33,6 +33,7 @@ verified against the system's CAs as usual.
 from __future__ import annotations
 
 import contextlib
+import email.parser
 import http.client
 import json as _json
 import re
@@ -370,15 +371,10 @@ def parse_headers(fp: Any, _class: type = http.client.HTTPMessage) -> http.clien
     for line in lines[:-1]:  # (the last is the empty line that ends the block)
         m = _PLAIN_HEADER.fullmatch(line)
         if m is None:
-            return email_parser(_class).parsestr(b"".join(lines).decode("iso-8859-1"))
+            return email.parser.Parser(_class=_class).parsestr(b"".join(lines).decode("iso-8859-1"))
         name, value = m.groups()
         msg[name.decode("iso-8859-1")] = value.decode("iso-8859-1")
     return msg
-
-
-def email_parser(cls: type) -> Any:
-    import email.parser
-    return email.parser.Parser(_class=cls)
 
 
 class _QuickHeadersResponse(http.client.HTTPResponse):
@@ -386,10 +382,13 @@ class _QuickHeadersResponse(http.client.HTTPResponse):
 
     ``begin`` is the stdlib's own code (status line, ``100 Continue``, chunked, length,
     keep-alive: none of it rewritten here), run with this module's ``parse_headers`` in
-    place of the stdlib's: the only name that differs in the globals it sees."""
+    place of the stdlib's: the only name that differs in the globals it sees. (A Python
+    whose ``begin`` no longer calls ``parse_headers`` by that name keeps its own.)"""
 
-    begin = types.FunctionType(http.client.HTTPResponse.begin.__code__,
-                               {**vars(http.client), "parse_headers": parse_headers}, "begin")
+    _stdlib_begin = http.client.HTTPResponse.begin
+    if "parse_headers" in _stdlib_begin.__code__.co_names:
+        begin = types.FunctionType(_stdlib_begin.__code__,
+                                   {**vars(http.client), "parse_headers": parse_headers}, "begin")
 
 
 class _JoinedHTTP(_Joined, HTTPConnection):

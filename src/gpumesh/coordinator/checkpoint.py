@@ -18,9 +18,9 @@ the log over; ``journal_size_limit`` truncates a log a burst grew.
 **Starting the log over is this thread's work too.** The first commit after a checkpoint
 that copied the whole log writes a new log header and fsyncs it (SQLite does so even
 with ``synchronous=NORMAL``: an out-of-order write after a restart could corrupt the
-database). On this VM's disk that fsync took 0.4-8 ms, and after a quiet spell it fell
-on the first request's commit, on the event loop (the first call after 3 s idle spent
-7 ms storing its job, against 0.3 ms back to back). So once the database has been quiet
+database). After a quiet spell that fsync fell on the first request's commit, on the
+event loop: milliseconds on the first call after a pause (docs/performance.md, "Ninth
+session"). So once the database has been quiet
 for a whole interval after a checkpoint that copied everything, the thread makes that
 first write itself: it rewrites the database's ``user_version`` with the value it has
 (a one-page transaction that changes nothing). The next request's commit then appends
