@@ -20,10 +20,10 @@ that copied the whole log writes a new log header and fsyncs it (SQLite does so 
 with ``synchronous=NORMAL``: an out-of-order write after a restart could corrupt the
 database). After a quiet spell that fsync fell on the first request's commit, on the
 event loop: milliseconds on the first call after a pause (docs/performance.md, "Ninth
-session"). So once the database has been quiet
-for a whole interval after a checkpoint that copied everything, the thread makes that
-first write itself: it rewrites the database's ``user_version`` with the value it has
-(a one-page transaction that changes nothing). The next request's commit then appends
+session"). So once the database has been quiet for a whole interval after a checkpoint
+that copied everything, the thread makes that first write itself: it rewrites the
+database's ``user_version`` with the value it has (a one-page transaction that changes
+nothing). The next request's commit then appends
 to a log already started. It does this once per quiet spell; a request that comes while
 the header is being synced waits for SQLite's write lock (``busy_timeout``), which only
 a request in that millisecond or so after a second of quiet can meet.
