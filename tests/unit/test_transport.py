@@ -125,3 +125,51 @@ def test_a_request_s_head_and_small_body_leave_in_one_write(body, writes):
     finally:
         a.close()
         b.close()
+
+
+HEADER_BLOCKS = [
+    b"date: Tue, 01 Dec 2026 21:59:15 GMT\r\nserver: uvicorn\r\ncontent-length: 345\r\n"
+    b"content-type: application/x-gpumesh-frames\r\n\r\n",
+    b"\r\n",
+    b"A: b\r\nA:   c  \r\nX-Y:\r\n\r\n",            # repeated, padded, empty
+    b"a: b\nc:d\n\n",                              # bare LF line ends
+    b"a: \xe9t\xe9\r\n\r\n",                       # Latin-1
+    b"a: b\r\n  folded\r\nc: d\r\n\r\n",           # a folded line: the stdlib's parser
+    b"bad line\r\nc: d\r\n\r\n",                   # not a header: the stdlib's parser
+    b"a\t: b\r\n\r\n",
+    b"From x: y\r\n\r\n",
+    b"a: b\r\r\n\r\n",                             # a lone CR
+]
+
+
+@pytest.mark.parametrize("block", HEADER_BLOCKS)
+def test_the_quick_header_parse_gives_what_http_client_gives(block):
+    import http.client
+    import io
+
+    from gpumesh.transport import parse_headers
+    ours = parse_headers(io.BytesIO(block + b"body"))
+    theirs = http.client.parse_headers(io.BytesIO(block + b"body"))
+    assert type(ours) is http.client.HTTPMessage
+    assert list(ours.items()) == list(theirs.items())
+    assert [type(d) for d in ours.defects] == [type(d) for d in theirs.defects]
+    assert bool(ours.get_payload()) == bool(theirs.get_payload())  # what urllib3 checks
+    if block.startswith(b"date"):
+        assert ours["content-length"] == "345" and ours.get_all("server") == ["uvicorn"]
+
+
+def test_responses_read_their_headers_with_the_quick_parse(monkeypatch):
+    import gpumesh.transport as transport
+    seen = []
+    quick = transport.parse_headers
+    monkeypatch.setitem(transport._QuickHeadersResponse.begin.__globals__, "parse_headers",
+                        lambda fp: seen.append(1) or quick(fp))
+    port, _ = _serve([b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-a: 1\r\n\r\n{}",
+                      b"HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\n\r\n{}"])
+    t = Transport(f"http://127.0.0.1:{port}", "token")
+    r = t.request("GET", "/a", timeout=10)
+    assert (r.status_code, r.headers, r.json()) == (200, {"content-length": "2", "x-a": "1"}, {})
+    with pytest.raises(Exception, match="HTTP 404"):
+        t.request("GET", "/b", timeout=10)
+    assert seen == [1, 1]
+    t.close()
