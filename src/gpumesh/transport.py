@@ -33,13 +33,10 @@ verified against the system's CAs as usual.
 from __future__ import annotations
 
 import contextlib
-import email.parser
-import http.client
 import json as _json
 import re
 import socket
 import ssl
-import types
 from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -351,52 +348,12 @@ class _Joined:
                 self._held = held
 
 
-#: A header line the quick parse takes as it is: a name of the characters the email
-#: parser accepts in one (printable ASCII but ``:``; not ``From ``), a colon, a value
-#: with no line break in it (the email parser also breaks lines at a lone CR).
-_PLAIN_HEADER = re.compile(rb"(?!From )([\x21-\x39\x3b-\x7e]+):[ \t]*([^\r\n]*)\r?\n")
-
-
-def parse_headers(fp: Any, _class: type = http.client.HTTPMessage) -> http.client.HTTPMessage:
-    """``http.client.parse_headers``, quicker for the plain header lines our coordinator
-    sends: the same ``HTTPMessage`` with the same items, built straight from the lines.
-
-    The stdlib hands the header block to the email package's feed parser, the largest
-    single item of a small request's client-side CPU (docs/performance.md). The lines are
-    read by the stdlib's own reader (its limits on line length and count hold); a block
-    with anything else in it (a folded line, a line that is not ``name: value``) goes to
-    the stdlib parser, which then sees exactly what it would have seen."""
-    lines = http.client._read_headers(fp)  # type: ignore[attr-defined]  # the stdlib's reader
-    msg = _class()
-    for line in lines[:-1]:  # (the last is the empty line that ends the block)
-        m = _PLAIN_HEADER.fullmatch(line)
-        if m is None:
-            return email.parser.Parser(_class=_class).parsestr(b"".join(lines).decode("iso-8859-1"))
-        name, value = m.groups()
-        msg[name.decode("iso-8859-1")] = value.decode("iso-8859-1")
-    return msg
-
-
-class _QuickHeadersResponse(http.client.HTTPResponse):
-    """http.client's response, reading its header block with :func:`parse_headers`.
-
-    ``begin`` is the stdlib's own code (status line, ``100 Continue``, chunked, length,
-    keep-alive: none of it rewritten here), run with this module's ``parse_headers`` in
-    place of the stdlib's: the only name that differs in the globals it sees. (A Python
-    whose ``begin`` no longer calls ``parse_headers`` by that name keeps its own.)"""
-
-    _stdlib_begin = http.client.HTTPResponse.begin
-    if "parse_headers" in _stdlib_begin.__code__.co_names:
-        begin = types.FunctionType(_stdlib_begin.__code__,
-                                   {**vars(http.client), "parse_headers": parse_headers}, "begin")
-
-
 class _JoinedHTTP(_Joined, HTTPConnection):
-    response_class = _QuickHeadersResponse
+    pass
 
 
 class _JoinedHTTPS(_Joined, HTTPSConnection):
-    response_class = _QuickHeadersResponse
+    pass
 
 
 def _pieces(chunks: Iterable) -> Iterator[bytes | memoryview]:
