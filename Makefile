@@ -31,14 +31,20 @@ install: $(PY)
 demo: install
 	$(PY) scripts/demo.py
 
-# The dev extra pins ruff and mypy, so a new release cannot fail this on unchanged code.
-lint: $(PY)
+# The package (editable) with the dev extra, installed once per change of pyproject.toml:
+# CI's lint, test, test-spawn and test-docker would otherwise each pay pip's check (and an
+# editable rebuild) again. Code changes need no reinstall (editable).
+DEV := $(VENV)/.dev-installed
+$(DEV): $(PY) pyproject.toml
 	$(PIP) install -q -e '.[dev]'
+	touch $@
+
+# The dev extra pins ruff and mypy, so a new release cannot fail this on unchanged code.
+lint: $(DEV)
 	$(VENV)/bin/ruff check src
 	$(VENV)/bin/mypy
 
-test: $(PY)
-	$(PIP) install -q -e '.[dev]'
+test: $(DEV)
 	$(PY) -m pytest
 
 # Workers started by these suites inherit GPUMESH_RUNTIME: the same tests, no fork.
@@ -67,8 +73,7 @@ SPAWN_SKIP := integration/test_winsurface integration/test_proxies integration/t
 	integration/test_job_status integration/test_fair_share integration/test_reach \
 	integration/test_routing integration/test_probe_trust faults/test_no_worker \
 	integration/test_slow_link integration/test_scripts integration/test_examples
-test-spawn: $(PY)
-	$(PIP) install -q -e '.[dev]'
+test-spawn: $(DEV)
 	GPUMESH_RUNTIME=spawn $(PY) -m pytest tests/integration tests/faults tests/conformance \
 		$(foreach m,$(SPAWN_SKIP),--ignore=tests/$(m).py)
 
@@ -87,8 +92,7 @@ test-engines: $(PY)
 # A Debian base image from Debian packages (no Docker Hub needed), the image built on it,
 # a pod and the compose file run from it (tests/docker/test_image.py).
 CONTAINER_TOOLS := podman podman-compose debootstrap runc
-test-docker: $(PY)
-	$(PIP) install -q -e '.[dev]'
+test-docker: $(DEV)
 	@missing=""; for t in $(CONTAINER_TOOLS); do command -v $$t >/dev/null 2>&1 || \
 		[ -x /usr/sbin/$$t ] || missing="$$missing $$t"; done; \
 	if [ -n "$$missing" ]; then \
