@@ -584,9 +584,6 @@ class Coordinator(Journalled):
         self.output.append(lease.job_id, task_id, idx, host, "stderr",
                            f"[gpumesh: attempt {attempts} on {host} ended here, preempted "
                            f"({reason}); the task runs again]\n".encode(), attempts)
-        job = self.jobs.get(lease.job_id)
-        if job is not None:
-            job.preempted += 1
         log.info("task %s handed back by worker %s (%s); re-queued as preempted",
                  task_id, lease.worker_id, reason)
         self._requeue([task_id], reason=f"preempted: {reason}", preempted=True)

@@ -202,7 +202,6 @@ class Job:
     lane: hardware.Requirements = field(default_factory=hardware.Requirements)
     owner: str | None = None  # the person who submitted it (None: from before people)
     submitted: float = 0.0  # coordinator clock when it was submitted (or recovered)
-    preempted: int = 0  # tasks handed back by their workers' owners (see hand_back)
     #: module -> workers whose run of this job failed with ModuleNotFoundError for it;
     #: none of the job's tasks is granted to them again (see coordinator.requeue.missing_module).
     lacking: dict[str, set[str]] = field(default_factory=dict)

@@ -470,6 +470,14 @@ class Store:
         out["meta"] = json.loads(out["meta"])
         return out
 
+    def preempted_count(self, job_id: str) -> int:
+        """How many of the job's attempts were handed back by their workers' owners
+        (history entries marked ``preempted``): durable, so a job's status says so after
+        its results were collected and after a restart."""
+        rows = self.db.execute("SELECT history FROM tasks WHERE job_id=? AND history LIKE"
+                               " '%preempted%'", (job_id,)).fetchall()
+        return sum(1 for (text,) in rows for e in _history(text) if e.get("preempted"))
+
     def task_counts(self, job_id: str) -> dict[str, int]:
         rows = self.db.execute("SELECT state, COUNT(*) FROM tasks WHERE job_id=? GROUP BY state",
                                (job_id,)).fetchall()

@@ -276,9 +276,9 @@ def job_view(coord: Coordinator, job_id: str, with_tasks: bool) -> dict | None:
             "result_format": (row["meta"] or {}).get("result_format", "pickle")}
     if with_tasks:
         view["tasks"] = coord.store.task_rows(job_id)
-    job = coord.jobs.get(job_id)
-    if job is not None and job.preempted:
-        view["preempted"] = job.preempted
+    preempted = coord.store.preempted_count(job_id)
+    if preempted:
+        view["preempted"] = preempted
     waiting = coord.waiting_reason(job_id)
     if waiting:
         view["waiting"] = waiting
