@@ -127,9 +127,12 @@ def test_a_slot_waiting_for_an_answer_takes_the_held_results_with_its_own(agent,
     assert len(coord.heads) == 1 and sorted(coord.posted()[0]) == ["t0", "u0"]
 
 
-def test_a_lone_result_of_an_empty_queue_goes_at_once_and_asks_for_at_most_16(agent):
+def test_a_lone_result_of_an_empty_queue_goes_at_once_and_asks_for_what_may_be_granted(
+        agent, monkeypatch):
+    monkeypatch.setattr(poster_mod, "MAX_QUEUE_DEPTH", 2 * protocol.MAX_QUEUED_GRANTS)
     poster, coord = agent.poster, agent.http
     poster._task_s[0] = 0.00001  # a deep queue (capped), none of it held yet
     assert _post(poster, "t0") == (None, None)
     assert coord.posted() == [["t0"]]
-    assert coord.heads[0]["next"] == {"0": MAX_QUEUE_DEPTH}  # what a coordinator grants at most
+    # a coordinator refuses a batch that asks for more (and with it the results)
+    assert coord.heads[0]["next"] == {"0": protocol.MAX_QUEUED_GRANTS}

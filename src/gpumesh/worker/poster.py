@@ -38,7 +38,8 @@ QUEUE_DEPTH = 3
 #: Seconds of a short job's work a slot's queue holds (see QUEUE_DEPTH): deep enough that
 #: each post carries several results and each answer several grants.
 QUEUE_WORK_S = 0.01
-#: The deepest queue a slot asks for (a coordinator grants at most 16 per slot and answer).
+#: The deepest queue a slot holds (one post asks for at most protocol.MAX_QUEUED_GRANTS
+#: of it: a slot that posts at half its queue asks for about half of it).
 MAX_QUEUE_DEPTH = 16
 #: Longest a result waits for others to go with it (seconds), only while its slot still
 #: holds half its queue: a task that then runs long does not keep it back longer.
@@ -228,8 +229,8 @@ class ResultPoster:
                     continue
                 depth = 1 + self.depth(slot, item.task, item.short)
                 held = len(self.queues.get(slot) or ()) + (slot not in self.waiting)
-                if depth - held > 0:  # (at most the coordinator's 16 per slot and answer)
-                    want[slot] = min(MAX_QUEUE_DEPTH, depth - held)
+                if depth - held > 0:
+                    want[slot] = min(protocol.MAX_QUEUED_GRANTS, depth - held)
                     if slot in self.waiting:
                         idle.append(slot)
         return want, idle
