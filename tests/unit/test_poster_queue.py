@@ -56,8 +56,9 @@ def _queue(poster: ResultPoster, slot: int, n: int) -> None:
 
 
 def _deep(monkeypatch, hold_s: float) -> None:
-    """Every short job task's slot queues MAX_QUEUE_DEPTH grants, whatever its pace."""
+    """Every short job task's slot queues 16 grants, whatever its pace."""
     monkeypatch.setattr(poster_mod, "QUEUE_WORK_S", 1e3)
+    monkeypatch.setattr(poster_mod, "MAX_QUEUE_DEPTH", 16)
     monkeypatch.setattr(poster_mod, "HOLD_S", hold_s)
 
 
@@ -68,13 +69,13 @@ def _post(poster: ResultPoster, task_id: str, slot: int = 0):
 
 
 @pytest.mark.parametrize("per_task, isolation, short, depth", [
-    (0.001, "job", True, 10),                 # 10 ms of work: 10 grants
+    (0.001, "job", True, 20),                 # 20 ms of work: 20 grants
     (0.00001, "job", True, MAX_QUEUE_DEPTH),  # very short tasks: capped
     (0.05, "job", True, QUEUE_DEPTH),         # longer ones: never fewer than QUEUE_DEPTH
     (0.001, "task", True, 0),                 # a process per task: no queue
     (0.001, "job", False, 0),                 # the task ran long: no queue
 ])
-def test_a_slots_queue_holds_about_ten_ms_of_its_jobs_work(agent, per_task, isolation, short, depth):
+def test_a_slots_queue_holds_about_twenty_ms_of_its_jobs_work(agent, per_task, isolation, short, depth):
     agent.poster._task_s[0] = per_task
     assert agent.poster.depth(0, _grant("t", 0, isolation), short) == depth
 
@@ -100,7 +101,7 @@ def test_results_wait_while_the_slot_holds_half_its_queue_then_go_in_one_post(ag
     wait_for(lambda: coord.heads, 10, "the post")
     assert coord.posted() == [[f"t{i}" for i in range(8)]]
     # the answer is asked to top the queue up to its depth: 7 queued + the running task
-    assert coord.heads[0]["next"] == {"0": MAX_QUEUE_DEPTH + 1 - 8}
+    assert coord.heads[0]["next"] == {"0": 16 + 1 - 8}
     wait_for(lambda: not poster.posting, 10, "the answer")
 
 

@@ -33,17 +33,19 @@ log = logging.getLogger("gpumesh.worker")
 #: (``isolation="job"``) and its tasks are short, at least: enough that its next task
 #: never waits for a round trip. The queue holds about ``QUEUE_WORK_S`` of the job's
 #: work (from the slot's observed time per task), from ``QUEUE_DEPTH`` up to
-#: ``MAX_QUEUE_DEPTH`` grants: another person's job waits at most that long for the slot.
+#: ``MAX_QUEUE_DEPTH`` grants: another person's job waits about that long for the slot.
 QUEUE_DEPTH = 3
-#: Seconds of a short job's work a slot's queue holds (see QUEUE_DEPTH): deep enough that
-#: each post carries several results and each answer several grants.
-QUEUE_WORK_S = 0.01
+#: Seconds of a short job's work a slot's queue holds (see QUEUE_DEPTH). Measured on 2
+#: shared cores: 10 ms gave ~6 results per post, 20 ms ~9 (and ~1.9 with 3 grants); the
+#: time per task grows with the machine's load, and a shallow queue then holds too few.
+QUEUE_WORK_S = 0.02
 #: The deepest queue a slot holds (one post asks for at most protocol.MAX_QUEUED_GRANTS
 #: of it: a slot that posts at half its queue asks for about half of it).
-MAX_QUEUE_DEPTH = 16
+MAX_QUEUE_DEPTH = 32
 #: Longest a result waits for others to go with it (seconds), only while its slot still
-#: holds half its queue: a task that then runs long does not keep it back longer.
-HOLD_S = 0.005
+#: holds half its queue (about QUEUE_WORK_S / 2 of work): a task that then runs long
+#: does not keep it back longer.
+HOLD_S = 0.01
 #: A batch this big goes without waiting for more.
 HOLD_RESULTS = 64
 #: A slot queues only behind tasks that ran for less than this (seconds): a round trip
@@ -115,9 +117,13 @@ class ResultPoster:
             self._inflight[slot] = self._inflight.get(slot, 0) + 1
             queue = self.queues.get(slot)
             if queue:  # the slot carries on; the poster's thread sends the result
+                nxt = queue.popleft()
                 self._ready.append(item)
-                self._cv.notify_all()
-                return queue.popleft()
+                # The poster's thread wakes for a batch's first result (to time its hold)
+                # and when the batch is to go, not for each result in between.
+                if len(self._ready) == 1 or self._hold_for() <= 0:
+                    self._cv.notify_all()
+                return nxt
             self.waiting.add(slot)
             inline = not self._sending and not self._ready
             if inline:
@@ -178,9 +184,13 @@ class ResultPoster:
         came from still holds at least half its queue, for HOLD_S at most."""
         if self.waiting or len(self._ready) >= HOLD_RESULTS or self.agent.stopping.is_set():
             return 0.0
+        seen = set()
         for item in self._ready:
+            if item.slot in seen:
+                continue
+            seen.add(item.slot)
             depth = self.depth(item.slot, item.task, item.short)
-            if depth <= QUEUE_DEPTH or len(self.queues.get(item.slot) or ()) * 2 < depth:
+            if not depth or len(self.queues.get(item.slot) or ()) * 2 < depth:
                 return 0.0
         return self._ready[0].at + HOLD_S - time.monotonic()
 
