@@ -50,8 +50,9 @@ HOLD_S = 0.01
 HOLD_RESULTS = 64
 #: A slot queues only behind tasks that ran for less than this (seconds): a round trip
 #: is then a large part of each task, and the queue can delay the end of a map by at
-#: most QUEUE_DEPTH such tasks (a longer task gains little from a queue and would make
-#: the last tasks of a map wait behind each other while another slot is idle).
+#: most QUEUE_DEPTH such tasks, or about QUEUE_WORK_S of shorter ones (a longer task
+#: gains little from a queue and would make the last tasks of a map wait behind each
+#: other while another slot is idle).
 QUEUE_TASK_S = 0.1
 #: A result whose payload is bigger goes alone (the one-at-a-time path): a batch is
 #: built in memory, and a big payload costs its copy, not a request.
