@@ -10,6 +10,10 @@ of its duration.
 
     .venv/bin/python benchmarks/critical_path.py [--calls 300]
     .venv/bin/python benchmarks/critical_path.py --result-bytes 4194304 --calls 20
+    .venv/bin/python benchmarks/critical_path.py --idle 3 --calls 20
+
+``--idle S``: each timed call follows S seconds of idle (the after-idle row of
+``run.py``), hop by hop.
 
 ``--result-bytes N``: the function returns a float32 NumPy array of N bytes instead of
 its argument, and the table lists every mark the calls share, in the order they came
@@ -191,6 +195,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=300, help="timed calls (default 300)")
     ap.add_argument("--warmup", type=int, default=30, help="untimed calls first (default 30)")
+    ap.add_argument("--idle", type=float, default=0.0, metavar="S",
+                    help="sleep S seconds before each timed call: where the first call "
+                    "after an idle spell spends its time (e.g. --idle 3 --calls 20)")
     ap.add_argument("--result-bytes", type=int, default=None, metavar="N",
                     help="time a call returning an N-byte float32 array instead of a no-op")
     ap.add_argument("--cpu-per-task", type=int, nargs="?", const=1000, default=None,
@@ -230,6 +237,8 @@ def main() -> int:
             system.call(noop, i) if n is None else system.call(ones_bytes, n)
         trace.write_text("")
         for i in range(opts.calls):
+            if opts.idle:
+                time.sleep(opts.idle)
             t0 = time.perf_counter()
             if n is None:
                 ok = system.call(noop, i) == i

@@ -320,6 +320,16 @@ def shared_mesh(tmp_path_factory):
 
 
 @pytest.fixture
+def cheap_kdf(monkeypatch):
+    """In-process coordinators (``create_app`` here) hash their tokens with a small scrypt
+    cost: the same checks, without ~0.3 s of hashing per token per test on a shared
+    machine. Processes the suite starts keep the real cost, and tests/security/test_auth.py
+    checks the real parameters."""
+    from gpumesh.coordinator import auth
+    monkeypatch.setattr(auth, "KDF_N", 2**8)
+
+
+@pytest.fixture
 def start_empty_coordinator(make_mesh):
     """For shared/cases c24: a coordinator with no workers at all -> (url, token)."""
     def start():

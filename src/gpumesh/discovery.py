@@ -350,9 +350,8 @@ class Browser:
             self.zc.close()
 
 
-def browse(timeout: float = 3.0, on_update=None) -> list[dict]:
-    """Everything found within ``timeout`` seconds. ``on_update(entries)`` is called as
-    results come in. Raises :class:`DiscoveryUnavailable`."""
+def browse(timeout: float = 3.0) -> list[dict]:
+    """Everything found within ``timeout`` seconds. Raises :class:`DiscoveryUnavailable`."""
     b = Browser()
     try:
         deadline = time.monotonic() + timeout
@@ -361,8 +360,6 @@ def browse(timeout: float = 3.0, on_update=None) -> list[dict]:
             if left <= 0:
                 break
             b.poll(min(left, 0.25))
-            if on_update is not None:
-                on_update(b.snapshot())
         return b.snapshot()
     finally:
         b.close()

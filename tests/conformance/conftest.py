@@ -5,6 +5,8 @@ Ray instance (``ray start --head --block``, two CPUs, reached through Ray Client
 
 The Dask and Ray variants are marked ``dask`` / ``ray`` and skipped, with the reason,
 when the engine is not installed (``pip install -e '.[dask,ray]'``, or ``make test-engines``).
+The native variant is marked ``native``, so a run that has just tested it (CI's
+``make test-engines NATIVE=0`` after ``make test``) can leave it out with ``-m "not native"``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import pytest
 from tests.conftest import Mesh, free_port
 
 BACKENDS = [
-    "native",
+    pytest.param("native", marks=pytest.mark.native),
     pytest.param("dask", marks=[pytest.mark.dask, pytest.mark.skipif(
         importlib.util.find_spec("distributed") is None,
         reason="dask.distributed is not installed (pip install -e '.[dask]')")]),

@@ -218,7 +218,7 @@ def test_cancel_of_a_job_that_already_ended_says_so(make_mesh, tmp_path):
 def test_a_job_id_that_is_not_one_is_refused_before_any_request(shared_mesh, bad):
     for command in (["cancel", bad], ["status", bad], ["retry", bad], ["logs", bad]):
         r = run(command, env_for(shared_mesh))
-        assert r.exit_code == 1, (command, r.output)
+        assert r.exit_code == 2, (command, r.output)  # a bad argument: a usage error
         assert "is not a job id" in r.output and "no route" not in r.output, (command, r.output)
 
 

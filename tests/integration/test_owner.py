@@ -96,8 +96,8 @@ def test_paused_worker_gets_no_task_while_another_takes_the_queue(make_mesh, tmp
     assert owner_label(m, idb) is None
     table = cli(m, "workers").stdout
     line_a = next(ln for ln in table.splitlines() if ida[:8] in ln)
-    assert line_a.endswith("[alive] [paused: owner]"), table
-    assert next(ln for ln in table.splitlines() if idb[:8] in ln).endswith("[alive]")
+    assert line_a.endswith("[alive] [paused: owner]  slots: 1 CPU"), table
+    assert next(ln for ln in table.splitlines() if idb[:8] in ln).endswith("[alive]  slots: 1 CPU")
 
     d = tmp_path / "ran"
     d.mkdir()
@@ -397,7 +397,7 @@ def test_the_end_of_the_hours_hands_running_tasks_back(make_mesh, tmp_path, monk
             assert no_loss(view["tasks"][0])
             assert owner_label(m, agent.id) == "outside hours"
             line = next(ln for ln in cli(m, "workers").stdout.splitlines() if agent.id[:8] in ln)
-            assert line.endswith("[alive] [outside hours]")
+            assert "[alive] [outside hours]  slots: " in line
         assert "outside the sharing hours: no new tasks; running ones handed back" in events
     finally:
         agent.stop()

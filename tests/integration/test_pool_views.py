@@ -81,3 +81,20 @@ def test_device_count_is_machines_and_gpu_count_is_gpus(pool):
     for wid in (a, a2, b):  # machines that left count no longer
         leave(wid)
     assert (c.device_count(), c.gpu_count()) == (1, 2)
+
+
+def test_total_score_counts_each_device_of_a_machine_once(pool):
+    # device_count() counts machines; the combined score adds up their devices, not the
+    # workers that share them (it added a host's CPU once per worker started there).
+    c, join, scored, _ = pool
+    a = join("box-a", [RTX])
+    scored(a, {"cuda:0": 3000.0, "cpu": 1.5})
+    a2 = join("box-a", [RTX])  # a second worker on box-a, given the same GPU
+    scored(a2, {"cuda:0": 2990.0, "cpu": 1.25})
+    assert len(c.devices()) == 4  # devices() still lists each worker's
+    assert (c.device_count(), c.gpu_count()) == (1, 1)
+    assert c.total_score() == 3001.5  # box-a's GPU and CPU, once each, at their best
+    b = join("box-b")
+    assert c.total_score() == 3001.5  # box-b pending: nothing yet
+    scored(b, {"cpu": 2.0})
+    assert (c.device_count(), c.gpu_count(), c.total_score()) == (2, 1, 3003.5)

@@ -256,3 +256,21 @@ def test_public_and_tailscale_refuse_what_cannot_work_together(tmp_path, edge_ce
                    "--data-dir", str(tmp_path / "d4"))
     assert r.returncode == 2 and "'300.0.0.1' is not an IP address" in r.stderr
     assert not any((tmp_path / d).exists() for d in ("d1", "d2", "d3", "d4"))
+
+
+def test_a_serve_flag_the_others_make_do_nothing_is_a_usage_error(tmp_path, ts_bin):
+    # Each was accepted and ignored: --slots with no self-worker to give them, --host with
+    # --tailscale (which binds the tailnet address instead).
+    env = dict(os.environ, HOME=str(tmp_path), GPUMESH_TOKEN="t" * 32,
+               PATH=f"{ts_bin}{os.pathsep}{os.environ['PATH']}", FAKE_TS="up")
+    r = serve_once(env, "--slots", "4", "--data-dir", str(tmp_path / "d1"))  # (--no-self-worker)
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("Error: --slots sets how many tasks the self-worker runs, and "
+                                "--no-self-worker starts none: drop one (a worker joined with "
+                                "`gpumesh join` takes --cpu-slots)")
+    r = serve_once(env, "--tailscale", "--host", "192.0.2.10", "--data-dir", str(tmp_path / "d2"))
+    assert r.returncode == 2
+    assert r.stderr.strip() == (f"Error: --tailscale binds to this machine's tailnet address "
+                                f"{TAILNET_IP}, not 192.0.2.10 (from --host or $GPUMESH_HOST): "
+                                "drop one of them")
+    assert not any((tmp_path / d).exists() for d in ("d1", "d2"))

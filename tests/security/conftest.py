@@ -17,9 +17,10 @@ APP_MAIN = "main-token-0123456789abcdefghij"
 
 
 @pytest.fixture
-def app_factory(tmp_path):
+def app_factory(tmp_path, cheap_kdf):
     """``make(client=(host, port), **create_app_kwargs)``: a coordinator app with its own
-    store, answered in process by Starlette's TestClient as if ``client`` had connected."""
+    store, answered in process by Starlette's TestClient as if ``client`` had connected
+    (its token KDF cheap: ../conftest.py's ``cheap_kdf``)."""
     from gpumesh.coordinator.app import create_app
     from gpumesh.coordinator.core import Coordinator
     from gpumesh.coordinator.store import Store

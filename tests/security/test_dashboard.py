@@ -26,7 +26,7 @@ API_ROUTES = [("GET", "/ui/api/state"), ("GET", "/ui/api/jobs/aaaa0001"),
 
 
 @pytest.fixture
-def made(tmp_path):
+def made(tmp_path, cheap_kdf):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from starlette.testclient import TestClient

@@ -15,7 +15,7 @@ MAIN = "main-token-0123456789abcdefghij"
 
 
 @pytest.fixture
-def client(tmp_path):
+def client(tmp_path, cheap_kdf):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from starlette.testclient import TestClient

@@ -28,7 +28,7 @@ WORKER = "worker-token-0123456789abcdefgh"
 
 
 @pytest.fixture
-def app(tmp_path):
+def app(tmp_path, cheap_kdf):
     """``(client, store, coordinator)`` of an in-process coordinator with a worker token."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -11,6 +11,11 @@ from gpumesh.coordinator.store import Store
 from ..conftest import FakeClock
 
 
+@pytest.fixture(autouse=True)
+def _cheap_kdf(cheap_kdf):
+    """Every unit test's in-process coordinator hashes tokens cheaply (../conftest.py)."""
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()

@@ -74,12 +74,9 @@ class Api:
 
 
 @pytest.fixture(name="api")
-def api_fixture(tmp_path, monkeypatch):
-    """An :class:`Api` (the test modules bind it as ``api``). The token KDF runs with a
-    small scrypt cost: the same checks, without ~0.3 s of hashing per token per test on a
-    shared machine (tests/security/test_auth.py covers the real cost parameters)."""
-    from gpumesh.coordinator import auth
-    monkeypatch.setattr(auth, "KDF_N", 2**8)
+def api_fixture(tmp_path, cheap_kdf):
+    """An :class:`Api` (the test modules bind it as ``api``), its token KDF cheap
+    (../conftest.py's ``cheap_kdf``)."""
     made = Api(tmp_path)
     yield made
     made.close()

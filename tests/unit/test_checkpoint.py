@@ -42,7 +42,9 @@ def test_the_thread_copies_the_log_into_the_database(tmp_path):
     ck = Checkpointer(path, interval=0.05)
     try:
         deadline = time.monotonic() + 20
-        while path.stat().st_size < 1000 * 4096 and time.monotonic() < deadline:
+        # (the count goes up just after the copy: wait for both)
+        while ((path.stat().st_size < 1000 * 4096 or ck.checkpoints < 1)
+               and time.monotonic() < deadline):
             time.sleep(0.05)
         assert path.stat().st_size >= 1000 * 4096
         assert ck.checkpoints >= 1
@@ -60,3 +62,36 @@ def test_committed_rows_survive_a_reopen(tmp_path):
         assert again.db.execute("SELECT COUNT(*) FROM filler").fetchone()[0] == 1200
     finally:
         again.close()
+
+
+def _wal_header(path) -> bytes:
+    with open(f"{path}-wal", "rb") as f:
+        return f.read(32)  # magic, version, page size, checkpoint sequence, salts, checksums
+
+
+def test_after_a_quiet_spell_the_thread_starts_the_log_over_not_the_next_commit(tmp_path):
+    # The commit that starts the log over fsyncs its new header (even with
+    # synchronous=NORMAL): after a quiet spell the checkpoint thread makes that write,
+    # so a request's commit finds the log started and only appends to it.
+    path = tmp_path / "t.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA wal_autocheckpoint=0")
+    _fill(db, 20)
+    before = _wal_header(path)
+    ck = Checkpointer(path, interval=0.05)
+    try:
+        deadline = time.monotonic() + 20
+        while _wal_header(path) == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        started = _wal_header(path)
+        assert started != before, "the thread started the log over (a new header, new salts)"
+        ck.close()  # (no checkpoint of its own can come between now and the next assert)
+        assert ck.restarts == 1 and ck.checkpoints >= 1
+        _fill(db, 3)  # the next commits, after the quiet spell
+        assert _wal_header(path) == started, "they appended to the log the thread started"
+        assert db.execute("SELECT COUNT(*) FROM filler").fetchone()[0] == 23
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 0  # rewritten as it was
+    finally:
+        ck.close()
+        db.close()

@@ -8,8 +8,10 @@ import logging
 import sys
 
 import pytest
+from click.testing import CliRunner
 
 from gpumesh import logs
+from gpumesh.cli import main
 from gpumesh.client import progress, scripts
 from gpumesh.client.frames import results_to_dataframe
 from gpumesh.worker.scripts import result_line
@@ -210,3 +212,34 @@ def test_status_names_what_the_function_raised():
     errors = [line.strip() for line in task_lines(view) if line.strip().startswith("error:")]
     assert errors == ["error: KeyError: 'missing 2'",
                       "error: the task ran longer than its timeout of 1s"]
+
+
+def test_workers_table_shows_each_workers_slots():
+    from gpumesh.cli.pool import format_workers
+    gpu_box = {"id": "a" * 12, "hostname": "gpu-box", "device": "GPU", "alive": True, "score": 3000.0,
+               "slot_list": [{"id": 0, "kind": "cuda", "gpu": 0}, {"id": 1, "kind": "cuda", "gpu": 1},
+                             {"id": 2, "kind": "cpu"}, {"id": 3, "kind": "cpu"}],
+               "busy_slots": [0, 2]}
+    mac = {"id": "b" * 12, "hostname": "mac", "device": "GPU", "alive": True, "score": 40.0,
+           "slot_list": [{"id": 0, "kind": "mps"}]}
+    laptop = {"id": "c" * 12, "hostname": "laptop", "device": "CPU", "alive": False, "score": 2.0,
+              "slots": 2, "busy_slots": [1]}
+    rows = format_workers([laptop, mac, gpu_box]).splitlines()[3:]
+    assert rows == [
+        "  GPU  aaaaaaaa    gpu-box           score=3000.000  [alive]  slots: 2 GPU, 2 CPU (2 busy)",
+        "  GPU  bbbbbbbb    mac               score=40.000    [alive]  slots: 1 GPU",
+        "  CPU  cccccccc    laptop            score=2.000     [dead]  slots: 2 CPU",
+    ]
+
+
+def test_submit_with_a_missing_payloads_file_is_a_usage_error_like_a_missing_script(tmp_path):
+    # Both are arguments naming a file that is not there: exit 2 before anything is sent
+    # (the payloads file was read later, an error with exit code 1).
+    script = tmp_path / "job.py"
+    script.write_text("print(1)\n")
+    env = {"GPUMESH_URL": "http://127.0.0.1:9", "GPUMESH_TOKEN": "t" * 32}
+    r = CliRunner().invoke(main, ["submit", str(script), "--payloads", str(tmp_path / "absent.json")], env=env)
+    assert r.exit_code == 2, r.output
+    assert "Invalid value for '--payloads'" in r.output and "absent.json' does not exist" in r.output
+    r = CliRunner().invoke(main, ["submit", str(tmp_path / "absent.py"), "--payloads", str(script)], env=env)
+    assert r.exit_code == 2 and "Invalid value for 'SCRIPT'" in r.output

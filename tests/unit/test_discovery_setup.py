@@ -139,3 +139,15 @@ def test_setup_run_execs_with_the_token_in_the_environment(monkeypatch):
 def test_setup_bad_choice_is_asked_again():
     r = CliRunner().invoke(main, ["setup"], input="admin\ncoordinator\nlocal\n8000\ngenerate\n")
     assert r.exit_code == 0 and "gpumesh serve --port 8000" in r.output
+
+
+def test_setup_bad_url_is_asked_again_not_a_failure():
+    # A URL that is not http(s)://HOST is refused at its own prompt, which asks again
+    # (as the port and choice prompts do); the wizard used to go on to the token question
+    # and then end with exit code 1.
+    r = CliRunner().invoke(main, ["setup"], input="worker\nlan\nftp://x\nhttp://10.0.0.5:8000/\nsaved\n")
+    assert r.exit_code == 0, r.output
+    assert "Error: coordinator URL 'ftp://x' must start with http:// or https://" in r.output
+    assert r.output.count("Coordinator URL (empty: find it on the LAN):") == 2
+    assert r.output.rstrip().endswith("gpumesh join http://10.0.0.5:8000")
+

@@ -77,7 +77,10 @@ def test_an_exception_arrives_as_itself_with_its_traceback_as_cause(m):
     if sys.version_info >= (3, 11):
         (note,) = e.value.__notes__
         assert note.startswith("[gpumesh] raised by ")
-        assert note.endswith(".boom('key') on this machine; remote traceback above")
+        # it ran here (no coordinator): the note says so, not "remote traceback"
+        assert note.endswith(".boom('key') on this machine, in this process (not on a worker); "
+                             "the function's traceback above")
+        assert "remote" not in note
 
 
 def test_a_map_failure_names_its_item_and_stops_the_rest(m):
@@ -96,7 +99,8 @@ def test_a_map_failure_names_its_item_and_stops_the_rest(m):
     if sys.version_info >= (3, 11):
         note = e.value.__notes__[0]
         assert note.startswith("[gpumesh] raised by .map item 1 of 3, ")
-        assert ".half(1), on this machine; remote traceback above" in note
+        assert (".half(1), on this machine, in this process (not on a worker); the function's "
+                "traceback above\n") in note
         assert "the items after it did not run; pass return_exceptions=True" in note
 
 

@@ -310,10 +310,10 @@ def test_config_file_and_flags_over_it(tmp_path):
     assert [w.text for w in policy.hours] == ["mon-fri 19:00-23:30", "sat,sun 00:00-24:00"]
     assert policy.at_window_end == "requeue" and policy.yield_gpu and policy.busy_threshold.mib == 500
     assert (policy.yield_grace_s, policy.max_temp_c, policy.max_power_w) == (60, 80, 250)
-    flags = {"gpus": "none", "cpu_slots": None, "hours": ("22:00-08:00",), "max_temp": "70",
+    flags = {"gpus": "1", "cpu_slots": None, "hours": ("22:00-08:00",), "max_temp": "70",
              "yield_gpu": None, "max_power": None}
     policy, slots = owner_cli.build_policy(flags, settings)
-    assert policy.gpus == () and slots == 3 and [w.text for w in policy.hours] == ["22:00-08:00"]
+    assert policy.gpus == (1,) and slots == 3 and [w.text for w in policy.hours] == ["22:00-08:00"]
     assert policy.max_temp_c == 70 and policy.yield_gpu
     assert owner_cli.build_policy({}, {}) == (Policy(), None)
 
@@ -350,8 +350,35 @@ def test_join_usage_errors_exit_2_naming_the_setting(tmp_path):
                        env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "busy_threshold='lots'" in r.stderr
     r = subprocess.run([sys.executable, "-m", "gpumesh", "join", "http://127.0.0.1:9", "--gpus", "1",
-                        "--busy-threshold", "5%"], env=env, capture_output=True, text=True, timeout=60)
+                        "--yield-gpu", "--busy-threshold", "5%"], env=env, capture_output=True,
+                       text=True, timeout=60)
     assert r.returncode == 2 and "--gpus: this machine has no GPU 1 (it has none)" in r.stderr
+
+
+@pytest.mark.parametrize("flags, file, said", [
+    ({"gpus": "none", "max_temp": "80"}, {}, "--gpus none shares no GPU, so --max-temp has nothing"),
+    ({"yield_gpu": True}, {"gpus": "none"}, 'gpus = "none" (worker.toml) shares no GPU, so --yield-gpu'),
+    ({"gpus": "none", "max_gpu_memory": "8GB"}, {}, "so --max-gpu-memory has nothing to apply to"),
+    ({"at_window_end": "requeue"}, {}, "no hours are set: give --hours too, or drop --at-window-end"),
+    ({"busy_threshold": "10%"}, {}, "--busy-threshold tunes --yield-gpu, which is off"),
+    ({"yield_gpu": False, "yield_grace": "30s"}, {"yield_gpu": True}, "--yield-grace tunes --yield-gpu"),
+])
+def test_a_flag_the_other_settings_make_do_nothing_is_refused(flags, file, said):
+    with pytest.raises(ValueError) as e:
+        owner_cli.build_policy(flags, file)
+    assert said in str(e.value)
+
+
+def test_flags_that_do_apply_and_dormant_file_settings_are_accepted():
+    policy, _ = owner_cli.build_policy({"at_window_end": "requeue"}, {"hours": ["22:00-08:00"]})
+    assert policy.at_window_end == "requeue"
+    policy, _ = owner_cli.build_policy({"yield_gpu": True, "busy_threshold": "20%"}, {})
+    assert policy.yield_gpu and policy.busy_threshold.percent == 20
+    # the file keeps its yield rules while a flag turns yielding off for this run
+    policy, _ = owner_cli.build_policy({"yield_gpu": False}, {"yield_gpu": True, "busy_threshold": "20%"})
+    assert not policy.yield_gpu
+    policy, _ = owner_cli.build_policy({"gpus": "none", "yield_gpu": False}, {"max_temp": 80})
+    assert policy.gpus == () and policy.max_temp_c == 80
 
 
 # ---------------------------------------------------------------- control channel ----

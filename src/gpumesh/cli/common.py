@@ -40,6 +40,20 @@ def endpoint_options(fn):
     return fn
 
 
+def _job_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from ..client.paths import job_path
+    try:
+        job_path(value)
+    except ValueError as e:  # not the shape of a job id: a bad argument, before any request
+        raise click.BadParameter(str(e)) from None
+    return value
+
+
+def job_id_argument(fn):
+    """The ``JOB_ID`` argument; one that cannot be a job id is a usage error (exit 2)."""
+    return click.argument("job_id", callback=_job_id)(fn)
+
+
 def given_url(url: str | None, what: str | None = "--url") -> str | None:
     """The coordinator URL the user gave, checked at the boundary: ``url`` (from the
     command line: the flag ``what``, None for an argument), else ``$GPUMESH_URL``; None

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from .common import endpoint_options, one_line_errors, resolve_endpoint
+from .common import endpoint_options, job_id_argument, one_line_errors, resolve_endpoint
 from .views import color_enabled, counts_dict, counts_line, task_lines
 
 
@@ -46,7 +46,7 @@ def plural(n: int, noun: str) -> str:
 
 
 @click.command()
-@click.argument("job_id")
+@job_id_argument
 @endpoint_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
 @one_line_errors
@@ -77,7 +77,7 @@ def status(job_id, url, token, as_json):
 
 
 @click.command()
-@click.argument("job_id")
+@job_id_argument
 @endpoint_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
 @one_line_errors
@@ -97,7 +97,7 @@ def cancel(job_id, url, token, as_json):
 
 
 @click.command()
-@click.argument("job_id")
+@job_id_argument
 @click.option("--task", "task_id", default=None, help="Only this task's output [default: every task].")
 @endpoint_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")

@@ -173,6 +173,7 @@ def build_policy(flags: dict, file_settings: dict):
         kw["max_temp_c"] = _number(merged["max_temp"], name("max_temp"), 0, 150)
     if "max_power" in merged:
         kw["max_power_w"] = _number(merged["max_power"], name("max_power"), 0, 10000)
+    _refuse_idle_flags(flags, merged, kw)
     slots = None
     if "cpu_slots" in merged:
         v = merged["cpu_slots"]
@@ -180,6 +181,31 @@ def build_policy(flags: dict, file_settings: dict):
             raise ValueError(f"{name('cpu_slots')}={v!r} must be a whole number from 0 to 1024")
         slots = v
     return Policy(**kw), slots
+
+
+#: The rules that act on shared GPUs only.
+GPU_RULES = ("max_gpu_memory", "yield_gpu", "busy_threshold", "yield_grace", "max_temp", "max_power")
+
+
+def _refuse_idle_flags(flags: dict, merged: dict, kw: dict) -> None:
+    """A flag that the other settings make do nothing raises ``ValueError`` (a usage
+    error, as ``serve --slots N --no-self-worker`` is): it would otherwise be accepted and
+    ignored. Only flags: a rule kept in the config file while a flag turns it off for one
+    run is how the file is meant to be used."""
+    given = [k for k, v in flags.items() if v not in (None, ()) and (k != "yield_gpu" or v)]
+    if kw.get("gpus") == ():
+        idle = [k for k in given if k in GPU_RULES]
+        if idle:
+            how = "--gpus none" if flags.get("gpus") not in (None, ()) else "gpus = \"none\" (worker.toml)"
+            raise ValueError(f"{how} shares no GPU, so {SETTINGS[idle[0]]} has nothing to apply "
+                             f"to: drop {SETTINGS[idle[0]]}")
+    if "at_window_end" in given and "hours" not in merged:
+        raise ValueError("--at-window-end says what happens when the --hours window ends, and "
+                         "no hours are set: give --hours too, or drop --at-window-end")
+    for key in ("busy_threshold", "yield_grace"):
+        if key in given and not kw.get("yield_gpu"):
+            raise ValueError(f"{SETTINGS[key]} tunes --yield-gpu, which is off: add --yield-gpu "
+                             f"(or yield_gpu = true in worker.toml), or drop {SETTINGS[key]}")
 
 
 def describe_policy(policy) -> list[str]:

@@ -12,10 +12,22 @@ from .common import endpoint_options, one_line_errors, resolve_endpoint
 RULE = "  " + "-" * 54
 
 
+def slots_text(w: dict) -> str:
+    """``slots: 1 GPU, 2 CPU`` (``(1 busy)`` while an alive worker runs tasks), from the
+    slots the worker registered (``slot_list``: CUDA and MPS slots are GPU slots)."""
+    kinds = [str(s.get("kind", "cpu")) for s in w.get("slot_list") or ()]
+    if not kinds:  # (a description without its list: that many CPU slots)
+        kinds = ["cpu"] * int(w.get("slots") or 0)
+    gpu = sum(k != "cpu" for k in kinds)
+    parts = ([f"{gpu} GPU"] if gpu else []) + ([f"{len(kinds) - gpu} CPU"] if len(kinds) > gpu else [])
+    busy = len(w.get("busy_slots") or ()) if w.get("alive") else 0
+    return "slots: " + (", ".join(parts) or "none") + (f" ({busy} busy)" if busy else "")
+
+
 def format_workers(workers: list[dict]) -> str:
     """The spec's table: kind, short id, host, score, state; one line per worker, then
-    what the owner's rules close (``[paused: owner]``, ``[hot 83C]``...) and ``installs``
-    for a worker joined with --allow-installs."""
+    what the owner's rules close (``[paused: owner]``, ``[hot 83C]``...), its slots
+    (:func:`slots_text`) and ``installs`` for a worker joined with --allow-installs."""
     if not workers:
         return "\n  WORKERS\n" + RULE + "\n  (no workers connected: run `gpumesh join URL --token ...`)"
     lines = ["", "  WORKERS", RULE]
@@ -26,7 +38,7 @@ def format_workers(workers: list[dict]) -> str:
         shown = f"{score:<9.3f}" if score or w.get("scores") else "pending  "  # measured after joining
         owner = "".join(f" [{label}]" for label in labels(w)) if w.get("alive") else ""
         lines.append(f"  {kind:<4} {str(w.get('id', ''))[:8]:<10}  {str(w.get('hostname', '?'))[:16]:<16}  "
-                     f"score={shown} [{state}]{owner}"
+                     f"score={shown} [{state}]{owner}  {slots_text(w)}"
                      + ("  installs" if w.get("allow_installs") else ""))
     return "\n".join(lines)
 

@@ -241,9 +241,12 @@ def plan(host: str, tailscale: bool, public: bool, trusted_proxy) -> tuple[tuple
     try:
         if tailscale:
             net = tailnet()
-            if host not in ("127.0.0.1", "0.0.0.0", "::", net.ip):
-                click.echo(f"[gpumesh] --tailscale binds to the tailnet address {net.ip}, "
-                           f"not --host {host}")
+            # The default (loopback) and "every address" (the spec's own --host 0.0.0.0
+            # --tailscale) both mean "bind where tailscale says"; any other address would
+            # be ignored, so it is a usage error rather than a note the user may miss.
+            if host not in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::", net.ip):
+                fail(f"--tailscale binds to this machine's tailnet address {net.ip}, not {host} "
+                     "(from --host or $GPUMESH_HOST): drop one of them", code=2)
         if public:
             check_ngrok()
             trusted += parse_networks(tunnel_sources(host))

@@ -170,7 +170,10 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
     from ..coordinator.server import BindError, Server, bind
     from . import reach
 
-    _check_flags(tls, tls_cert, tls_key, public, tailscale)
+    given = click.get_current_context().get_parameter_source("slots")
+    _check_flags(tls, tls_cert, tls_key, public, tailscale,
+                 slots_given=given is not click.core.ParameterSource.DEFAULT,
+                 self_worker=not no_self_worker)
     host = host or limits.setting("GPUMESH_HOST")
     token = token or os.environ.get("GPUMESH_TOKEN")
     worker_token = worker_token or os.environ.get("GPUMESH_WORKER_TOKEN") or None
@@ -290,9 +293,14 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
     click.echo("[gpumesh] coordinator stopped")
 
 
-def _check_flags(tls: bool, tls_cert, tls_key, public: bool, tailscale: bool) -> None:
-    """Flags that do not go together: a usage error (one line naming them, exit 2),
-    before any other check and before anything is written."""
+def _check_flags(tls: bool, tls_cert, tls_key, public: bool, tailscale: bool, *,
+                 slots_given: bool, self_worker: bool) -> None:
+    """Flags that do not go together, or one that the others would make do nothing: a
+    usage error (one line naming them, exit 2), before any other check and before
+    anything is written."""
+    if slots_given and not self_worker:
+        fail("--slots sets how many tasks the self-worker runs, and --no-self-worker starts "
+             "none: drop one (a worker joined with `gpumesh join` takes --cpu-slots)", code=2)
     if (tls_cert is None) != (tls_key is None):
         given, missing = ("--tls-cert", "--tls-key") if tls_key is None else ("--tls-key", "--tls-cert")
         fail(f"{given} needs {missing} too: --tls-cert FILE --tls-key FILE serve HTTPS with "

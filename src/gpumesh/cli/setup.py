@@ -52,7 +52,7 @@ class Plan:
 
 
 def serve_plan(network: str, port: int = DEFAULT_PORT, token: str | None = None,
-               generated: bool = False, self_worker: bool = True) -> Plan:
+               generated: bool = False) -> Plan:
     """The ``gpumesh serve`` command for a coordinator."""
     if network not in NETWORKS:
         raise ValueError(f"network must be one of {NETWORKS}")
@@ -64,14 +64,12 @@ def serve_plan(network: str, port: int = DEFAULT_PORT, token: str | None = None,
                      "`gpumesh radar` shows it). Anyone with the token can run code here.")
     else:
         notes.append("Only this machine can use the coordinator (bound to 127.0.0.1).")
-    if not self_worker:
-        argv.append("--no-self-worker")
     env = {"GPUMESH_TOKEN": token} if token else {}
     return Plan(argv, env, notes, show_token=generated)
 
 
 def join_plan(network: str, url: str | None = None, port: int = DEFAULT_PORT,
-              token: str | None = None, slots: int = 1) -> Plan:
+              token: str | None = None) -> Plan:
     """The ``gpumesh join`` command for a worker."""
     if network not in NETWORKS:
         raise ValueError(f"network must be one of {NETWORKS}")
@@ -84,12 +82,19 @@ def join_plan(network: str, url: str | None = None, port: int = DEFAULT_PORT,
     else:
         notes.append("No URL: `gpumesh join` looks for the coordinator on the LAN and joins it "
                      "if exactly one is found.")
-    if slots != 1:
-        argv += ["--cpu-slots", str(slots)]
     env = {"GPUMESH_TOKEN": token} if token else {}
     if not token:
         notes.append("Token: taken from $GPUMESH_TOKEN or the saved config.")
     return Plan(argv, env, notes)
+
+
+def _url_or_none(text: str) -> str | None:
+    if not text.strip():
+        return None  # find it on the LAN
+    try:
+        return config.normalise_url(text)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None  # click says so and prompts again
 
 
 class Prompts:
@@ -101,8 +106,11 @@ class Prompts:
     def number(self, question: str, default: int) -> int:
         return click.prompt(question, type=click.IntRange(1, 65535), default=default)
 
-    def text(self, question: str, default: str = "") -> str:
-        return click.prompt(question, default=default, show_default=bool(default))
+    def url(self, question: str) -> str | None:
+        """A coordinator URL, normalised; None for an empty answer. One that is not
+        ``http(s)://HOST[:PORT]`` is refused at the prompt, which asks again (as it does
+        for a port out of range), rather than ending the wizard after the next question."""
+        return click.prompt(question, default="", show_default=False, value_proc=_url_or_none)
 
     def secret(self, question: str) -> str:
         return click.prompt(question, hide_input=True)
@@ -138,7 +146,7 @@ def wizard(prompts: Prompts) -> Plan:
     url = None
     port = DEFAULT_PORT
     if network == "lan":
-        url = prompts.text("Coordinator URL (empty: find it on the LAN)", "").strip() or None
+        url = prompts.url("Coordinator URL (empty: find it on the LAN)")
     else:
         port = prompts.number("Coordinator port", DEFAULT_PORT)
     token, _ = ask_token(prompts, allow_generate=False)
@@ -157,11 +165,7 @@ def run_plan(plan: Plan) -> None:
               help="Run the resulting command right away [default: only print it].")
 def setup(run_it):
     """Answer a few questions (role, network, token); get the exact command to run."""
-    try:
-        plan = wizard(Prompts())
-    except ValueError as e:
-        from .common import fail
-        fail(str(e))
+    plan = wizard(Prompts())  # (each answer is checked at its prompt, which asks again)
     click.echo("")
     for line in plan.lines():
         click.echo(line)

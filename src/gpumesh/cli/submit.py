@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from .common import endpoint_options, fail, one_line_errors, resolve_endpoint
+from .common import endpoint_options, fail, job_id_argument, one_line_errors, resolve_endpoint
 from .views import color_enabled, counts_dict, task_lines
 
 
@@ -21,7 +21,7 @@ def _mesh(url, token):
 
 @click.command()
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
-@click.option("--payloads", "payloads_file", required=True, type=click.Path(dir_okay=False),
+@click.option("--payloads", "payloads_file", required=True, type=click.Path(exists=True, dir_okay=False),
               help="JSON file: an array with one payload per task, or one JSON value per line "
                    "(a file holding a single JSON object is one value, not a list: write [{...}]).")
 @click.option("--name", default=None, help="Job name [default: the SCRIPT path as given].")
@@ -94,7 +94,7 @@ def _wait(mesh, job_id: str, total: int, quiet: bool) -> None:
 
 
 @click.command()
-@click.argument("job_id")
+@job_id_argument
 @endpoint_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
 @one_line_errors

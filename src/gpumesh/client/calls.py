@@ -236,14 +236,16 @@ def with_source(tb: str) -> str:
 
 
 def outcome_value(outcome: tuple, index: int, where: str, call: Call | None = None,
-                  n: int = 1, hint: str = "", name: str | None = None) -> Any:
+                  n: int = 1, hint: str = "", name: str | None = None, *,
+                  local: bool = False) -> Any:
     """What a task wrapper returned (``("ok", value)``, ``("raised", exc or None, type
     name, message, traceback text)``, ``("exit", code)`` or ``("timeout", seconds)``: see
     :data:`gpumesh.client.taskwrap.run_task`) -> the value, or raise what the task
     raised: the function's own exception, else the class the failure-kind table
     (:data:`gpumesh.protocol.FAILURE_EXCEPTIONS`) names, as a coordinator result would
     give. Its text names the ``.map`` item of ``n``, the call of function ``name`` with
-    its arguments ``call`` and ``where`` it ran, then ``hint``."""
+    its arguments ``call`` and ``where`` it ran, then ``hint``; ``local``: it ran in this
+    process (the inline backend), which the note says instead of a remote traceback."""
     kind = outcome[0]
     if kind == "ok":
         return outcome[1]
@@ -257,8 +259,11 @@ def outcome_value(outcome: tuple, index: int, where: str, call: Call | None = No
         if isinstance(exc, BaseException):
             exc.__cause__ = cause
             if sys.version_info >= (3, 11):
-                exc.add_note(f"[gpumesh] raised by {place}; remote traceback above"
-                             + (f"\n[gpumesh] {hint}" if hint else ""))
+                # The cause is a RemoteTraceback either way (one type to catch), but a
+                # local run's note must not send the reader looking for a worker.
+                said = (f"{place}, in this process (not on a worker); the function's "
+                        "traceback above" if local else f"{place}; remote traceback above")
+                exc.add_note(f"[gpumesh] raised by {said}" + (f"\n[gpumesh] {hint}" if hint else ""))
             raise exc
         err = failure_exception(FailureKind.RAISED, f"{message} ({place})" + (f"; {hint}" if hint else ""),
                                 remote_type=type_name, remote_message=message, traceback=tb,

@@ -38,6 +38,20 @@ _MISSING = object()
 _UNPROBED = object()
 
 
+def _machines_devices(devices: list[dict]) -> list[dict]:
+    """The pool's physical devices among ``devices`` (as :meth:`GPUMesh.devices` lists
+    them, one per worker): one per (host, kind, index, model), the best measured of the
+    workers that share it."""
+    best: dict[tuple, dict] = {}
+    for d in devices:
+        key = (d["hostname"] or d["worker"], d["kind"], d["index"], d["name"])
+        seen = best.get(key)
+        if seen is None or (d["score"] is not None
+                            and (seen["score"] is None or d["score"] > seen["score"])):
+            best[key] = d
+    return list(best.values())
+
+
 class GPUMesh:
     """A connection to a gpumesh coordinator.
 
@@ -233,6 +247,11 @@ class GPUMesh:
         (``{"state", "label"}`` while its owner's rules close it, else None)."""
         return hardware.pool_devices(self.workers())
 
+    # The pool's size counts hardware, not workers (the spec: device_count is "alive
+    # machines"): two workers started on one host share its CPU, and may both be given
+    # its GPU, so device_count, gpu_count and total_score count such a device once.
+    # devices() still lists each worker's, with its slots and busy count.
+
     def device_count(self) -> int:
         """How many machines contribute compute: alive workers counted once per host
         (a PC with a GPU and a CPU is one; two workers started on one host are one)."""
@@ -240,15 +259,16 @@ class GPUMesh:
                     if w.get("alive", True)})
 
     def gpu_count(self) -> int:
-        """How many GPUs (CUDA and MPS) the alive workers contribute; a GPU that two
+        """How many GPUs (CUDA and MPS) the alive machines contribute; a GPU that two
         workers of one host both offer counts once."""
-        return len({(d["hostname"] or d["worker"], d["kind"], d["index"], d["name"])
-                    for d in self.devices() if d["kind"] != "cpu"})
+        return sum(1 for d in _machines_devices(self.devices()) if d["kind"] != "cpu")
 
     def total_score(self) -> float:
-        """The sum of the alive devices' measured benchmark scores, as a float; devices
-        still pending (score None) add nothing, and an empty pool gives 0.0."""
-        return float(round(sum(float(d["score"]) for d in self.devices()
+        """The combined benchmark score of the alive machines' devices, as a float: each
+        device once (a host's CPU that two of its workers measured counts once, at its
+        best score); devices still pending (score None) add nothing, and an empty pool
+        gives 0.0."""
+        return float(round(sum(float(d["score"]) for d in _machines_devices(self.devices())
                                if d["score"] is not None), 3))
 
     def auto_device(self) -> dict | None:

@@ -406,9 +406,9 @@ class Janitor:
             self._sending += bool(batch)
             return batch
 
-    def _send(self, batch: list[tuple[str, int]], timeout: float, retry: bool = True) -> bool:
+    def _send(self, batch: list[tuple[str, int]], timeout: float) -> bool:
         """One release request for ``batch``; True when the coordinator answered. A failed
-        batch is queued again (``retry``) while its jobs have sends left."""
+        batch is queued again while its jobs have sends left."""
         ok = True
         try:
             if batch:
@@ -418,7 +418,7 @@ class Janitor:
             ok = False
             log.debug("release of %d job(s) failed: %s", len(batch), e)
         with self._cv:
-            if not ok and retry:
+            if not ok:
                 self._pending.extend((job, n + 1) for job, n in batch if n + 1 < RELEASE_ATTEMPTS)
             self._sending -= bool(batch)
             self._cv.notify_all()

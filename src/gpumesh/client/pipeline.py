@@ -175,8 +175,9 @@ class Backend(abc.ABC):
         when the calls were stored nowhere and may run here."""
 
 
-def decode(outcome: tuple, index: int, job: Job, where: str, hint: str) -> Any:
-    """An outcome -> its value, or raise the exception that stands for it."""
+def decode(outcome: tuple, index: int, job: Job, where: str, hint: str, local: bool = False) -> Any:
+    """An outcome -> its value, or raise the exception that stands for it (``local``: it
+    ran in this process)."""
     kind = outcome[0]
     if kind == "result":
         _, item, payload, strict = outcome
@@ -184,7 +185,8 @@ def decode(outcome: tuple, index: int, job: Job, where: str, hint: str) -> Any:
                                     hint=hint, name=job.qualname)
     if kind == "error":
         raise outcome[1]
-    return _calls.outcome_value(outcome, index, where, job.calls[index], job.n, hint, job.qualname)
+    return _calls.outcome_value(outcome, index, where, job.calls[index], job.n, hint, job.qualname,
+                                local=local)
 
 
 def route(mesh: Any, job: Job) -> Backend:
@@ -241,7 +243,7 @@ def run(mesh: Any, job: Job, handle: dict | None = None,
         failed = cancelled = got = 0
         for index, outcome in runner:
             try:
-                value = decode(outcome, index, job, backend.where, hint)
+                value = decode(outcome, index, job, backend.where, hint, backend is INLINE)
             except Exception as e:  # noqa: BLE001 - what the task raised
                 if not job.return_exceptions:
                     raise

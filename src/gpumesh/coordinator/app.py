@@ -64,12 +64,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
+from starlette.types import Receive, Scope, Send
 
 from ..limits import HANDOFF_TTL_S, PURGE_INTERVAL_S, RETENTION_S, SWEEP_INTERVAL_S
 from . import dist, people
@@ -119,7 +121,8 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         auth.people = people.People(coord.store, on_change=caps_changed)
     caps_changed(auth.people)
 
-    routes = [Route(ep.path, endpoint(ep), methods=list(ep.methods)) for ep in ordered()]
+    eps = ordered()
+    routes = [Route(ep.path, endpoint(ep), methods=list(ep.methods)) for ep in eps]
     from . import metrics, ui  # leaves: GET /metrics, the dashboard at /ui
     routes.append(metrics.route(coord, auth, metrics_token))
     routes.extend(ui.routes(coord, auth))
@@ -133,12 +136,48 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
         finally:
             task.cancel()
 
-    app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={CoordinatorError: _refused, AuthRefused: _auth_refused,
-                                        404: not_found, 405: bad_method})
+    app = _App(routes=routes, lifespan=lifespan,
+               exception_handlers={CoordinatorError: _refused, AuthRefused: _auth_refused,
+                                   404: not_found, 405: bad_method})
+    app.hot = [(r, r.endpoint) for r, ep in zip(routes, eps) if ep.hot]
     app.state.gpumesh = Context(coord, auth, auth.people, safe_mode,
                                 dist.WheelCache(coord.store.dir / "dist"))
     return app
+
+
+class _App(Starlette):
+    """Starlette, with a short way in for the hot routes (a request or two per task).
+
+    A request whose method and path a hot route matches fully goes straight to that
+    route's function (:func:`.routes.endpoint`: the same version, token and role checks,
+    the same handler and clean-up), and its refusals to the same handlers as above.
+    What it skips is Starlette's per-request machinery around them: two middlewares,
+    the router's scan of every route, and three wrappers around each ``send``, which
+    on this path add nothing (the route catches every other exception itself). Every
+    other request, and one a hot route matches only by path (a 405), takes the whole
+    stack as before."""
+
+    hot: list[tuple[Route, Callable[[Request], Awaitable[Response]]]] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            for route, run in self.hot:
+                match, child = route.matches(scope)
+                if match is Match.FULL:
+                    scope["app"] = self
+                    scope.update(child)
+                    request = Request(scope, receive, send)
+                    try:
+                        response = await run(request)
+                    except CoordinatorError as e:
+                        response = await _refused(request, e)
+                    except AuthRefused as e:
+                        response = await _auth_refused(request, e)
+                    await response(scope, receive, send)
+                    return
+                if match is not Match.NONE:
+                    break
+        await super().__call__(scope, receive, send)
 
 
 async def _sweeper(coord: Coordinator) -> None:

@@ -14,6 +14,19 @@ Durability is unchanged: a commit is in the log (and, with ``synchronous=FULL``,
 before it returns, whoever checkpoints it later. The log is bounded: the coordinator holds
 no long read transaction, so each checkpoint copies all of it and the next writer starts
 the log over; ``journal_size_limit`` truncates a log a burst grew.
+
+**Starting the log over is this thread's work too.** The first commit after a checkpoint
+that copied the whole log writes a new log header and fsyncs it (SQLite does so even
+with ``synchronous=NORMAL``: an out-of-order write after a restart could corrupt the
+database). After a quiet spell that fsync fell on the first request's commit, on the
+event loop: milliseconds on the first call after a pause (docs/performance.md, "Ninth
+session"). So once the database has been quiet for a whole interval after a checkpoint
+that copied everything, the thread makes that first write itself: it rewrites the
+database's ``user_version`` with the value it has (a one-page transaction that changes
+nothing). The next request's commit then appends
+to a log already started. It does this once per quiet spell; a request that comes while
+the header is being synced waits for SQLite's write lock (``busy_timeout``), which only
+a request in that millisecond or so after a second of quiet can meet.
 """
 
 from __future__ import annotations
@@ -40,18 +53,34 @@ class Checkpointer:
     def __init__(self, path: Path | str, interval: float = CHECKPOINT_S) -> None:
         self.interval = interval
         self.checkpoints = 0  # passive checkpoints that ran (for tests and diagnostics)
+        self.restarts = 0  # logs this thread started over after a quiet spell (see above)
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA busy_timeout=5000")
+        # It may be this connection that starts the log over, and so truncates it.
+        self._db.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT}")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="wal-checkpoint", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         failing = False
+        seen = None  # the database's data_version at the last checkpoint
+        copied = False  # that checkpoint copied the whole log: its next writer restarts it
+        restarted = False  # this thread has started the log over since that checkpoint
         while not self._stop.wait(self.interval):
             try:
-                self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                self.checkpoints += 1
+                # data_version changes when another connection commits (not this one).
+                version = self._db.execute("PRAGMA data_version").fetchone()[0]
+                if version != seen or not copied:
+                    busy, log_frames, done = self._db.execute(
+                        "PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                    seen, copied, restarted = version, busy == 0 and done == log_frames, False
+                    self.checkpoints += 1
+                elif not restarted:  # quiet for an interval, the whole log copied
+                    value = self._db.execute("PRAGMA user_version").fetchone()[0]
+                    self._db.execute(f"PRAGMA user_version={int(value)}")
+                    restarted = True
+                    self.restarts += 1
                 failing = False
             except sqlite3.Error as e:  # (a full disk...) the next round tries again
                 if not failing:

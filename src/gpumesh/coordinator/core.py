@@ -184,8 +184,11 @@ class Coordinator(Journalled):
         n = len(w.leases)
         self._requeue(list(w.leases), reason=reason)
         log.info("worker %s gone (%s); %d task(s) re-queued", wid, reason, n)
-        if not self.alive_workers():
-            for job in self.jobs.values():  # callers waiting on results should hear of it now
+        # A caller waiting on a job that no alive worker can run any more (the pool is
+        # empty, or the only GPU box went while CPU workers stay) hears of it now: its
+        # no-worker wait is bounded from this moment, not from the end of its long-poll.
+        for job in self.jobs.values():
+            if job.waiters and self.able_workers(job) == 0:
                 job.notify()
         return n
 

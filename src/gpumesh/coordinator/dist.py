@@ -116,12 +116,13 @@ def _metadata_files(dist: metadata.Distribution, version: str) -> list[tuple[str
     return sorted(out.items())
 
 
-def build_wheel(out_dir: Path, version: str = __version__) -> Path:
+def build_wheel(out_dir: Path) -> Path:
     """Write the wheel of the running gpumesh into ``out_dir``; returns its path.
 
     Raises :class:`DistUnavailable` if no installed distribution describes this code,
     ``OSError`` if ``out_dir`` cannot be written.
     """
+    version = __version__  # (the code inside is this version: the wheel must say so)
     import gpumesh
     try:
         dist = metadata.distribution(DIST_NAME)

@@ -109,10 +109,11 @@ class OwnerRules:
                 log.warning("owner rules check failed: %s", e)  # the heartbeat carries it too
                 self.stopping.wait(OWNER_TICK_S)
 
-    def _owner_tick(self, readings=None) -> None:
+    def _owner_tick(self) -> None:
         """Apply the owner's rules now: hand back what must go; a change is announced and
         marked for the owner thread to report."""
-        if readings is None and self.owner.policy.watches_gpus:
+        readings = None
+        if self.owner.policy.watches_gpus:
             me = os.getpid()
             readings = self._owner_gpus.readings(lambda pid: descends_from(pid, me))
         with self._owner_lock:

@@ -590,14 +590,34 @@ def _run_child(fn, sock: socket.socket, msg: dict, fds: list[int]) -> None:
 def _reap(ctrl: socket.socket, children: set[int]) -> None:
     """Reap exited children; tell the agent of each task process (an idle spare's too)
     that did not exit cleanly: ``{"op": "exited", "pid", "code"}``. A clean exit follows
-    a delivered result, or a spare the agent let go."""
+    a delivered result, or a spare the agent let go.
+
+    Whatever a task process started and left running dies with it: its process group is
+    killed as it is reaped (a finished task's, and a kept ``isolation="job"`` process's
+    once the agent closes it), as a timeout or cancel kills it. It is killed before the
+    reap where ``os.waitid`` can look without reaping: until then the exited process
+    keeps its pid, so no new process can have taken its group's id."""
     while children:
+        status = None
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            if hasattr(os, "waitid"):
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                pid = info.si_pid if info is not None else 0
+            else:  # (macOS) reaped first: a window of microseconds for the pid to be reused
+                pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        try:
+            os.killpg(pid, signal.SIGKILL)  # its own group (setsid); none if it died before
+        except OSError:
+            pass
+        if status is None:
+            try:
+                _, status = os.waitpid(pid, 0)  # (exited: does not block)
+            except ChildProcessError:
+                return
         children.discard(pid)
         code = os.waitstatus_to_exitcode(status)
         if code == 0:

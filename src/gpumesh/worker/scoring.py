@@ -46,11 +46,10 @@ class Scorer:
     """Runs the benchmark process for ``gpus`` (NVML indices) and ``mps`` once, in a
     background thread; ``on_scores`` receives ``{device key: {"score", ...}}``."""
 
-    def __init__(self, gpus: list[int], mps: bool, on_scores: Callable[[dict], None],
-                 stopping: threading.Event | None = None):
+    def __init__(self, gpus: list[int], mps: bool, on_scores: Callable[[dict], None]):
         self.gpus, self.mps = list(gpus), mps
         self.on_scores = on_scores
-        self.stopping = stopping or threading.Event()
+        self.stopping = threading.Event()  # (the agent gives it its own before start())
         self._lock = threading.Condition()
         self._running_tasks = 0
         self._proc: subprocess.Popen | None = None

@@ -89,16 +89,12 @@ class _Child:
 
 
 class SpawnExecutor(Executor):
-    """The :class:`Executor` interface over spawned processes (see the module docstring).
-    ``running``: share another executor's table of running tasks (so that its
-    :meth:`cancel` reaches tasks run here)."""
+    """The :class:`Executor` interface over spawned processes (see the module docstring)."""
 
     runtime = "spawn"
 
-    def __init__(self, spool=None, running: dict | None = None) -> None:
+    def __init__(self, spool=None) -> None:
         super().__init__(spool)
-        if running is not None:
-            self._running = running
         self._listener: socket.socket | None = None
         self._connecting: dict[bytes, _Child] = {}
         self._spares: dict[str | None, list[_Child]] = {}  # None: not told a function yet

@@ -25,7 +25,7 @@ from .base import (ctx, not_yours, owned, path_id, query_float, route, until_dis
                    who_of)
 
 
-@route(protocol.JOBS, ["POST"], action="submit jobs")
+@route(protocol.JOBS, ["POST"], action="submit jobs", hot=True)
 async def submit(request: Request) -> Response:
     tracing.mark("coordinator.submit")
     c = ctx(request)
