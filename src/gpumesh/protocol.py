@@ -259,6 +259,9 @@ def dist_file(name: str) -> str:
 #: ``result_batch``: POST TASKS_RESULTS takes several results at once and answers with
 #: up to ``n`` grants per slot (a slot's queue, see :class:`ResultBatch`).
 FEATURE_RESULT_BATCH = "result_batch"
+#: Most grants one result batch may ask for per slot (its ``next``): a coordinator
+#: refuses more (400), and a worker asks for no more, however deep its slot's queue.
+MAX_QUEUED_GRANTS = 16
 
 
 # ------------------------------------------------------------------ codes --------

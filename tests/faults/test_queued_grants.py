@@ -113,3 +113,90 @@ def test_a_pause_hands_the_queued_grants_back_and_none_runs_until_resume(fault_m
         assert out == [[i * 3 for i in range(300)]]
         assert sorted(i for i, _pid in _runs(marks)) == list(range(300)), "each ran exactly once"
         assert c.status(job["id"])["counts"] == {"done": 300}
+
+
+def _gated(c, marks: str, gate: str, started: str, gated: int):
+    """A no-op job-mode task (a deep queue) whose item ``gated`` says which worker runs it
+    and then waits for the file ``gate``."""
+    @accelerate(c, isolation="job")
+    def work(i):
+        import os as _os
+        import time as _t
+        role = _os.environ.get("QG_ROLE", "-")
+        if i == gated:
+            with open(started, "a") as fh:
+                fh.write(f"{role} {_os.getpid()}\n")
+            while not _os.path.exists(gate):
+                _t.sleep(0.01)
+        with open(marks, "a") as fh:
+            fh.write(f"{i} {role}\n")
+        return i * 3
+    return work
+
+
+def test_a_worker_killed_mid_batch_with_its_results_in_loses_no_task_and_runs_none_twice(
+        fault_mesh, tmp_path):
+    m = fault_mesh(workers=0)
+    procs = dict([("a", _join(m, "a")), ("b", _join(m, "b"))])
+    marks, gate, started = tmp_path / "runs.txt", tmp_path / "gate", tmp_path / "started"
+    out: list = []
+    with closing(m.client(output=False)) as c:
+        fn = _gated(c, str(marks), str(gate), str(started), 150)
+        th = threading.Thread(target=lambda: out.append(fn.map(range(300))), daemon=True)
+        th.start()
+        wait_for(lambda: started.exists() and started.read_text().strip(), 60, "the gated task")
+        role, task_pid = started.read_text().split()[:2]
+        other = "b" if role == "a" else "a"
+        (proc, wid), other_wid = procs[role], procs[other][1]
+
+        def settled():
+            # the other worker ran everything it could; every run that ended is stored
+            # (none is held back in a batch), and the gated task's worker holds a queue
+            counts = c.status(c.jobs()[0]["id"])["counts"]
+            return (counts.get("pending", 0) == 0 and _running(m, other_wid) == 0
+                    and counts.get("done", 0) == len(_runs(marks)) and _running(m, wid) > 1)
+        wait_for(settled, 60, "the other worker done and the gated one holding a queue")
+        # Mid-batch, the whole machine gone: the agent's process group, and its running
+        # task, which leads a session of its own (an orphan would run on to the gate).
+        os.killpg(proc.p.pid, signal.SIGKILL)
+        os.kill(int(task_pid), signal.SIGKILL)
+        proc.p.wait(10)
+        gate.touch()
+        th.join(120)
+        assert not th.is_alive(), "the map finished on the other worker"
+    assert out == [[i * 3 for i in range(300)]]
+    per_item = Counter(i for i, _w in _runs(marks))
+    assert set(per_item) == set(range(300)), "every task ran"
+    assert [i for i, n in per_item.items() if n > 1] == [], "a task ran to completion twice"
+
+
+def test_a_job_cancelled_mid_batch_runs_none_of_its_queued_grants_and_frees_the_slot(
+        fault_mesh, tmp_path):
+    m = fault_mesh(workers=0)
+    _proc, wid = _join(m, "a")
+    marks, gate, started = tmp_path / "runs.txt", tmp_path / "gate", tmp_path / "started"
+    errors: list = []
+    with closing(m.client(output=False)) as c:
+        fn = _gated(c, str(marks), str(gate), str(started), 40)
+
+        def run_map():
+            try:
+                fn.map(range(300))
+            except Exception as e:  # noqa: BLE001 - the cancelled map raises
+                errors.append(e)
+        th = threading.Thread(target=run_map, daemon=True)
+        th.start()
+        wait_for(lambda: started.exists() and _running(m, wid) > 1, 60,
+                 "the gated task running with a queue behind it")
+        job_id = c.jobs()[0]["id"]
+        ran = len(_runs(marks))
+        assert c.cancel(job_id) > 1
+        # the gated task is killed and every queued grant dropped: the slot is free
+        wait_for(lambda: _running(m, wid) == 0, 30, "the worker to hold nothing")
+        th.join(60)
+        assert not th.is_alive() and errors, "the cancelled map raised"
+        gate.touch()  # (a queued grant that ran after all would get past the gate now)
+        again = accelerate(c, isolation="job")(lambda i: i + 1)
+        assert again.map(range(20)) == list(range(1, 21))  # the slot serves the next job
+        assert len(_runs(marks)) == ran, "a cancelled task ran"
+        assert c.status(job_id)["counts"].get("done", 0) == ran

@@ -236,3 +236,21 @@ def test_big_arguments_and_results_cross_a_kept_process_task_after_task(ex, tmp_
         assert back == data[::-1]
         pids.add(pid)
     assert len(pids) == 1
+
+
+def _importing(name=None):
+    import importlib
+    import os
+    if name:
+        importlib.import_module(name)
+    return os.getpid()
+
+
+def test_a_kept_process_reports_each_module_a_task_imports_once(ex, tmp_path, monkeypatch):
+    reported: list[list[str]] = []
+    monkeypatch.setattr(ex, "_preload", lambda host, modules, path: reported.append(list(modules or ())))
+    mod = "tabnanny"  # (a module no function host loads)
+    pids = [_value(_call(ex, tmp_path, _importing, name)) for name in (None, None, mod, mod, None)]
+    assert len(set(pids)) == 1  # one kept process ran them all
+    # nothing new, nothing new, the module (the host preloads it), then nothing again
+    assert [mod in r for r in reported] == [False, False, True, False, False], reported

@@ -5,10 +5,12 @@ from the answers (see :mod:`gpumesh.coordinator.routes.batch`).
 A slot's thread hands its result over and carries on with the next grant of its queue
 at once; only a slot whose queue is empty waits for the answer (which carries its next
 grants), and such a slot posts its result itself when no other post is on its way (one
-post at a time either way). There is no timer: a batch is whatever finished while the previous post was on
-the wire, so a lone result goes at once and adds no latency. A result stays in the
-heartbeat's "running" list until its post is answered, and each is fenced by its own
-lease: one the coordinator refuses as stale is dropped alone.
+post at a time either way). A lone result goes at once and adds no latency. A slot that
+still holds at least half its queue lets its results wait for more (at most
+``HOLD_S``): the request, the store's commit and the answer then carry several tasks,
+and the slot never waits for them. A result stays in the heartbeat's "running" list
+until its post is answered, and each is fenced by its own lease: one the coordinator
+refuses as stale is dropped alone.
 """
 
 from __future__ import annotations
@@ -28,14 +30,29 @@ from . import membody
 log = logging.getLogger("gpumesh.worker")
 
 #: Grants a slot holds beyond its running task when that task's job keeps its process
-#: (``isolation="job"``) and its tasks are short: enough that its next task never waits
-#: for a round trip, few enough that another person's job waits at most a few short
-#: tasks for the slot.
+#: (``isolation="job"``) and its tasks are short, at least: enough that its next task
+#: never waits for a round trip. The queue holds about ``QUEUE_WORK_S`` of the job's
+#: work (from the slot's observed time per task), from ``QUEUE_DEPTH`` up to
+#: ``MAX_QUEUE_DEPTH`` grants: another person's job waits about that long for the slot.
 QUEUE_DEPTH = 3
+#: Seconds of a short job's work a slot's queue holds (see QUEUE_DEPTH). Measured on 2
+#: shared cores: 10 ms gave ~6 results per post, 20 ms ~9 (and ~1.9 with 3 grants); the
+#: time per task grows with the machine's load, and a shallow queue then holds too few.
+QUEUE_WORK_S = 0.02
+#: The deepest queue a slot holds (one post asks for at most protocol.MAX_QUEUED_GRANTS
+#: of it: a slot that posts at half its queue asks for about half of it).
+MAX_QUEUE_DEPTH = 32
+#: Longest a result waits for others to go with it (seconds), only while its slot still
+#: holds half its queue (about QUEUE_WORK_S / 2 of work): a task that then runs long
+#: does not keep it back longer.
+HOLD_S = 0.01
+#: A batch this big goes without waiting for more.
+HOLD_RESULTS = 64
 #: A slot queues only behind tasks that ran for less than this (seconds): a round trip
 #: is then a large part of each task, and the queue can delay the end of a map by at
-#: most QUEUE_DEPTH such tasks (a longer task gains little from a queue and would make
-#: the last tasks of a map wait behind each other while another slot is idle).
+#: most QUEUE_DEPTH such tasks, or about QUEUE_WORK_S of shorter ones (a longer task
+#: gains little from a queue and would make the last tasks of a map wait behind each
+#: other while another slot is idle).
 QUEUE_TASK_S = 0.1
 #: A result whose payload is bigger goes alone (the one-at-a-time path): a batch is
 #: built in memory, and a big payload costs its copy, not a request.
@@ -49,6 +66,7 @@ class _Pending:
     payload: bytes | memoryview | None
     slot: int | None
     short: bool = False                 # the task ran for less than QUEUE_TASK_S
+    at: float = 0.0                     # when it was handed over (time.monotonic())
 
 
 class ResultPoster:
@@ -62,6 +80,7 @@ class ResultPoster:
         self.waiting: set[int | None] = set()  # slots whose thread waits for an answer
         self._inflight: dict[int | None, int] = {}  # results per slot not yet answered
         self._started: dict[int | None, float] = {}  # when the slot's thread took its task
+        self._task_s: dict[int | None, float] = {}  # the slot's time per task (moving average)
         self._ready: list[_Pending] = []
         self._sending = False  # a batch is on its way (one at a time, from either thread)
         self._cv = threading.Condition()
@@ -82,8 +101,11 @@ class ResultPoster:
         result = protocol.BatchedResult(task.task_id, task.lease_id, outcome.status, outcome.error,
                                         has_payload=payload is not None)
         now = time.monotonic()
-        item = _Pending(task, result, payload, slot,
-                        short=now - self._started.get(slot, float("-inf")) < QUEUE_TASK_S)
+        took = now - self._started.get(slot, float("-inf"))
+        if took < QUEUE_TASK_S:  # (a long task, or the first, says nothing of a short job's pace)
+            last = self._task_s.get(slot)
+            self._task_s[slot] = took if last is None else 0.8 * last + 0.2 * took
+        item = _Pending(task, result, payload, slot, short=took < QUEUE_TASK_S, at=now)
         try:
             return self._post(item)
         finally:
@@ -96,9 +118,13 @@ class ResultPoster:
             self._inflight[slot] = self._inflight.get(slot, 0) + 1
             queue = self.queues.get(slot)
             if queue:  # the slot carries on; the poster's thread sends the result
+                nxt = queue.popleft()
                 self._ready.append(item)
-                self._cv.notify_all()
-                return queue.popleft()
+                # The poster's thread wakes for a batch's first result (to time its hold)
+                # and when the batch is to go, not for each result in between.
+                if len(self._ready) == 1 or self._hold_for() <= 0:
+                    self._cv.notify_all()
+                return nxt
             self.waiting.add(slot)
             inline = not self._sending and not self._ready
             if inline:
@@ -146,11 +172,40 @@ class ResultPoster:
         return False
 
     # -- the poster's thread -----------------------------------------------------------
+    def depth(self, slot: int | None, task: protocol.TaskGrant, short: bool) -> int:
+        """How many grants ``slot`` holds beyond its running ``task`` (see QUEUE_DEPTH)."""
+        if task.isolation != "job" or not short:
+            return 0
+        per_task = self._task_s.get(slot) or QUEUE_TASK_S
+        return max(QUEUE_DEPTH, min(MAX_QUEUE_DEPTH, int(QUEUE_WORK_S / max(per_task, 1e-6))))
+
+    def _hold_for(self) -> float:
+        """Seconds the ready results may still wait for others (0: send them now).
+        They wait only while no slot's thread waits for an answer and every slot they
+        came from still holds at least half its queue, for HOLD_S at most."""
+        if self.waiting or len(self._ready) >= HOLD_RESULTS or self.agent.stopping.is_set():
+            return 0.0
+        seen = set()
+        for item in self._ready:
+            if item.slot in seen:
+                continue
+            seen.add(item.slot)
+            depth = self.depth(item.slot, item.task, item.short)
+            if not depth or len(self.queues.get(item.slot) or ()) * 2 < depth:
+                return 0.0
+        return self._ready[0].at + HOLD_S - time.monotonic()
+
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._ready or self._sending:
-                    self._cv.wait()
+                while True:
+                    if not self._ready or self._sending:
+                        self._cv.wait()
+                        continue
+                    hold = self._hold_for()
+                    if hold <= 0:
+                        break
+                    self._cv.wait(hold)
                 batch, self._ready = self._ready, []
                 self._sending = True
             self._deliver(batch)
@@ -183,10 +238,10 @@ class ResultPoster:
                 slot = item.slot
                 if slot is None or slot in want or not agent._slot_open(slot):
                     continue
-                depth = 1 + (QUEUE_DEPTH if item.task.isolation == "job" and item.short else 0)
+                depth = 1 + self.depth(slot, item.task, item.short)
                 held = len(self.queues.get(slot) or ()) + (slot not in self.waiting)
                 if depth - held > 0:
-                    want[slot] = depth - held
+                    want[slot] = min(protocol.MAX_QUEUED_GRANTS, depth - held)
                     if slot in self.waiting:
                         idle.append(slot)
         return want, idle

@@ -28,7 +28,7 @@ from .workers import lease_response
 #: Most results one batch may carry (a worker sends what its slots finished meanwhile).
 MAX_BATCH_RESULTS = 256
 #: Most grants a slot's queue may ask for at once (the running task's successors).
-MAX_QUEUED_GRANTS = 16
+MAX_QUEUED_GRANTS = protocol.MAX_QUEUED_GRANTS
 
 
 def read_batch(meta: dict, n_frames: int) -> protocol.ResultBatch:
