@@ -237,7 +237,7 @@ def test_hand_back_is_fenced_costs_no_attempt_and_marks_the_output(coord):
             coord.hand_back(g.task_id, g.lease_id, "again")
         with pytest.raises(StaleLease):
             coord.post_result(g.task_id, g.lease_id, "ok", None, b"late")
-    assert coord.jobs["aaaa01"].preempted == MAX_ATTEMPTS + 2
+    assert coord.store.preempted_count("aaaa01") == MAX_ATTEMPTS + 2
     row = coord.store.task_rows("aaaa01")[0]
     assert (row["state"], row["attempts"]) == ("pending", MAX_ATTEMPTS + 2)
     (g,) = _lease(coord, b.id)
