@@ -309,8 +309,9 @@ class _Joined:
     held and joined (up to ``JOIN_BYTES``, one copy of them) and sent together; a piece
     that does not fit is sent as it is, after what was held. ``JOIN_BYTES`` takes a head
     and a whole body piece (``SEND_PIECE_BYTES``, a result post's payload up to the
-    batch limit): at 64 KiB, a 64 KiB result's post sent its head apart (a wake-up of
-    the coordinator of its own; docs/performance.md, "Tenth session")."""
+    batch limit): under a limit of 64 KiB, a 64 KiB result's post sent its head apart,
+    and the coordinator read it in a turn of its own (docs/performance.md, "Tenth
+    session")."""
 
     JOIN_BYTES = SEND_PIECE_BYTES + 64 * 1024
     _held: list[bytes | bytearray | memoryview] | None = None

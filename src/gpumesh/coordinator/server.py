@@ -120,9 +120,8 @@ class _HeadWithBody:
     #: A first body piece up to this size is joined to the head (one copy of it);
     #: bigger ones follow the head as a second write instead. Every answer built in one
     #: piece (``bodies.SMALL_BODY_BYTES``: a lease, a page of results each up to the
-    #: store's inline limit) fits: a 64 KiB result over a limit of 64 KiB sent its head
-    #: apart, and a head alone cost the caller a wake-up of its own (docs/performance.md,
-    #: "Tenth session").
+    #: store's inline limit) fits: under a limit of 64 KiB, a 64 KiB result's answer sent
+    #: its head as a write and a segment of its own (docs/performance.md, "Tenth session").
     JOIN_BYTES = SMALL_BODY_BYTES
 
     def __init__(self, transport):
