@@ -305,12 +305,16 @@ class _Joined:
 
     urllib3 writes the head, then each piece of the body, one ``sendall`` each: with
     TCP_NODELAY that is a segment each, and the coordinator reads and parses the head
-    apart from the body (a turn of its event loop each). Small writes of one request
-    are held and joined (up to ``JOIN_BYTES``, one copy of them) and sent together; a
-    bigger piece is sent as it is, after what was held."""
+    apart from the body (a turn of its event loop each). The writes of one request are
+    held and joined (up to ``JOIN_BYTES``, one copy of them) and sent together; a piece
+    that does not fit is sent as it is, after what was held. ``JOIN_BYTES`` takes a head
+    and a whole body piece (``SEND_PIECE_BYTES``, a result post's payload up to the
+    batch limit): under a limit of 64 KiB, a 64 KiB result's post sent its head apart,
+    and the coordinator read it in a turn of its own (docs/performance.md, "Tenth
+    session")."""
 
-    JOIN_BYTES = 64 * 1024
-    _held: list[bytes] | None = None
+    JOIN_BYTES = SEND_PIECE_BYTES + 64 * 1024
+    _held: list[bytes | bytearray | memoryview] | None = None
     _held_n = 0
 
     def request(self, *args: Any, **kwargs: Any) -> None:
@@ -327,7 +331,9 @@ class _Joined:
             return super().send(data)  # type: ignore[misc]
         n = memoryview(data).nbytes
         if self._held_n + n <= self.JOIN_BYTES:
-            held.append(bytes(data))
+            # Held as it is, not copied: it is joined (copied once) before request()
+            # returns, while the body it belongs to is still the caller's to keep.
+            held.append(data)
             self._held_n += n
             return None
         self._send_held()
@@ -336,7 +342,7 @@ class _Joined:
     def _send_held(self) -> None:
         held = self._held
         if held:
-            data = held[0] if len(held) == 1 else b"".join(held)
+            data = held[0] if len(held) == 1 else b"".join(held)  # (join takes views too)
             held.clear()
             self._held_n = 0
             # What this send writes itself (a connection opened now, a proxy's CONNECT)

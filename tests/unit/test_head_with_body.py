@@ -34,6 +34,20 @@ def test_head_and_small_body_leave_in_one_write():
     assert t.writes == [HEAD + b"hello", HEAD + b"world"]
 
 
+def test_every_answer_built_in_one_piece_leaves_with_its_head():
+    # A results page with a 64 KiB result (its frames and meta around it), and the
+    # biggest body frames_response builds in one piece: one write each. Up to a limit
+    # of 64 KiB the first one's head went apart and woke the caller on its own.
+    from gpumesh.coordinator.bodies import SMALL_BODY_BYTES
+    for size in (64 * 1024 + 700, SMALL_BODY_BYTES):
+        t = FakeTransport()
+        w = _HeadWithBody(t)
+        body = b"r" * size
+        w.write(HEAD)
+        w.write(body)
+        assert t.writes == [HEAD + body]
+
+
 def test_a_big_body_is_not_copied_to_join_the_head():
     t = FakeTransport()
     w = _HeadWithBody(t)

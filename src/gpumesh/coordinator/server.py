@@ -20,6 +20,7 @@ import uvicorn
 from ..limits import REQUEST_HEAD_TIMEOUT_S
 from .app import create_app
 from .auth import Authenticator, is_loopback
+from .bodies import SMALL_BODY_BYTES
 from .core import Coordinator
 from .store import Store
 
@@ -117,8 +118,11 @@ class _HeadWithBody:
 
     __slots__ = ("_transport", "_head")
     #: A first body piece up to this size is joined to the head (one copy of it);
-    #: bigger ones follow the head as a second write instead.
-    JOIN_BYTES = 64 * 1024
+    #: bigger ones follow the head as a second write instead. Every answer built in one
+    #: piece (``bodies.SMALL_BODY_BYTES``: a lease, a page of results each up to the
+    #: store's inline limit) fits: under a limit of 64 KiB, a 64 KiB result's answer sent
+    #: its head as a write and a segment of its own (docs/performance.md, "Tenth session").
+    JOIN_BYTES = SMALL_BODY_BYTES
 
     def __init__(self, transport):
         self._transport = transport
