@@ -310,8 +310,8 @@ class _Joined:
     that does not fit is sent as it is, after what was held. ``JOIN_BYTES`` takes a head
     and a whole body piece (``SEND_PIECE_BYTES``, a result post's payload up to the
     batch limit): under a limit of 64 KiB, a 64 KiB result's post sent its head apart,
-    and the coordinator read it in a turn of its own (docs/performance.md, "Tenth
-    session")."""
+    and the coordinator read it in a turn of its own (docs/performance.md, "Ninth
+    session: where a small result's extra cost is")."""
 
     JOIN_BYTES = SEND_PIECE_BYTES + 64 * 1024
     _held: list[bytes | bytearray | memoryview] | None = None

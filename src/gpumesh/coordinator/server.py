@@ -121,7 +121,8 @@ class _HeadWithBody:
     #: bigger ones follow the head as a second write instead. Every answer built in one
     #: piece (``bodies.SMALL_BODY_BYTES``: a lease, a page of results each up to the
     #: store's inline limit) fits: under a limit of 64 KiB, a 64 KiB result's answer sent
-    #: its head as a write and a segment of its own (docs/performance.md, "Tenth session").
+    #: its head as a write and a segment of its own (docs/performance.md, "Ninth session: where a small
+    #: result's extra cost is").
     JOIN_BYTES = SMALL_BODY_BYTES
 
     def __init__(self, transport):
