@@ -13,11 +13,11 @@ import pytest
 
 from gpumesh import protocol, wire
 from gpumesh.worker import membody, poster as poster_mod
-from gpumesh.worker.agent import WorkerAgent
 from gpumesh.worker.executor import Outcome
 from gpumesh.worker.poster import MAX_QUEUE_DEPTH, QUEUE_DEPTH, ResultPoster
 
 from ..conftest import wait_for
+from .conftest import stub_agent
 
 
 class _Coordinator:
@@ -37,11 +37,7 @@ class _Coordinator:
 
 @pytest.fixture
 def agent(tmp_path):
-    a = WorkerAgent("http://127.0.0.1:9", "t" * 32, slots=2, info={"gpus": [], "hostname": "h"},
-                    cache_dir=tmp_path, bench=False)
-    a.http.close()
-    a.http = _Coordinator()  # type: ignore[assignment]
-    a.poster = ResultPoster(a)
+    a = stub_agent(tmp_path, _Coordinator())
     yield a
     a.executor.close()
 

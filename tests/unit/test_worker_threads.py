@@ -11,11 +11,10 @@ import threading
 import pytest
 
 from gpumesh import protocol, wire
-from gpumesh.worker.agent import WorkerAgent
 from gpumesh.worker.executor import Outcome
-from gpumesh.worker.poster import ResultPoster
 
 from ..conftest import wait_for
+from .conftest import stub_agent
 
 
 class _Coordinator:
@@ -44,11 +43,7 @@ def _frame0(body: bytes) -> memoryview:
 
 @pytest.fixture
 def agent(tmp_path):
-    a = WorkerAgent("http://127.0.0.1:9", "t" * 32, slots=2, info={"gpus": [], "hostname": "h"},
-                    cache_dir=tmp_path, bench=False)
-    a.http.close()
-    a.http = _Coordinator()  # type: ignore[assignment]
-    a.poster = ResultPoster(a)
+    a = stub_agent(tmp_path, _Coordinator())
     yield a
     a.executor.close()
 
