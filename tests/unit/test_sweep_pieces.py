@@ -178,7 +178,9 @@ def test_retry_meta_names_types_and_the_coordinator_checks_them():
 def test_a_decorated_function_with_retries_still_pickles(monkeypatch):
     # The copy is rebuilt without its mesh and calls the default one: point that at a
     # closed port too, so a coordinator on this machine's default port cannot answer.
+    from gpumesh.client import remote
     monkeypatch.setenv("GPUMESH_URL", "http://127.0.0.1:9")
+    monkeypatch.setattr(remote.mesh, "_mesh", None)  # connected by an earlier test: anew
     m = GPUMesh("http://127.0.0.1:9", token="x")
     f = accelerate(m, retries=1, retry_on=OSError)(abs)
     g = pickle.loads(pickle.dumps(f))
