@@ -131,9 +131,15 @@ class Executor:
             ctrl, child = runner.control_pair()
             env = {k: v for k, v in os.environ.items() if k not in runner.SCRUBBED_ENV}
             try:
+                # Its own session: what kills the agent's process group (kill -9 -PGID, a
+                # supervisor, a terminal hanging up) must not take the function hosts with
+                # it, for a host is what kills its task processes' groups when it sees the
+                # agent gone (runner.host_main); tasks lead sessions of their own, so nothing
+                # else would (see docs/architecture.md, "When the agent dies").
                 self._zygote = subprocess.Popen(
                     [sys.executable, "-m", "gpumesh.worker.runner", str(child.fileno())],
-                    pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
+                    pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL,
+                    **procs.group_kwargs())
             except BaseException:
                 ctrl.close()
                 raise

@@ -419,6 +419,7 @@ def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None)
             pass
     # Objects that exist now are never collected in the children: moving them out of the
     # GC's reach keeps each child from touching (and so copying) their pages.
+    _arm_parent_death()
     gc.collect()
     _snapshot_loaded()
     gc.freeze()
@@ -453,6 +454,47 @@ def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None)
             _snapshot_loaded()
             gc.freeze()
             preloads += 1
+
+
+#: ``prctl`` (Linux), resolved once in the host so that a spare only makes the call, and
+#: the host's pid, which a spare compares with its parent's (see _die_with_host).
+_PRCTL: Any = None
+_HOST_PID = 0
+_PR_SET_PDEATHSIG = 1
+
+
+def _arm_parent_death() -> None:
+    """Get ready to have every task process this host forks die with it.
+
+    Why the host, and why ``PR_SET_PDEATHSIG``: a task process leads a session of its own
+    (so that a timeout or cancel kills its whole group), so no signal sent to the agent's
+    group reaches it, and it runs user code, so it cannot watch anything itself without a
+    thread per task. Its host can: it runs in a session apart from the agent (the zygote
+    is started with one), blocks in ``select`` on its control socket, and at the EOF that
+    the agent's death makes (``kill -9``, an OOM kill, a crash alike) kills every task
+    process group it forked, then exits. The death signal covers the host itself dying
+    (killed with the agent, or OOM-killed): the kernel kills its task processes at once.
+    It fires on the death of the thread that forked, which here is the host's only one,
+    and reaches the task process only, not what that started; those are in its group,
+    which the agent kills (Host._read) when it outlives the host."""
+    global _PRCTL, _HOST_PID
+    _HOST_PID = os.getpid()
+    if not sys.platform.startswith("linux"):
+        return  # (macOS has no such call: the host's kill at the agent's EOF stands alone)
+    try:
+        import ctypes
+        _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        _PRCTL = None
+
+
+def _die_with_host() -> None:
+    """In a spare, just forked: have the kernel SIGKILL it when its host dies; if the host
+    died already (before the call), exit now. Two syscalls."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != _HOST_PID:
+        os._exit(0)
 
 
 #: What a spare sends on its socket once it is set up: from then on it leads its own
@@ -502,6 +544,7 @@ def _spare_main(fn, ctrl: socket.socket, wake: int, sock: socket.socket) -> None
     code = 0
     try:
         os.setsid()  # own process group: a timeout kills everything the task started
+        _die_with_host()
         gc.disable()  # a short-lived process: collection would only copy shared pages
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
