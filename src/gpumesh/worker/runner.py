@@ -683,17 +683,29 @@ def _kill_group(pid: int) -> None:
 
 # ---------------------------------------------------------------- zygote -------------
 def zygote_main(ctrl: socket.socket) -> None:
-    """Fork a function host per request; reap them; exit when the agent hangs up."""
+    """Fork a function host per request; reap them; exit when the agent hangs up.
+
+    It also watches the agent for the script tasks it starts itself (not our children):
+    ``{"op": "watch", "pid"}`` while one runs, ``{"op": "unwatch", "pid"}`` once it has
+    ended. At the agent's EOF (its death, whatever killed it) the process group of each
+    script still watched is killed: a script leads a session of its own, so nothing else
+    would end it, and it would run on while its task re-runs elsewhere."""
     # Warm: every host gets these for free (a function blob is a cloudpickle stream).
     import cloudpickle  # noqa: F401
     import gpumesh.wire  # noqa: F401
 
     signal.signal(signal.SIGCHLD, lambda *_: _reap_all())
+    watched: set[int] = set()
     while True:
         msg, fds = recv_msg(ctrl)
         if msg is None:
+            for pid in watched:
+                _kill_group(pid)
             return
-        if msg.get("op") == "host" and fds:
+        op = msg.get("op")
+        if op in ("watch", "unwatch") and isinstance(msg.get("pid"), int):
+            (watched.add if op == "watch" else watched.discard)(msg["pid"])
+        elif op == "host" and fds:
             pid = os.fork()
             if pid == 0:
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
