@@ -16,7 +16,7 @@ import pytest
 from gpumesh import accelerate
 from gpumesh.worker import procs
 
-from ..conftest import alive, wait_for
+from ..conftest import alive, parent, wait_for
 from .test_workers import _call_in_thread, _owner
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
@@ -123,3 +123,27 @@ def test_a_killed_agent_takes_its_running_task_and_its_children_with_it(
     # the orphan is gone (above), so it can never write its mark: one run finished, the re-run
     assert _lines(finished) == [[runs[1][0]]], "only the re-run got to its end"
     assert not alive(runs[1][1]), "the re-run's child ended with it"
+
+
+def test_a_killed_function_host_takes_its_running_task_and_its_children_with_it(
+        fault_mesh, tmp_path):
+    # (the agent lives on: the kernel kills the task process with its host, the agent its
+    # group, and the task runs again, its first run never finished)
+    if procs.choose_runtime()[0] != "fork":
+        pytest.skip("function hosts are the fork runtime's")
+    m = fault_mesh(workers=1)
+    started, finished = tmp_path / "started", tmp_path / "finished"
+    with closing(m.client(output=False)) as c:
+        th, box = _call(c, "task", started, finished, tmp_path)
+        wait_for(lambda: _lines(started), 60, "the task to start")
+        task_pid, child_pid = _lines(started)[0]
+        host = parent(task_pid)
+        assert host is not None and _owner(m, host) is not None, "the task's host"
+        os.kill(host, signal.SIGKILL)
+        wait_for(lambda: not alive(task_pid) and not alive(child_pid), ORPHAN_GRACE_S,
+                 lambda: f"the task {task_pid} and its child {child_pid} to end")
+        th.join(60)
+        assert not th.is_alive(), "the call returned"
+    assert box.get("v") == 42, box
+    runs = _lines(started)
+    assert len(runs) == 2 and _lines(finished) == [[runs[1][0]]], "only the re-run finished"
