@@ -15,7 +15,7 @@ from contextlib import closing
 from gpumesh import accelerate
 from gpumesh.worker.poster import QUEUE_DEPTH
 
-from ..conftest import Proc, wait_for
+from ..conftest import Proc, alive, wait_for
 
 
 def _recording(c, marks: str, seconds: float):
@@ -65,7 +65,7 @@ def test_a_worker_killed_with_queued_grants_loses_no_task_and_runs_none_twice(fa
         # a's one slot holds its running task and queued grants behind it
         wait_for(lambda: len(_runs(marks)) >= 10 and _running(m, wid_a) > 1, 60,
                  "queued grants on the worker")
-        os.killpg(a.p.pid, signal.SIGKILL)  # the agent and its task processes, at once
+        os.killpg(a.p.pid, signal.SIGKILL)  # the agent (its task processes end with it)
         a.p.wait(10)
         th.join(120)
         assert not th.is_alive(), "the map finished on the other worker"
@@ -156,11 +156,12 @@ def test_a_worker_killed_mid_batch_with_its_results_in_loses_no_task_and_runs_no
             return (counts.get("pending", 0) == 0 and _running(m, other_wid) == 0
                     and counts.get("done", 0) == len(_runs(marks)) and _running(m, wid) > 1)
         wait_for(settled, 60, "the other worker done and the gated one holding a queue")
-        # Mid-batch, the whole machine gone: the agent's process group, and its running
-        # task, which leads a session of its own (an orphan would run on to the gate).
+        # Mid-batch, the agent's process group killed: its running task, which leads a
+        # session of its own, goes with it (test_orphans); one that ran on would get past
+        # the gate and run a second time.
         os.killpg(proc.p.pid, signal.SIGKILL)
-        os.kill(int(task_pid), signal.SIGKILL)
         proc.p.wait(10)
+        wait_for(lambda: not alive(int(task_pid)), 10, "the killed worker's task process to end")
         gate.touch()
         th.join(120)
         assert not th.is_alive(), "the map finished on the other worker"

@@ -131,9 +131,15 @@ class Executor:
             ctrl, child = runner.control_pair()
             env = {k: v for k, v in os.environ.items() if k not in runner.SCRUBBED_ENV}
             try:
+                # Its own session: what kills the agent's process group (kill -9 -PGID, a
+                # supervisor, a terminal hanging up) must not take the function hosts with
+                # it, for a host is what kills its task processes' groups when it sees the
+                # agent gone (runner.host_main); tasks lead sessions of their own, so nothing
+                # else would (see docs/architecture.md, "When the agent dies").
                 self._zygote = subprocess.Popen(
                     [sys.executable, "-m", "gpumesh.worker.runner", str(child.fileno())],
-                    pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
+                    pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL,
+                    **procs.group_kwargs())
             except BaseException:
                 ctrl.close()
                 raise
@@ -487,9 +493,23 @@ class Executor:
         self._running[task_id] = (None, pending)
         try:
             return scripts.run(script_path, bytes(payload), timeout, out, err, pending, self._kill,
-                               env)
+                               env, self._watch_script if self.runtime == "fork" else None)
         finally:
             self._running.pop(task_id, None)
+
+    def _watch_script(self, pid: int, running: bool) -> None:
+        """Have the zygote kill script ``pid``'s process group should this agent die while
+        it runs (``running``), or no longer (runner.zygote_main): a script is the agent's
+        own child, in a session of its own, so no host sees the agent's death for it. The
+        zygote is started for it if need be (~0.1 s, once; a script-only worker's janitor
+        lets it go when idle, as it does a function worker's)."""
+        try:
+            with self._lock:
+                if running or self._zygote_ctrl is not None:
+                    runner.send_msg(self._zygote_socket(),
+                                    {"op": "watch" if running else "unwatch", "pid": pid})
+        except OSError:  # (closing) the script is killed with its task by the caller
+            pass
 
     def output_paths(self) -> tuple[str, str]:
         """Files that receive stdout and stderr of the task this thread runs. One pair per

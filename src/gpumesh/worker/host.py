@@ -10,7 +10,7 @@ import threading
 import time
 from collections import deque
 
-from . import runner
+from . import procs, runner
 
 
 class Pending:
@@ -86,6 +86,7 @@ class Host:
         self.load_error: dict | None = None
         self.key = fn_hash  # its key among the executor's hosts
         self.dead = False
+        self.closed = False  # by us (close): its tasks are the executor's to end
         self.last_used = time.monotonic()
         self.preloaded: set[str] = set()
         self.reader = threading.Thread(target=self._read, name=f"host-{fn_hash[:8]}", daemon=True)
@@ -125,6 +126,10 @@ class Host:
             self._cv.notify_all()
         self.ready.set()
         for p in list(self.tasks.values()):
+            if p.pid and not p.answered and not self.closed:
+                # The host died under its running tasks: the kernel killed their processes
+                # with it (runner._arm_parent_death), not what those started, in their groups.
+                procs.kill_tree(p.pid)
             p.started.set()
             p.exited.set()
 
@@ -222,7 +227,7 @@ class Host:
             self._spares.pop().sock.close()  # it exits, unused
 
     def _drop_kept(self) -> None:
-        # (a host that died cannot kill them: they lead sessions of their own)
+        # (a host that died took them with it: runner._arm_parent_death)
         while self.kept:
             self.kept.pop().sock.close()  # it exits at the EOF
 
@@ -256,7 +261,7 @@ class Host:
 
     def close(self) -> None:
         with self._cv:
-            self.dead = True
+            self.closed = self.dead = True
             self._drop_spares()
             self._drop_kept()
             self._cv.notify_all()

@@ -76,10 +76,11 @@ def _error(kind: str, message: str, err_path: str, out_path: str | None = None, 
 
 
 def run(script_path: str, payload: bytes, timeout: float | None, out: str, err: str,
-        pending, kill, env: dict | None = None):
+        pending, kill, env: dict | None = None, watch=None):
     """Run one script task; returns an ``executor.Outcome``. ``pending`` (the executor's
     ``host.Pending``) gets the pid so ``kill(pending, why)`` (timeout, cancel) can kill the
-    process group."""
+    process group. ``watch(pid, running)``, if given, is told when the script starts and
+    once it has ended (Executor._watch_script: it must not outlive the agent)."""
     from .executor import Outcome
 
     child_env = {k: v for k, v in os.environ.items() if k not in runner.SCRUBBED_ENV}
@@ -104,6 +105,8 @@ def run(script_path: str, payload: bytes, timeout: float | None, out: str, err: 
                                          "message": f"could not start the script: {e}"})
         pending.pid = proc.pid
         pending.started.set()
+        if watch is not None:
+            watch(proc.pid, True)
         stdin = proc.stdin
         assert stdin is not None  # stdin=PIPE
 
@@ -130,6 +133,8 @@ def run(script_path: str, payload: bytes, timeout: float | None, out: str, err: 
             pending.code = proc.returncode
             pending.exited.set()
             procs.kill_tree(proc.pid)  # nothing the script started outlives its task
+            if watch is not None:
+                watch(proc.pid, False)
         if pending.killed_for:
             return Outcome("error", {"kind": pending.killed_for, "type": "Cancelled",
                                      "message": f"the task was {pending.killed_for}"})
