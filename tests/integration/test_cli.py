@@ -463,6 +463,11 @@ def test_start_coordinator_and_add_worker_from_python(tmp_path, monkeypatch):
         assert handle.process.returncode == 0, handle.log_tail()
         # the self-worker went with it: no orphan left behind
         wait_for(lambda: not any(alive(k) for k in kids), 10, "the self-worker to exit")
+        # started again without a token, it keeps the one serve saved for this URL (as
+        # `gpumesh serve` does): workers that joined it are not locked out
+        again = GPUMesh.start_coordinator(port=port, data_dir=str(tmp_path / "data"), self_worker=False)
+        again.stop()
+        assert again.token == handle.token
     finally:
         if worker is not None:
             worker.stop()
