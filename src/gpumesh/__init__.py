@@ -40,6 +40,7 @@ __all__ = [
     "WorkerLost",
     "Cancelled",
     "TaskTimeout",
+    "StartFailed",
     "RemoteTraceback",
     "load_ipython_extension",
     "unload_ipython_extension",

@@ -85,6 +85,20 @@ def save(url: str, token: str, fingerprint: str | None = None) -> Path:
     return path
 
 
+def saved_token(url: str) -> str | None:
+    """The token the saved config holds for the coordinator at ``url``, or None when the
+    config names another coordinator (or none). ``gpumesh serve`` reuses it on a restart."""
+    saved = load_saved()
+    tok = saved.get("token")
+    if not isinstance(tok, str) or not tok or not isinstance(saved.get("url"), str):
+        return None
+    try:
+        same = normalise_url(saved["url"]) == normalise_url(url)
+    except ValueError:
+        return None
+    return tok if same else None
+
+
 def resolve(url: str | None = None, token: str | None = None,
             fingerprint: str | None = None) -> Endpoint:
     """Fill in whatever was not given from the environment, then the saved config.

@@ -16,7 +16,9 @@
     │   ├── TaskCrashed            the task's process died (signal, os._exit, segfault)
     │   ├── WorkerLost             every worker that tried the task went away
     │   └── Cancelled              the job was cancelled
-    └── TaskTimeout                the task ran past its timeout (also a TimeoutError)
+    ├── TaskTimeout                the task ran past its timeout (also a TimeoutError)
+    └── StartFailed                a coordinator or worker started from Python did not come
+                                   up (also a RuntimeError; the message holds its log's end)
 
 An exception raised by *your* function is re-raised at the caller as itself (same type
 and message) whenever it can be pickled; gpumesh attaches the remote traceback as its
@@ -134,6 +136,13 @@ class Cancelled(TaskFailed):
 
 class TaskTimeout(MeshError, TimeoutError):
     """The task ran longer than its ``timeout`` (seconds) and its process tree was killed."""
+
+
+class StartFailed(MeshError, RuntimeError):
+    """``GPUMesh.start_coordinator`` or ``GPUMesh.add_worker`` started ``gpumesh serve``
+    or ``join`` and it exited or did not come up in time (a port or data directory in use,
+    say); the message ends with the process's own words. Also a ``RuntimeError``, which
+    these raised before it existed."""
 
 
 class RemoteTraceback(Exception):

@@ -270,6 +270,13 @@ TCP_KEEPCNT = _const("TCP_KEEPCNT", 3, "count", "TCP keepalive: unanswered probe
 # --- reconnect (bounded exponential backoff with full jitter) -----------------------
 BACKOFF_BASE_S = _const("BACKOFF_BASE_S", 0.2, "s", "first reconnect backoff (doubles each try)")
 BACKOFF_MAX_S = _const("BACKOFF_MAX_S", 2.0, "s", "longest reconnect backoff")
+# A first join that never reached its coordinator (a wrong URL or port, or one that is not
+# started yet) backs off further: a joined worker's coordinator is back soon, a wrong
+# address never is.
+JOIN_BACKOFF_MAX_S = _const("JOIN_BACKOFF_MAX_S", 30.0, "s",
+                            "longest backoff of a first join that has not reached its coordinator")
+JOIN_HINT_AFTER = _const("JOIN_HINT_AFTER", 3, "count",
+                         "failed first-join tries before join points at `gpumesh doctor URL`")
 CALLER_RECONNECT_S: float = _env(
     "CALLER_RECONNECT_S", "GPUMESH_RECONNECT_TIMEOUT", SECONDS, "300", "s", "callers",
     "how long a caller waiting for an accepted job keeps retrying an unreachable coordinator "

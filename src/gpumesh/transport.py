@@ -202,7 +202,7 @@ class Transport:
             raise
         finally:
             resp.release_conn()
-        check(out, self.url)
+        check(out, self.url, "authorization" in self._headers)
         return out
 
     @contextlib.contextmanager
@@ -265,7 +265,7 @@ class Transport:
             with self._network_errors():
                 if resp.status >= 400:
                     check(Response(resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()),
-                          self.url)
+                          self.url, "authorization" in self._headers)
                 if resp.status == 204:
                     resp.read()
                     done = True
@@ -402,8 +402,13 @@ def keepalive_options() -> list[tuple[int, int, int]]:
     return opts
 
 
-def check(resp: Response, url: str) -> None:
-    """Raise the gpumesh error matching an HTTP error status; return for 2xx/3xx."""
+#: How to give a token, for an AuthError when none was sent.
+GIVE_TOKEN = "pass --token, set $GPUMESH_TOKEN, or run gpumesh setup"
+
+
+def check(resp: Response, url: str, token_sent: bool = True) -> None:
+    """Raise the gpumesh error matching an HTTP error status; return for 2xx/3xx.
+    ``token_sent``: the request carried a token (a 401 without one is no refusal of it)."""
     if resp.status_code < 400:
         return
     try:
@@ -413,6 +418,9 @@ def check(resp: Response, url: str) -> None:
         words = " ".join(re.sub(r"<[^>]*>", " ", resp.text[:2000]).split())[:200]
         code, message = "", (f"the server at {url} answered with a page that is not gpumesh's"
                              f" ({words or 'empty'}): check the URL, path prefix included")
+    if resp.status_code == 401 and not token_sent:
+        raise AuthError(f"no token is configured for the coordinator at {url}, which wants one "
+                        f"({resp.status_code}: {message}); {GIVE_TOKEN}")
     if resp.status_code == 401 or (resp.status_code == 403 and code in ("", ErrorCode.FORBIDDEN)):
         raise AuthError(f"the coordinator at {url} refused the token ({resp.status_code}: {message}); "
                         "check --token / $GPUMESH_TOKEN")

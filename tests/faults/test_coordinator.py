@@ -167,3 +167,26 @@ def test_results_are_fenced_by_lease(fault_mesh):
     frames = wire.unpack_frames(body)
     assert wire.loads(frames[1]) == "fresh"
     del client
+
+
+def test_restart_without_token_keeps_the_saved_one_and_its_workers(fault_mesh):
+    """serve restarted with no --token/$GPUMESH_TOKEN reuses the token the config holds
+    for this coordinator: its joined worker reconnects and runs a call (a new token
+    would answer it 401 and it would exit)."""
+    import json
+    m = fault_mesh(workers=1)
+    worker = m.procs[-1]
+    m.env = {k: v for k, v in m.env.items() if k != "GPUMESH_TOKEN"}
+    m.restart()
+    wait_for(lambda: worker.p.poll() is None and m.alive() == 1, 30, "the worker to reconnect")
+
+    @accelerate(m.client(output=False))
+    def double(x):
+        return 2 * x
+
+    assert double(21) == 42
+    assert worker.p.poll() is None, worker.output()
+    assert json.loads((m.root / "config.json").read_text())["token"] == m.token
+    restarted = m.coordinator.output().split("Ctrl+C to stop", 1)[1]  # the second run's lines
+    assert f"reusing the token saved for {m.url}" in restarted
+    assert m.token not in restarted and "--token=<your token>" in restarted

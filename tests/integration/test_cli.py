@@ -148,6 +148,22 @@ def test_join_without_token(cli_env, shared_mesh):
     assert_one_line_error(r, "token")
 
 
+def test_no_token_configured_says_so(cli_env, shared_mesh, monkeypatch):
+    """No --token, $GPUMESH_TOKEN or saved config: the error says no token is configured
+    and how to give one, not that a token was refused (CLI and Python alike)."""
+    r = run_cli(["workers", "--url", shared_mesh.url], cli_env)
+    line = assert_one_line_error(r, f"no token is configured for the coordinator at {shared_mesh.url}",
+                                 "--token", "$GPUMESH_TOKEN", "gpumesh setup")
+    assert "refused" not in line
+    monkeypatch.delenv("GPUMESH_TOKEN", raising=False)
+    monkeypatch.setenv("GPUMESH_CONFIG", cli_env["GPUMESH_CONFIG"])
+    from gpumesh import GPUMesh
+    from gpumesh.errors import AuthError
+    with pytest.raises(AuthError, match="no token is configured") as info:
+        GPUMesh(shared_mesh.url, token=None).workers()
+    assert "refused" not in str(info.value)
+
+
 def test_join_wrong_token(cli_env, shared_mesh):
     t0 = time.monotonic()
     r = run_cli(["join", shared_mesh.url, "--token=wrong-token"], cli_env, timeout=30)
@@ -447,6 +463,11 @@ def test_start_coordinator_and_add_worker_from_python(tmp_path, monkeypatch):
         assert handle.process.returncode == 0, handle.log_tail()
         # the self-worker went with it: no orphan left behind
         wait_for(lambda: not any(alive(k) for k in kids), 10, "the self-worker to exit")
+        # started again without a token, it keeps the one serve saved for this URL (as
+        # `gpumesh serve` does): workers that joined it are not locked out
+        again = GPUMesh.start_coordinator(port=port, data_dir=str(tmp_path / "data"), self_worker=False)
+        again.stop()
+        assert again.token == handle.token
     finally:
         if worker is not None:
             worker.stop()

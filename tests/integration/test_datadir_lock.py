@@ -79,3 +79,17 @@ def test_serve_restarts_on_a_data_dir_whose_holder_was_killed(make_mesh):
     new = mesh.restart()
     assert new.p.poll() is None
     assert (mesh.root / "data" / datalock.LOCK_NAME).read_text() == f"{new.p.pid}\n"
+
+
+def test_start_coordinator_on_a_locked_data_dir_raises_a_mesh_error(make_mesh, monkeypatch):
+    """GPUMesh.start_coordinator failing is a MeshError (StartFailed, still a RuntimeError)
+    that keeps serve's own words; a second coordinator never answers in its place."""
+    from gpumesh import GPUMesh, MeshError, StartFailed
+    m = make_mesh()
+    monkeypatch.setenv("GPUMESH_CONFIG", str(m.root / "other-config.json"))
+    with pytest.raises(MeshError) as e:
+        GPUMesh.start_coordinator(port=free_port(), token=m.token, self_worker=False,
+                                  data_dir=str(m.root / "data"))
+    assert type(e.value) is StartFailed and isinstance(e.value, RuntimeError)
+    assert "the coordinator exited with code 1" in str(e.value)
+    assert f"the data directory {m.root / 'data'} is in use by another coordinator" in str(e.value)

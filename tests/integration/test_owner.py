@@ -109,7 +109,7 @@ def test_paused_worker_gets_no_task_while_another_takes_the_queue(make_mesh, tmp
     r = cli(m, "resume")                                   # every worker of this user
     assert r.returncode == 0 and sorted(r.stdout.splitlines()) == sorted(
         [f"[OK] resumed worker {ida} ({worker(m, ida)['hostname']})",
-         f"[OK] resumed worker {idb} ({worker(m, idb)['hostname']})"])
+         f"[OK] worker {idb} ({worker(m, idb)['hostname']}) was not paused: nothing to resume"])
     wait_for(lambda: owner_label(m, ida) is None, 10, "the coordinator to see the resume")
     r = cli(m, "pause", "--worker", "feedfacecafe")
     assert r.returncode == 1 and "no running worker of this user has the id feedfacecafe" in r.stderr
@@ -117,6 +117,12 @@ def test_paused_worker_gets_no_task_while_another_takes_the_queue(make_mesh, tmp
     assert r.returncode == 2 and "--for='soon'" in r.stderr
     r = cli(m, "pause", "--worker", ida, "--for", "2h")
     assert r.returncode == 0 and re.search(r"for 2h \(until \d\d:\d\d\): no new tasks", r.stdout)
+    assert "paused already" not in r.stdout
+    r = cli(m, "pause", "--worker", ida)                    # again: the newest command wins
+    assert r.returncode == 0 and r.stdout.strip() == (
+        f"[OK] paused worker {ida} ({worker(m, ida)['hostname']}): no new tasks; no task running"
+        " (it was paused already: this pause replaces that one)")
+    r = cli(m, "pause", "--worker", ida, "--for", "2h")
     until = wait_for(lambda: (worker(m, ida).get("owner") or {}).get("until"), 10, "the pause's end")
     assert 7100 < until - time.time() <= 7200
 

@@ -34,10 +34,19 @@ def test_join_says_coordinator_unreachable_while_it_waits_then_joins(tmp_path):
         assert line.startswith("[worker] coordinator unreachable (")
         assert line.endswith("), retrying")
         assert f"127.0.0.1:{mesh.port}" in line
+        # a few tries later, once, where to look; still the one unreachable line (not one
+        # a second, as a wrong URL or port used to print)
+        hint = wait_for(lambda: next((ln for ln in worker.output().splitlines()
+                                      if "gpumesh doctor" in ln), None), 30, "the doctor pointer")
+        assert hint == ("[worker] still no answer after 3 tries; retrying at most 30 s apart. "
+                        f"Check the address with: gpumesh doctor {mesh.url}")
+        assert worker.output().count("coordinator unreachable (") == 1
         assert worker.p.poll() is None  # still waiting, not given up
         mesh.start()
         mesh.wait_alive(1, worker, timeout=60)  # backoff is capped: it joins on its own
         wait_for(lambda: "joined mesh as" in worker.output(), 10, "the joined line")
+        assert worker.output().count("coordinator unreachable (") == 1
+        assert worker.output().count("gpumesh doctor") == 1
     finally:
         worker.stop()
         mesh.stop()

@@ -207,3 +207,33 @@ def test_exception_holding_a_lock_cannot_be_pickled():
 
     with pytest.raises(Exception):
         wire.dumps(LockError())
+
+
+def test_where_never_doubles_a_comma():
+    """Each part of an item's description once, joined by ", " whatever is unknown (a
+    cancelled task has no worker: it used to read ``f(3),, task ...``)."""
+    bare = ResultItem(index=3, task_id="76bafb25214a", state="failed", seq=0)
+    assert calls.where(bare, ((3,), {}), 10, "f") == ".map item 3 of 10, f(3), task 76bafb25214a"
+    assert calls.where(bare, None, 10) == ".map item 3 of 10, task 76bafb25214a"
+    assert calls.where(bare, ((3,), {}), 1, "f") == "f(3), task 76bafb25214a"
+    assert calls.where(bare) == "task 76bafb25214a"
+    ran = ResultItem(index=3, task_id="t9", state="failed", seq=0,
+                     error={"worker": "0afecb2d", "hostname": "laptop-a", "attempt": 2})
+    assert calls.where(ran, ((), {"lr": 0.5}), 20, "train") == \
+        ".map item 3 of 20, train(lr=0.5), on worker laptop-a (0afecb2d), attempt 2, task t9"
+    assert calls.where(ran, ((3,), {}), 1, "f") == "f(3) on worker laptop-a (0afecb2d), attempt 2, task t9"
+    assert calls.where(ran) == "task t9 on worker laptop-a (0afecb2d), attempt 2"
+
+
+def test_a_cancelled_item_gets_no_return_exceptions_hint():
+    hint = calls.keep_going()
+    cancelled = ResultItem(index=3, task_id="76bafb25214a", state="failed", seq=0,
+                           error={"kind": "cancelled", "type": "Cancelled",
+                                  "message": "the job was cancelled"})
+    exc = calls.failure(cancelled, None, call=((3,), {}), n=10, hint=hint, name="f")
+    assert type(exc) is Cancelled
+    assert str(exc) == "the job was cancelled (.map item 3 of 10, f(3), task 76bafb25214a)"
+    # a failure of the function's own still says how to keep the other items' results
+    crashed = ResultItem(index=3, task_id="t1", state="failed", seq=0,
+                         error={"kind": "crashed", "message": "the task process exited with code 7"})
+    assert str(calls.failure(crashed, None, n=10, hint=hint)).endswith("; " + hint)

@@ -180,3 +180,13 @@ def test_generate_token_retries_a_dash(monkeypatch):
     seq = iter(["-abc" + "x" * 40, "-def" + "y" * 40, "good" + "z" * 40])
     monkeypatch.setattr(config.secrets, "token_urlsafe", lambda n: next(seq))
     assert config.generate_token() == "good" + "z" * 40
+
+
+def test_saved_token_only_for_the_same_coordinator(tmp_path, monkeypatch):
+    from gpumesh import config
+    monkeypatch.setenv("GPUMESH_CONFIG", str(tmp_path / "config.json"))
+    assert config.saved_token("http://127.0.0.1:8000") is None  # no config at all
+    config.save("http://127.0.0.1:8000", "t" * 43)
+    assert config.saved_token("http://127.0.0.1:8000/") == "t" * 43
+    assert config.saved_token("http://127.0.0.1:8001") is None  # another port
+    assert config.saved_token("https://127.0.0.1:8000") is None  # another scheme

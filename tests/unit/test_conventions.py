@@ -190,6 +190,7 @@ PUBLIC_API = [
     "WorkerLost",
     "Cancelled",
     "TaskTimeout",
+    "StartFailed",
     "RemoteTraceback",
     "load_ipython_extension",
     "unload_ipython_extension",

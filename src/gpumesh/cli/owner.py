@@ -279,7 +279,8 @@ def pause(now, for_, worker):
         until = ""
         if for_ and a.get("until"):
             until = f" for {for_} (until {time.strftime('%H:%M', time.localtime(a['until']))})"
-        click.echo(f"[OK] paused {_who(a)}{until}: no new tasks; {what}")
+        again = " (it was paused already: this pause replaces that one)" if a.get("was_paused") else ""
+        click.echo(f"[OK] paused {_who(a)}{until}: no new tasks; {what}{again}")
 
 
 @click.command()
@@ -290,4 +291,8 @@ def resume(worker):
     running."""
     for a in _send({"op": "resume"}, worker):
         state = a.get("state", "open")
-        click.echo(f"[OK] resumed {_who(a)}" + ("" if state == "open" else f" (still {state})"))
+        still = "" if state == "open" else f" (still {state})"
+        if a.get("was_paused") is False:  # (a worker of an older gpumesh does not say)
+            click.echo(f"[OK] {_who(a)} was not paused: nothing to resume{still}")
+        else:
+            click.echo(f"[OK] resumed {_who(a)}{still}")

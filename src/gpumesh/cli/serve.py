@@ -179,11 +179,25 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
     worker_token = worker_token or os.environ.get("GPUMESH_WORKER_TOKEN") or None
     metrics_token = metrics_token or os.environ.get("GPUMESH_METRICS_TOKEN") or None
     hide(token, worker_token, metrics_token)  # out of ps and /proc/PID/environ from here on
-    generated = token is None
-    if generated:
-        token = config.generate_token()
-    else:
+    if token is not None:
         check_token(token)
+    trusted, net = reach.plan(host, tailscale, public, trusted_proxy)
+    if net is not None:
+        host = net.ip  # the tailnet address, not 0.0.0.0: the LAN stays out
+    scheme = "https" if (tls or tls_cert is not None) else "http"
+    local_url = (f"{scheme}://127.0.0.1:{port}" if host in ("0.0.0.0", "::", "127.0.0.1")
+                 else f"{scheme}://{host}:{port}")
+    generated = False  # a new token, which the banner shows (never one given or reused)
+    if token is None:
+        # A restart without --token must keep the token its workers joined with: a new
+        # one would lock every joined worker out (401) although the spec promises they
+        # reconnect on their own.
+        token = config.saved_token(local_url)
+        if token is not None:
+            click.echo(f"[gpumesh] reusing the token saved for {local_url} in {config.config_path()} "
+                       f"(pass --token or $GPUMESH_TOKEN to choose another)")
+        else:
+            token, generated = config.generate_token(), True
     if worker_token is not None:
         check_token(worker_token, "worker token")
         if worker_token == token:
@@ -192,9 +206,6 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
         check_token(metrics_token, "metrics token")
         if metrics_token in (token, worker_token):
             fail("the metrics token must differ from the main and worker tokens")
-    trusted, net = reach.plan(host, tailscale, public, trusted_proxy)
-    if net is not None:
-        host = net.ip  # the tailnet address, not 0.0.0.0: the LAN stays out
     # The port first: a port in use must not leave an empty data directory behind.
     try:
         sock = bind(host, port)
@@ -233,9 +244,6 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
             fingerprint = check_pair(tls_cert, tls_key)
         except TLSSetupError as e:
             fail(str(e))
-    scheme = "https" if fingerprint else "http"
-    local_url = (f"{scheme}://127.0.0.1:{port}" if host in ("0.0.0.0", "::", "127.0.0.1")
-                 else f"{scheme}://{host}:{port}")
     try:
         path = config.save(local_url, token, fingerprint)
         click.echo(f"[gpumesh] config saved to {path}")

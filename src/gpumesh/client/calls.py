@@ -113,17 +113,22 @@ def where(item: ResultItem, call: Call | None = None, n: int = 1, name: str | No
     named: str | None = task_id  # the task id at the end, unless the text starts with it
     worker, host = err.get("worker") or item.worker, err.get("hostname")
     shown = f"{name or 'the function'}({describe_call(call)})" if call is not None else ""
-    if n > 1:
-        what = f".map item {index} of {n}" + (f", {shown}," if shown else "")
-    elif call is not None:
-        what = shown
-    else:
-        what, named = f"task {task_id}", None  # named once, first
+    on = ""
     if worker:
-        what += f" on worker {host} ({worker})" if host and host != worker else f" on worker {worker}"
+        on = f"on worker {host} ({worker})" if host and host != worker else f"on worker {worker}"
+    # Parts joined by ", " (never a doubled or trailing comma, whatever is unknown); the
+    # worker follows a lone call or task with a space: "f(3) on worker w".
+    if n > 1:
+        parts = [f".map item {index} of {n}", shown, on]
+    else:
+        if call is None:
+            shown, named = f"task {task_id}", None  # named once, first
+        parts = [f"{shown} {on}".strip()]
     if err.get("attempt"):
-        what += f", attempt {err['attempt']}"
-    return what + (f", task {named}" if named else "")
+        parts.append(f"attempt {err['attempt']}")
+    if named:
+        parts.append(f"task {named}")
+    return ", ".join(p for p in parts if p)
 
 
 def decode_result(item: ResultItem, payload: memoryview | None, strict: bool = False, *,
@@ -164,6 +169,10 @@ def failure(item: ResultItem, payload: memoryview | None, *, call: Call | None =
     tb = with_source(err.get("traceback", ""))
     task_id, worker = item.task_id, err.get("worker") or item.worker
     place = where(item, call, n, name)
+    if kind == FailureKind.CANCELLED:
+        # Someone cancelled the job (gpumesh cancel, .cancel()): return_exceptions would
+        # not have run its items, so the hint of a batch stopped by a failure is wrong here.
+        hint = ""
     tail = f" ({place})" + (f"; {hint}" if hint else "")
     if err.get("stderr_tail") and kind != "raised":
         tail += "\n--- last lines the task wrote to stderr ---\n" + err["stderr_tail"].rstrip()

@@ -390,8 +390,10 @@ class GPUMesh:
         """Start ``gpumesh serve`` in a background process and return once it answers.
 
         Returns a :class:`~gpumesh.client.processes.CoordinatorHandle` (``.url``,
-        ``.token``, ``.stop()``; also a context manager). Raises ``RuntimeError`` with
-        the server's own message if it fails to start.
+        ``.token``, ``.stop()``; also a context manager). Without ``token``: the one the
+        saved config holds for this URL (as ``gpumesh serve`` does), else a new one.
+        Raises :class:`~gpumesh.errors.StartFailed` (a ``MeshError`` and a
+        ``RuntimeError``) with the server's own message if it fails to start.
         """
         from .processes import start_coordinator
         return start_coordinator(port=port, token=token, host=host, data_dir=data_dir,
@@ -400,6 +402,8 @@ class GPUMesh:
     @staticmethod
     def add_worker(url: str, token: str | None = None, slots: int = 1):
         """Start ``gpumesh join url`` in a background process; returns the new worker's
-        description (a dict as in :meth:`workers`, with ``.stop()``) once registered."""
+        description (a dict as in :meth:`workers`, with ``.stop()``) once registered.
+        Raises :class:`~gpumesh.errors.StartFailed` with the worker's own message if it
+        exits or does not register in time."""
         from .processes import add_worker
         return add_worker(url, token=token, slots=slots)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from .. import config, protocol
-from ..errors import MeshError
+from ..errors import MeshError, StartFailed
 from ..transport import Transport
 
 START_TIMEOUT_S = 30.0
@@ -76,7 +76,9 @@ def _spawn(args: list[str], env: dict, name: str) -> tuple[subprocess.Popen, Pat
 
 def start_coordinator(port: int = 8000, token: str | None = None, host: str = "127.0.0.1",
                       data_dir: str | None = None, self_worker: bool = True) -> CoordinatorHandle:
-    token = token or config.generate_token()
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    # As ``gpumesh serve`` does: a restart keeps the token its workers joined with.
+    token = token or config.saved_token(url) or config.generate_token()
     env = dict(os.environ, GPUMESH_TOKEN=token)
     args = ["serve", "--host", host, "--port", str(port)]
     if data_dir:
@@ -84,13 +86,12 @@ def start_coordinator(port: int = 8000, token: str | None = None, host: str = "1
     if not self_worker:
         args.append("--no-self-worker")
     proc, log_path = _spawn(args, env, "coordinator")
-    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     handle = CoordinatorHandle(proc, log_path, url, token)
     probe = Transport(url, None)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the coordinator exited with code {proc.returncode}: {handle.log_tail()}")
+            raise StartFailed(f"the coordinator exited with code {proc.returncode}: {handle.log_tail()}")
         try:
             probe.request("GET", protocol.HEALTH, timeout=1)
             return handle
@@ -98,7 +99,7 @@ def start_coordinator(port: int = 8000, token: str | None = None, host: str = "1
             pass
         time.sleep(0.05)
     handle.stop()
-    raise RuntimeError(f"the coordinator did not answer within {START_TIMEOUT_S:.0f}s: {handle.log_tail()}")
+    raise StartFailed(f"the coordinator did not answer within {START_TIMEOUT_S:.0f}s: {handle.log_tail()}")
 
 
 def add_worker(url: str, token: str | None = None, slots: int = 1) -> WorkerHandle:
@@ -112,11 +113,11 @@ def add_worker(url: str, token: str | None = None, slots: int = 1) -> WorkerHand
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the worker exited with code {proc.returncode}: "
+            raise StartFailed(f"the worker exited with code {proc.returncode}: "
                                f"{Path(log_path).read_text(errors='replace')[-4000:]}")
         for w in http.request("GET", protocol.WORKERS, timeout=10).json():
             if w["id"] not in before and w.get("alive"):
                 return WorkerHandle(w, proc, log_path)
         time.sleep(0.05)
     proc.kill()
-    raise RuntimeError(f"the worker did not register within {START_TIMEOUT_S:.0f}s")
+    raise StartFailed(f"the worker did not register within {START_TIMEOUT_S:.0f}s")

@@ -39,8 +39,8 @@ from ..handoff import Handoff, new_name
 from ..payloadref import PayloadRef
 from .._version import __version__
 from ..errors import AuthError, RequestRejected, WireError
-from ..limits import (BACKOFF_BASE_S, BACKOFF_MAX_S, HEARTBEAT_INTERVAL_S, LONG_POLL_S,
-                      OUTPUT_BODY_BYTES, OUTPUT_FLUSH_S, SESSION_PING_S)
+from ..limits import (BACKOFF_BASE_S, BACKOFF_MAX_S, HEARTBEAT_INTERVAL_S, JOIN_BACKOFF_MAX_S,
+                      JOIN_HINT_AFTER, LONG_POLL_S, OUTPUT_BODY_BYTES, OUTPUT_FLUSH_S, SESSION_PING_S)
 from ..transport import Transport, Unreachable
 from . import tempdirs
 from .device import GpuMonitor
@@ -211,7 +211,9 @@ class WorkerAgent(OwnerRules):
         with self._reg_lock:
             if self._registered.is_set() and not first:
                 return
-            delays = backoff_delays()
+            never_joined = self.id is None
+            cap = JOIN_BACKOFF_MAX_S if never_joined else BACKOFF_MAX_S
+            delays, failures = backoff_delays(cap=cap), 0
             while not self.stopping.is_set():
                 try:
                     body = dict(self.info, slots=self.slots, slot_list=self.slot_list,
@@ -230,9 +232,14 @@ class WorkerAgent(OwnerRules):
                 except AuthError:
                     raise
                 except Unreachable as e:
-                    if first:
+                    failures += 1
+                    if first and failures == 1:  # once, not once a try
                         self.on_event("waiting", f"coordinator unreachable ({e}), retrying")
                         first = False if self.id else first
+                    if never_joined and failures == JOIN_HINT_AFTER:
+                        self.on_event("waiting", f"still no answer after {failures} tries; retrying at "
+                                      f"most {cap:g} s apart. Check the address with: "
+                                      f"gpumesh doctor {self.url}")
                     self.stopping.wait(next(delays))
 
     def _check_version(self, answer: dict) -> None:

@@ -177,6 +177,7 @@ class OwnerRules:
             raise ValueError("'worker' must be a worker id")
         if target and target != self.id and not (self.id or "").startswith(target):
             return {"ok": True, "skipped": True, "worker": self.id}
+        was_paused = self.owner.paused  # for the owner's CLI: "was not paused", "already paused"
         if op == "pause":
             now, for_s = request.get("now", False), request.get("for_s")
             if not isinstance(now, bool):
@@ -196,4 +197,5 @@ class OwnerRules:
         d = self._decision
         return {"ok": True, "worker": self.id, "hostname": self.info.get("hostname"),
                 "state": (d.worker or {}).get("label", "open"), "until": self.owner.paused_until,
-                "running": running, "gpus": {str(i): st["label"] for i, st in d.gpus.items()}}
+                "running": running, "gpus": {str(i): st["label"] for i, st in d.gpus.items()},
+                "was_paused": was_paused}
