@@ -275,6 +275,10 @@ BACKOFF_MAX_S = _const("BACKOFF_MAX_S", 2.0, "s", "longest reconnect backoff")
 # address never is.
 JOIN_BACKOFF_MAX_S = _const("JOIN_BACKOFF_MAX_S", 30.0, "s",
                             "longest backoff of a first join that has not reached its coordinator")
+JOIN_PATIENCE_S = _const("JOIN_PATIENCE_S", 30.0, "s",
+                         "how long a first join keeps the reconnect pace (a coordinator started "
+                         "alongside it is joined within BACKOFF_MAX_S of coming up) before the "
+                         "longer backoff")
 JOIN_HINT_AFTER = _const("JOIN_HINT_AFTER", 3, "count",
                          "failed first-join tries before join points at `gpumesh doctor URL`")
 CALLER_RECONNECT_S: float = _env(

@@ -38,7 +38,7 @@ def test_join_says_coordinator_unreachable_while_it_waits_then_joins(tmp_path):
         # a second, as a wrong URL or port used to print)
         hint = wait_for(lambda: next((ln for ln in worker.output().splitlines()
                                       if "gpumesh doctor" in ln), None), 30, "the doctor pointer")
-        assert hint == ("[worker] still no answer after 3 tries; retrying at most 30 s apart. "
+        assert hint == ("[worker] still no answer after 3 tries; retrying, at most 30 s apart. "
                         f"Check the address with: gpumesh doctor {mesh.url}")
         assert worker.output().count("coordinator unreachable (") == 1
         assert worker.p.poll() is None  # still waiting, not given up

@@ -40,7 +40,8 @@ from ..payloadref import PayloadRef
 from .._version import __version__
 from ..errors import AuthError, RequestRejected, WireError
 from ..limits import (BACKOFF_BASE_S, BACKOFF_MAX_S, HEARTBEAT_INTERVAL_S, JOIN_BACKOFF_MAX_S,
-                      JOIN_HINT_AFTER, LONG_POLL_S, OUTPUT_BODY_BYTES, OUTPUT_FLUSH_S, SESSION_PING_S)
+                      JOIN_HINT_AFTER, JOIN_PATIENCE_S, LONG_POLL_S, OUTPUT_BODY_BYTES,
+                      OUTPUT_FLUSH_S, SESSION_PING_S)
 from ..transport import Transport, Unreachable
 from . import tempdirs
 from .device import GpuMonitor
@@ -212,8 +213,10 @@ class WorkerAgent(OwnerRules):
             if self._registered.is_set() and not first:
                 return
             never_joined = self.id is None
-            cap = JOIN_BACKOFF_MAX_S if never_joined else BACKOFF_MAX_S
-            delays, failures = backoff_delays(cap=cap), 0
+            # A coordinator started alongside (serve's self-worker, compose, a script) is up
+            # in seconds: the reconnect pace first, the longer backoff only for an address
+            # that has not answered for JOIN_PATIENCE_S (a wrong URL or port).
+            delays, failures, patient_until = backoff_delays(), 0, time.monotonic() + JOIN_PATIENCE_S
             while not self.stopping.is_set():
                 try:
                     body = dict(self.info, slots=self.slots, slot_list=self.slot_list,
@@ -237,9 +240,11 @@ class WorkerAgent(OwnerRules):
                         self.on_event("waiting", f"coordinator unreachable ({e}), retrying")
                         first = False if self.id else first
                     if never_joined and failures == JOIN_HINT_AFTER:
-                        self.on_event("waiting", f"still no answer after {failures} tries; retrying at "
-                                      f"most {cap:g} s apart. Check the address with: "
-                                      f"gpumesh doctor {self.url}")
+                        self.on_event("waiting", f"still no answer after {failures} tries; retrying, "
+                                      f"at most {JOIN_BACKOFF_MAX_S:g} s apart. Check the address "
+                                      f"with: gpumesh doctor {self.url}")
+                    if never_joined and patient_until and time.monotonic() >= patient_until:
+                        delays, patient_until = backoff_delays(cap=JOIN_BACKOFF_MAX_S), 0.0
                     self.stopping.wait(next(delays))
 
     def _check_version(self, answer: dict) -> None:
