@@ -462,8 +462,9 @@ _PRCTL: Any = None
 _HOST_PID = 0
 _PR_SET_PDEATHSIG = 1
 _PR_GET_DUMPABLE = 3
-#: (an int: converting the Signals enum in a fresh child costs ~15 us of page faults)
-_SIGKILL = int(signal.SIGKILL)
+#: (an int: converting the Signals enum in a fresh child costs ~15 us of page faults;
+#: Windows has no SIGKILL, and no prctl either, so there it is never used)
+_SIGKILL = int(getattr(signal, "SIGKILL", 9))
 
 
 def _arm_parent_death() -> None:
