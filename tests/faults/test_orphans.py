@@ -93,6 +93,13 @@ def _call(c, kind: str, started, finished, tmp_path):
     return _call_in_thread(run)
 
 
+def _both_end_then_the_call_returns(task_pid: int, child_pid: int, th) -> None:
+    wait_for(lambda: not alive(task_pid) and not alive(child_pid), ORPHAN_GRACE_S,
+             lambda: f"the task {task_pid} and its child {child_pid} to end")
+    th.join(60)
+    assert not th.is_alive(), "the call returned"
+
+
 @pytest.mark.parametrize("kind,kill", [("task", "group"), ("job", "group"), ("script", "group"),
                                        ("task", "agent"), ("script", "agent")])
 def test_a_killed_agent_takes_its_running_task_and_its_children_with_it(
@@ -113,10 +120,7 @@ def test_a_killed_agent_takes_its_running_task_and_its_children_with_it(
         else:
             os.kill(agent.p.pid, signal.SIGKILL)
         agent.p.wait(10)
-        wait_for(lambda: not alive(task_pid) and not alive(child_pid), ORPHAN_GRACE_S,
-                 lambda: f"the orphaned task {task_pid} and its child {child_pid} to end")
-        th.join(60)
-        assert not th.is_alive(), "the call returned"
+        _both_end_then_the_call_returns(task_pid, child_pid, th)
     assert box.get("v") == 42, box
     runs = _lines(started)
     assert len(runs) == 2, "run once more, on the other worker"
@@ -140,10 +144,7 @@ def test_a_killed_function_host_takes_its_running_task_and_its_children_with_it(
         host = parent(task_pid)
         assert host is not None and _owner(m, host) is not None, "the task's host"
         os.kill(host, signal.SIGKILL)
-        wait_for(lambda: not alive(task_pid) and not alive(child_pid), ORPHAN_GRACE_S,
-                 lambda: f"the task {task_pid} and its child {child_pid} to end")
-        th.join(60)
-        assert not th.is_alive(), "the call returned"
+        _both_end_then_the_call_returns(task_pid, child_pid, th)
     assert box.get("v") == 42, box
     runs = _lines(started)
     assert len(runs) == 2 and _lines(finished) == [[runs[1][0]]], "only the re-run finished"
