@@ -16,9 +16,12 @@ i.e. zygote, function hosts and task processes).
     .venv-bench/bin/python benchmarks/lockstep.py BEFORE/src AFTER/src --idle 3 --calls 24
     .venv-bench/bin/python benchmarks/lockstep.py BEFORE/src AFTER/src --isolation job
     .venv-bench/bin/python benchmarks/lockstep.py BEFORE/src AFTER/src --result-bytes 262144
+    .venv-bench/bin/python benchmarks/lockstep.py BEFORE/src AFTER/src --in-bytes 67108864 --calls 20
 
 ``--idle S`` sleeps S seconds before each round (the first call after an idle spell);
-``--result-bytes N``: the function returns a float32 NumPy array of N bytes. Both
+``--result-bytes N``: the function returns a float32 NumPy array of N bytes;
+``--in-bytes N``: the function gets a float32 array of N bytes and returns it plus one
+(``run.py``'s "in and out" row). Both
 checkouts need the interpreter's packages (the ``bench`` extra); ``--json PATH`` writes
 every call's time. The same checkout twice shows the harness's own spread (A/A).
 """
@@ -49,7 +52,11 @@ def ones_bytes(nbytes):
     return np.ones(nbytes // 4, np.float32)
 
 
-def child(isolation: str, nbytes: int) -> None:
+def inc(a):
+    return a + 1
+
+
+def child(isolation: str, nbytes: int, in_bytes: int = 0) -> None:
     """One side: start a cluster, warm it, then make one call per ``go`` line on stdin,
     answering each with its time, and at the end its CPU per call. The answers go to the
     original stdout; everything else this process prints goes to stderr."""
@@ -69,8 +76,13 @@ def child(isolation: str, nbytes: int) -> None:
         system.start()
         import gpumesh
         from gpumesh import accelerate
-        fn = accelerate(system.mesh, isolation=isolation)(ones_bytes if nbytes else noop)
-        arg = nbytes or 7
+        fn = accelerate(system.mesh, isolation=isolation)(
+            inc if in_bytes else ones_bytes if nbytes else noop)
+        if in_bytes:
+            import numpy as np
+            arg, nbytes = np.zeros(in_bytes // 4, np.float32), in_bytes
+        else:
+            arg = nbytes or 7
         for _ in range(WARMUP_CALLS):
             fn(arg)
         procs = {("coordinator" if p.args[0] == "serve" else f"agent {i}"): psutil.Process(p.p.pid)
@@ -110,6 +122,7 @@ def main() -> int:
     ap.add_argument("--idle", type=float, default=0.0, metavar="S", help="sleep S s before each round")
     ap.add_argument("--isolation", choices=("task", "job"), default="task")
     ap.add_argument("--result-bytes", type=int, default=0, metavar="N")
+    ap.add_argument("--in-bytes", type=int, default=0, metavar="N")
     ap.add_argument("--json", default=None, metavar="PATH", help="write every call's time here")
     opts = ap.parse_args()
     sides = {}
@@ -117,7 +130,8 @@ def main() -> int:
         for name, src in (("A", opts.a), ("B", opts.b)):
             env = dict(os.environ, PYTHONPATH=str(Path(src).resolve()))
             sides[name] = subprocess.Popen(
-                [sys.executable, __file__, "--child", opts.isolation, str(opts.result_bytes)],
+                [sys.executable, __file__, "--child", opts.isolation, str(opts.result_bytes),
+                 str(opts.in_bytes)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         for name, p in sides.items():
             line = p.stdout.readline()
@@ -145,7 +159,7 @@ def main() -> int:
                 p.wait(60)
     a, b = ms["A"], ms["B"]
     print(f"{opts.calls} rounds, idle {opts.idle:g} s, isolation={opts.isolation}, result "
-          f"{opts.result_bytes} bytes, load average now {os.getloadavg()[0]:.1f}")
+          f"{opts.result_bytes} bytes, in and out {opts.in_bytes} bytes, load average now {os.getloadavg()[0]:.1f}")
     print(f"p50: A {statistics.median(a):.2f} ms, B {statistics.median(b):.2f} ms; median of "
           f"the rounds' B/A {statistics.median(y / x for x, y in zip(a, b)):.3f}; B faster in "
           f"{sum(y < x for x, y in zip(a, b))} of {len(a)}")
@@ -158,6 +172,6 @@ def main() -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(sys.argv[2], int(sys.argv[3]))
+        child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 0)
     else:
         sys.exit(main())
