@@ -19,7 +19,8 @@ see :mod:`gpumesh.handoff`); it is adopted the same way. Function blobs are
 content-addressed (sha256).
 
 All methods are synchronous and fast (no method scans all tasks); the coordinator calls
-them from its event loop.
+them from its event loop. Released payload files are deleted by a thread of their own
+(:mod:`.reaper`), after their rows stop naming them.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from .. import limits
 from ..limits import INLINE_BLOB_BYTES
 from ..wire import Chunk
 from .checkpoint import JOURNAL_SIZE_LIMIT, Checkpointer
+from .reaper import Reaper
 
 log = logging.getLogger("gpumesh.coordinator")
 
@@ -231,6 +233,8 @@ class Store:
         #: Inside :meth:`transaction`: the payload files written for its rows (removed
         #: when its commit fails); None outside one.
         self._written: list[str] | None = None
+        #: Deletes released payload files off the event loop (see .reaper).
+        self.reaper = Reaper()
         self.db = sqlite3.connect(self.dir / "gpumesh.db", isolation_level=None,
                                   check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -256,6 +260,7 @@ class Store:
             self.db.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT}")
 
     def close(self) -> None:
+        self.reaper.close()
         if self.checkpointer is not None:
             self.checkpointer.close()
         self.db.close()
@@ -497,8 +502,7 @@ class Store:
             with self._tx():
                 self.db.execute("DELETE FROM tasks WHERE job_id=?", (job_id,))
                 self.db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
-            for sub in ("results", "args"):
-                shutil.rmtree(self.blob_dir / sub / job_id, ignore_errors=True)
+            self.reaper.remove(trees=[self.blob_dir / sub / job_id for sub in ("results", "args")])
         unused = [r[0] for r in self.db.execute(
             "SELECT hash FROM blobs WHERE created < ? AND hash NOT IN"
             " (SELECT fn_hash FROM jobs WHERE fn_hash IS NOT NULL)", (cutoff,))]
@@ -541,14 +545,10 @@ class Store:
             self.db.execute("UPDATE tasks SET args=NULL, args_file=NULL, result=NULL,"
                             " result_file=NULL WHERE job_id=?", (job_id,))
             self.db.execute("UPDATE jobs SET released=1 WHERE id=?", (job_id,))
-        for a, r in files:
-            self._remove_file(a)
-            self._remove_file(r)
-        for sub in ("args", "results"):
-            try:
-                (self.blob_dir / sub / job_id).rmdir()
-            except OSError:  # absent, or a file in it we did not know of (purge removes it)
-                pass
+        # No row names the files any more; unlinking them (their pages freed there and
+        # then, tens of ms for a big one) is the reaper's, not the event loop's.
+        self.reaper.remove(files=[self.blob_dir / rel for pair in files for rel in pair if rel],
+                           dirs=[self.blob_dir / sub / job_id for sub in ("args", "results")])
 
     # ---------------------------------------------------------- tasks ------------
     def task_args(self, task_id: str) -> tuple[bytes | None, str | None]:

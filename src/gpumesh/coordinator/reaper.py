@@ -1,0 +1,106 @@
+"""Deleting released payload files on a thread of their own, off the event loop.
+
+Unlinking a file frees its page-cache pages there and then: a 64 MiB payload file took
+5-50 ms to unlink on the shared build VM (docs/performance.md, "Tenth session"), and a
+released call has two (its arguments and its result). The coordinator released jobs
+inside the release request, on its event loop, so the next call's submit, lease and
+result post waited for those unlinks. The rows stop naming the files first (in the
+store's transaction), so nothing can reach a file once it is queued here; a file left
+by a coordinator killed before its turn came lies in a released job's folder, which
+:meth:`~gpumesh.coordinator.store.Store.purge_before` removes with the job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import shutil
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+log = logging.getLogger("gpumesh.coordinator")
+
+#: Seconds :meth:`Reaper.close` waits for what is queued (a stop never hangs on a disk).
+CLOSE_WAIT_S = 10.0
+
+
+class Reaper:
+    """Removes files, then empty folders, then whole trees, in the order asked; one
+    daemon thread, started with the first request. Where no thread can be started the
+    removal happens in the caller, as before."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def remove(self, files: Iterable[Path] = (), dirs: Iterable[Path] = (),
+               trees: Iterable[Path] = ()) -> None:
+        """Queue ``files`` to unlink, then the folders ``dirs`` to remove if empty, then
+        ``trees`` to remove with everything in them. Missing ones are skipped. Never raises."""
+        item = (tuple(files), tuple(dirs), tuple(trees))
+        if not any(item):
+            return
+        if self._start():
+            self._queue.put(item)
+        else:
+            _remove(*item)
+
+    def flush(self, timeout: float = CLOSE_WAIT_S) -> bool:
+        """Wait until everything queued before this call is removed; False on timeout."""
+        if self._thread is None:
+            return True
+        done = threading.Event()
+        self._queue.put(done)
+        return done.wait(timeout)
+
+    def close(self) -> None:
+        """Finish what is queued (at most :data:`CLOSE_WAIT_S`), then stop the thread."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join(CLOSE_WAIT_S)
+
+    def _start(self) -> bool:
+        with self._lock:
+            if self._thread is None:
+                thread = threading.Thread(target=self._run, name="payload-reaper", daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError:  # (interpreter shutting down, no threads left)
+                    return False
+                self._thread = thread
+            return True
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            try:
+                _remove(*item)
+            except Exception:  # noqa: BLE001 - a removal must never end the thread
+                log.exception("removing released payload files failed")
+
+
+def _remove(files: tuple[Path, ...], dirs: tuple[Path, ...], trees: tuple[Path, ...]) -> None:
+    for path in files:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.warning("could not remove payload file %s: %s", path, e)
+    for path in dirs:
+        try:
+            os.rmdir(path)
+        except OSError:  # absent, or a file in it we did not know of (purge removes it)
+            pass
+    for path in trees:
+        shutil.rmtree(path, ignore_errors=True)
