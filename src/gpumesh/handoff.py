@@ -28,6 +28,28 @@ not have: whoever can write there can already rewrite the coordinator's database
 coordinator only ever adopts files by a plain name inside that one directory.
 
 ``GPUMESH_HANDOFF=0`` turns it off for a process (everything then travels over HTTP).
+
+**The pool: released result files written over.** Writing a payload into a new file
+costs the machine fresh pages: ~0.9 ms per MiB on the build VM, against ~0.13 ms to
+write over a file whose pages are still in memory (docs/performance.md, "Tenth
+session"). So the store does not always delete a released result file: it renames it
+into the drop directory as ``<24 hex>.free`` (:func:`pool_file`), and the next sender
+writes its payload over it (:func:`write_file` claims one by renaming it to its own
+name). That is safe only when nobody maps the file any more, since a copy-on-write map
+still shows the file's pages it has not copied. Hence a protocol of ``flock`` locks:
+
+* a reader maps a store file only under a shared lock, which it holds as long as the map
+  lives, and only after checking, lock held, that the store still names that very file
+  (:func:`lock_shared`; :meth:`gpumesh.payloadref.PayloadRef.open`);
+* the store first renames the file out of its place, then tries the exclusive lock
+  without waiting, and deletes the file instead if anyone holds the shared one.
+
+A reader that locked before the rename keeps the file out of the pool; one that opened
+it before the rename but locks after finds that the store no longer names it, and
+treats it as gone (it then asks over HTTP). A caller says that it maps under locks with
+the request header :data:`MAP_LOCKS_HEADER`; a job whose results went by path to any
+request without it, or over HTTP, is never pooled. The pool is bounded
+(``HANDOFF_POOL_BYTES``) and emptied after ``HANDOFF_POOL_IDLE_S`` without use.
 """
 
 from __future__ import annotations
@@ -35,20 +57,35 @@ from __future__ import annotations
 import mmap
 import os
 import re
+import stat
+import threading
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import limits
-from .limits import HANDOFF_MIN_BYTES
+from .limits import HANDOFF_MIN_BYTES, HANDOFF_POOL_BYTES
+
+try:  # the pool needs flock; where there is none (Windows) there is no handoff either
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]  # (tested as None below)
 
 if TYPE_CHECKING:  # (protocol imports payloadref, which imports this module)
     from .protocol import ResultItem
 
 #: The name a sender gives a file it writes into the handoff directory.
 NAME = re.compile(r"[0-9a-f]{24}\.part")
+#: A released result file in the pool, for a sender to write over (see the docstring).
+FREE = re.compile(r"[0-9a-f]{24}\.free")
 #: The probe file the coordinator writes (holds the nonce).
 PROBE = ".probe"
+#: The request header by which a process says it maps store files under shared locks.
+MAP_LOCKS_HEADER = "x-gpumesh-map-locks"
+#: Maps a process holds locked at once; beyond that a payload is read into memory instead
+#: (each locked map keeps a descriptor open: they must not crowd out the process's sockets).
+MAX_LOCKED_MAPS = 256
 #: Open flags: not inherited by child processes, and binary (Windows opens text otherwise).
 _NOINHERIT = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0) | getattr(os, "O_NOINHERIT", 0)
 
@@ -171,16 +208,147 @@ def write_file(drop_dir: str | Path, chunks: Iterable, name: str | None = None) 
         name = new_name()
     elif not NAME.fullmatch(name):
         raise ValueError(f"{name!r} is not a handoff file name")
+    chunks = [memoryview(c).cast("B") for c in chunks]
+    size = sum(c.nbytes for c in chunks)
     path = os.path.join(drop_dir, name)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOINHERIT, 0o600)
+    fd = _claim_free(drop_dir, name, size)
+    if fd is None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOINHERIT, 0o600)
     try:
         _write_all(fd, chunks)
+        if os.fstat(fd).st_size != size:  # a pooled file that was bigger
+            os.ftruncate(fd, size)
     except BaseException:
         os.close(fd)
         discard(drop_dir, name)
         raise
     os.close(fd)
     return name
+
+
+def _claim_free(drop_dir: str | Path, name: str, size: int) -> int | None:
+    """Take a pooled file to write ``size`` bytes over, renamed to ``drop_dir/name``: its
+    descriptor, open for writing; None when the pool has none that fits. Fits: the
+    smallest of at least ``size`` bytes, up to twice that (cutting a bigger one down
+    would free more pages than writing over it saves), else the biggest smaller one."""
+    if fcntl is None:
+        return None
+    try:
+        with os.scandir(drop_dir) as it:
+            free = [(e.stat(follow_symlinks=False).st_size, e.path) for e in it
+                    if FREE.fullmatch(e.name)]
+    except OSError:
+        return None
+    big = sorted(f for f in free if size <= f[0] <= 2 * size)
+    small = sorted((f for f in free if f[0] < size), reverse=True)
+    dest = os.path.join(drop_dir, name)
+    for _, path in big + small:
+        try:
+            os.rename(path, dest)  # atomic: of two senders, one gets it
+        except OSError:
+            continue
+        try:
+            fd = os.open(dest, os.O_WRONLY | _NOINHERIT | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            discard(drop_dir, name)
+            continue
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            os.close(fd)
+            discard(drop_dir, name)
+            continue
+        os.utime(fd)  # a fresh file to the handoff sweep's age test, as a new one would be
+        return fd
+    return None
+
+
+def pool_bytes(ram: int | None = None) -> int:
+    """How many bytes of released result files the pool may keep: ``HANDOFF_POOL_BYTES``,
+    at most 1/16 of the machine's memory (``ram``, bytes; read when None)."""
+    if ram is None:
+        try:
+            ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            ram = 0
+    return min(HANDOFF_POOL_BYTES, ram // 16)
+
+
+def pool_file(drop_dir: str | Path, path: str | Path, budget: int) -> bool:
+    """Give the released store file ``path`` to the pool in ``drop_dir`` if nobody maps
+    it and the pool stays within ``budget`` bytes; else delete it. True if pooled.
+    Raises nothing for a file that is gone. (The store's reaper thread calls this.)"""
+    if fcntl is None:
+        _unlink(path)
+        return False
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        _unlink(path)
+        return False
+    if size < HANDOFF_MIN_BYTES or pool_held(drop_dir) + size > budget:
+        _unlink(path)
+        return False
+    free = os.path.join(drop_dir, os.urandom(12).hex() + ".free")
+    try:
+        os.rename(path, free)  # first out of the store's name: no reader can lock it anew
+    except OSError:
+        _unlink(path)
+        return False
+    try:
+        fd = os.open(free, os.O_RDONLY | _NOINHERIT)
+    except OSError:
+        _unlink(free)
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # anyone mapping it holds LOCK_SH
+    except OSError:
+        _unlink(free)  # still mapped: it must never change, so it goes
+        return False
+    finally:
+        os.close(fd)  # (closing drops our lock too)
+    return True
+
+
+def pool_held(drop_dir: str | Path) -> int:
+    """Bytes of pooled files in ``drop_dir`` now."""
+    held = 0
+    try:
+        with os.scandir(drop_dir) as it:
+            for e in it:
+                if FREE.fullmatch(e.name):
+                    try:
+                        held += e.stat(follow_symlinks=False).st_size
+                    except FileNotFoundError:  # (taken meanwhile)
+                        pass
+    except OSError:
+        pass
+    return held
+
+
+def sweep_pool(drop_dir: str | Path, older_than: float | None = None) -> int:
+    """Delete pooled files put there before ``older_than`` (epoch seconds; None: all).
+    Returns how many."""
+    n = 0
+    try:
+        with os.scandir(drop_dir) as it:
+            for e in it:
+                try:
+                    if FREE.fullmatch(e.name) and (
+                            older_than is None or e.stat(follow_symlinks=False).st_ctime < older_than):
+                        os.unlink(e.path)
+                        n += 1
+                except FileNotFoundError:
+                    pass
+    except OSError:
+        pass
+    return n
+
+
+def _unlink(path: str | Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def memory_file(chunks: Iterable) -> int | None:
@@ -213,6 +381,80 @@ def discard(drop_dir: str | Path, name: str) -> None:
         os.unlink(os.path.join(drop_dir, name))
     except FileNotFoundError:
         pass
+
+
+def lock_shared(fd: int, path: str | Path) -> bool:
+    """Take a shared ``flock`` on ``fd``, opened from ``path`` (a store file), and check,
+    lock held, that ``path`` still names that file: True if so (the store will not pool
+    the file while the lock is held); False if the store has moved it since (the lock is
+    dropped again: the caller treats the file as gone). No-op True without flock."""
+    if fcntl is None:
+        return True
+    fcntl.flock(fd, fcntl.LOCK_SH)  # (the store holds LOCK_EX for microseconds at most)
+    try:
+        here, st = os.stat(path), os.fstat(fd)
+    except FileNotFoundError:
+        here = None
+    if here is None or (here.st_dev, here.st_ino) != (st.st_dev, st.st_ino):
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    return True
+
+
+_held_lock = threading.Lock()
+_held = 0  # locked maps this process holds
+
+
+def map_locked(fd: int, offset: int = 0, length: int | None = None) -> memoryview:
+    """As :func:`map_fd` for a descriptor :func:`lock_shared` locked, which this takes
+    over: it stays open (and its lock held) until the map is gone, then is closed. Past
+    :data:`MAX_LOCKED_MAPS` held maps, the bytes are read into memory instead and the
+    descriptor is closed at once. Raises like :func:`map_fd`."""
+    global _held
+    with _held_lock:
+        room = _held < MAX_LOCKED_MAPS
+        if room:
+            _held += 1
+    try:
+        if not room:
+            size = os.fstat(fd).st_size
+            n = size - offset if length is None else length
+            if offset < 0 or n < 0 or offset + n > size:
+                raise ValueError(f"bytes {offset}..{offset + n} are not in a file of {size}")
+            buf = bytearray(n)
+            got = 0
+            while got < n:  # os.preadv may return less than asked
+                k = os.preadv(fd, [memoryview(buf)[got:]], offset + got)
+                if k == 0:
+                    raise ValueError(f"the file ended at {offset + got} of {offset + n} bytes")
+                got += k
+            os.close(fd)
+            return memoryview(buf)
+        view = map_fd(fd, offset, length)
+    except BaseException:
+        if room:
+            _unhold(None)
+        try:
+            os.close(fd)
+        except OSError:  # (closed already, after a copy)
+            pass
+        raise
+    if not isinstance(view.obj, mmap.mmap):  # an empty range: nothing mapped
+        _unhold(fd)
+    else:
+        weakref.finalize(view.obj, _unhold, fd)
+    return view
+
+
+def _unhold(fd: int | None) -> None:
+    global _held
+    with _held_lock:
+        _held -= 1
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def map_file(path: str | Path) -> memoryview:

@@ -399,6 +399,13 @@ HANDOFF_MIN_BYTES = _const("HANDOFF_MIN_BYTES", 1 * MiB, "bytes",
 HANDOFF_TTL_S = _const("HANDOFF_TTL_S", 600.0, "s",
                        "handoff files older than this were never claimed (their sender died between "
                        "writing and sending): the coordinator deletes them")
+HANDOFF_POOL_BYTES = _const("HANDOFF_POOL_BYTES", 512 * MiB, "bytes",
+                            "released result files the coordinator keeps for senders to write over "
+                            "(their pages already in memory: gpumesh.handoff, 'pool'); at most 1/16 "
+                            "of the machine's memory")
+HANDOFF_POOL_IDLE_S = _const("HANDOFF_POOL_IDLE_S", 30.0, "s",
+                             "a pooled file no sender took for this long is deleted (its memory "
+                             "goes back to the machine)")
 
 # --- LAN discovery -------------------------------------------------------------------
 DISCOVERY_BROWSE_S = _const("DISCOVERY_BROWSE_S", 3.0, "s",

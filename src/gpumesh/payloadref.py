@@ -9,8 +9,10 @@ kind       where the bytes are                    :meth:`~PayloadRef.open`   :me
 inline     in hand: a frame of an HTTP body, a    the bytes' view     drops the bytes
            blob read from a socket
 store      a payload file of the coordinator's    maps the range      closes the descriptor
-           store (same machine), ``path`` +       (copy-on-write)     it opened (the file
-           ``offset`` + ``size``                                      is the store's)
+           store (same machine), ``path`` +       (copy-on-write;     it opened (the file
+           ``offset`` + ``size``                  by path: under a    is the store's)
+                                                  shared lock, see
+                                                  gpumesh.handoff)
 handoff    a file a sender wrote whole for its    maps the file       removes the file
            receiver (the handoff directory, the
            spawn runtime's spool)
@@ -146,6 +148,8 @@ class PayloadRef:
             view = memoryview(self.keep).cast("B")
             return view[self.offset:self.offset + (view.nbytes if self.size is None else self.size)]
         fd, close = self.fd, False
+        if fd is None and self.kind == "store":
+            return self._open_locked()
         if fd is None:
             assert self.path is not None  # (no data, no fd: __init__ asked for a path)
             fd, close = os.open(self.path, _RDONLY), True
@@ -156,6 +160,23 @@ class PayloadRef:
         finally:
             if close:
                 os.close(fd)
+
+    def _open_locked(self) -> memoryview:
+        """A store file by its path: mapped under a shared lock held while the map lives,
+        so that the store never gives the file to its pool (gpumesh.handoff) under it.
+        Raises ``FileNotFoundError`` if the store no longer names the file."""
+        assert self.path is not None  # (a store ref without fd has a path)
+        fd = os.open(self.path, _RDONLY)
+        try:
+            if not handoff.lock_shared(fd, self.path):
+                raise FileNotFoundError(f"{self.path}: released by the store")
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            return handoff.map_locked(fd, self.offset, self.size)  # (takes fd over)
+        except ValueError as e:
+            raise BadRef(f"payload reference ({self.kind}): 'offset'/'size': {e}") from None
 
     def release(self) -> None:
         """Give back what this reference holds (once; later calls do nothing): a

@@ -46,6 +46,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import (ConnectTimeoutError, HTTPError, NewConnectionError,
                                 ProtocolError, ReadTimeoutError)
 
+from . import handoff
 from .errors import AuthError, MeshUnavailable, PayloadTooLarge, RequestRejected, VersionMismatch
 from .limits import (CONNECT_TIMEOUT_S, READ_TIMEOUT_S, TCP_KEEPCNT, TCP_KEEPIDLE_S,
                      TCP_KEEPINTVL_S)
@@ -105,6 +106,8 @@ class Transport:
         self._prefix = parts.path  # a coordinator behind a path prefix
         from .versions import USER_AGENT
         self._headers = {"user-agent": USER_AGENT}  # the coordinator refuses other versions
+        if handoff.fcntl is not None:  # this process maps store files under locks: see there
+            self._headers[handoff.MAP_LOCKS_HEADER] = "1"
         if token is not None:
             # UTF-8 bytes: a token with non-Latin-1 characters is still sent (and refused
             # by the coordinator with a clear 401) instead of failing inside the client.

@@ -93,7 +93,10 @@ def drop_dir(m: Mesh):
 
 
 def leftovers(m: Mesh) -> list[str]:
-    return sorted(p.name for p in drop_dir(m).iterdir() if p.name != handoff.PROBE)
+    """Files in the drop directory but the probe and the pool's (released result files
+    kept for senders to write over: no payload of a live job)."""
+    return sorted(p.name for p in drop_dir(m).iterdir()
+                  if p.name != handoff.PROBE and not handoff.FREE.fullmatch(p.name))
 
 
 def test_big_arguments_and_results_travel_as_files(mesh):
@@ -462,3 +465,85 @@ def test_a_script_that_exits_right_after_its_call_leaves_no_payloads_behind(mesh
     assert out.returncode == 0 and out.stdout.strip() == "2.0", out.stderr
     # released before the interpreter exited: nothing waits for the 24 h retention
     wait_for(lambda: stored(mesh) == [], 5, lambda: stored(mesh))
+
+
+# ---------------------------------------------------------------- the pool --------------
+def full(i):
+    import numpy as np
+    return np.full(600_000, i, np.float32)  # 2.4 MB: a store file the caller maps
+
+
+def inode_of(a) -> int:
+    """The inode of the file array ``a`` is mapped from (0: anonymous memory)."""
+    addr = a.__array_interface__["data"][0]
+    with open("/proc/self/maps") as fh:
+        for line in fh:
+            fields = line.split(None, 5)
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if lo <= addr < hi:
+                return int(fields[4])
+    raise AssertionError("not mapped")
+
+
+def pool_inodes(m: Mesh) -> set[int]:
+    out = set()
+    for p in drop_dir(m).iterdir():
+        if handoff.FREE.fullmatch(p.name):
+            try:
+                out.add(p.stat().st_ino)
+            except FileNotFoundError:
+                pass
+    return out
+
+
+def stored_inodes(m: Mesh) -> set[int]:
+    results = m.root / "data" / "blobs" / "results"
+    return {p.stat().st_ino for p in results.rglob("*") if p.is_file()} if results.exists() else set()
+
+
+def test_a_held_result_never_changes_while_released_files_are_written_over(mesh):
+    """A released result file nobody maps goes to the pool and the next result is written
+    over it (the same inode comes back); one the caller still maps is never pooled, and its
+    values never change, however many results are written after it."""
+    client = mesh.client(output=False)
+    f = accelerate(client)(full)
+    try:
+        held = f(0)
+        held_ino = inode_of(held)
+        reused = 0
+        for i in range(1, 7):
+            r = f(i)
+            assert origin(r) == "mmap" and float(r.min()) == float(r.max()) == i
+            ino = inode_of(r)
+            assert ino != held_ino
+            del r  # the map goes, and its lock with it: released, the file may be pooled
+            wait_for(lambda: ino in pool_inodes(mesh), 10, lambda: (ino, pool_inodes(mesh)))
+            pool = pool_inodes(mesh)
+            nxt = f(100 + i)
+            reused += inode_of(nxt) in pool  # written over a pooled file (this one, or one that fits better)
+            assert float(nxt.min()) == float(nxt.max()) == 100 + i
+            del nxt
+            assert held_ino not in pool_inodes(mesh)
+        assert reused == 6
+        assert float(held.min()) == float(held.max()) == 0.0  # never changed under the caller
+    finally:
+        client.close()
+
+
+def test_a_caller_that_does_not_lock_its_maps_never_has_its_files_pooled(mesh):
+    """A caller from before the pool maps without locks (no map-locks header): its
+    results' files are deleted when released, never written over."""
+    client = mesh.client(output=False)
+    f = accelerate(client)(full)
+    try:
+        f(0)  # connects
+        client.http._headers.pop(handoff.MAP_LOCKS_HEADER)
+        held = f(5)
+        ino = inode_of(held)
+        wait_for(lambda: ino not in stored_inodes(mesh), 10, lambda: stored_inodes(mesh))
+        assert ino not in pool_inodes(mesh)
+        for i in range(3):  # results written after it cannot be written over it
+            assert float(f(10 + i).max()) == 10 + i
+        assert float(held.min()) == float(held.max()) == 5.0
+    finally:
+        client.close()

@@ -8,6 +8,11 @@ result post waited for those unlinks. The rows stop naming the files first (in t
 store's transaction), so nothing can reach a file once it is queued here; a file left
 by a coordinator killed before its turn came lies in a released job's folder, which
 :meth:`~gpumesh.coordinator.store.Store.purge_before` removes with the job.
+
+The reaper also keeps the handoff pool (:mod:`gpumesh.handoff`): a released result file
+it is asked to pool is renamed into the drop directory for a sender to write over, if
+nobody maps it and the pool has room (else deleted), and the pool is emptied after
+``HANDOFF_POOL_IDLE_S`` in which nothing was pooled.
 """
 
 from __future__ import annotations
@@ -17,8 +22,12 @@ import os
 import queue
 import shutil
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
+
+from .. import handoff
+from ..limits import HANDOFF_POOL_IDLE_S
 
 log = logging.getLogger("gpumesh.coordinator")
 
@@ -31,22 +40,27 @@ class Reaper:
     daemon thread, started with the first request. Where no thread can be started the
     removal happens in the caller, as before."""
 
-    def __init__(self) -> None:
+    def __init__(self, pool_dir: Path | None = None, pool_budget: int = 0) -> None:
+        """``pool_dir``: the handoff drop directory, where pooled files go, at most
+        ``pool_budget`` bytes of them (0: none are pooled)."""
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._pool_dir, self._pool_budget = pool_dir, pool_budget if pool_dir is not None else 0
+        self._pooled = False  # files may be in the pool (the idle sweep has work)
 
     def remove(self, files: Iterable[Path] = (), dirs: Iterable[Path] = (),
-               trees: Iterable[Path] = ()) -> None:
-        """Queue ``files`` to unlink, then the folders ``dirs`` to remove if empty, then
-        ``trees`` to remove with everything in them. Missing ones are skipped. Never raises."""
-        item = (tuple(files), tuple(dirs), tuple(trees))
+               trees: Iterable[Path] = (), pool: Iterable[Path] = ()) -> None:
+        """Queue ``files`` to unlink and ``pool`` to give to the pool (or unlink), then
+        the folders ``dirs`` to remove if empty, then ``trees`` to remove with everything
+        in them. Missing ones are skipped. Never raises."""
+        item = (tuple(files), tuple(dirs), tuple(trees), tuple(pool))
         if not any(item):
             return
         if self._start():
             self._queue.put(item)
         else:
-            _remove(*item)
+            self._do(item)
 
     def flush(self, timeout: float = CLOSE_WAIT_S) -> bool:
         """Wait until everything queued before this call is removed; False on timeout."""
@@ -77,16 +91,33 @@ class Reaper:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=HANDOFF_POOL_IDLE_S if self._pooled else None)
+            except queue.Empty:  # nothing pooled for that long: give the memory back
+                assert self._pool_dir is not None  # (only a pool sets _pooled)
+                handoff.sweep_pool(self._pool_dir, time.time() - HANDOFF_POOL_IDLE_S)
+                self._pooled = handoff.pool_held(self._pool_dir) > 0
+                continue
             if item is None:
+                if self._pool_dir is not None:
+                    handoff.sweep_pool(self._pool_dir)
                 return
             if isinstance(item, threading.Event):
                 item.set()
                 continue
             try:
-                _remove(*item)
+                self._do(item)
             except Exception:  # noqa: BLE001 - a removal must never end the thread
                 log.exception("removing released payload files failed")
+
+    def _do(self, item: tuple) -> None:
+        files, dirs, trees, pool = item
+        if pool and self._pool_budget > 0:
+            assert self._pool_dir is not None  # (a budget comes with a pool directory)
+            for path in pool:
+                self._pooled |= handoff.pool_file(self._pool_dir, path, self._pool_budget)
+            pool = ()
+        _remove(files + pool, dirs, trees)
 
 
 def _remove(files: tuple[Path, ...], dirs: tuple[Path, ...], trees: tuple[Path, ...]) -> None:

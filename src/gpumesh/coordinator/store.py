@@ -233,8 +233,12 @@ class Store:
         #: Inside :meth:`transaction`: the payload files written for its rows (removed
         #: when its commit fails); None outside one.
         self._written: list[str] | None = None
-        #: Deletes released payload files off the event loop (see .reaper).
-        self.reaper = Reaper()
+        #: Deletes released payload files off the event loop, or gives result files to
+        #: the handoff pool (see .reaper and gpumesh.handoff).
+        self.reaper = Reaper(self.handoff_dir, handoff.pool_bytes())
+        #: Jobs whose result files went, so far, only by path to readers that map under
+        #: locks: True (released, they may be pooled); False or absent, never pooled.
+        self._pool_ok: dict[str, bool] = {}
         self.db = sqlite3.connect(self.dir / "gpumesh.db", isolation_level=None,
                                   check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -537,8 +541,16 @@ class Store:
         row = self.db.execute("SELECT MAX(seq) FROM tasks WHERE job_id=?", (job_id,)).fetchone()
         return -1 if row[0] is None else row[0]
 
+    def note_result_readers(self, job_id: str, locked: bool) -> None:
+        """A results answer named this job's result files by path (``locked``: to a reader
+        that maps them under locks) or sent them (``locked`` False: the coordinator reads
+        them itself). Only a job that every such answer went to a locking reader may give
+        its result files to the handoff pool when released."""
+        self._pool_ok[job_id] = self._pool_ok.get(job_id, True) and locked
+
     def release_job(self, job_id: str) -> None:
         """The caller has every result: drop argument and result payloads, keep the rows."""
+        pool = self._pool_ok.pop(job_id, False)
         files = self.db.execute(
             "SELECT args_file, result_file FROM tasks WHERE job_id=?", (job_id,)).fetchall()
         with self._tx():
@@ -547,7 +559,11 @@ class Store:
             self.db.execute("UPDATE jobs SET released=1 WHERE id=?", (job_id,))
         # No row names the files any more; unlinking them (their pages freed there and
         # then, tens of ms for a big one) is the reaper's, not the event loop's.
-        self.reaper.remove(files=[self.blob_dir / rel for pair in files for rel in pair if rel],
+        # A result file may go to the pool instead (gpumesh.handoff): only result files,
+        # whose readers (callers) say they map under locks; a task maps its arguments'.
+        results = [self.blob_dir / r for _, r in files if r]
+        self.reaper.remove(files=[self.blob_dir / a for a, _ in files if a] + ([] if pool else results),
+                           pool=results if pool else [],
                            dirs=[self.blob_dir / sub / job_id for sub in ("args", "results")])
 
     # ---------------------------------------------------------- tasks ------------

@@ -12,7 +12,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ... import payloadref, protocol, tracing
+from ... import handoff, payloadref, protocol, tracing
 from ...limits import LONG_POLL_MAX_S, RESULT_PAGE_BYTES, RESULT_PAGE_COUNT
 from ...protocol import ErrorCode
 from .. import people
@@ -77,7 +77,7 @@ async def submit(request: Request) -> Response:
     if waited is None:
         return Response(status_code=204)
     tracing.mark("coordinator.answer")
-    return results_page(coord, waited, -1, out_after, info, v["handoff"])
+    return results_page(coord, waited, -1, out_after, info, v["handoff"], maps_locked(request))
 
 
 @route(protocol.JOBS, ["GET"], action="list jobs", roles=people.READ)
@@ -119,15 +119,23 @@ async def results(request: Request) -> Response:
     job = await until_disconnect(request, coord.wait_results(jid, after, wait, out_after))
     if job is None:
         return Response(status_code=204)
-    return results_page(coord, job, after, out_after, {}, request.query_params.get("handoff") == "1")
+    return results_page(coord, job, after, out_after, {}, request.query_params.get("handoff") == "1",
+                        maps_locked(request))
+
+
+def maps_locked(request: Request) -> bool:
+    """Whether the requester maps store files under locks (gpumesh.handoff's pool)."""
+    return request.headers.get(handoff.MAP_LOCKS_HEADER) == "1"
 
 
 def results_page(coord: Coordinator, job, after: int, out_after: int | None, extra: dict,
-                 by_path: bool = False) -> Response:
+                 by_path: bool = False, locked: bool = False) -> Response:
     """Frames: JSON (results, counts, output chunks) + result payloads + output bytes.
     ``by_path`` (the caller shares this machine): a result the store keeps as a file is
     named by ``refs: {"result": {"kind": "store", "path", "size"}}`` (the path relative
-    to the blob directory; see :mod:`gpumesh.payloadref`) instead of sent."""
+    to the blob directory; see :mod:`gpumesh.payloadref`) instead of sent. ``locked``:
+    the caller maps such files under locks, so they may go to the handoff pool once
+    released (:meth:`~gpumesh.coordinator.store.Store.note_result_readers`)."""
     items: list[dict[str, Any]] = []
     parts: list[Part] = []
     budget = RESULT_PAGE_BYTES
@@ -149,8 +157,10 @@ def results_page(coord: Coordinator, job, after: int, out_after: int | None, ext
             items[-1][payloadref.REFS] = {"result": ref}
             # The key before refs, for a caller from before it: drop it in the next release.
             items[-1]["file"] = t.result_file
+            coord.store.note_result_readers(job.id, locked)
         elif t.result_file is not None:
             parts.append(Part(path=coord.store.file_path(t.result_file), size=t.result_size))
+            coord.store.note_result_readers(job.id, False)
     meta = dict(extra, results=items, n_tasks=job.n_tasks, n_final=job.n_final,
                 state=job.state, workers_alive=len(coord.alive_workers()),
                 workers_able=coord.able_workers(job))
