@@ -41,8 +41,10 @@ still shows the file's pages it has not copied. Hence a protocol of ``flock`` lo
 * a reader maps a store file only under a shared lock, which it holds as long as the map
   lives, and only after checking, lock held, that the store still names that very file
   (:func:`lock_shared`; :meth:`gpumesh.payloadref.PayloadRef.open`);
-* the store first renames the file out of its place, then tries the exclusive lock
-  without waiting, and deletes the file instead if anyone holds the shared one.
+* the store first renames the file out of its place (to ``<24 hex>.held``, which no
+  sender takes), then tries the exclusive lock without waiting, and only if that
+  succeeds renames it to ``.free``; while anyone holds the shared lock it tries again
+  now and then, and deletes the file after ``HANDOFF_POOL_IDLE_S``.
 
 A reader that locked before the rename keeps the file out of the pool; one that opened
 it before the rename but locks after finds that the store no longer names it, and
@@ -79,6 +81,8 @@ if TYPE_CHECKING:  # (protocol imports payloadref, which imports this module)
 NAME = re.compile(r"[0-9a-f]{24}\.part")
 #: A released result file in the pool, for a sender to write over (see the docstring).
 FREE = re.compile(r"[0-9a-f]{24}\.free")
+#: A released result file set aside for the pool while a reader still maps it.
+HELD = re.compile(r"[0-9a-f]{24}\.held")
 #: The probe file the coordinator writes (holds the nonce).
 PROBE = ".probe"
 #: The request header by which a process says it maps store files under shared locks.
@@ -276,46 +280,75 @@ def pool_bytes(ram: int | None = None) -> int:
 def pool_file(drop_dir: str | Path, path: str | Path, budget: int) -> bool:
     """Give the released store file ``path`` to the pool in ``drop_dir`` if nobody maps
     it and the pool stays within ``budget`` bytes; else delete it. True if pooled.
-    Raises nothing for a file that is gone. (The store's reaper thread calls this.)"""
+    Raises nothing for a file that is gone. (:func:`take_out` and :func:`try_pool` in
+    two steps: the store's reaper retries a file that is still mapped.)"""
+    waiting = take_out(drop_dir, path, budget)
+    if waiting is None:
+        return False
+    if try_pool(waiting):
+        return True
+    _unlink(waiting)
+    return False
+
+
+def take_out(drop_dir: str | Path, path: str | Path, budget: int) -> str | None:
+    """Rename the released store file ``path`` out of the store, to ``<24 hex>.held`` in
+    ``drop_dir`` (where no sender takes it), if the pool stays within ``budget`` bytes
+    with it; else delete it. Returns the new path, or None. Once renamed, no reader can
+    lock the file anew (:func:`lock_shared` finds the store's name gone)."""
     if fcntl is None:
         _unlink(path)
-        return False
+        return None
     try:
         size = os.stat(path).st_size
     except OSError:
         _unlink(path)
-        return False
+        return None
     if size < HANDOFF_MIN_BYTES or pool_held(drop_dir) + size > budget:
         _unlink(path)
-        return False
-    free = os.path.join(drop_dir, os.urandom(12).hex() + ".free")
+        return None
+    waiting = os.path.join(drop_dir, os.urandom(12).hex() + ".held")
     try:
-        os.rename(path, free)  # first out of the store's name: no reader can lock it anew
+        os.rename(path, waiting)
     except OSError:
         _unlink(path)
-        return False
+        return None
+    return waiting
+
+
+def try_pool(waiting: str) -> bool | None:
+    """Pool the file :func:`take_out` set aside if nobody maps it now (its exclusive lock
+    is free): renamed to ``<24 hex>.free``, True. False while a reader still holds its
+    shared lock (the file must not change: try again later, or delete it); None if it
+    is gone."""
+    assert fcntl is not None  # (take_out sets nothing aside without flock)
     try:
-        fd = os.open(free, os.O_RDONLY | _NOINHERIT)
+        fd = os.open(waiting, os.O_RDONLY | _NOINHERIT)
     except OSError:
-        _unlink(free)
-        return False
+        _unlink(waiting)
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # anyone mapping it holds LOCK_SH
     except OSError:
-        _unlink(free)  # still mapped: it must never change, so it goes
         return False
     finally:
-        os.close(fd)  # (closing drops our lock too)
+        os.close(fd)  # (closing drops our lock too; no reader can take one any more)
+    free = waiting[:-len(".held")] + ".free"
+    try:
+        os.rename(waiting, free)  # only now may a sender claim it
+    except OSError:
+        _unlink(waiting)
+        return None
     return True
 
 
 def pool_held(drop_dir: str | Path) -> int:
-    """Bytes of pooled files in ``drop_dir`` now."""
+    """Bytes of pooled files in ``drop_dir`` now, and of files set aside for it."""
     held = 0
     try:
         with os.scandir(drop_dir) as it:
             for e in it:
-                if FREE.fullmatch(e.name):
+                if FREE.fullmatch(e.name) or HELD.fullmatch(e.name):
                     try:
                         held += e.stat(follow_symlinks=False).st_size
                     except FileNotFoundError:  # (taken meanwhile)
@@ -326,15 +359,16 @@ def pool_held(drop_dir: str | Path) -> int:
 
 
 def sweep_pool(drop_dir: str | Path, older_than: float | None = None) -> int:
-    """Delete pooled files put there before ``older_than`` (epoch seconds; None: all).
-    Returns how many."""
+    """Delete pooled files put there before ``older_than`` (epoch seconds; None: all,
+    and the files set aside for the pool too). Returns how many."""
     n = 0
     try:
         with os.scandir(drop_dir) as it:
             for e in it:
                 try:
-                    if FREE.fullmatch(e.name) and (
-                            older_than is None or e.stat(follow_symlinks=False).st_ctime < older_than):
+                    if (FREE.fullmatch(e.name) and (
+                            older_than is None or e.stat(follow_symlinks=False).st_ctime < older_than)
+                            or older_than is None and HELD.fullmatch(e.name)):
                         os.unlink(e.path)
                         n += 1
                 except FileNotFoundError:

@@ -94,9 +94,9 @@ def drop_dir(m: Mesh):
 
 def leftovers(m: Mesh) -> list[str]:
     """Files in the drop directory but the probe and the pool's (released result files
-    kept for senders to write over: no payload of a live job)."""
-    return sorted(p.name for p in drop_dir(m).iterdir()
-                  if p.name != handoff.PROBE and not handoff.FREE.fullmatch(p.name))
+    kept for senders to write over, or set aside for that: no payload of a live job)."""
+    return sorted(p.name for p in drop_dir(m).iterdir() if p.name != handoff.PROBE
+                  and not handoff.FREE.fullmatch(p.name) and not handoff.HELD.fullmatch(p.name))
 
 
 def test_big_arguments_and_results_travel_as_files(mesh):

@@ -38,6 +38,10 @@ def pooled(drop) -> list[str]:
     return sorted(p.name for p in drop.iterdir() if handoff.FREE.fullmatch(p.name))
 
 
+def set_aside(drop) -> list[str]:
+    return sorted(p.name for p in drop.iterdir() if handoff.HELD.fullmatch(p.name))
+
+
 def test_a_mapped_file_is_deleted_not_pooled_and_the_map_keeps_its_bytes(dirs):
     blobs, drop = dirs
     path = stored(blobs)
@@ -119,3 +123,31 @@ def test_the_reaper_pools_then_empties_the_pool_when_idle(dirs, monkeypatch):
         assert pooled(drop) == []
     finally:
         r.close()
+
+
+def test_the_reaper_pools_a_mapped_file_only_once_its_map_is_gone(dirs):
+    """``r = f(a)`` in a loop holds the previous result while the next call runs: its
+    file is set aside where no sender takes it, and pooled when the map goes."""
+    blobs, drop = dirs
+    path = stored(blobs)
+    ino = os.stat(path).st_ino
+    view = store_file(blobs, "results/j/t").open()
+    r = Reaper(drop, 64 * MiB)
+    try:
+        r.remove(pool=[path])
+        assert r.flush(10)
+        assert pooled(drop) == [] and len(set_aside(drop)) == 1 and not path.exists()
+        name = handoff.write_file(drop, [NEW])  # a sender meanwhile: a new file, not that one
+        assert os.stat(drop / name).st_ino != ino
+        time.sleep(0.2)  # several retries while the map lives
+        assert pooled(drop) == [] and bytes(view) == OLD
+        del view
+        gc.collect()
+        deadline = time.monotonic() + 10
+        while not pooled(drop) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        (free,) = pooled(drop)
+        assert os.stat(drop / free).st_ino == ino and set_aside(drop) == []
+    finally:
+        r.close()
+    assert pooled(drop) == []  # closing empties the pool

@@ -10,9 +10,11 @@ by a coordinator killed before its turn came lies in a released job's folder, wh
 :meth:`~gpumesh.coordinator.store.Store.purge_before` removes with the job.
 
 The reaper also keeps the handoff pool (:mod:`gpumesh.handoff`): a released result file
-it is asked to pool is renamed into the drop directory for a sender to write over, if
-nobody maps it and the pool has room (else deleted), and the pool is emptied after
-``HANDOFF_POOL_IDLE_S`` in which nothing was pooled.
+it is asked to pool is set aside in the drop directory if the pool has room (else
+deleted), and pooled for a sender to write over once nobody maps it. A file still mapped
+is tried again every ``RETRY_S`` (a caller's ``r = f(a)`` loop still holds the previous
+result while the next call runs) and deleted after ``HANDOFF_POOL_IDLE_S``; the pool is
+emptied after ``HANDOFF_POOL_IDLE_S`` in which nothing was pooled.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ log = logging.getLogger("gpumesh.coordinator")
 
 #: Seconds :meth:`Reaper.close` waits for what is queued (a stop never hangs on a disk).
 CLOSE_WAIT_S = 10.0
+#: Seconds between tries to pool a file a reader still maps (one flock try per file).
+RETRY_S = 0.05
 
 
 class Reaper:
@@ -48,6 +52,7 @@ class Reaper:
         self._lock = threading.Lock()
         self._pool_dir, self._pool_budget = pool_dir, pool_budget if pool_dir is not None else 0
         self._pooled = False  # files may be in the pool (the idle sweep has work)
+        self._waiting: list[tuple[str, float]] = []  # set aside, still mapped: (path, since)
 
     def remove(self, files: Iterable[Path] = (), dirs: Iterable[Path] = (),
                trees: Iterable[Path] = (), pool: Iterable[Path] = ()) -> None:
@@ -91,12 +96,16 @@ class Reaper:
 
     def _run(self) -> None:
         while True:
+            timeout = RETRY_S if self._waiting else HANDOFF_POOL_IDLE_S if self._pooled else None
             try:
-                item = self._queue.get(timeout=HANDOFF_POOL_IDLE_S if self._pooled else None)
-            except queue.Empty:  # nothing pooled for that long: give the memory back
-                assert self._pool_dir is not None  # (only a pool sets _pooled)
-                handoff.sweep_pool(self._pool_dir, time.time() - HANDOFF_POOL_IDLE_S)
-                self._pooled = handoff.pool_held(self._pool_dir) > 0
+                item = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                assert self._pool_dir is not None  # (only a pool sets _pooled, _waiting)
+                if self._waiting:
+                    self._retry()
+                else:  # nothing pooled for that long: give the memory back
+                    handoff.sweep_pool(self._pool_dir, time.time() - HANDOFF_POOL_IDLE_S)
+                    self._pooled = handoff.pool_held(self._pool_dir) > 0
                 continue
             if item is None:
                 if self._pool_dir is not None:
@@ -115,9 +124,26 @@ class Reaper:
         if pool and self._pool_budget > 0:
             assert self._pool_dir is not None  # (a budget comes with a pool directory)
             for path in pool:
-                self._pooled |= handoff.pool_file(self._pool_dir, path, self._pool_budget)
+                waiting = handoff.take_out(self._pool_dir, path, self._pool_budget)
+                if waiting is not None:
+                    self._waiting.append((waiting, time.monotonic()))
             pool = ()
+            self._retry()
         _remove(files + pool, dirs, trees)
+
+    def _retry(self) -> None:
+        """Pool the files set aside that nobody maps now; delete those mapped too long."""
+        now, still = time.monotonic(), []
+        for path, since in self._waiting:
+            pooled = handoff.try_pool(path)
+            if pooled:
+                self._pooled = True
+            elif pooled is False:
+                if now - since < HANDOFF_POOL_IDLE_S:
+                    still.append((path, since))
+                else:
+                    _remove((Path(path),), (), ())
+        self._waiting = still
 
 
 def _remove(files: tuple[Path, ...], dirs: tuple[Path, ...], trees: tuple[Path, ...]) -> None:
