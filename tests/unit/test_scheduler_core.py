@@ -566,6 +566,7 @@ def test_big_payloads_go_to_files(coord, store):
     assert r.result is None and r.result_size == len(big)
     assert store.file_path(r.result_file).read_bytes() == big
     coord.release(job.id)
+    assert store.reaper.flush(10)  # (the files go on the store's reaper thread)
     assert not store.file_path(r.result_file).exists()
     assert not store.file_path(fname).exists()
 
