@@ -46,17 +46,25 @@ def inc_and_say(a):
     return a + 1, origin(a)
 
 
-def backing(a) -> str:
-    """What the memory of array ``a`` is mapped from, as /proc/self/maps names it
-    ("" for anonymous memory)."""
+def mapping(a) -> list[str] | None:
+    """The /proc/self/maps line (split in its fields) of the memory of array ``a``."""
     addr = a.__array_interface__["data"][0]
     with open("/proc/self/maps") as fh:
         for line in fh:
             fields = line.split(None, 5)
             lo, hi = (int(x, 16) for x in fields[0].split("-"))
             if lo <= addr < hi:
-                return fields[5].strip() if len(fields) > 5 else ""
-    return "?"
+                return fields
+    return None
+
+
+def backing(a) -> str:
+    """What the memory of array ``a`` is mapped from, as /proc/self/maps names it
+    ("" for anonymous memory)."""
+    fields = mapping(a)
+    if fields is None:
+        return "?"
+    return fields[5].strip() if len(fields) > 5 else ""
 
 
 def held_memory_files(pid: int) -> list[str]:
@@ -475,14 +483,9 @@ def full(i):
 
 def inode_of(a) -> int:
     """The inode of the file array ``a`` is mapped from (0: anonymous memory)."""
-    addr = a.__array_interface__["data"][0]
-    with open("/proc/self/maps") as fh:
-        for line in fh:
-            fields = line.split(None, 5)
-            lo, hi = (int(x, 16) for x in fields[0].split("-"))
-            if lo <= addr < hi:
-                return int(fields[4])
-    raise AssertionError("not mapped")
+    fields = mapping(a)
+    assert fields is not None, "not mapped"
+    return int(fields[4])
 
 
 def pool_inodes(m: Mesh) -> set[int]:
@@ -517,7 +520,7 @@ def test_a_held_result_never_changes_while_released_files_are_written_over(mesh)
             ino = inode_of(r)
             assert ino != held_ino
             del r  # the map goes, and its lock with it: released, the file may be pooled
-            wait_for(lambda: ino in pool_inodes(mesh), 10, lambda: (ino, pool_inodes(mesh)))
+            wait_for(lambda ino=ino: ino in pool_inodes(mesh), 10, lambda: pool_inodes(mesh))
             pool = pool_inodes(mesh)
             nxt = f(100 + i)
             reused += inode_of(nxt) in pool  # written over a pooled file (this one, or one that fits better)
