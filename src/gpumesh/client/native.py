@@ -46,6 +46,7 @@ from ..transport import Unreachable
 from . import calls as _calls
 from .console import OutputPrinter
 from .pipeline import STARTED, Backend, Fallback, Job, backoff, notice
+from .sigterm import outstanding
 
 log = logging.getLogger("gpumesh.client")
 
@@ -74,20 +75,21 @@ class NativeBackend(Backend):
         printer = OutputPrinter(single=job.n == 1) if mesh.output else None
         collected = accepted = False
         try:
-            try:
-                first = self._submit(job, printer is not None)
-            except Fallback:
-                collected = True  # nothing was stored
-                raise
-            accepted = True
-            if job.streaming:
-                first = bytearray()  # (a submit that did not wait answers JSON, not a page)
-            if not mesh._announced:  # said once the mesh took a job: token and workers are fine
-                mesh._announced = True
-                notice(f"connected to coordinator at {mesh.url}")
-            yield STARTED
-            yield from self._collect(job, first, printer)
-            collected = True
+            with outstanding(mesh, job_id):  # SIGTERM now cancels it too (see .sigterm)
+                try:
+                    first = self._submit(job, printer is not None)
+                except Fallback:
+                    collected = True  # nothing was stored
+                    raise
+                accepted = True
+                if job.streaming:
+                    first = bytearray()  # (a submit that did not wait answers JSON, not a page)
+                if not mesh._announced:  # said once the mesh took a job: token and workers are fine
+                    mesh._announced = True
+                    notice(f"connected to coordinator at {mesh.url}")
+                yield STARTED
+                yield from self._collect(job, first, printer)
+                collected = True
         finally:
             if printer is not None:
                 printer.flush()
