@@ -40,6 +40,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
+import math
 import random
 import sys
 import threading
@@ -92,10 +93,12 @@ def check_isolation(isolation: Any) -> str:
 
 
 def check_timeout(timeout: Any) -> float | None:
-    """``timeout`` in seconds as a float (None: none); ``ValueError`` unless > 0."""
+    """``timeout`` in seconds as a float (None: none); ``ValueError`` unless a finite
+    number > 0 (an infinite one is no timeout: say None)."""
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+            or not 0 < timeout < math.inf):
         raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
     return float(timeout)
 
