@@ -20,6 +20,10 @@ from ..transport import Transport
 
 START_TIMEOUT_S = 30.0
 
+#: The token each coordinator this process started was given (by URL): started again
+#: without one, it keeps it (the saved config is not written for them).
+_tokens: dict[str, str] = {}
+
 
 class _Process:
     def __init__(self, proc: subprocess.Popen, log_path: Path):
@@ -77,10 +81,13 @@ def _spawn(args: list[str], env: dict, name: str) -> tuple[subprocess.Popen, Pat
 def start_coordinator(port: int = 8000, token: str | None = None, host: str = "127.0.0.1",
                       data_dir: str | None = None, self_worker: bool = True) -> CoordinatorHandle:
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-    # As ``gpumesh serve`` does: a restart keeps the token its workers joined with.
-    token = token or config.saved_token(url) or config.generate_token()
+    # A restart keeps the token its workers joined with: the one this process gave it
+    # before, else the one the saved config holds for this URL (as ``gpumesh serve``).
+    token = token or _tokens.get(url) or config.saved_token(url) or config.generate_token()
     env = dict(os.environ, GPUMESH_TOKEN=token)
-    args = ["serve", "--host", host, "--port", str(port)]
+    # Never the user's saved config: a coordinator started from a script, a notebook or
+    # a test is that program's; the one `gpumesh serve` saved stays the default.
+    args = ["serve", "--host", host, "--port", str(port), "--no-save-config"]
     if data_dir:
         args += ["--data-dir", str(data_dir)]
     if not self_worker:
@@ -94,6 +101,7 @@ def start_coordinator(port: int = 8000, token: str | None = None, host: str = "1
             raise StartFailed(f"the coordinator exited with code {proc.returncode}: {handle.log_tail()}")
         try:
             probe.request("GET", protocol.HEALTH, timeout=1)
+            _tokens[url] = token
             return handle
         except MeshError:
             pass
