@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from gpumesh import GPUMesh
+from gpumesh import GPUMesh, StartFailed
 
-from ..conftest import Mesh, Proc, free_port, wait_for
+from ..conftest import Mesh, Proc, children, free_port, wait_for
 
 
 def _second(a: Mesh, root, name: str) -> Mesh:
@@ -90,6 +90,33 @@ def test_start_coordinator_never_writes_the_saved_config(tmp_path, monkeypatch, 
     again = GPUMesh.start_coordinator(port=port, data_dir=str(tmp_path / "data"), self_worker=False)
     again.stop()
     assert again.token == handle.token
+
+
+def test_start_coordinator_on_a_busy_port_fails_naming_it_and_starts_nothing(tmp_path, monkeypatch):
+    other = Mesh(tmp_path / "other").start()
+    try:
+        monkeypatch.setenv("HOME", other.env["HOME"])
+        monkeypatch.setenv("GPUMESH_CONFIG", other.env["GPUMESH_CONFIG"])
+        before = set(children(os.getpid()))
+        # the same token (the saved one for this URL): the other would even accept it
+        with pytest.raises(StartFailed, match=rf"port {other.port} on 127\.0\.0\.1 is already in use"):
+            GPUMesh.start_coordinator(port=other.port, data_dir=str(tmp_path / "mine"),
+                                      self_worker=False)
+        assert set(children(os.getpid())) == before  # no process was left running
+        assert not (tmp_path / "mine").exists()
+        assert other.coordinator.p.poll() is None  # and the other one is untouched
+        # Had the port been free when checked and taken just after (a race), the health
+        # answer of the other is not taken for ours: ours fails to bind, and says so.
+        from gpumesh.client import processes
+        monkeypatch.setattr(processes, "_port_in_use", lambda host, port: None)
+        with pytest.raises(StartFailed, match=rf"exited with code 1: .*port {other.port} is "
+                                              r"already in use"):
+            GPUMesh.start_coordinator(port=other.port, data_dir=str(tmp_path / "mine"),
+                                      self_worker=False)
+        wait_for(lambda: set(children(os.getpid())) <= before, 5, "no process left running")
+        assert other.coordinator.p.poll() is None
+    finally:
+        other.stop()
 
 
 def test_serve_no_save_config_leaves_it(tmp_path):

@@ -395,7 +395,8 @@ class GPUMesh:
         holds for it (as ``gpumesh serve`` does), else a new one. The saved config is
         never written (``serve --no-save-config``): callers of it pass its ``.url`` and
         ``.token``. Raises :class:`~gpumesh.errors.StartFailed` (a ``MeshError`` and a
-        ``RuntimeError``) with the server's own message if it fails to start.
+        ``RuntimeError``) with the server's own message if it fails to start, and, naming
+        the port and starting nothing, when something already listens on it.
         """
         from .processes import start_coordinator
         return start_coordinator(port=port, token=token, host=host, data_dir=data_dir,

@@ -6,8 +6,10 @@ commands do; the token travels in the environment, never on the command line.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +21,8 @@ from ..errors import MeshError, StartFailed
 from ..transport import Transport
 
 START_TIMEOUT_S = 30.0
+#: The first line of ``gpumesh serve``'s banner, printed once it holds its port.
+LISTENING = "[OK] Coordinator listening on "
 
 #: The token each coordinator this process started was given (by URL): started again
 #: without one, it keeps it (the saved config is not written for them).
@@ -92,22 +96,48 @@ def start_coordinator(port: int = 8000, token: str | None = None, host: str = "1
         args += ["--data-dir", str(data_dir)]
     if not self_worker:
         args.append("--no-self-worker")
-    proc, log_path = _spawn(args, env, "coordinator")
+    # A port someone already listens on: say so now, starting nothing. (Else the health
+    # probe below could be answered by that other coordinator while ours fails to bind.)
+    busy = _port_in_use(host, port)
+    if busy:
+        raise StartFailed(busy)
+    proc, log_path = _spawn(args, dict(env, PYTHONUNBUFFERED="1"), "coordinator")
     handle = CoordinatorHandle(proc, log_path, url, token)
     probe = Transport(url, None)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise StartFailed(f"the coordinator exited with code {proc.returncode}: {handle.log_tail()}")
-        try:
-            probe.request("GET", protocol.HEALTH, timeout=1)
-            _tokens[url] = token
-            return handle
-        except MeshError:
-            pass
+        # Ours answers only once it printed its banner (after it bound the port): a health
+        # answer before that comes from whoever took the port meanwhile.
+        if LISTENING in handle.log_tail(1 << 20):
+            try:
+                probe.request("GET", protocol.HEALTH, timeout=1)
+                _tokens[url] = token
+                return handle
+            except MeshError:
+                pass
         time.sleep(0.05)
     handle.stop()
     raise StartFailed(f"the coordinator did not answer within {START_TIMEOUT_S:.0f}s: {handle.log_tail()}")
+
+
+def _port_in_use(host: str, port: int) -> str | None:
+    """The StartFailed text when ``host:port`` is taken by a listening socket, else None
+    (other bind errors are left to ``serve``, which words them)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        if os.name != "nt":  # (as serve binds: a socket in TIME_WAIT does not count)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            return (f"port {port} on {host} is already in use (another coordinator or program "
+                    f"listens there); nothing was started: stop it, or pass another port=")
+    finally:
+        sock.close()
+    return None
 
 
 def add_worker(url: str, token: str | None = None, slots: int = 1) -> WorkerHandle:
