@@ -54,6 +54,22 @@ def _caller(m, tmp_path, preamble: str = "") -> tuple[subprocess.Popen, object, 
     return caller, started, finished
 
 
+def _terminated(m, tmp_path, preamble: str = "") -> tuple[subprocess.Popen, bytes, bytes, object, object]:
+    """Start the caller, SIGTERM it once its task runs; ``(caller, stdout, stderr,
+    started, finished)`` once it ended."""
+    caller, started, finished = _caller(m, tmp_path, preamble)
+    try:
+        wait_for(lambda: _pids(started), 30, "the task to start")
+        assert _only_job(m)["state"] == "active"
+        caller.send_signal(signal.SIGTERM)
+        out, err = caller.communicate(timeout=15)
+    finally:
+        if caller.poll() is None:
+            caller.kill()
+            caller.wait()
+    return caller, out, err, started, finished
+
+
 def _only_job(m) -> dict:
     jobs = m.client(output=False).jobs()
     assert len(jobs) == 1, jobs
@@ -71,16 +87,7 @@ def _assert_cancelled_not_finished(m, started, finished) -> None:
 
 def test_sigterm_cancels_the_callers_job_and_ends_it_by_the_signal(fault_mesh, tmp_path):
     m = fault_mesh(workers=1)
-    caller, started, finished = _caller(m, tmp_path)
-    try:
-        wait_for(lambda: _pids(started), 30, "the task to start")
-        assert _only_job(m)["state"] == "active"
-        caller.send_signal(signal.SIGTERM)
-        out, err = caller.communicate(timeout=15)
-    finally:
-        if caller.poll() is None:
-            caller.kill()
-            caller.wait()
+    caller, out, err, started, finished = _terminated(m, tmp_path)
     assert caller.returncode == -signal.SIGTERM, (caller.returncode, err.decode())
     assert b"returned" not in out
     assert b"Traceback" not in err  # ended by the signal, not by an exception
@@ -95,15 +102,7 @@ def test_sigterm_leaves_a_programs_own_handler_in_charge(fault_mesh, tmp_path):
                 "            sys.exit(7)\n"
                 "        signal.signal(signal.SIGTERM, on_term)")
     m = fault_mesh(workers=1)
-    caller, started, finished = _caller(m, tmp_path, preamble)
-    try:
-        wait_for(lambda: _pids(started), 30, "the task to start")
-        caller.send_signal(signal.SIGTERM)
-        out, err = caller.communicate(timeout=15)
-    finally:
-        if caller.poll() is None:
-            caller.kill()
-            caller.wait()
+    caller, out, err, started, finished = _terminated(m, tmp_path, preamble)
     assert caller.returncode == 7, (caller.returncode, err.decode())
     assert b"own handler" in out and b"returned" not in out
     _assert_cancelled_not_finished(m, started, finished)

@@ -124,6 +124,15 @@ def test_timeouts_are_the_same(client, monkeypatch):
         assert got[0] == 0 and isinstance(got[1], TaskTimeout)
 
 
+def test_a_maps_timeout_replaces_the_decorators_on_both(client, monkeypatch):
+    f = accelerate(client, timeout=60)(sleepy)
+    t0 = time.monotonic()
+    remote, local = both(monkeypatch, f.map, [0, 30], timeout=0.5, return_exceptions=True)
+    assert time.monotonic() - t0 < 12  # neither waited for the decorator's 60 s (nor 30 s)
+    for got in (remote, local):
+        assert got[0] == 0 and isinstance(got[1], TaskTimeout) and "0.5" in str(got[1]), got
+
+
 def give_lock():
     import threading
     return threading.Lock()

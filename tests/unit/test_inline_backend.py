@@ -64,21 +64,6 @@ def test_timeout_is_enforced_locally(m):
     assert got[0] == 0 and got[2] == 0 and isinstance(got[1], TaskTimeout)
 
 
-def test_map_timeout_applies_locally_too(m):
-    @accelerate(m, timeout=60)
-    def sleepy(s):
-        time.sleep(s)
-        return s
-
-    t0 = time.monotonic()
-    got = sleepy.map([0, 5], timeout=0.3, return_exceptions=True)
-    assert got[0] == 0
-    assert isinstance(got[1], TaskTimeout) and "timeout of 0.3 s" in str(got[1])
-    assert time.monotonic() - t0 < 4
-    with pytest.raises(ValueError, match="timeout must be"):
-        sleepy.map([0], timeout=-2)
-
-
 def test_an_exception_arrives_as_itself_with_its_traceback_as_cause(m):
     @accelerate(m)
     def boom(x):
