@@ -22,10 +22,11 @@ choice about SIGTERM is its own):
   only callers are other threads keeps the default disposition: Python cannot install a
   handler from them.
 
-Ray's driver turns SIGTERM into ``sys.exit`` for the whole session (a replaced handler,
-exit status 15); Dask's client installs none and relies on its scheduler forgetting
-futures no client holds. Here the handler exists only while a job is outstanding and
-the exit status stays the conventional one.
+Peers differ: Ray sets its SIGTERM handler with a plain ``signal.signal`` (replacing
+whatever was there, for good); Dask's client sets none and relies on its scheduler
+forgetting the futures of a client that went away. Here nothing is replaced, the
+handler exists only while a job is outstanding, and the exit status stays the
+conventional one.
 """
 
 from __future__ import annotations
