@@ -27,7 +27,7 @@ def _pids(path) -> list[int]:
         return []
 
 
-def _caller(m, tmp_path, preamble: str = "") -> tuple[subprocess.Popen, object, object]:
+def _caller(m, tmp_path, preamble: str = "", body: str = "work(1)") -> tuple[subprocess.Popen, object, object]:
     started, finished = tmp_path / "started", tmp_path / "finished"
     script = tmp_path / "caller.py"
     script.write_text(textwrap.dedent(f"""
@@ -46,7 +46,7 @@ def _caller(m, tmp_path, preamble: str = "") -> tuple[subprocess.Popen, object, 
                 fh.write("done\\n")
             return i
 
-        work(1)
+        {body}
         print("returned", flush=True)
     """))
     caller = subprocess.Popen([sys.executable, str(script)], env=dict(m.env),
@@ -54,13 +54,14 @@ def _caller(m, tmp_path, preamble: str = "") -> tuple[subprocess.Popen, object, 
     return caller, started, finished
 
 
-def _terminated(m, tmp_path, preamble: str = "") -> tuple[subprocess.Popen, bytes, bytes, object, object]:
-    """Start the caller, SIGTERM it once its task runs; ``(caller, stdout, stderr,
+def _terminated(m, tmp_path, preamble: str = "", body: str = "work(1)",
+                tasks: int = 1) -> tuple[subprocess.Popen, bytes, bytes, object, object]:
+    """Start the caller, SIGTERM it once its ``tasks`` run; ``(caller, stdout, stderr,
     started, finished)`` once it ended."""
-    caller, started, finished = _caller(m, tmp_path, preamble)
+    caller, started, finished = _caller(m, tmp_path, preamble, body)
     try:
-        wait_for(lambda: _pids(started), 30, "the task to start")
-        assert _only_job(m)["state"] == "active"
+        wait_for(lambda: len(_pids(started)) == tasks, 30, "the tasks to start")
+        assert [j["state"] for j in m.client(output=False).jobs()] == ["active"] * tasks
         caller.send_signal(signal.SIGTERM)
         out, err = caller.communicate(timeout=15)
     finally:
@@ -70,19 +71,16 @@ def _terminated(m, tmp_path, preamble: str = "") -> tuple[subprocess.Popen, byte
     return caller, out, err, started, finished
 
 
-def _only_job(m) -> dict:
-    jobs = m.client(output=False).jobs()
-    assert len(jobs) == 1, jobs
-    return jobs[0]
+def _assert_cancelled_not_finished(m, started, finished, tasks: int = 1) -> None:
+    pids = _pids(started)
 
-
-def _assert_cancelled_not_finished(m, started, finished) -> None:
-    pid = _pids(started)[0]
-    wait_for(lambda: _only_job(m)["state"] == "cancelled", 5, lambda: _only_job(m))
-    wait_for(lambda: not alive(pid), 5, "the cancelled task's process to end")
+    def states():
+        return [j["state"] for j in m.client(output=False).jobs()]
+    wait_for(lambda: states() == ["cancelled"] * tasks, 5, states)
+    wait_for(lambda: not any(alive(p) for p in pids), 5, "the cancelled tasks' processes to end")
     time.sleep(TASK_S + 1)  # past the moment a task left running would have finished
-    assert not finished.exists(), "the task ran to completion after its caller got SIGTERM"
-    assert len(_pids(started)) == 1  # and it was not run again
+    assert not finished.exists(), "a task ran to completion after its caller got SIGTERM"
+    assert len(_pids(started)) == tasks  # and none was run again
 
 
 def test_sigterm_cancels_the_callers_job_and_ends_it_by_the_signal(fault_mesh, tmp_path):
@@ -92,6 +90,18 @@ def test_sigterm_cancels_the_callers_job_and_ends_it_by_the_signal(fault_mesh, t
     assert b"returned" not in out
     assert b"Traceback" not in err  # ended by the signal, not by an exception
     _assert_cancelled_not_finished(m, started, finished)
+
+
+def test_sigterm_also_cancels_a_job_waited_on_in_another_thread(fault_mesh, tmp_path):
+    # Python runs the handler in the main thread: while it waits on the mesh too, the
+    # handler cancels every job this process waits on, whichever thread waits.
+    body = ("import threading\n"
+            "        threading.Thread(target=work, args=(2,), daemon=True).start()\n"
+            "        work(1)")
+    m = fault_mesh(workers=1, slots=2)
+    caller, out, err, started, finished = _terminated(m, tmp_path, body=body, tasks=2)
+    assert caller.returncode == -signal.SIGTERM, (caller.returncode, err.decode())
+    _assert_cancelled_not_finished(m, started, finished, tasks=2)
 
 
 def test_sigterm_leaves_a_programs_own_handler_in_charge(fault_mesh, tmp_path):
