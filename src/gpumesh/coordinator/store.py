@@ -98,12 +98,24 @@ MIGRATIONS = [("jobs", "finished", "REAL"), ("tasks", "history", "TEXT"),
               ("tasks", "started", "REAL"),   # when its current attempt was leased
               ("tasks", "gpu", "INTEGER")]    # 1 when that attempt ran on a GPU slot
 
+#: Every index on ``tasks`` is written by each lease and result of a task: an entry moved
+#: or added, and its page in the commit. So ``tasks`` keeps only the ones a request reads
+#: through: its ``id`` and ``(job_id, idx)`` keys (the schema's) and ``tasks_seq`` (a
+#: caller's results page). Start-up and the usage figures, which read open or recently
+#: finished tasks, find them through their jobs instead (:meth:`Store.open_tasks`,
+#: :meth:`Store.usage`); the indexes they used before, ``tasks_open`` (on ``state``) and
+#: ``tasks_finished``, cost ~2 of a task's ~5 index writes (docs/performance.md, "Tenth
+#: session") and are dropped from a data directory that has them.
 INDEXES = """
-CREATE INDEX IF NOT EXISTS tasks_open ON tasks (state) WHERE state IN ('pending', 'leased');
 CREATE INDEX IF NOT EXISTS tasks_seq ON tasks (job_id, seq) WHERE seq IS NOT NULL;
 CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished) WHERE finished IS NOT NULL;
-CREATE INDEX IF NOT EXISTS tasks_finished ON tasks (finished) WHERE finished IS NOT NULL;
+DROP INDEX IF EXISTS tasks_open;
+DROP INDEX IF EXISTS tasks_finished;
 """
+
+#: Active and unreleased jobs: the only ones whose tasks start-up loads (see
+#: :mod:`.recovery`), and the only ones that can hold a pending or leased task.
+UNRELEASED_JOBS = "SELECT id FROM jobs WHERE state='active' OR released=0"
 
 
 class Incoming:
@@ -202,6 +214,11 @@ class FinalTask:
     result_file: str | None
     result_size: int
 
+
+#: How much earlier than a usage window's start a job may have finished and still be
+#: read for it (:meth:`Store.usage`): a wall clock stepped back between a task's finish
+#: and its job's.
+USAGE_CLOCK_SLACK_S = 3600.0
 
 #: Task ids per ``IN (...)`` query: well under SQLite's smallest limit on a statement's
 #: parameters (999 before SQLite 3.32).
@@ -508,16 +525,19 @@ class Store:
         return ids
 
     def active_jobs(self) -> list[dict[str, Any]]:
-        ids = [r[0] for r in self.db.execute(
-            "SELECT id FROM jobs WHERE state='active' OR released=0 ORDER BY created")]
+        ids = [r[0] for r in self.db.execute(UNRELEASED_JOBS + " ORDER BY created")]
         # (each id was just read from jobs, so each has a row)
         return cast("list[dict[str, Any]]", [self.job_row(i) for i in ids])
 
     def open_tasks(self) -> list[OpenTask]:
-        """Pending and leased tasks, in job-creation then index order (uses tasks_open)."""
+        """Pending and leased tasks of the active and unreleased jobs (those start-up
+        loads), in job-creation then index order. Reads every task of those jobs through
+        the ``(job_id, idx)`` key, as start-up's per-job counts do: no index on ``state``
+        is kept, since every lease and result would write it."""
         rows = self.db.execute(
             "SELECT id, job_id, idx, state, attempts, cost, lease_id, worker_id, history FROM tasks"
-            " WHERE state IN ('pending', 'leased') ORDER BY rowid").fetchall()
+            f" WHERE job_id IN ({UNRELEASED_JOBS}) AND state IN ('pending', 'leased')"
+            " ORDER BY rowid").fetchall()
         out = []
         for r in rows:
             history = _history(r[8])
@@ -733,14 +753,22 @@ class Store:
         """Seconds of task time per person (``None``: jobs from before people) for attempts
         that finished at or after ``since`` (epoch seconds): ``{owner: {"gpu_s", "cpu_s",
         "tasks"}}``. Counts each task's last attempt (the one that produced its result).
-        Reads the finished tasks of the window (index ``tasks_finished``): meant for a
-        metrics scrape or a dashboard refresh, not the request path."""
+        Meant for a metrics scrape or a dashboard refresh, not the request path.
+
+        It reads the tasks of the jobs that were still running at ``since``: a job's
+        ``finished`` is written after (in the same commit as, or later than) the last of
+        its tasks', so a task finished in the window belongs to a job unfinished or
+        finished in the window too. ``USAGE_CLOCK_SLACK_S`` of slack keeps that true
+        across a wall clock stepped back; the tasks' own test stays exact. ``CROSS JOIN``
+        keeps SQLite to that order (jobs, then each one's tasks by the ``(job_id, idx)``
+        key); it could otherwise choose to scan every task."""
         out: dict[str, Any] = {}
         for owner, gpu, secs, n in self.db.execute(
                 "SELECT j.owner, COALESCE(t.gpu, 0), SUM(t.finished - t.started), COUNT(*)"
-                " FROM tasks t JOIN jobs j ON j.id = t.job_id"
-                " WHERE t.finished >= ? AND t.started IS NOT NULL AND t.finished >= t.started"
-                " GROUP BY j.owner, COALESCE(t.gpu, 0)", (since,)):
+                " FROM jobs j CROSS JOIN tasks t ON t.job_id = j.id"
+                " WHERE (j.finished IS NULL OR j.finished >= ?)"
+                " AND t.finished >= ? AND t.started IS NOT NULL AND t.finished >= t.started"
+                " GROUP BY j.owner, COALESCE(t.gpu, 0)", (since - USAGE_CLOCK_SLACK_S, since)):
             d = out.setdefault(owner, {"gpu_s": 0.0, "cpu_s": 0.0, "tasks": 0})
             d["gpu_s" if gpu else "cpu_s"] += float(secs or 0.0)
             d["tasks"] += n
