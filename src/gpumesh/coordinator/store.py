@@ -555,20 +555,31 @@ class Store:
 
     def release_job(self, job_id: str) -> None:
         """The caller has every result: drop argument and result payloads, keep the rows."""
-        files = self.db.execute(
-            "SELECT args_file, result_file FROM tasks WHERE job_id=?", (job_id,)).fetchall()
+        self.release_jobs([job_id])
+
+    def release_jobs(self, job_ids: list[str]) -> None:
+        """:meth:`release_job` of several jobs in one commit (a caller releases the jobs
+        of its finished calls in batches: one commit each cost as much as the rest)."""
+        files: list[tuple[str | None, str | None]] = []
+        for i in range(0, len(job_ids), ARGS_PER_QUERY):
+            ids = job_ids[i:i + ARGS_PER_QUERY]
+            files += self.db.execute(
+                f"SELECT args_file, result_file FROM tasks WHERE job_id IN ({','.join('?' * len(ids))})"
+                " AND (args_file IS NOT NULL OR result_file IS NOT NULL)", ids).fetchall()
         with self._tx():
-            self.db.execute("UPDATE tasks SET args=NULL, args_file=NULL, result=NULL,"
-                            " result_file=NULL WHERE job_id=?", (job_id,))
-            self.db.execute("UPDATE jobs SET released=1 WHERE id=?", (job_id,))
+            self.db.executemany("UPDATE tasks SET args=NULL, args_file=NULL, result=NULL,"
+                                " result_file=NULL WHERE job_id=?", [(j,) for j in job_ids])
+            self.db.executemany("UPDATE jobs SET released=1 WHERE id=?", [(j,) for j in job_ids])
         for a, r in files:
             self._remove_file(a)
             self._remove_file(r)
-        for sub in ("args", "results"):
-            try:
-                (self.blob_dir / sub / job_id).rmdir()
-            except OSError:  # absent, or a file in it we did not know of (purge removes it)
-                pass
+        root = str(self.blob_dir)
+        for job_id in job_ids:
+            for sub in ("args", "results"):
+                try:
+                    os.rmdir(os.path.join(root, sub, job_id))
+                except OSError:  # absent, or a file in it we did not know of (purge removes it)
+                    pass
 
     # ---------------------------------------------------------- tasks ------------
     def task_args(self, task_id: str) -> tuple[bytes | None, str | None]:
