@@ -101,3 +101,30 @@ def test_usage_reads_jobs_first_not_every_task(tmp_path):
     assert any(p.startswith("SEARCH t USING INDEX") for p in plan), plan
     assert not any(p.startswith("SCAN t") for p in plan), plan
     store.close()
+
+
+def test_a_batch_of_releases_is_one_commit_and_frees_every_payload(tmp_path):
+    from gpumesh.limits import INLINE_BLOB_BYTES
+    store = Store(tmp_path)
+    big = b"x" * (INLINE_BLOB_BYTES + 1)  # stored as files
+    for j in ("r1", "r2", "r3"):
+        tids = [f"{j}t0", f"{j}t1"]
+        store.create_job(j, "f", "function", None, {}, [(tids[0], 0, 1.0, big), (tids[1], 1, 1.0, b"a")])
+        store.finish(tids[0], "done", 0, None, big, j)
+        store.finish(tids[1], "done", 1, None, b"r", j, job_finished=True)
+    files = [p for p in (tmp_path / "blobs").rglob("*") if p.is_file() and "r" in p.parent.name]
+    assert len(files) == 6  # an argument and a result file per job
+    ran: list[str] = []
+    store.db.set_trace_callback(ran.append)
+    store.release_jobs(["r1", "r3"])
+    store.db.set_trace_callback(None)
+    assert sum(q.strip().upper() == "COMMIT" for q in ran) == 1
+    released = dict(store.db.execute("SELECT id, released FROM jobs"))
+    assert released == {"r1": 1, "r2": 0, "r3": 1}
+    left = store.db.execute("SELECT job_id FROM tasks WHERE result IS NOT NULL OR result_file IS NOT NULL"
+                            " OR args IS NOT NULL OR args_file IS NOT NULL").fetchall()
+    assert {r[0] for r in left} == {"r2"}
+    assert sorted(p.parent.name for p in files if p.exists()) == ["r2", "r2"]
+    for sub in ("args", "results"):  # the emptied job directories are gone too
+        assert sorted(p.name for p in (tmp_path / "blobs" / sub).iterdir()) == ["r2"]
+    store.close()
