@@ -248,6 +248,8 @@ class Store:
         #: Inside :meth:`transaction`: the payload files written for its rows (removed
         #: when its commit fails); None outside one.
         self._written: list[str] | None = None
+        #: Function blobs known to be stored (see :meth:`has_blob`).
+        self._blobs: set[str] = set()
         self.db = sqlite3.connect(self.dir / "gpumesh.db", isolation_level=None,
                                   check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -419,7 +421,15 @@ class Store:
 
     # ---------------------------------------------------------- function blobs ---
     def has_blob(self, h: str) -> bool:
-        return self.db.execute("SELECT 1 FROM blobs WHERE hash=?", (h,)).fetchone() is not None
+        """Whether blob ``h`` is stored. A submit asks for its function's every time: a
+        blob found committed is remembered (until :meth:`purge_before` deletes it), so
+        the repeat calls of one function skip the query."""
+        if h in self._blobs:
+            return True
+        found = self.db.execute("SELECT 1 FROM blobs WHERE hash=?", (h,)).fetchone() is not None
+        if found and not self.db.in_transaction:  # (a row not committed yet may still go)
+            self._blobs.add(h)
+        return found
 
     def put_blob(self, h: str, chunks: Iterable[Chunk] | Incoming) -> None:
         """Store a content-addressed blob (its bytes, or the finished incoming file holding
@@ -520,6 +530,7 @@ class Store:
             "SELECT hash FROM blobs WHERE created < ? AND hash NOT IN"
             " (SELECT fn_hash FROM jobs WHERE fn_hash IS NOT NULL)", (cutoff,))]
         for h in unused:
+            self._blobs.discard(h)
             self.db.execute("DELETE FROM blobs WHERE hash=?", (h,))
             self._remove_file(f"fn/{h[:2]}/{h}")
         return ids

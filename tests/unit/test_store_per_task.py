@@ -1,6 +1,8 @@
-"""The store keeps no index on a task's state or finish time (each lease and result would
-write them): start-up's open tasks and the usage figures find the tasks through their
-jobs instead. These check both reads against the rows themselves."""
+"""The store's work per task and per call, made smaller (docs/performance.md, "Tenth
+session"): no index on a task's state or finish time (each lease and result would write
+them), so start-up's open tasks and the usage figures find the tasks through their jobs
+(checked here against the rows themselves); a batch of releases in one commit; a stored
+function blob looked up once."""
 
 from __future__ import annotations
 
@@ -127,4 +129,20 @@ def test_a_batch_of_releases_is_one_commit_and_frees_every_payload(tmp_path):
     assert sorted(p.parent.name for p in files if p.exists()) == ["r2", "r2"]
     for sub in ("args", "results"):  # the emptied job directories are gone too
         assert sorted(p.name for p in (tmp_path / "blobs" / sub).iterdir()) == ["r2"]
+    store.close()
+
+
+def test_a_function_blob_is_looked_up_once_until_purge_deletes_it(tmp_path):
+    store = Store(tmp_path)
+    h = "ab" * 32
+    assert store.has_blob(h) is False
+    store.put_blob(h, [b"code"])
+    ran: list[str] = []
+    store.db.set_trace_callback(ran.append)
+    assert store.has_blob(h) and store.has_blob(h) and store.blob_file(h) is not None
+    store.db.set_trace_callback(None)
+    assert sum("FROM blobs" in q for q in ran) <= 1
+    store.db.execute("UPDATE blobs SET created=0")
+    store.purge_before(1.0)  # no job uses it: deleted, and forgotten
+    assert store.has_blob(h) is False and store.blob_file(h) is None
     store.close()
