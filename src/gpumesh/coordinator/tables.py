@@ -67,8 +67,10 @@ MIGRATIONS = [("jobs", "finished", "REAL"), ("tasks", "history", "TEXT"),
 #: caller's results page). Start-up and the usage figures, which read open or recently
 #: finished tasks, find them through their jobs instead (:meth:`Store.open_tasks`,
 #: :meth:`Store.usage`); the indexes they used before, ``tasks_open`` (on ``state``) and
-#: ``tasks_finished``, cost ~2 of a task's ~5 index writes (docs/performance.md, "Tenth
-#: session") and are dropped from a data directory that has them.
+#: ``tasks_finished``, took 4 of the 5 index entries a task's lease and result write
+#: (the lease moved its ``state`` entry, the result removed it and added a ``finished``
+#: one; ``tasks_seq`` gets the fifth: docs/performance.md, "Tenth session"), and are
+#: dropped from a data directory that has them.
 INDEXES = """
 CREATE INDEX IF NOT EXISTS tasks_seq ON tasks (job_id, seq) WHERE seq IS NOT NULL;
 CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished) WHERE finished IS NOT NULL;
