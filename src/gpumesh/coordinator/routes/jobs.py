@@ -40,7 +40,8 @@ async def submit(request: Request) -> Response:
                         "submit a script job instead")
     if len(frames) != n + (1 if v["fn_inline"] else 0):
         raise bad(f"n_tasks is {n} but the body carries {len(frames)} payload frames")
-    if not (job_id in coord.jobs or coord.store.job_exists(job_id)):
+    new = not (job_id in coord.jobs or coord.store.job_exists(job_id))
+    if new:
         # (a resent submit of a stored job: its files were claimed the first time)
         frames = take_handoffs(request, v["handoff_files"], frames, coord.store, v["refs"])
     args = frames
@@ -64,8 +65,9 @@ async def submit(request: Request) -> Response:
         job_meta["isolation"] = v["isolation"]
     if retry is not None:
         job_meta["retries"], job_meta["retry_on"] = retry
+    # (no await since the look-up above: it still holds)
     job, created = coord.submit(job_id, v["name"], kind, fn, job_meta, list(args), v["costs"],
-                                v["require_worker"], owner=who_of(request).name)
+                                v["require_worker"], owner=who_of(request).name, known_new=new)
     tracing.mark("coordinator.stored")
     info = {"job_id": job.id, "n_tasks": job.n_tasks, "created": created}
     if not v["wait"] or job.id not in coord.jobs:
@@ -194,17 +196,14 @@ async def release_many(request: Request) -> Response:
     """Release several collected jobs in one request (the caller batches them)."""
     coord = ctx(request).coord
     jobs = RELEASE_JOBS.read(await json_body(request))["jobs"]
-    released = 0
     who = who_of(request)
     owners = coord.store.job_owners(list(dict.fromkeys(jobs)))
     for jid, owner in owners.items():
         if not who.may_touch(owner):
             raise not_yours(jid, owner, who, "release")
-    for jid in dict.fromkeys(jobs):  # unknown ids are skipped: retention got there first
-        if jid in coord.jobs or coord.store.job_exists(jid):
-            coord.release(jid)
-            released += 1
-    return JSONResponse({"released": released})
+    # Unknown ids are skipped (retention got there first): ``owners`` holds the others.
+    coord.release(*owners)
+    return JSONResponse({"released": len(owners)})
 
 
 @route(protocol.JOB_RELEASE, ["POST"], action="release jobs")
