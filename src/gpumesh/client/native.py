@@ -277,8 +277,9 @@ class NativeBackend(Backend):
                     alone_since = None
                 if page.workers_able and page.workers_closed:
                     if closed_since is None or page.workers_closed != closed:
-                        notice(f"job {job_id} is waiting: {availability.describe_closed(page.workers_closed)}"
-                               f" (no other worker in the mesh at {mesh.url} can run its tasks); "
+                        what = availability.describe_closed(page.workers_closed)
+                        notice(f"job {job_id} is waiting: {what} (no other worker in the mesh at "
+                               f"{mesh.url} can run its tasks); "
                                + (f"waiting for up to {timeout:g}s (the call's timeout=)" if timeout
                                   is not None else "waiting until one takes tasks again"))
                     closed, closed_since = page.workers_closed, closed_since or time.monotonic()
