@@ -283,6 +283,10 @@ def test_closed_worker_gets_nothing_and_the_job_says_why(coord):
     assert coord.waiting_reason("aaaa02") == (
         "waiting: every worker that can run it is unavailable: lender [paused: owner]")
     assert views.closed_counts(coord, "aaaa02") == {"paused": 1}   # what its results pages say
+    b = coord.register({"hostname": "night", "slot_list": [{"id": 0, "kind": "cpu"}],
+                        "owner": {"state": "outside_hours", "label": "outside hours"}}, None, 1)
+    assert views.closed_counts(coord, "aaaa02") == {"paused": 1, "outside_hours": 1}
+    coord.deregister(b.id)
     coord.heartbeat(a.id, [], {"owner": None})
     assert coord.waiting_reason("aaaa02") is None
     assert views.closed_counts(coord, "aaaa02") is None
