@@ -447,10 +447,9 @@ class Coordinator(Journalled):
         else:
             fut.set_result(grants)
 
-    def _requeue(self, task_ids: list[str], reason: str, error: dict[str, Any] | None = None,
-                 preempted: bool = False) -> None:
+    def _requeue(self, task_ids: list[str], reason: str, preempted: bool = False) -> None:
         """Put leased tasks back in line, or fail them as lost (see :func:`.requeue.requeue`)."""
-        requeue.requeue(self, task_ids, reason, error, preempted)
+        requeue.requeue(self, task_ids, reason, preempted=preempted)
 
     # ------------------------------------------------------------ jobs -----------
     def submit(self, job_id: str, name: str, kind: str, fn_hash: str | None, meta: dict[str, Any],

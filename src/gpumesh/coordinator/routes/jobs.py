@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from ... import payloadref, protocol, tracing
 from ...limits import LONG_POLL_MAX_S, RESULT_PAGE_BYTES, RESULT_PAGE_COUNT
 from ...protocol import ErrorCode
-from .. import people
+from .. import people, views
 from ..bodies import Part, frames_response, frames_streamed, json_body, sha256, take_handoffs
 from ..core import Coordinator
 from ..model import HTTPError, JobReleased, UnknownJob
@@ -75,7 +75,10 @@ async def submit(request: Request) -> Response:
     # Submit-and-wait: a short call's result comes back in the submit's own answer,
     # saving the caller a round trip (the answer is a results page, cursor -1).
     out_after = -1 if v["output"] else None
-    waited = await until_disconnect(request, coord.wait_results(job.id, -1, v["wait"], out_after))
+    # A job that only paused (or out-of-hours) workers could run will not start soon:
+    # the answer says so at once, and the caller decides how long to wait.
+    wait = 0 if views.closed_for(coord, job.id) else v["wait"]
+    waited = await until_disconnect(request, coord.wait_results(job.id, -1, wait, out_after))
     if waited is None:
         return Response(status_code=204)
     tracing.mark("coordinator.answer")
@@ -153,9 +156,14 @@ def results_page(coord: Coordinator, job, after: int, out_after: int | None, ext
             items[-1]["file"] = t.result_file
         elif t.result_file is not None:
             parts.append(Part(path=coord.store.file_path(t.result_file), size=t.result_size))
+    able = coord.able_workers(job)
     meta = dict(extra, results=items, n_tasks=job.n_tasks, n_final=job.n_final,
-                state=job.state, workers_alive=len(coord.alive_workers()),
-                workers_able=coord.able_workers(job))
+                state=job.state, workers_alive=len(coord.alive_workers()), workers_able=able)
+    # Paused or out-of-hours workers are alive but lend nothing: a caller whose pending
+    # tasks only they could run hears why it waits (protocol.ResultPage.workers_closed).
+    closed = views.closed_counts(coord, job.id) if able else None
+    if closed:
+        meta["workers_closed"] = closed
     if out_after is not None:  # the caller also wants what tasks printed
         chunks, skipped = coord.output.since(job.id, out_after)
         meta["output"] = [{"seq": c.seq, "task_id": c.task_id, "index": c.index,
