@@ -5,7 +5,8 @@ A worker's owner rules (:mod:`gpumesh.worker.owner`) may close the whole worker
 reports it with its heartbeats as ``owner`` (``{"state", "label", "until"?}`` or null) and
 ``gpu_states`` (``{"<gpu index>": {"state", "label"}}``); the coordinator grants a closed
 slot nothing, and listings show the labels: ``[paused: owner]``, ``[outside hours]``,
-``[yielding: GPU busy]``, ``[hot 83C]``. Pure functions, no I/O.
+``[yielding: GPU busy]``, ``[hot 83C]``. A caller whose tasks only closed workers could
+run hears how many wait in each state (:func:`describe_closed`). Pure functions, no I/O.
 """
 
 from __future__ import annotations
@@ -74,6 +75,31 @@ def labels(worker: Mapping) -> list[str]:
         label = str(states[k].get("label"))
         out.append(f"cuda:{k} {label}" if several else label)
     return out
+
+
+#: A caller's words for workers closed in each state: (one worker, several).
+_CLOSED_WORDS = {
+    "paused": ("worker paused by its owner", "workers paused by their owners"),
+    "outside_hours": ("worker outside its lending hours", "workers outside their lending hours"),
+    "yielding": ("worker whose GPU its owner is using", "workers whose GPUs their owners are using"),
+    "hot": ("worker whose GPU is too hot", "workers whose GPUs are too hot"),
+    "power": ("worker whose GPU is at its power limit", "workers whose GPUs are at their power limits"),
+}
+
+
+def describe_closed(counts: Mapping[str, int]) -> str:
+    """``{"paused": 1, "hot": 2}`` (a results page's ``workers_closed``) ->
+    ``"1 worker paused by its owner, 2 workers whose GPUs are too hot"``. A state this
+    version does not know (a newer coordinator's) is named as it came."""
+    known = WORKER_STATES + GPU_STATES
+    parts = []
+    for state in sorted(counts, key=lambda k: (known.index(k) if k in known else len(known), k)):
+        n = counts[state]
+        name = state[:40] if state.isprintable() else "?"
+        one, many = _CLOSED_WORDS.get(state, (f"worker closed by its owner ({name})",
+                                              f"workers closed by their owners ({name})"))
+        parts.append(f"{n} {one if n == 1 else many}")
+    return ", ".join(parts)
 
 
 def device_state(worker: Mapping, device: str) -> dict | None:

@@ -99,6 +99,23 @@ def saved_token(url: str) -> str | None:
     return tok if same else None
 
 
+def saved_elsewhere(url: str) -> tuple[str, str | None] | None:
+    """``(url, fingerprint)`` of the coordinator the saved config names when that is not
+    ``url``; None when there is no saved config (or it names no valid URL) or it names
+    ``url`` itself."""
+    saved = load_saved()
+    if not isinstance(saved.get("url"), str):
+        return None
+    try:
+        other = normalise_url(saved["url"])
+        if other == normalise_url(url):
+            return None
+    except ValueError:
+        return None
+    fp = saved.get("fingerprint")
+    return other, fp if isinstance(fp, str) else None
+
+
 def resolve(url: str | None = None, token: str | None = None,
             fingerprint: str | None = None) -> Endpoint:
     """Fill in whatever was not given from the environment, then the saved config.

@@ -135,7 +135,10 @@ class Cancelled(TaskFailed):
 
 
 class TaskTimeout(MeshError, TimeoutError):
-    """The task ran longer than its ``timeout`` (seconds) and its process tree was killed."""
+    """The task ran longer than its ``timeout`` (seconds) and its process tree was killed;
+    or, at the caller, it could not start for that long because every worker that could
+    run it was closed by its owner's rules (paused, outside its hours) and the job was
+    cancelled."""
 
 
 class StartFailed(MeshError, RuntimeError):

@@ -45,7 +45,7 @@ coordinator checks what it receives against coordinator/schemas.py::
     ResultPost    worker -> POST .../result: status ok | error | retry, the error dict
     ResultBatch   worker -> POST /v1/tasks/results: several ResultPosts, next grants per slot
     ResultPage    coordinator -> caller, script client, status: results after a seq
-                  (ResultItem each), counts, output
+                  (ResultItem each), counts, output, workers closed by their owners
 
 Payload references: a frame whose bytes lie in a file on the coordinator's machine is
 sent empty and named under one key of the message, ``refs`` (see
@@ -670,13 +670,18 @@ class ResultPage:
     output_skipped: int | None = None         # chunks dropped from the bounded buffer
     job_id: str | None = None
     created: bool | None = None
+    #: Pending tasks that only closed workers could run: how many of those workers are
+    #: closed in each state (``{"paused": 1}``; states of :mod:`gpumesh.availability`).
+    #: None (absent) when the job does not wait so, or from a coordinator before it.
+    workers_closed: dict[str, int] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = _some({}, job_id=self.job_id, created=self.created)
         out.update(results=[r.as_dict() for r in self.results], n_tasks=self.n_tasks,
                    n_final=self.n_final, state=self.state, workers_alive=self.workers_alive,
                    workers_able=self.workers_able)
-        return _some(out, output=self.output, output_skipped=self.output_skipped)
+        return _some(out, output=self.output, output_skipped=self.output_skipped,
+                     workers_closed=self.workers_closed)
 
     @classmethod
     def from_dict(cls, d: Any) -> ResultPage:
@@ -690,7 +695,17 @@ class ResultPage:
                    workers_able=_get(d, m, "workers_able", int, 0),
                    output=_get(d, m, "output", list, None),
                    output_skipped=_get(d, m, "output_skipped", int, None),
-                   job_id=_get(d, m, "job_id", str, None), created=_get(d, m, "created", bool, None))
+                   job_id=_get(d, m, "job_id", str, None), created=_get(d, m, "created", bool, None),
+                   workers_closed=_counts(d, m, "workers_closed"))
+
+
+def _counts(d: Mapping[str, Any], msg: str, name: str) -> dict[str, int] | None:
+    """``d[name]`` checked to be ``{str: int >= 0}`` (None when absent)."""
+    counts: dict[str, int] | None = _get(d, msg, name, dict, None)
+    for k, v in (counts or {}).items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise WireError(f"{msg}: field {name}.{str(k)[:40]} must be a count, got {v!r:.40}")
+    return counts
 
 
 

@@ -439,13 +439,14 @@ def check(resp: Response, url: str, token_sent: bool = True) -> None:
     raise err
 
 
-def fetch_certificate(url: str, timeout: float = CONNECT_TIMEOUT_S) -> bytes:
-    """The DER certificate the TLS server at ``url`` presents (not verified).
+def fetch_certificate(url: str) -> bytes:
+    """The DER certificate the TLS server at ``url`` presents (not verified). The connect
+    and the handshake each get ``CONNECT_TIMEOUT_S`` (the socket's timeout holds for both).
     Raises :class:`Unreachable` (``sent=False``) if no TLS connection can be made."""
     parts = urlsplit(url)
     host, port = parts.hostname or "", parts.port or 443
     try:
-        raw = socket.create_connection((host, port), timeout=timeout)
+        raw = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
     except OSError as e:
         raise Unreachable(f"cannot reach the coordinator at {url}: {e}", sent=False) from e
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)

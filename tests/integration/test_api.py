@@ -543,6 +543,34 @@ def test_concurrent_calls_from_threads_share_one_client(client):
     assert results == {t: [t * 100 + i for i in range(10)] for t in range(4)}
 
 
+def test_imap_timeout_overrides_the_decorators_for_that_batch(client):
+    # (.map's, on the mesh and locally: tests/integration/test_inline_vs_mesh.py)
+    @accelerate(client, timeout=60)
+    def nap(s):
+        import time as _t
+        _t.sleep(s)
+        return s
+
+    # the decorator's own timeout is untouched afterwards
+    streamed = dict(nap.imap([0, 10], timeout=0.5, return_exceptions=True))
+    assert streamed[0] == 0 and type(streamed[1]) is TaskTimeout, streamed
+    assert nap.map([0.2]) == [0.2]
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "5", True])
+def test_bad_map_timeout_is_refused_before_anything_is_submitted(client, bad):
+    @accelerate(client)
+    def one(x):
+        return x
+
+    before = [j["id"] for j in client.jobs(limit=5)]
+    for call in (lambda: one.map([1, 2], timeout=bad), lambda: one.imap([1], timeout=bad),
+                 lambda: one.map([1], timeout=bad, ordered=False)):
+        with pytest.raises(ValueError, match="timeout must be a number of seconds > 0"):
+            call()
+    assert [j["id"] for j in client.jobs(limit=5)] == before
+
+
 def test_bad_timeout_is_value_error(client):
     with pytest.raises(ValueError, match="timeout"):
         accelerate(client, timeout=0)(lambda: 1)

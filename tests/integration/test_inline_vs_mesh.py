@@ -122,3 +122,81 @@ def test_timeouts_are_the_same(client, monkeypatch):
     remote, local = both(monkeypatch, f.map, [0, 30], return_exceptions=True)
     for got in (remote, local):
         assert got[0] == 0 and isinstance(got[1], TaskTimeout)
+
+
+def test_a_maps_timeout_replaces_the_decorators_on_both(client, monkeypatch):
+    f = accelerate(client, timeout=60)(sleepy)
+    t0 = time.monotonic()
+    remote, local = both(monkeypatch, f.map, [0, 30], timeout=0.5, return_exceptions=True)
+    assert time.monotonic() - t0 < 12  # neither waited for the decorator's 60 s (nor 30 s)
+    for got in (remote, local):
+        assert got[0] == 0 and isinstance(got[1], TaskTimeout) and "0.5" in str(got[1]), got
+
+
+def give_lock():
+    import threading
+    return threading.Lock()
+
+
+def give_generator(n):
+    return (i for i in range(n))
+
+
+class LockedError(Exception):
+    def __init__(self, msg):
+        super().__init__(msg)
+        import threading
+        self.lock = threading.Lock()
+
+
+class TwoArgs(Exception):
+    def __init__(self, a, b):
+        super().__init__(f"{a}/{b}")
+
+
+def raise_untravelled(which):
+    raise LockedError("cannot travel") if which == "lock" else TwoArgs("left", "right")
+
+
+def first(a, b=None):
+    return a
+
+
+def _same_remote_error(remote, local):
+    """Both a RemoteError of one remote type and message, and the same text up to where
+    each names the place it ran (a worker; this machine)."""
+    from gpumesh import RemoteError
+    assert type(remote) is type(local) is RemoteError, (remote, local)
+    assert remote.remote_type == local.remote_type
+    assert remote.remote_message == local.remote_message
+    assert str(remote).split(" (")[0] == str(local).split(" (")[0]
+
+
+@pytest.mark.parametrize("fn, args, words", [
+    (give_lock, (), "the return value (lock) cannot be pickled: cannot pickle '_thread.lock' object"),
+    (give_generator, (3,), "the return value (generator) cannot be pickled: cannot pickle "
+                           "'generator' object"),
+])
+def test_an_unpicklable_value_fails_the_same_on_both(client, monkeypatch, fn, args, words):
+    remote, local = both(monkeypatch, accelerate(client)(fn), *args)
+    _same_remote_error(remote, local)
+    assert local.remote_message == words and local.remote_type == "TypeError"
+    # in a batch, each in its own place, the others' values intact
+    remote, local = both(monkeypatch, accelerate(client)(first).map, [1, 2])
+    assert remote == local == [1, 2]
+
+
+@pytest.mark.parametrize("which", ["lock", "two-args"])
+def test_an_exception_that_cannot_travel_fails_the_same_on_both(client, monkeypatch, which):
+    remote, local = both(monkeypatch, accelerate(client)(raise_untravelled), which)
+    _same_remote_error(remote, local)
+    assert local.remote_message == ("cannot travel" if which == "lock" else "left/right")
+
+
+def test_an_unpicklable_argument_fails_the_same_on_both(client, monkeypatch):
+    import threading
+    f = accelerate(client)(first)
+    remote, local = both(monkeypatch, f.map, [{"a": 1}, {"a": 2, "b": threading.Lock()}])
+    assert type(remote) is type(local) is TypeError
+    assert str(remote) == str(local)
+    assert "keyword argument 'b' of first (item 1 of the map) cannot be sent to a worker" in str(local)

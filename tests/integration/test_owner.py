@@ -238,6 +238,99 @@ def test_a_job_whose_only_worker_is_paused_waits_and_says_why(make_mesh, tmp_pat
         assert "waiting" not in c.status(job["id"])
 
 
+CALLER = """\
+import sys, time
+from gpumesh import GPUMesh, accelerate
+
+marks = sys.argv[3]
+timeout = float(sys.argv[2]) if sys.argv[2] != "none" else None
+
+@accelerate(GPUMesh(sys.argv[1]), timeout=timeout)
+def double(x):
+    import time as _t
+    open(f"{marks}/{x}", "w").close()
+    if x == 0:
+        _t.sleep(8)  # long enough to pause its worker while it runs, and hear of it
+    return 2 * x
+
+t = time.monotonic()
+try:
+    print("value", double.map([int(a) for a in sys.argv[4:]]), flush=True)
+except Exception as e:
+    print("raised", type(e).__name__, e, flush=True)
+print("took", round(time.monotonic() - t, 1), flush=True)
+"""
+
+
+def start_caller(m: Mesh, tmp_path, timeout: str, *items: int) -> tuple[subprocess.Popen, object]:
+    """A caller process running ``double.map(items)``; its stderr goes to a file the test reads."""
+    script, marks, err = tmp_path / "caller.py", tmp_path / "marks", tmp_path / "caller.err"
+    script.write_text(CALLER)
+    marks.mkdir(exist_ok=True)
+    with open(err, "w") as fh:
+        p = subprocess.Popen([sys.executable, str(script), m.url, timeout, str(marks),
+                              *map(str, items)], env=m.env, stdout=subprocess.PIPE,
+                             stderr=fh, text=True)
+    return p, err
+
+
+def test_a_call_waits_for_its_paused_worker_says_why_and_keeps_to_its_timeout(make_mesh, tmp_path):
+    """Pausing the only worker is not losing it: the caller says it waits for a worker
+    paused by its owner, and gives up after its own timeout= (TaskTimeout), not the no-worker
+    wait; nothing ran, and the job was cancelled."""
+    m = make_mesh(workers=0)
+    ida = joined_id(start_worker(m, "a"))
+    assert cli(m, "pause").returncode == 0
+    wait_for(lambda: owner_label(m, ida) == "paused: owner", 10, "the pause")
+    p, err = start_caller(m, tmp_path, "3", 1)
+    try:
+        out, _ = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 0, out
+    with closing(m.client(output=False)) as c:
+        job = c.jobs()[0]
+    jid = job["id"]
+    assert f"[gpumesh] job {jid} is waiting: 1 worker paused by its owner (no other worker in the mesh at " \
+           f"{m.url} can run its tasks); waiting for up to 3s (the call's timeout=)\n" in err.read_text()
+    assert "no live worker" not in err.read_text()
+    lines = out.splitlines()
+    assert re.fullmatch(rf"raised TaskTimeout 1 of 1 task\(s\) of job {jid} could not start for [34]s "
+                        rf"\(the call's timeout=3s\): 1 worker paused by its owner, and no other worker "
+                        rf"in the mesh at {re.escape(m.url)} can run them; they were cancelled", lines[0]), out
+    assert 3 <= float(lines[1].split()[1]) < 3 + LONG_POLL_S / 2, out
+    assert job["state"] == "cancelled" and list((tmp_path / "marks").iterdir()) == []
+
+
+def test_a_call_waits_without_a_limit_for_a_worker_paused_mid_job_and_ends_on_resume(make_mesh, tmp_path):
+    """No timeout=: a worker paused while it runs item 0 finishes it; item 1 waits for it
+    (the caller hears why at once, not at the end of its long-poll) and runs on resume."""
+    m = make_mesh(workers=0)
+    ida = joined_id(start_worker(m, "a"))
+    p, err = start_caller(m, tmp_path, "none", 0, 1)
+    try:
+        wait_for(lambda: (tmp_path / "marks" / "0").exists(), 30, "item 0 to start")
+        assert cli(m, "pause").returncode == 0
+        paused = time.monotonic()
+        said = wait_for(lambda: re.search(r"\[gpumesh\] job ([0-9a-f]+) is waiting: 1 worker paused by "
+                                          r"its owner \(no other worker in the mesh at \S+ can run its "
+                                          r"tasks\); waiting until one takes tasks again\n",
+                                          err.read_text()), 20, "the caller's notice")
+        assert time.monotonic() - paused < 3.5  # woken by the pause, not by item 0's end
+        time.sleep(1.0)  # item 1 still waits, and nothing gives up
+        assert p.poll() is None and not (tmp_path / "marks" / "1").exists()
+        assert owner_label(m, ida) == "paused: owner"
+        assert cli(m, "resume").returncode == 0
+        out, _ = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert out.splitlines()[0] == "value [0, 2]", out
+    with closing(m.client(output=False)) as c:
+        view = c.status(said.group(1))
+    assert view["state"] == "finished" and [t["attempts"] for t in view["tasks"]] == [1, 1]
+    assert "no live worker" not in err.read_text()
+
+
 # ---------------------------------------------------------------- GPUs ---------------
 
 def test_a_game_on_gpu0_makes_it_yield_while_gpu1_works_and_a_hot_gpu_pauses(make_mesh, tmp_path):

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from gpumesh import GPUMesh, RemoteTraceback, TaskFailed, TaskTimeout, Unsatisfiable, accelerate
+from gpumesh import (GPUMesh, RemoteError, RemoteTraceback, TaskFailed, TaskTimeout, Unsatisfiable,
+                     accelerate)
 from gpumesh.client import pipeline
 from gpumesh.hardware import Requirements
 
@@ -116,24 +117,37 @@ def test_return_exceptions_puts_each_wrapped_exception_in_its_place(m):
     assert sorted(inv.imap([1, 0], return_exceptions=True), key=lambda p: p[0])[0] == (0, 1.0)
 
 
-def test_unpicklable_argument_or_result_still_runs_with_a_notice(m, capsys):
+def test_unpicklable_argument_or_result_fails_as_on_a_mesh(m):
+    # tests/integration/test_inline_vs_mesh.py compares these with a real mesh
     lock = threading.Lock()
+    ran: list = []
 
     @accelerate(m)
     def held(lk):
-        return lk.locked()
+        ran.append(lk)
+        return 1
 
-    assert held(lock) is False  # a working local call keeps working (see pipeline's docstring)
+    with pytest.raises(TypeError, match=r"argument 0 of .*held cannot be sent to a worker: "
+                                        r"cannot pickle '_thread.lock'"):
+        held(lock)
+    with pytest.raises(TypeError, match=r"argument 0 of .*held \(item 2 of the map\)"):
+        held.map([1, 2, lock])
+    assert ran == []  # nothing ran: every argument is pickled first, as for a submit
 
     @accelerate(m)
-    def make_lock():
-        return lock
+    def make(kind):
+        import threading as _th  # (a lock of the caller's would make the function unpicklable)
+        return _th.Lock() if kind == "lock" else (i for i in range(2)) if kind == "gen" else kind
 
-    assert make_lock() is lock  # no copy possible: the object itself
-    err = capsys.readouterr().err
-    assert "argument 0 of " in err and "cannot be sent to a worker" in err
-    assert "it runs here with the arguments as they are" in err
-    assert "the value " in err and "cannot be pickled, so a mesh could not run it" in err
+    with pytest.raises(RemoteError) as ei:
+        make("lock")
+    assert ei.value.remote_type == "TypeError"
+    assert ei.value.remote_message == ("the return value (lock) cannot be pickled: "
+                                       "cannot pickle '_thread.lock' object")
+    assert "on this machine" in str(ei.value)
+    got = make.map(["ok", "gen", "fine"], return_exceptions=True)
+    assert got[0] == "ok" and got[2] == "fine"
+    assert isinstance(got[1], RemoteError) and "(generator) cannot be pickled" in str(got[1])
 
 
 def test_sys_exit_is_a_task_failure_not_the_callers_exit(m):

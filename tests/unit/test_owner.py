@@ -19,6 +19,7 @@ import pytest
 
 from gpumesh import availability
 from gpumesh.cli import owner as owner_cli
+from gpumesh.coordinator import views
 from gpumesh.coordinator.core import StaleLease
 from gpumesh.limits import MAX_ATTEMPTS
 from gpumesh.worker import control
@@ -218,6 +219,16 @@ def test_availability_checks_and_labels():
     assert availability.labels(w) == ["paused: owner", "cuda:1 hot 83C"]
 
 
+def test_a_caller_is_told_how_many_workers_wait_in_each_state():
+    assert availability.describe_closed({"paused": 1}) == "1 worker paused by its owner"
+    assert availability.describe_closed({"hot": 2, "outside_hours": 1, "paused": 3}) == (
+        "3 workers paused by their owners, 1 worker outside its lending hours, "
+        "2 workers whose GPUs are too hot")
+    # a state of a newer coordinator is named as it came; one that is not text is not echoed
+    assert availability.describe_closed({"asleep": 1, "b\x1b[2J": 2}) == (
+        "1 worker closed by its owner (asleep), 2 workers closed by their owners (?)")
+
+
 # ---------------------------------------------------------------- the coordinator ----
 
 def _lease(coord, wid, free=None):
@@ -271,8 +282,14 @@ def test_closed_worker_gets_nothing_and_the_job_says_why(coord):
     assert _lease(coord, a.id) == [] and _lease(coord, a.id, [0]) == []
     assert coord.waiting_reason("aaaa02") == (
         "waiting: every worker that can run it is unavailable: lender [paused: owner]")
+    assert views.closed_counts(coord, "aaaa02") == {"paused": 1}   # what its results pages say
+    b = coord.register({"hostname": "night", "slot_list": [{"id": 0, "kind": "cpu"}],
+                        "owner": {"state": "outside_hours", "label": "outside hours"}}, None, 1)
+    assert views.closed_counts(coord, "aaaa02") == {"paused": 1, "outside_hours": 1}
+    coord.deregister(b.id)
     coord.heartbeat(a.id, [], {"owner": None})
     assert coord.waiting_reason("aaaa02") is None
+    assert views.closed_counts(coord, "aaaa02") is None
     (g,) = _lease(coord, a.id, [0])
     assert g.job_id == "aaaa02"
 
@@ -288,6 +305,7 @@ def test_a_closed_gpu_leaves_the_others_open(coord):
     got = asyncio.run(coord.lease(a.id, 2, 0, [0, 1]))
     assert [g.slot for g in got] == [1]
     assert coord.waiting_reason("aaaa03") is None          # GPU 1 can take it in turn
+    assert views.closed_counts(coord, "aaaa03") is None
 
 
 # ---------------------------------------------------------------- config file --------
@@ -532,6 +550,7 @@ def test_every_capable_gpu_closed_says_why(coord):
     assert asyncio.run(coord.lease(a.id, 3, 0, [0, 1, 2])) == []      # the CPU slot cannot run it
     assert coord.waiting_reason("aaaa04") == ("waiting: every worker that can run it is unavailable: "
                                               "box [cuda:0 yielding: GPU busy, cuda:1 hot 83C]")
+    assert views.closed_counts(coord, "aaaa04") == {"yielding": 1}  # (its first GPU's state)
     coord.heartbeat(a.id, [], {"gpu_states": {"0": {"state": "yielding", "label": "yielding: GPU busy"}}})
     (g,) = asyncio.run(coord.lease(a.id, 3, 0, [0, 1, 2]))              # GPU 1 cooled down
     assert g.slot == 1

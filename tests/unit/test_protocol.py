@@ -576,6 +576,37 @@ def test_the_coordinators_own_grant_and_result_page_dicts_round_trip(coordinator
     assert type(calls.failure(by_task[g2.task_id], None)) is errors.TaskCrashed
 
 
+def test_a_page_says_which_closed_workers_a_job_waits_for_and_old_pages_read_as_before(coordinator):
+    """A job that only a paused worker could run: the submit that waits answers at once
+    (it cannot start soon) with ``workers_closed``; the worker reopens and the next page
+    no longer carries the key, so an open pool's page is what it was before the field."""
+    c, _ = coordinator
+    paused = {"state": "paused", "label": "paused: owner"}
+    r = c.post(protocol.WORKERS, json={"slots": 1, "hostname": "box", "owner": paused},
+               headers=_auth(WORKER))
+    wid = r.json()["id"]
+    blob = b"not really a function"
+    submit = JobSubmit(job_id="00aa11bb22dd", fn=hashlib.sha256(blob).hexdigest(), n_tasks=1,
+                       fn_inline=True, require_worker=True, wait=LONG_POLL_S)
+    chunks, _ = wire.pack_frames([json.dumps(submit.as_dict()).encode(), blob, b"a0"])
+    t = time.monotonic()
+    r = c.post(protocol.JOBS, content=b"".join(bytes(x) for x in chunks), headers=_auth())
+    assert r.status_code == 200, r.text
+    assert time.monotonic() - t < LONG_POLL_S / 2  # not the whole long-poll
+    raw = json.loads(bytes(_frames(r.content)[0]))
+    page = ResultPage.from_dict(raw)
+    assert page.as_dict() == raw
+    assert (page.workers_alive, page.workers_able, page.workers_closed) == (1, 1, {"paused": 1})
+    r = c.post(protocol.worker_heartbeat(wid), json={"running": [], "owner": None},
+               headers=_auth(WORKER))
+    assert r.status_code == 200, r.text
+    raw = json.loads(bytes(_frames(c.get(protocol.job_results("00aa11bb22dd"), params={"after": -1},
+                                         headers=_auth()).content)[0]))
+    assert "workers_closed" not in raw and ResultPage.from_dict(raw).workers_closed is None
+    # a reader from before the field ignores it: ResultPage reads only the keys it knows
+    assert ResultPage.from_dict({**raw, "workers_closed": {"paused": 1}, "later_key": [1]}).n_tasks == 1
+
+
 def test_a_grant_from_an_older_coordinator_takes_the_defaults_the_agent_assumed():
     g = TaskGrant.from_dict({"task_id": "t1", "lease_id": "l1", "fn": "f" * 64, "later_key": 1})
     assert (g.slot, g.timeout, g.kind, g.result_format, g.isolation, g.requires, g.args_file) == \
@@ -593,6 +624,12 @@ def test_a_grant_from_an_older_coordinator_takes_the_defaults_the_agent_assumed(
     (JobSubmit, {"job_id": "j", "fn": "f"}, "'n_tasks' is required"),
     (ResultPage, {"results": [{"index": 0}], "n_tasks": 1, "n_final": 1}, "'task_id' is required"),
     (ResultItem, ["not", "an", "object"], "must be a JSON object, got list"),
+    (ResultPage, {"results": [], "n_tasks": 1, "n_final": 0, "workers_closed": {"paused": -1}},
+     "workers_closed.paused must be a count"),
+    (ResultPage, {"results": [], "n_tasks": 1, "n_final": 0, "workers_closed": {"hot": True}},
+     "workers_closed.hot must be a count"),
+    (ResultPage, {"results": [], "n_tasks": 1, "n_final": 0, "workers_closed": [1]},
+     "'workers_closed' must be dict"),
 ])
 def test_a_malformed_message_is_a_wire_error_naming_the_field(cls, d, field):
     with pytest.raises(errors.WireError, match=field.replace("(", r"\(")):

@@ -123,6 +123,40 @@ class _MeshLogFormat(logging.Formatter):
         return text
 
 
+def _save_config(url: str, token: str, fingerprint: str | None) -> None:
+    """Save this coordinator as the one callers and ``gpumesh join`` find without a URL,
+    unless the config names another coordinator that answers: a second coordinator (its
+    own data dir, a test, a notebook's) must not take that over, or once it stops every
+    ``from gpumesh import mesh`` would run locally and a restart of the first would have
+    lost its saved token. A saved coordinator that does not answer is stale: replaced.
+    Either way one line says what happened."""
+    path = config.config_path()
+    other = config.saved_elsewhere(url)
+    if other is not None and _answers(*other):
+        click.echo(f"[gpumesh] config left as it is: {path} names the coordinator at {other[0]}, "
+                   f"which is running; callers of this one need --url {url} (or $GPUMESH_URL) "
+                   f"and its token")
+        return
+    try:
+        path = config.save(url, token, fingerprint)
+        click.echo(f"[gpumesh] config saved to {path}")
+    except OSError as e:
+        click.echo(f"[gpumesh] warning: could not save the config ({e}); callers need --url/--token", err=True)
+
+
+def _answers(url: str, fingerprint: str | None) -> bool:
+    """Whether a coordinator answers its health probe at ``url`` (within 2 s)."""
+    from ..transport import Transport
+    http = Transport(url, None, fingerprint=fingerprint)
+    try:
+        http.request("GET", protocol.HEALTH, timeout=2)
+        return True
+    except Exception:  # noqa: BLE001 - refused, timed out, a TLS mismatch: not answering
+        return False
+    finally:
+        http.close()
+
+
 @click.command()
 @click.option("--host", default=None, metavar="ADDR",
               help="Address to bind [default: $GPUMESH_HOST, else 127.0.0.1 (this machine only)].")
@@ -164,8 +198,11 @@ class _MeshLogFormat(logging.Formatter):
               help="A reverse proxy whose X-Forwarded-For names the client (repeatable); "
                    "turns the loopback lockout exemption off [default: $GPUMESH_TRUSTED_PROXIES "
                    "(comma-separated), else none: clients are judged by socket address].")
+@click.option("--no-save-config", is_flag=True,
+              help="Leave the saved config (what callers and `gpumesh join` use without a URL) "
+                   "as it is [default: saved, unless it names another coordinator that is running].")
 def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls, tls_cert, tls_key,
-          safe_mode, no_advertise, tailscale, public, trusted_proxy, metrics_token):
+          safe_mode, no_advertise, tailscale, public, trusted_proxy, metrics_token, no_save_config):
     """Run a coordinator: the job store and HTTP API of the mesh."""
     from ..coordinator.server import BindError, Server, bind
     from . import reach
@@ -244,11 +281,8 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
             fingerprint = check_pair(tls_cert, tls_key)
         except TLSSetupError as e:
             fail(str(e))
-    try:
-        path = config.save(local_url, token, fingerprint)
-        click.echo(f"[gpumesh] config saved to {path}")
-    except OSError as e:
-        click.echo(f"[gpumesh] warning: could not save the config ({e}); callers need --url/--token", err=True)
+    if not no_save_config:
+        _save_config(local_url, token, fingerprint)
 
     handler = logging.StreamHandler(sys.stdout)
     from .. import logs

@@ -249,7 +249,8 @@ def outcome_value(outcome: tuple, index: int, where: str, call: Call | None = No
                   local: bool = False) -> Any:
     """What a task wrapper returned (``("ok", value)``, ``("raised", exc or None, type
     name, message, traceback text)``, ``("exit", code)`` or ``("timeout", seconds)``: see
-    :data:`gpumesh.client.taskwrap.run_task`) -> the value, or raise what the task
+    :data:`gpumesh.client.taskwrap.run_task`; or, from the inline backend, ``("failed",
+    failure kind, type name, message, traceback text)``) -> the value, or raise what the task
     raised: the function's own exception, else the class the failure-kind table
     (:data:`gpumesh.protocol.FAILURE_EXCEPTIONS`) names, as a coordinator result would
     give. Its text names the ``.map`` item of ``n``, the call of function ``name`` with
@@ -258,11 +259,18 @@ def outcome_value(outcome: tuple, index: int, where: str, call: Call | None = No
     kind = outcome[0]
     if kind == "ok":
         return outcome[1]
+    shown = f"{name or 'the function'}({describe_call(call)})" if call is not None else "the task"
+    place = (f".map item {index} of {n}, {shown}," if n > 1 else shown) + f" on {where}"
+    if kind == "failed":  # a failure of another kind, as a worker reports it
+        failure_kind, type_name, message, tb = outcome[1:]
+        err = failure_exception(failure_kind, f"{message} ({place})" + (f"; {hint}" if hint else ""),
+                                remote_type=type_name, remote_message=message, traceback=tb,
+                                task_id=str(index), worker=where)
+        err.index = index  # type: ignore[attr-defined]  # (as TaskFailed's .index)
+        raise err
     if kind == "raised":
         exc, type_name, message, tb = outcome[1:]
         tb = with_source(tb)
-        shown = f"{name or 'the function'}({describe_call(call)})" if call is not None else "the task"
-        place = (f".map item {index} of {n}, {shown}," if n > 1 else shown) + f" on {where}"
         cause = RemoteTraceback(tb)
         cause.index = index
         if isinstance(exc, BaseException):

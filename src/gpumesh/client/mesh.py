@@ -390,10 +390,13 @@ class GPUMesh:
         """Start ``gpumesh serve`` in a background process and return once it answers.
 
         Returns a :class:`~gpumesh.client.processes.CoordinatorHandle` (``.url``,
-        ``.token``, ``.stop()``; also a context manager). Without ``token``: the one the
-        saved config holds for this URL (as ``gpumesh serve`` does), else a new one.
-        Raises :class:`~gpumesh.errors.StartFailed` (a ``MeshError`` and a
-        ``RuntimeError``) with the server's own message if it fails to start.
+        ``.token``, ``.stop()``; also a context manager). Without ``token``: the one this
+        process gave the coordinator at this URL before, else the one the saved config
+        holds for it (as ``gpumesh serve`` does), else a new one. The saved config is
+        never written (``serve --no-save-config``): callers of it pass its ``.url`` and
+        ``.token``. Raises :class:`~gpumesh.errors.StartFailed` (a ``MeshError`` and a
+        ``RuntimeError``) with the server's own message if it fails to start, and, naming
+        the port and starting nothing, when something already listens on it.
         """
         from .processes import start_coordinator
         return start_coordinator(port=port, token=token, host=host, data_dir=data_dir,

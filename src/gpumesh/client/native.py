@@ -16,7 +16,10 @@ Once the coordinator has accepted a job the calls never silently re-run locally 
 would run side effects twice): losing the coordinator then means waiting for it (up to
 ``CALLER_RECONNECT_S``) and then :class:`~gpumesh.errors.MeshUnavailable`. Losing every
 worker means waiting for one to (re)join, for the call's ``timeout=`` or, without one,
-``NO_WORKER_WAIT_S``, and then :class:`~gpumesh.errors.WorkerLost`.
+``NO_WORKER_WAIT_S``, and then :class:`~gpumesh.errors.WorkerLost`. Workers closed by
+their owners' rules (paused, outside their hours) are not lost: a job only they could run
+waits for them, for the call's ``timeout=`` (without one, for as long as it takes), and
+then :class:`~gpumesh.errors.TaskTimeout`.
 
 Script jobs (:mod:`.scripts`) are submitted and collected through the same
 :meth:`NativeBackend.send_job` (retries, backoff, blob upload) and :func:`poll_results`.
@@ -35,8 +38,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .. import hardware, protocol, retries, tracing, versions, wire
-from ..errors import MeshUnavailable, RequestRejected, Unsatisfiable, WireError, WorkerLost
+from .. import availability, hardware, protocol, retries, tracing, versions, wire
+from ..errors import (MeshUnavailable, RequestRejected, TaskTimeout, Unsatisfiable, WireError,
+                      WorkerLost)
 from ..handoff import Handoff, worth_it
 from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, NO_WORKER_WAIT_S,
                       RELEASE_ATTEMPTS, RELEASE_BATCH_MAX, RELEASE_BATCH_S)
@@ -46,6 +50,7 @@ from ..transport import Unreachable
 from . import calls as _calls
 from .console import OutputPrinter
 from .pipeline import STARTED, Backend, Fallback, Job, backoff, notice
+from .sigterm import outstanding
 
 log = logging.getLogger("gpumesh.client")
 
@@ -74,20 +79,21 @@ class NativeBackend(Backend):
         printer = OutputPrinter(single=job.n == 1) if mesh.output else None
         collected = accepted = False
         try:
-            try:
-                first = self._submit(job, printer is not None)
-            except Fallback:
-                collected = True  # nothing was stored
-                raise
-            accepted = True
-            if job.streaming:
-                first = bytearray()  # (a submit that did not wait answers JSON, not a page)
-            if not mesh._announced:  # said once the mesh took a job: token and workers are fine
-                mesh._announced = True
-                notice(f"connected to coordinator at {mesh.url}")
-            yield STARTED
-            yield from self._collect(job, first, printer)
-            collected = True
+            with outstanding(mesh, job_id):  # SIGTERM now cancels it too (see .sigterm)
+                try:
+                    first = self._submit(job, printer is not None)
+                except Fallback:
+                    collected = True  # nothing was stored
+                    raise
+                accepted = True
+                if job.streaming:
+                    first = bytearray()  # (a submit that did not wait answers JSON, not a page)
+                if not mesh._announced:  # said once the mesh took a job: token and workers are fine
+                    mesh._announced = True
+                    notice(f"connected to coordinator at {mesh.url}")
+                yield STARTED
+                yield from self._collect(job, first, printer)
+                collected = True
         finally:
             if printer is not None:
                 printer.flush()
@@ -237,7 +243,9 @@ class NativeBackend(Backend):
         in; yields ``(index, outcome)`` as they come. Once pages have said "no worker can
         run it" for the job's timeout (None: NO_WORKER_WAIT_S), WorkerLost is raised
         (the job is then cancelled), or with ``return_exceptions`` the job is cancelled
-        here and each unfinished call's outcome is that WorkerLost."""
+        here and each unfinished call's outcome is that WorkerLost. Once they have said
+        "only workers closed by their owners could run it" for the job's timeout (None: no
+        limit), the same happens with a TaskTimeout that says why."""
         mesh, job_id, n, timeout = self.mesh, job.job_id, job.n, job.timeout
         assert job_id is not None  # (run gave the job its id)
         seen = bytearray(n)  # 1 once an index's result was delivered: never twice
@@ -248,6 +256,11 @@ class NativeBackend(Backend):
         alone_limit = NO_WORKER_WAIT_S if timeout is None else timeout
         alone_since: float | None = None
         nobody = "no worker"  # or, with workers alive that cannot run the tasks, which one
+        # Workers paused by their owners (or outside their hours) are alive but lend
+        # nothing: the call waits for them as long as its own timeout= allows (no limit
+        # without one), saying why.
+        closed: dict[str, int] | None = None
+        closed_since: float | None = None
         reconnect: dict = {}
         while True:
             if body:
@@ -264,6 +277,16 @@ class NativeBackend(Backend):
                                f"waiting for one to (re)join (for up to {alone_limit:g}s)")
                 else:
                     alone_since = None
+                if page.workers_able and page.workers_closed:
+                    if closed_since is None or page.workers_closed != closed:
+                        what = availability.describe_closed(page.workers_closed)
+                        notice(f"job {job_id} is waiting: {what} (no other worker in the mesh at "
+                               f"{mesh.url} can run its tasks); "
+                               + (f"waiting for up to {timeout:g}s (the call's timeout=)" if timeout
+                                  is not None else "waiting until one takes tasks again"))
+                    closed, closed_since = page.workers_closed, closed_since or time.monotonic()
+                else:
+                    closed_since = None
                 k = 1 + sum(1 for item in page.results if item.has_payload)
                 if printer is not None:
                     # Output first: a task's prints come before its result (and its error).
@@ -293,6 +316,16 @@ class NativeBackend(Backend):
             if got >= n:
                 break
             wait = LONG_POLL_S
+            lost: Exception | None = None  # a bounded wait that ran out
+            if closed_since is not None and timeout is not None and closed:
+                held = time.monotonic() - closed_since
+                if held >= timeout:
+                    lost = TaskTimeout(f"{n - got} of {n} task(s) of job {job_id} could not start "
+                                       f"for {held:.0f}s (the call's timeout={timeout:g}s): "
+                                       f"{availability.describe_closed(closed)}, and no other "
+                                       f"worker in the mesh at {mesh.url} can run them; they "
+                                       f"were cancelled")
+                wait = min(wait, max(0.05, timeout - held))
             if alone_since is not None:
                 alone = time.monotonic() - alone_since
                 if alone >= alone_limit:
@@ -302,15 +335,16 @@ class NativeBackend(Backend):
                     lost = WorkerLost(f"{nobody} has been alive in the mesh at {mesh.url} for "
                                       f"{alone:.0f}s ({why}); {n - got} of {n} task(s) of job "
                                       f"{job_id} did not finish and were cancelled")
-                    if not job.return_exceptions:
-                        raise lost
-                    self.cancel_quietly(job_id)  # no task of it may run later
-                    for idx in range(n):
-                        if not seen[idx]:
-                            seen[idx] = 1
-                            yield idx, ("error", lost)
-                    break
                 wait = min(wait, max(0.05, alone_limit - alone))  # wake up when the time is up
+            if lost is not None:
+                if not job.return_exceptions:
+                    raise lost
+                self.cancel_quietly(job_id)  # no task of it may run later
+                for idx in range(n):
+                    if not seen[idx]:
+                        seen[idx] = 1
+                        yield idx, ("error", lost)
+                break
             params: dict = {"after": after, "wait": wait}
             if handoff is not None:
                 params["handoff"] = 1
@@ -319,7 +353,8 @@ class NativeBackend(Backend):
             try:
                 body = poll_results(mesh, job_id, params, wait, reconnect)
             except Retrying:
-                alone_since = None  # the pool is unknown until the coordinator answers again
+                # the pool is unknown until the coordinator answers again
+                alone_since = closed_since = None
                 body = None
         mesh._janitor.release(job_id)
 

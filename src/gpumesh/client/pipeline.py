@@ -26,13 +26,14 @@ itself with a :class:`~gpumesh.errors.RemoteTraceback` cause and a note naming t
 So a value computed here is a copy, exactly as a worker's would be: a function that
 mutates its arguments or module globals does not change the caller's objects here either.
 
-One exception, deliberately: what **cannot be pickled** (a lambda over a lock, an open
-file argument, a generator as a result) would fail on a mesh, but a call that runs here
-only because the mesh is away is the spec's promise "runs locally and returns the same
-value": it keeps working. The object is used as it is (no copy) and a one-line notice
-per distinct cause says that a mesh could not run it. Strict results (JSON only) are
-not applied here either: nothing crossed a trust boundary (see :mod:`gpumesh.strict`).
-``.local()`` is a plain call and takes no part in any of this.
+What **cannot be pickled** fails here exactly as on a mesh (the spec: "either path
+returns the identical value"; a call must not work only while the mesh is away): a
+function or argument raises the pickler's error before anything runs (naming the
+argument), a return value that cannot be pickled is a RemoteError "the return value (X)
+cannot be pickled: ...", an exception that cannot travel as itself a RemoteError naming
+its type and message. Strict results (JSON only) are not applied here: nothing crossed a
+trust boundary (see :mod:`gpumesh.strict`). ``.local()`` is a plain call and takes no
+part in any of this.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
+import math
 import random
 import sys
 import threading
@@ -92,10 +94,12 @@ def check_isolation(isolation: Any) -> str:
 
 
 def check_timeout(timeout: Any) -> float | None:
-    """``timeout`` in seconds as a float (None: none); ``ValueError`` unless > 0."""
+    """``timeout`` in seconds as a float (None: none); ``ValueError`` unless a finite
+    number > 0 (an infinite one is no timeout: say None)."""
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+            or not 0 < timeout < math.inf):
         raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
     return float(timeout)
 
@@ -273,21 +277,26 @@ class InlineBackend(Backend):
     stopped = "the items after it did not run"
 
     def run(self, job: Job) -> Iterator[Any]:
-        yield STARTED
         name = job.qualname or "the function"
-        fn = _round_trip(job.fn, f"the function {name}", code=True)
+        # As the native backend's submit: the function and every call's arguments are
+        # pickled before anything runs, and what cannot be raises the same error.
+        fn = wire.loads(_joined(wire.dumps(job.fn, code=True)))
+        payloads: list[wire.Payload | None] = [
+            _calls.dump_call(job.fn, call, i, job.n) for i, call in enumerate(job.calls)]
+        yield STARTED
         retries, types = job.retry or (0, ())
-        for i, call in enumerate(job.calls):
-            payload = _arguments(job, i, call)
+        for i in range(job.n):
+            payload, payloads[i] = payloads[i], None  # (freed as it goes, as a worker's)
+            assert payload is not None
             for attempt in range(retries + 1):
-                args, kwargs = call if payload is None else wire.loads(_joined(payload))
+                args, kwargs = wire.loads(_joined(payload))
                 outcome = run_task(fn, args, kwargs, job.timeout, True)
                 if not (outcome[0] == "raised" and attempt < retries
                         and isinstance(outcome[1], types)):
                     break
                 log.info("%s raised %s (item %d, attempt %d); running it again", name,
                          outcome[2], i, attempt + 1)
-            yield i, _copied(outcome, name)
+            yield i, _copied(outcome)
 
 
 INLINE = InlineBackend()
@@ -302,35 +311,36 @@ def _joined(payload: wire.Payload) -> bytearray:
     return out
 
 
-def _round_trip(obj: Any, what: str, code: bool = False) -> Any:
-    """``obj`` after a pickle round trip, or ``obj`` itself (with a notice) if it cannot
-    be pickled (see the module docstring)."""
-    try:
-        payload = wire.dumps(obj, code=code)
-    except Exception as e:  # noqa: BLE001 - the pickler's own error, told below
-        notice(f"{what} cannot be pickled, so a mesh could not run it ({type(e).__name__}: "
-               f"{e}); it runs here as it is")
-        return obj
-    return wire.loads(_joined(payload))
-
-
-def _arguments(job: Job, i: int, call: _calls.Call) -> wire.Payload | None:
-    """The call's arguments pickled as a worker would receive them; None (and a notice
-    naming the argument) if they cannot be."""
-    try:
-        return _calls.dump_call(job.fn, call, i, job.n)
-    except Exception as e:  # noqa: BLE001 - named by dump_call
-        notice(f"{e}; it runs here with the arguments as they are")
-        return None
-
-
-def _copied(outcome: tuple, name: str) -> tuple:
-    """A run_task outcome with its value or exception through a pickle round trip."""
+def _copied(outcome: tuple) -> tuple:
+    """A run_task outcome as it would reach the caller from a worker: the value or the
+    exception through one pickle round trip (one ``dumps``, one ``loads``: what the trip
+    costs anyway, so checking that the value survives it costs nothing more). A value
+    that cannot be pickled is the worker's ``result_unpicklable`` failure, with its
+    message; an exception that cannot travel as itself arrives as a RemoteError naming
+    its type (``("raised", None, ...)``); a value that cannot be unpickled raises what
+    ``loads`` raised, as decoding a worker's result would."""
+    from ..protocol import FailureKind
+    from ..retries import type_name
     if outcome[0] == "ok":
-        return ("ok", _round_trip(outcome[1], f"the value {name} returned"))
+        value = outcome[1]
+        try:
+            payload = wire.dumps(value)
+        except Exception as e:  # noqa: BLE001 - the pickler's own error, as a worker reports it
+            import traceback
+            return ("failed", FailureKind.RESULT_UNPICKLABLE, type_name(type(e)),
+                    f"the return value ({type(value).__qualname__}) cannot be pickled: {e}",
+                    "".join(traceback.format_exception(type(e), e, e.__traceback__)))
+        try:
+            return ("ok", wire.loads(_joined(payload)))
+        except Exception as e:  # noqa: BLE001 - raised in the item's place, as decode would
+            return ("error", e)
     if outcome[0] == "raised" and outcome[1] is not None:
-        exc = _round_trip(outcome[1], f"the {outcome[2]} {name} raised")
-        return ("raised", exc, *outcome[2:])
+        exc = outcome[1]
+        try:
+            copy = wire.loads(_joined(wire.dumps(exc)))
+        except Exception:  # noqa: BLE001 - as a worker's: cannot travel, a RemoteError says it
+            return ("raised", None, type_name(type(exc)), *outcome[3:])
+        return ("raised", copy, *outcome[2:])
     return outcome
 
 

@@ -6,8 +6,10 @@ commands do; the token travels in the environment, never on the command line.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +21,12 @@ from ..errors import MeshError, StartFailed
 from ..transport import Transport
 
 START_TIMEOUT_S = 30.0
+#: The first line of ``gpumesh serve``'s banner, printed once it holds its port.
+LISTENING = "[OK] Coordinator listening on "
+
+#: The token each coordinator this process started was given (by URL): started again
+#: without one, it keeps it (the saved config is not written for them).
+_tokens: dict[str, str] = {}
 
 
 class _Process:
@@ -77,29 +85,59 @@ def _spawn(args: list[str], env: dict, name: str) -> tuple[subprocess.Popen, Pat
 def start_coordinator(port: int = 8000, token: str | None = None, host: str = "127.0.0.1",
                       data_dir: str | None = None, self_worker: bool = True) -> CoordinatorHandle:
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-    # As ``gpumesh serve`` does: a restart keeps the token its workers joined with.
-    token = token or config.saved_token(url) or config.generate_token()
+    # A restart keeps the token its workers joined with: the one this process gave it
+    # before, else the one the saved config holds for this URL (as ``gpumesh serve``).
+    token = token or _tokens.get(url) or config.saved_token(url) or config.generate_token()
     env = dict(os.environ, GPUMESH_TOKEN=token)
-    args = ["serve", "--host", host, "--port", str(port)]
+    # Never the user's saved config: a coordinator started from a script, a notebook or
+    # a test is that program's; the one `gpumesh serve` saved stays the default.
+    args = ["serve", "--host", host, "--port", str(port), "--no-save-config"]
     if data_dir:
         args += ["--data-dir", str(data_dir)]
     if not self_worker:
         args.append("--no-self-worker")
-    proc, log_path = _spawn(args, env, "coordinator")
+    # A port someone already listens on: say so now, starting nothing. (Else the health
+    # probe below could be answered by that other coordinator while ours fails to bind.)
+    busy = _port_in_use(host, port)
+    if busy:
+        raise StartFailed(busy)
+    proc, log_path = _spawn(args, dict(env, PYTHONUNBUFFERED="1"), "coordinator")
     handle = CoordinatorHandle(proc, log_path, url, token)
     probe = Transport(url, None)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise StartFailed(f"the coordinator exited with code {proc.returncode}: {handle.log_tail()}")
-        try:
-            probe.request("GET", protocol.HEALTH, timeout=1)
-            return handle
-        except MeshError:
-            pass
+        # Ours answers only once it printed its banner (after it bound the port): a health
+        # answer before that comes from whoever took the port meanwhile.
+        if LISTENING in handle.log_tail(1 << 20):
+            try:
+                probe.request("GET", protocol.HEALTH, timeout=1)
+                _tokens[url] = token
+                return handle
+            except MeshError:
+                pass
         time.sleep(0.05)
     handle.stop()
     raise StartFailed(f"the coordinator did not answer within {START_TIMEOUT_S:.0f}s: {handle.log_tail()}")
+
+
+def _port_in_use(host: str, port: int) -> str | None:
+    """The StartFailed text when ``host:port`` is taken by a listening socket, else None
+    (other bind errors are left to ``serve``, which words them)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        if os.name != "nt":  # (as serve binds: a socket in TIME_WAIT does not count)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            return (f"port {port} on {host} is already in use (another coordinator or program "
+                    f"listens there); nothing was started: stop it, or pass another port=")
+    finally:
+        sock.close()
+    return None
 
 
 def add_worker(url: str, token: str | None = None, slots: int = 1) -> WorkerHandle:

@@ -97,21 +97,25 @@ class RemoteFunction:
         return self.mesh.run_calls(fn, [(args, kwargs)], hints=hints, **self._call_options())[0]
 
     def _run_inline(self, calls: list[_calls.Call], hints: list[dict] | None = None,
-                    return_exceptions: bool = False, handle: dict | None = None):
-        """Inside a task: the calls on the inline backend, with this function's options;
-        a list of ``(index, value)`` (an iterator with ``handle``)."""
+                    return_exceptions: bool = False, handle: dict | None = None,
+                    timeout: float | None = None):
+        """Inside a task: the calls on the inline backend, with this function's options
+        (``timeout``, checked, replaces the decorator's); a list of ``(index, value)`` (an
+        iterator with ``handle``)."""
+        options = self._call_options(timeout=timeout)
         job = pipeline.Job(self.__gpumesh_wrapped__, calls, hints or [{}] * len(calls),
-                           timeout=self.options["timeout"], name=self._call_options()["name"],
+                           timeout=options["timeout"], name=options["name"],
                            retry=self.retry, return_exceptions=return_exceptions,
                            streaming=handle is not None)
         run = pipeline.run(None, job, handle, backend=pipeline.INLINE)
         return run if handle is not None else list(run)
 
-    def _call_options(self, isolation: str | None = None) -> dict:
-        """The options of this function's calls; ``isolation`` (checked) replaces the
-        decorator's for one ``.map``/``.imap``."""
+    def _call_options(self, isolation: str | None = None, timeout: float | None = None) -> dict:
+        """The options of this function's calls; ``isolation`` and ``timeout`` (checked)
+        replace the decorator's for one ``.map``/``.imap``."""
         fn = self.__gpumesh_wrapped__
-        options = {"timeout": self.options["timeout"], "name": getattr(fn, "__qualname__", None),
+        timeout = self.options["timeout"] if timeout is None else timeout
+        options = {"timeout": timeout, "name": getattr(fn, "__qualname__", None),
                    "require": self.require}
         if self.retry is not None:  # (an engine refuses what it cannot express)
             options["retry"] = self.retry
@@ -121,7 +125,8 @@ class RemoteFunction:
         return options
 
     def map(self, items: Iterable[Any], *, return_exceptions: bool = False,
-            ordered: bool = True, isolation: str | None = None) -> list[Any] | Results:
+            ordered: bool = True, isolation: str | None = None,
+            timeout: float | None = None) -> list[Any] | Results:
         """One task per item (a dict is keyword arguments, a tuple positional arguments,
         anything else the single argument), spread over the mesh; values in input order.
         ``[]`` for no items.
@@ -132,19 +137,26 @@ class RemoteFunction:
         failed item's exception stands in its place in the list. ``ordered=False``: the
         same as :meth:`imap` (an iterator of ``(index, value)`` as tasks finish).
         ``isolation``: ``"task"`` or ``"job"`` for this map's tasks, as for
-        ``@accelerate`` (default: the decorator's); anything else is a ``ValueError``."""
+        ``@accelerate`` (default: the decorator's); anything else is a ``ValueError``.
+        ``timeout``: seconds each of this map's tasks may run, as the decorator's
+        ``timeout=`` (which it replaces for this map; default: the decorator's), also
+        when the items run here; a number > 0, else a ``ValueError`` before anything
+        is submitted. A task past it raises :class:`~gpumesh.errors.TaskTimeout`."""
         isolation = None if isolation is None else check_isolation(isolation)
+        timeout = _check_timeout(timeout)
         if not ordered:
-            return self.imap(items, return_exceptions=return_exceptions, isolation=isolation)
+            return self.imap(items, return_exceptions=return_exceptions, isolation=isolation,
+                             timeout=timeout)
         fn = self.__gpumesh_wrapped__
         calls, hints = _calls.map_items(fn, list(items))
         if self._inline():
-            return [v for _, v in self._run_inline(calls, hints, bool(return_exceptions))]
+            return [v for _, v in self._run_inline(calls, hints, bool(return_exceptions),
+                                                   timeout=timeout)]
         return self.mesh.run_calls(fn, calls, hints=hints, return_exceptions=bool(return_exceptions),
-                                   **self._call_options(isolation))
+                                   **self._call_options(isolation, timeout))
 
     def imap(self, items: Iterable[Any], *, return_exceptions: bool = False,
-             isolation: str | None = None) -> Results:
+             isolation: str | None = None, timeout: float | None = None) -> Results:
         """One task per item (as :meth:`map`), submitted at once; returns an iterator of
         ``(index, value)`` pairs in the order the tasks finish, each index once.
 
@@ -152,15 +164,16 @@ class RemoteFunction:
         by dropping the iterator: the tasks not finished yet are cancelled. A failure is
         raised from ``next()`` (and the rest cancelled) unless ``return_exceptions=True``,
         which yields ``(index, exception)`` instead. Without a mesh the items run here,
-        one per ``next()``, in input order. ``isolation``: as for :meth:`map`."""
+        one per ``next()``, in input order. ``isolation`` and ``timeout``: as for :meth:`map`."""
         isolation = None if isolation is None else check_isolation(isolation)
+        timeout = _check_timeout(timeout)
         fn = self.__gpumesh_wrapped__
         calls, hints = _calls.map_items(fn, list(items))
         flag = bool(return_exceptions)
         if self._inline():
-            return Results(lambda h: self._run_inline(calls, hints, flag, h), len(calls))
+            return Results(lambda h: self._run_inline(calls, hints, flag, h, timeout), len(calls))
         mesh = self.mesh
-        options = self._call_options(isolation)
+        options = self._call_options(isolation, timeout)
         return Results(lambda h: mesh.iter_calls(fn, calls, hints=hints, return_exceptions=flag,
                                                  handle=h, **options), len(calls))
 

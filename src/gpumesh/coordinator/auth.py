@@ -163,15 +163,13 @@ class TokenCheck:
 class FailureLimiter:
     """Counts failed authentications per client address and locks noisy ones out.
 
-    Numbers: ``max_failures`` within ``window_s`` seconds lock an address out for
-    ``lockout_s`` seconds; at most ``max_tracked`` addresses are remembered (the least
-    recently seen are forgotten). ``clock`` is injectable for tests.
+    Numbers: ``AUTH_FAIL_MAX`` failures within ``AUTH_FAIL_WINDOW_S`` seconds lock an
+    address out for ``AUTH_LOCKOUT_S`` seconds (settings of :mod:`gpumesh.limits`); at
+    most ``max_tracked`` addresses are remembered (the least recently seen are forgotten).
+    ``clock`` is injectable for tests.
     """
 
-    def __init__(self, max_failures: int = AUTH_FAIL_MAX, window_s: float = AUTH_FAIL_WINDOW_S,
-                 lockout_s: float = AUTH_LOCKOUT_S, max_tracked: int = AUTH_TRACKED_ADDRESSES,
-                 clock=time.monotonic):
-        self.max_failures, self.window_s, self.lockout_s = max_failures, window_s, lockout_s
+    def __init__(self, max_tracked: int = AUTH_TRACKED_ADDRESSES, clock=time.monotonic):
         self.max_tracked, self.clock = max_tracked, clock
         self._failures: OrderedDict[str, deque[float]] = OrderedDict()
         self._locked: dict[str, float] = {}
@@ -192,10 +190,10 @@ class FailureLimiter:
         now = self.clock()
         times = self._failures.pop(addr, None) or deque()
         times.append(now)
-        while times and now - times[0] > self.window_s:
+        while times and now - times[0] > AUTH_FAIL_WINDOW_S:
             times.popleft()
-        if len(times) >= self.max_failures:
-            self._locked[addr] = now + self.lockout_s
+        if len(times) >= AUTH_FAIL_MAX:
+            self._locked[addr] = now + AUTH_LOCKOUT_S
             return True
         self._failures[addr] = times
         while len(self._failures) > self.max_tracked:
@@ -360,7 +358,7 @@ class Authenticator:
             if not exempt and self.limiter.failed(addr):
                 raise AuthRefused(429, "locked_out",
                                   f"too many refused tokens from {addr}: locked out for "
-                                  f"{self.limiter.lockout_s:.0f}s", retry_after=self.limiter.lockout_s)
+                                  f"{AUTH_LOCKOUT_S:.0f}s", retry_after=AUTH_LOCKOUT_S)
             raise AuthRefused(401, "unauthorized", "the token was refused")
         if not exempt:
             self.limiter.succeeded(addr)

@@ -447,19 +447,20 @@ class Coordinator(Journalled):
         else:
             fut.set_result(grants)
 
-    def _requeue(self, task_ids: list[str], reason: str, error: dict[str, Any] | None = None,
-                 preempted: bool = False) -> None:
+    def _requeue(self, task_ids: list[str], reason: str, preempted: bool = False) -> None:
         """Put leased tasks back in line, or fail them as lost (see :func:`.requeue.requeue`)."""
-        requeue.requeue(self, task_ids, reason, error, preempted)
+        requeue.requeue(self, task_ids, reason, preempted=preempted)
 
     # ------------------------------------------------------------ jobs -----------
     def submit(self, job_id: str, name: str, kind: str, fn_hash: str | None, meta: dict[str, Any],
                args: list[Any], costs: list[float], require_worker: bool,
-               owner: str | None = None) -> tuple[Job, bool]:
+               owner: str | None = None, known_new: bool = False) -> tuple[Job, bool]:
         """Create a job with one task per ``args`` payload, owned by the person ``owner``.
         Idempotent on ``job_id``: returns ``(job, created)``. Raises ``NoWorkers`` when
-        ``require_worker`` and none is alive (nothing is stored then)."""
-        if job_id in self.jobs or self.store.job_exists(job_id):
+        ``require_worker`` and none is alive (nothing is stored then). ``known_new``: the
+        caller has just found that no job ``job_id`` exists, with no ``await`` since
+        (one look-up in the store per submit, not two)."""
+        if not known_new and (job_id in self.jobs or self.store.job_exists(job_id)):
             job = self.jobs.get(job_id)
             if job is None:
                 row = self.store.job_row(job_id)
@@ -770,12 +771,16 @@ class Coordinator(Journalled):
         if job is not None and (stdout or stderr):
             job.notify()
 
-    def release(self, job_id: str) -> None:
-        """The caller has every result: free the payloads (metadata stays for listings)."""
-        job = self.jobs.get(job_id)
-        if job is not None and job.n_final < job.n_tasks:
-            return  # still running; nothing to release yet
-        self.store.release_job(job_id)
-        self.jobs.pop(job_id, None)
-        self.output.forget(job_id)
+    def release(self, *job_ids: str) -> None:
+        """The callers have every result: free the payloads (metadata stays for listings),
+        of all the jobs in one store write. A job still running is skipped: nothing to
+        release yet."""
+        done = [j for j in dict.fromkeys(job_ids)
+                if (job := self.jobs.get(j)) is None or job.n_final >= job.n_tasks]
+        if not done:
+            return
+        self.store.release_jobs(done)
+        for job_id in done:
+            self.jobs.pop(job_id, None)
+            self.output.forget(job_id)
 

@@ -44,69 +44,9 @@ from ..limits import INLINE_BLOB_BYTES
 from ..wire import Chunk
 from .checkpoint import JOURNAL_SIZE_LIMIT, Checkpointer
 from .reaper import Reaper
+from .tables import INDEXES, MIGRATIONS, SCHEMA, UNRELEASED_JOBS
 
 log = logging.getLogger("gpumesh.coordinator")
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    id          TEXT PRIMARY KEY,
-    name        TEXT NOT NULL,
-    kind        TEXT NOT NULL,            -- 'function' | 'script'
-    fn_hash     TEXT,                     -- sha256 of the function / script blob
-    meta        TEXT NOT NULL,            -- JSON: timeout, requirements, caller info
-    n_tasks     INTEGER NOT NULL,
-    created     REAL NOT NULL,
-    state       TEXT NOT NULL,            -- 'active' | 'finished' | 'cancelled'
-    released    INTEGER NOT NULL DEFAULT 0,
-    finished    REAL                      -- when the state left 'active'
-);
-CREATE TABLE IF NOT EXISTS tasks (
-    id          TEXT PRIMARY KEY,
-    job_id      TEXT NOT NULL,
-    idx         INTEGER NOT NULL,
-    state       TEXT NOT NULL,            -- 'pending' | 'leased' | 'done' | 'failed' | 'cancelled'
-    attempts    INTEGER NOT NULL DEFAULT 0,
-    cost        REAL NOT NULL DEFAULT 1.0,
-    lease_id    TEXT,
-    worker_id   TEXT,
-    args        BLOB,                     -- inline payload, or NULL when args_file is set
-    args_file   TEXT,
-    result      BLOB,
-    result_file TEXT,
-    error       TEXT,                     -- JSON describing a failure
-    seq         INTEGER,                  -- order in which results became final, per job
-    finished    REAL,
-    history     TEXT,                     -- JSON lines: attempts that ended without a result
-    UNIQUE (job_id, idx)
-);
-CREATE TABLE IF NOT EXISTS blobs (
-    hash        TEXT PRIMARY KEY,
-    size        INTEGER NOT NULL,
-    created     REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS tokens (         -- people's own tokens (see coordinator.people)
-    name        TEXT PRIMARY KEY,
-    role        TEXT NOT NULL,            -- 'admin' | 'submit' | 'view' | 'worker'
-    digest      TEXT NOT NULL UNIQUE,     -- sha256 of the token, hex; never the token
-    max_running INTEGER,                  -- cap on the person's running tasks (NULL: none)
-    created     REAL NOT NULL
-);
-"""
-
-#: Columns added after the first schema: (table, column, SQL type). Added in place on
-#: start-up, so a data directory written by an older gpumesh keeps working.
-MIGRATIONS = [("jobs", "finished", "REAL"), ("tasks", "history", "TEXT"),
-              ("jobs", "owner", "TEXT"),      # the person who submitted it (NULL: before people)
-              ("tasks", "started", "REAL"),   # when its current attempt was leased
-              ("tasks", "gpu", "INTEGER")]    # 1 when that attempt ran on a GPU slot
-
-INDEXES = """
-CREATE INDEX IF NOT EXISTS tasks_open ON tasks (state) WHERE state IN ('pending', 'leased');
-CREATE INDEX IF NOT EXISTS tasks_seq ON tasks (job_id, seq) WHERE seq IS NOT NULL;
-CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished) WHERE finished IS NOT NULL;
-CREATE INDEX IF NOT EXISTS tasks_finished ON tasks (finished) WHERE finished IS NOT NULL;
-"""
-
 
 class Incoming:
     """A payload being written to a temporary file as its bytes arrive (see
@@ -205,6 +145,11 @@ class FinalTask:
     result_size: int
 
 
+#: How much earlier than a usage window's start a job may have finished and still be
+#: read for it (:meth:`Store.usage`): a wall clock stepped back between a task's finish
+#: and its job's.
+USAGE_CLOCK_SLACK_S = 3600.0
+
 #: Task ids per ``IN (...)`` query: well under SQLite's smallest limit on a statement's
 #: parameters (999 before SQLite 3.32).
 ARGS_PER_QUERY = 500
@@ -239,6 +184,8 @@ class Store:
         #: Jobs whose result files went, so far, only by path to readers that map under
         #: locks: True (released, they may be pooled); False or absent, never pooled.
         self._pool_ok: dict[str, bool] = {}
+        #: Function blobs known to be stored (see :meth:`has_blob`).
+        self._blobs: set[str] = set()
         self.db = sqlite3.connect(self.dir / "gpumesh.db", isolation_level=None,
                                   check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -411,7 +358,15 @@ class Store:
 
     # ---------------------------------------------------------- function blobs ---
     def has_blob(self, h: str) -> bool:
-        return self.db.execute("SELECT 1 FROM blobs WHERE hash=?", (h,)).fetchone() is not None
+        """Whether blob ``h`` is stored. A submit asks for its function's every time: a
+        blob found committed is remembered (until :meth:`purge_before` deletes it), so
+        the repeat calls of one function skip the query."""
+        if h in self._blobs:
+            return True
+        found = self.db.execute("SELECT 1 FROM blobs WHERE hash=?", (h,)).fetchone() is not None
+        if found and not self.db.in_transaction:  # (a row not committed yet may still go)
+            self._blobs.add(h)
+        return found
 
     def put_blob(self, h: str, chunks: Iterable[Chunk] | Incoming) -> None:
         """Store a content-addressed blob (its bytes, or the finished incoming file holding
@@ -511,21 +466,25 @@ class Store:
             "SELECT hash FROM blobs WHERE created < ? AND hash NOT IN"
             " (SELECT fn_hash FROM jobs WHERE fn_hash IS NOT NULL)", (cutoff,))]
         for h in unused:
+            self._blobs.discard(h)
             self.db.execute("DELETE FROM blobs WHERE hash=?", (h,))
             self._remove_file(f"fn/{h[:2]}/{h}")
         return ids
 
     def active_jobs(self) -> list[dict[str, Any]]:
-        ids = [r[0] for r in self.db.execute(
-            "SELECT id FROM jobs WHERE state='active' OR released=0 ORDER BY created")]
+        ids = [r[0] for r in self.db.execute(UNRELEASED_JOBS + " ORDER BY created")]
         # (each id was just read from jobs, so each has a row)
         return cast("list[dict[str, Any]]", [self.job_row(i) for i in ids])
 
     def open_tasks(self) -> list[OpenTask]:
-        """Pending and leased tasks, in job-creation then index order (uses tasks_open)."""
+        """Pending and leased tasks of the active and unreleased jobs (those start-up
+        loads), in job-creation then index order. Reads every task of those jobs through
+        the ``(job_id, idx)`` key, as start-up's per-job counts do: no index on ``state``
+        is kept, since every lease and result would write it."""
         rows = self.db.execute(
             "SELECT id, job_id, idx, state, attempts, cost, lease_id, worker_id, history FROM tasks"
-            " WHERE state IN ('pending', 'leased') ORDER BY rowid").fetchall()
+            f" WHERE job_id IN ({UNRELEASED_JOBS}) AND state IN ('pending', 'leased')"
+            " ORDER BY rowid").fetchall()
         out = []
         for r in rows:
             history = _history(r[8])
@@ -550,21 +509,31 @@ class Store:
 
     def release_job(self, job_id: str) -> None:
         """The caller has every result: drop argument and result payloads, keep the rows."""
-        pool = self._pool_ok.pop(job_id, False)
-        files = self.db.execute(
-            "SELECT args_file, result_file FROM tasks WHERE job_id=?", (job_id,)).fetchall()
+        self.release_jobs([job_id])
+
+    def release_jobs(self, job_ids: list[str]) -> None:
+        """:meth:`release_job` of several jobs in one commit (a caller releases the jobs
+        of its finished calls in batches: one commit each cost as much as the rest)."""
+        files: list[tuple[str, str | None, str | None]] = []
+        for i in range(0, len(job_ids), ARGS_PER_QUERY):
+            ids = job_ids[i:i + ARGS_PER_QUERY]
+            files += self.db.execute(
+                f"SELECT job_id, args_file, result_file FROM tasks WHERE job_id IN ({','.join('?' * len(ids))})"
+                " AND (args_file IS NOT NULL OR result_file IS NOT NULL)", ids).fetchall()
         with self._tx():
-            self.db.execute("UPDATE tasks SET args=NULL, args_file=NULL, result=NULL,"
-                            " result_file=NULL WHERE job_id=?", (job_id,))
-            self.db.execute("UPDATE jobs SET released=1 WHERE id=?", (job_id,))
+            self.db.executemany("UPDATE tasks SET args=NULL, args_file=NULL, result=NULL,"
+                                " result_file=NULL WHERE job_id=?", [(j,) for j in job_ids])
+            self.db.executemany("UPDATE jobs SET released=1 WHERE id=?", [(j,) for j in job_ids])
         # No row names the files any more; unlinking them (their pages freed there and
-        # then, tens of ms for a big one) is the reaper's, not the event loop's.
-        # A result file may go to the pool instead (gpumesh.handoff): only result files,
-        # whose readers (callers) say they map under locks; a task maps its arguments'.
-        results = [self.blob_dir / r for _, r in files if r]
-        self.reaper.remove(files=[self.blob_dir / a for a, _ in files if a] + ([] if pool else results),
-                           pool=results if pool else [],
-                           dirs=[self.blob_dir / sub / job_id for sub in ("args", "results")])
+        # then, tens of ms for a big one) is the reaper's, not the event loop's. A result
+        # file may go to the pool instead (gpumesh.handoff): only result files, whose
+        # readers (callers) said they map under locks; a task maps its arguments' files.
+        pool = {j: self._pool_ok.pop(j, False) for j in job_ids}
+        blobs = self.blob_dir
+        self.reaper.remove(
+            files=[blobs / a for _, a, _ in files if a] + [blobs / r for j, _, r in files if r and not pool[j]],
+            pool=[blobs / r for j, _, r in files if r and pool[j]],
+            dirs=[blobs / sub / j for j in job_ids for sub in ("args", "results")])
 
     # ---------------------------------------------------------- tasks ------------
     def task_args(self, task_id: str) -> tuple[bytes | None, str | None]:
@@ -749,14 +718,22 @@ class Store:
         """Seconds of task time per person (``None``: jobs from before people) for attempts
         that finished at or after ``since`` (epoch seconds): ``{owner: {"gpu_s", "cpu_s",
         "tasks"}}``. Counts each task's last attempt (the one that produced its result).
-        Reads the finished tasks of the window (index ``tasks_finished``): meant for a
-        metrics scrape or a dashboard refresh, not the request path."""
+        Meant for a metrics scrape or a dashboard refresh, not the request path.
+
+        It reads the tasks of the jobs that were still running at ``since``: a job's
+        ``finished`` is written after (in the same commit as, or later than) the last of
+        its tasks', so a task finished in the window belongs to a job unfinished or
+        finished in the window too. ``USAGE_CLOCK_SLACK_S`` of slack keeps that true
+        across a wall clock stepped back; the tasks' own test stays exact. ``CROSS JOIN``
+        keeps SQLite to that order (jobs, then each one's tasks by the ``(job_id, idx)``
+        key); it could otherwise choose to scan every task."""
         out: dict[str, Any] = {}
         for owner, gpu, secs, n in self.db.execute(
                 "SELECT j.owner, COALESCE(t.gpu, 0), SUM(t.finished - t.started), COUNT(*)"
-                " FROM tasks t JOIN jobs j ON j.id = t.job_id"
-                " WHERE t.finished >= ? AND t.started IS NOT NULL AND t.finished >= t.started"
-                " GROUP BY j.owner, COALESCE(t.gpu, 0)", (since,)):
+                " FROM jobs j CROSS JOIN tasks t ON t.job_id = j.id"
+                " WHERE (j.finished IS NULL OR j.finished >= ?)"
+                " AND t.finished >= ? AND t.started IS NOT NULL AND t.finished >= t.started"
+                " GROUP BY j.owner, COALESCE(t.gpu, 0)", (since - USAGE_CLOCK_SLACK_S, since)):
             d = out.setdefault(owner, {"gpu_s": 0.0, "cpu_s": 0.0, "tasks": 0})
             d["gpu_s" if gpu else "cpu_s"] += float(secs or 0.0)
             d["tasks"] += n

@@ -95,8 +95,8 @@ def _static(name: str) -> bytes:
     return resources.files("gpumesh.coordinator").joinpath("static").joinpath(name).read_bytes()
 
 
-def _json(data, status: int = 200, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse(data, status_code=status, headers={**HEADERS, **(headers or {})})
+def _json(data, status: int = 200) -> JSONResponse:
+    return JSONResponse(data, status_code=status, headers=HEADERS)
 
 
 def _refuse(status: int, code: str, message: str) -> JSONResponse:

@@ -2,12 +2,14 @@
 
 Plain functions over a :class:`~gpumesh.coordinator.core.Coordinator`: they look, never
 change anything, so the state machine in ``core`` stays about transitions. ``Coordinator``
-keeps a method for each of the first three (``worker_view``, ``waiting_reason``,
-``unsatisfiable_message``) that the routes, the dashboard and the tests call.
+keeps a method for ``worker_view``, ``waiting_reason`` and ``unsatisfiable_message``,
+which the routes, the dashboard and the tests call; a results page reads
+:func:`closed_counts` directly.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from .. import availability, hardware
@@ -35,23 +37,53 @@ def worker_view(coord: Coordinator, w: Worker) -> dict[str, Any]:
 def waiting_reason(coord: Coordinator, job_id: str) -> str | None:
     """Why the job's pending tasks wait although workers that could run them are
     alive: every such worker (or GPU) is closed by its owner's rules. None otherwise."""
+    closed = closed_for(coord, job_id)
+    if not closed:
+        return None
+    return "waiting: every worker that can run it is unavailable: " + "; ".join(
+        f"{w.info.get('hostname') or w.id} [{', '.join(availability.labels(w.info))}]"
+        for w, _ in closed)
+
+
+def closed_counts(coord: Coordinator, job_id: str) -> dict[str, int] | None:
+    """What a results page says of a job that waits only for its owners' rules: how many
+    of the workers that could run its pending tasks are closed in each state
+    (``{"paused": 1}``; see :func:`closed_for`). None when it does not wait so."""
+    closed = closed_for(coord, job_id)
+    return dict(Counter(state for _, state in closed)) if closed else None
+
+
+def closed_for(coord: Coordinator, job_id: str) -> list[tuple[Worker, str]]:
+    """The alive workers that could run the job's pending tasks, each with the state that
+    closes it to them (``paused``, ``outside_hours``, else its GPU's ``yielding``, ``hot``
+    or ``power``), when every one of them is closed by its owner's rules. Empty when the
+    job has no pending task, when one of them has an open slot for it (it only waits its
+    turn), or when none could run it (that is the callers' ``workers_able``)."""
     job = coord.jobs.get(job_id)
     if job is None or not coord.queue.pending(job_id):
-        return None
-    capable, why = False, []
+        return []
+    out = []
     for w in coord.alive_workers():
         closed = availability.closed_slots(w.info, w.slot_list)
         fits = [v for v in w.slot_views() if not job.lane
                 or hardware.refusal(job.lane, v, ever=True) is None]
         if not fits:
             continue
-        capable = True
         if any(v.id not in closed for v in fits):
-            return None  # somewhere to run: it only waits its turn
-        why.append(f"{w.info.get('hostname') or w.id} [{', '.join(availability.labels(w.info))}]")
-    if not capable:
-        return None
-    return "waiting: every worker that can run it is unavailable: " + "; ".join(why)
+            return []  # somewhere to run: it only waits its turn
+        out.append((w, _closed_state(w.info, fits)))
+    return out
+
+
+def _closed_state(info: dict[str, Any], fits: list[hardware.Slot]) -> str:
+    """The state of a closed worker (its owner's) or of the first of its GPUs in ``fits``."""
+    if info.get("owner"):
+        return str(info["owner"].get("state"))
+    for v in fits:
+        state = availability.device_state(info, f"cuda:{v.gpu}") if v.gpu is not None else None
+        if state:
+            return str(state.get("state"))
+    return "closed"  # (closed_slots closes only those two ways)
 
 
 def unsatisfiable_message(coord: Coordinator, req: hardware.Requirements, hint: float | None) -> str:

@@ -116,7 +116,7 @@ class WorkerAgent(OwnerRules):
     def __init__(self, url: str, token: str, *, slots: int = 1, info: dict | None = None,
                  cache_dir: Path | None = None, worker_id: str | None = None,
                  on_event=None, fingerprint: str | None = None, bench: bool = True,
-                 owner: OwnerState | None = None, allow_installs: bool = False, envs=None,
+                 owner: OwnerState | None = None, allow_installs: bool = False,
                  runtime: str | None = None):
         self.url = url
         self.http = Transport(url, token, fingerprint=fingerprint)  # fingerprint: TLS pin
@@ -126,7 +126,7 @@ class WorkerAgent(OwnerRules):
         self.info.setdefault("packages", self._packages.current)
         # requires=: build task environments (gpumesh.worker.envs) only if the owner said so.
         self.info["allow_installs"] = bool(allow_installs)
-        self.envs = (envs or EnvCache()) if allow_installs else None
+        self.envs = EnvCache() if allow_installs else None
         gpus = [g for g in self.info.get("gpus") or () if isinstance(g, dict)]
         self.slot_list = hardware.slot_list(gpus, slots, bool(self.info.get("mps")))
         if not self.slot_list:

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from ... import handoff, payloadref, protocol, tracing
 from ...limits import LONG_POLL_MAX_S, RESULT_PAGE_BYTES, RESULT_PAGE_COUNT
 from ...protocol import ErrorCode
-from .. import people
+from .. import people, views
 from ..bodies import Part, frames_response, frames_streamed, json_body, sha256, take_handoffs
 from ..core import Coordinator
 from ..model import HTTPError, JobReleased, UnknownJob
@@ -40,7 +40,8 @@ async def submit(request: Request) -> Response:
                         "submit a script job instead")
     if len(frames) != n + (1 if v["fn_inline"] else 0):
         raise bad(f"n_tasks is {n} but the body carries {len(frames)} payload frames")
-    if not (job_id in coord.jobs or coord.store.job_exists(job_id)):
+    new = not (job_id in coord.jobs or coord.store.job_exists(job_id))
+    if new:
         # (a resent submit of a stored job: its files were claimed the first time)
         frames = take_handoffs(request, v["handoff_files"], frames, coord.store, v["refs"])
     args = frames
@@ -64,8 +65,9 @@ async def submit(request: Request) -> Response:
         job_meta["isolation"] = v["isolation"]
     if retry is not None:
         job_meta["retries"], job_meta["retry_on"] = retry
+    # (no await since the look-up above: it still holds)
     job, created = coord.submit(job_id, v["name"], kind, fn, job_meta, list(args), v["costs"],
-                                v["require_worker"], owner=who_of(request).name)
+                                v["require_worker"], owner=who_of(request).name, known_new=new)
     tracing.mark("coordinator.stored")
     info = {"job_id": job.id, "n_tasks": job.n_tasks, "created": created}
     if not v["wait"] or job.id not in coord.jobs:
@@ -73,7 +75,10 @@ async def submit(request: Request) -> Response:
     # Submit-and-wait: a short call's result comes back in the submit's own answer,
     # saving the caller a round trip (the answer is a results page, cursor -1).
     out_after = -1 if v["output"] else None
-    waited = await until_disconnect(request, coord.wait_results(job.id, -1, v["wait"], out_after))
+    # A job that only paused (or out-of-hours) workers could run will not start soon:
+    # the answer says so at once, and the caller decides how long to wait.
+    wait = 0 if views.closed_for(coord, job.id) else v["wait"]
+    waited = await until_disconnect(request, coord.wait_results(job.id, -1, wait, out_after))
     if waited is None:
         return Response(status_code=204)
     tracing.mark("coordinator.answer")
@@ -161,9 +166,14 @@ def results_page(coord: Coordinator, job, after: int, out_after: int | None, ext
         elif t.result_file is not None:
             parts.append(Part(path=coord.store.file_path(t.result_file), size=t.result_size))
             coord.store.note_result_readers(job.id, False)
+    able = coord.able_workers(job)
     meta = dict(extra, results=items, n_tasks=job.n_tasks, n_final=job.n_final,
-                state=job.state, workers_alive=len(coord.alive_workers()),
-                workers_able=coord.able_workers(job))
+                state=job.state, workers_alive=len(coord.alive_workers()), workers_able=able)
+    # Paused or out-of-hours workers are alive but lend nothing: a caller whose pending
+    # tasks only they could run hears why it waits (protocol.ResultPage.workers_closed).
+    closed = views.closed_counts(coord, job.id) if able else None
+    if closed:
+        meta["workers_closed"] = closed
     if out_after is not None:  # the caller also wants what tasks printed
         chunks, skipped = coord.output.since(job.id, out_after)
         meta["output"] = [{"seq": c.seq, "task_id": c.task_id, "index": c.index,
@@ -204,17 +214,14 @@ async def release_many(request: Request) -> Response:
     """Release several collected jobs in one request (the caller batches them)."""
     coord = ctx(request).coord
     jobs = RELEASE_JOBS.read(await json_body(request))["jobs"]
-    released = 0
     who = who_of(request)
     owners = coord.store.job_owners(list(dict.fromkeys(jobs)))
     for jid, owner in owners.items():
         if not who.may_touch(owner):
             raise not_yours(jid, owner, who, "release")
-    for jid in dict.fromkeys(jobs):  # unknown ids are skipped: retention got there first
-        if jid in coord.jobs or coord.store.job_exists(jid):
-            coord.release(jid)
-            released += 1
-    return JSONResponse({"released": released})
+    # Unknown ids are skipped (retention got there first): ``owners`` holds the others.
+    coord.release(*owners)
+    return JSONResponse({"released": len(owners)})
 
 
 @route(protocol.JOB_RELEASE, ["POST"], action="release jobs")

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from ... import payloadref, protocol, tracing
+from ... import availability, payloadref, protocol, tracing
 from ..._version import __version__
 from ...limits import HEARTBEAT_INTERVAL_S, SESSION_PING_S, WORKER_TTL_S
 from .. import people
@@ -56,7 +56,22 @@ async def heartbeat(request: Request) -> Response:
     wid = path_id(request, "wid", "worker id")
     v = HEARTBEAT.read(await json_body(request))
     info = _info(v, ("score", "owner", "gpu_states"))
-    return JSONResponse(ctx(request).coord.heartbeat(wid, v["running"], info))
+    coord = ctx(request).coord
+    w = coord.workers.get(wid)
+    before = availability.closed_slots(w.info, w.slot_list) if w is not None else set()
+    answer = coord.heartbeat(wid, v["running"], info)
+    if w is not None and availability.closed_slots(w.info, w.slot_list) - before:
+        _wake_waiting_callers(coord)
+    return JSONResponse(answer)
+
+
+def _wake_waiting_callers(coord: Coordinator) -> None:
+    """A worker's owner just closed some of its slots (a pause, the end of its hours, a
+    busy GPU): callers long-polling jobs with pending tasks get their page now, which
+    says when they wait for closed workers only, not at the end of their long-poll."""
+    for job in coord.jobs.values():
+        if job.waiters and coord.queue.pending(job.id):
+            job.notify()
 
 
 @route(protocol.WORKER_SESSION, ["GET"], worker=True)

@@ -1,0 +1,137 @@
+"""SIGTERM to a caller cancels the jobs it is waiting on, as Ctrl+C does.
+
+Ctrl+C raises KeyboardInterrupt, which unwinds the call and its backend cancels the job
+(:meth:`~gpumesh.client.native.NativeBackend.run`). SIGTERM (``kill``, a batch
+scheduler's time limit, ``docker stop``, systemd) kills a Python process at once by
+default: the coordinator would run the job's tasks to their end for nobody. So while a
+call waits on the mesh this module's handler stands in for the default one: it cancels
+every job still registered here (and lets go of its stored payloads), then puts the
+default back and sends the signal again, so the process still ends *by SIGTERM*
+(status -15, shell ``$?`` 143) as its parent expects. Nothing is swallowed.
+
+The rules (Python runs signal handlers in the main thread only, and a program's own
+choice about SIGTERM is its own):
+
+* The handler is installed only by the main thread, only while the disposition is the
+  default (``SIG_DFL``), and put back when the main thread's last job ends. A program
+  that installed its own handler, or ignores SIGTERM, keeps it: its handler decides (one
+  that raises, e.g. ``sys.exit``, unwinds the call, which then cancels its job as
+  Ctrl+C does).
+* Jobs waited on from other threads are registered too, and cancelled by the handler
+  whenever it is installed (a main thread also waiting on the mesh). A program whose
+  only callers are other threads keeps the default disposition: Python cannot install a
+  handler from them.
+
+Peers differ: Ray sets its SIGTERM handler with a plain ``signal.signal`` (replacing
+whatever was there, for good); Dask's client sets none and relies on its scheduler
+forgetting the futures of a client that went away. Here nothing is replaced, the
+handler exists only while a job is outstanding, and the exit status stays the
+conventional one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from .. import protocol
+
+log = logging.getLogger("gpumesh.client")
+
+#: Seconds the handler spends telling coordinators, at most, before the process ends.
+CANCEL_BUDGET_S = 5.0
+
+_jobs: dict[str, Any] = {}  # job id -> the mesh it runs on (dict ops are atomic: no lock)
+_main_jobs = 0  # how many of them the main thread registered (only it touches this)
+_installed = False
+
+
+@contextlib.contextmanager
+def outstanding(mesh: Any, job_id: str) -> Iterator[None]:
+    """Register ``job_id`` (on ``mesh``) as waited on for the body of the ``with``."""
+    global _main_jobs
+    main = threading.current_thread() is threading.main_thread()
+    _jobs[job_id] = mesh
+    if main:
+        _main_jobs += 1
+        _install()
+    try:
+        yield
+    finally:
+        _jobs.pop(job_id, None)
+        if main:
+            _main_jobs -= 1
+            if _main_jobs == 0:
+                _uninstall()
+
+
+def _install() -> None:
+    global _installed
+    if _installed or not hasattr(signal, "SIGTERM"):
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return  # the program's own handler, or SIG_IGN: its choice stands
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):  # not the main interpreter / not allowed here
+        return
+    _installed = True
+
+
+def _uninstall() -> None:
+    global _installed
+    if not _installed or threading.current_thread() is not threading.main_thread():
+        return  # (an .imap closed from another thread: the next main-thread exit puts it back)
+    _installed = False
+    try:
+        if signal.getsignal(signal.SIGTERM) is _on_sigterm:  # replaced meanwhile: leave theirs
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except (ValueError, OSError):
+        pass
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    global _installed
+    try:
+        cancel_all(dict(_jobs))
+    finally:
+        # The default action, as if this handler had never been there: the process ends
+        # by the signal (no exception to catch, no exit status 0 or 1 to mislead).
+        _installed = False
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def cancel_all(jobs: dict[str, Any], budget_s: float = CANCEL_BUDGET_S) -> None:
+    """Cancel and release ``jobs`` (id -> mesh), within ``budget_s`` in all. Each mesh gets
+    a fresh connection: the handler may have interrupted the main thread inside a request
+    on the mesh's own pool (whose locks it may hold)."""
+    from ..transport import Transport
+    deadline = time.monotonic() + budget_s
+    by_mesh: dict[int, tuple[Any, list[str]]] = {}
+    for job_id, mesh in jobs.items():
+        by_mesh.setdefault(id(mesh), (mesh, []))[1].append(job_id)
+    for mesh, ids in by_mesh.values():
+        try:
+            http = Transport(mesh.url, mesh.token, fingerprint=mesh.fingerprint)
+        except Exception as e:  # noqa: BLE001 - best effort: the process ends anyway
+            log.debug("SIGTERM: no connection to %s: %s", mesh.url, e)
+            continue
+        try:
+            for path, body in [(protocol.job_cancel(j), None) for j in ids] + [
+                    (protocol.JOBS_RELEASE, {"jobs": ids})]:  # release: nobody will collect them
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                try:
+                    http.request("POST", path, json=body, timeout=min(left, 3.0))
+                except Exception as e:  # noqa: BLE001 - best effort: the process ends anyway
+                    log.debug("SIGTERM: %s on %s failed: %s", path, mesh.url, e)
+        finally:
+            http.close()

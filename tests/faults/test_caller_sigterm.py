@@ -1,0 +1,150 @@
+"""SIGTERM to a caller that waits on the mesh cancels its job, as Ctrl+C does, and the
+caller still ends by SIGTERM; a program's own SIGTERM handler is left in charge."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from ..conftest import alive, wait_for
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+
+#: How long the task would sleep before writing its "finished" mark: far longer than the
+#: test waits, so only a task left running could write it.
+TASK_S = 6.0
+
+
+def _pids(path) -> list[int]:
+    try:
+        return [int(x) for x in path.read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _caller(m, tmp_path, preamble: str = "", body: str = "work(1)") -> tuple[subprocess.Popen, object, object]:
+    started, finished = tmp_path / "started", tmp_path / "finished"
+    script = tmp_path / "caller.py"
+    script.write_text(textwrap.dedent(f"""
+        import signal, sys
+        from gpumesh import GPUMesh, accelerate
+        {preamble}
+        m = GPUMesh({m.url!r}, token={m.token!r}, output=False)
+
+        @accelerate(m)
+        def work(i):
+            import os, time
+            with open({str(started)!r}, "a") as fh:
+                fh.write(f"{{os.getpid()}}\\n")
+            time.sleep({TASK_S})
+            with open({str(finished)!r}, "a") as fh:
+                fh.write("done\\n")
+            return i
+
+        {body}
+        print("returned", flush=True)
+    """))
+    caller = subprocess.Popen([sys.executable, str(script)], env=dict(m.env),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return caller, started, finished
+
+
+def _terminated(m, tmp_path, preamble: str = "", body: str = "work(1)",
+                tasks: int = 1) -> tuple[subprocess.Popen, bytes, bytes, object, object]:
+    """Start the caller, SIGTERM it once its ``tasks`` run; ``(caller, stdout, stderr,
+    started, finished)`` once it ended."""
+    caller, started, finished = _caller(m, tmp_path, preamble, body)
+    try:
+        wait_for(lambda: len(_pids(started)) == tasks, 30, "the tasks to start")
+        assert [j["state"] for j in m.client(output=False).jobs()] == ["active"] * tasks
+        caller.send_signal(signal.SIGTERM)
+        out, err = caller.communicate(timeout=15)
+    finally:
+        if caller.poll() is None:
+            caller.kill()
+            caller.wait()
+    return caller, out, err, started, finished
+
+
+def _assert_cancelled_not_finished(m, started, finished, tasks: int = 1) -> None:
+    pids = _pids(started)
+
+    def states():
+        return [j["state"] for j in m.client(output=False).jobs()]
+    wait_for(lambda: states() == ["cancelled"] * tasks, 5, states)
+    wait_for(lambda: not any(alive(p) for p in pids), 5, "the cancelled tasks' processes to end")
+    time.sleep(TASK_S + 1)  # past the moment a task left running would have finished
+    assert not finished.exists(), "a task ran to completion after its caller got SIGTERM"
+    assert len(_pids(started)) == tasks  # and none was run again
+
+
+def test_sigterm_cancels_the_callers_job_and_ends_it_by_the_signal(fault_mesh, tmp_path):
+    m = fault_mesh(workers=1)
+    caller, out, err, started, finished = _terminated(m, tmp_path)
+    assert caller.returncode == -signal.SIGTERM, (caller.returncode, err.decode())
+    assert b"returned" not in out
+    assert b"Traceback" not in err  # ended by the signal, not by an exception
+    _assert_cancelled_not_finished(m, started, finished)
+
+
+def test_sigterm_also_cancels_a_job_waited_on_in_another_thread(fault_mesh, tmp_path):
+    # Python runs the handler in the main thread: while it waits on the mesh too, the
+    # handler cancels every job this process waits on, whichever thread waits.
+    body = ("import threading\n"
+            "        threading.Thread(target=work, args=(2,), daemon=True).start()\n"
+            "        work(1)")
+    m = fault_mesh(workers=1, slots=2)
+    caller, out, err, started, finished = _terminated(m, tmp_path, body=body, tasks=2)
+    assert caller.returncode == -signal.SIGTERM, (caller.returncode, err.decode())
+    _assert_cancelled_not_finished(m, started, finished, tasks=2)
+
+
+def test_sigterm_leaves_a_programs_own_handler_in_charge(fault_mesh, tmp_path):
+    # The program's handler exits with its own status; that exit unwinds the call,
+    # which cancels the job as Ctrl+C does.
+    preamble = ("def on_term(signum, frame):\n"
+                "            print('own handler', flush=True)\n"
+                "            sys.exit(7)\n"
+                "        signal.signal(signal.SIGTERM, on_term)")
+    m = fault_mesh(workers=1)
+    caller, out, err, started, finished = _terminated(m, tmp_path, preamble)
+    assert caller.returncode == 7, (caller.returncode, err.decode())
+    assert b"own handler" in out and b"returned" not in out
+    _assert_cancelled_not_finished(m, started, finished)
+
+
+def test_the_default_disposition_is_back_after_a_call(tmp_path):
+    """The handler stands in only while a job is outstanding (here: none ever is, the
+    call runs locally), and a program's own choice is never replaced."""
+    script = tmp_path / "local.py"
+    script.write_text(textwrap.dedent("""
+        import signal
+        from gpumesh import GPUMesh, accelerate
+        from gpumesh.client import sigterm
+        m = GPUMesh("http://127.0.0.1:9", token="t", output=False)
+        seen = []
+
+        @accelerate(m)
+        def f(x):
+            return x
+
+        class FakeMesh:
+            url, token, fingerprint = "http://127.0.0.1:9", "t", None
+        with sigterm.outstanding(FakeMesh(), "j1"):
+            seen.append(signal.getsignal(signal.SIGTERM) is sigterm._on_sigterm)
+        seen.append(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        with sigterm.outstanding(FakeMesh(), "j2"):
+            seen.append(signal.getsignal(signal.SIGTERM) is signal.SIG_IGN)
+        seen.append(signal.getsignal(signal.SIGTERM) is signal.SIG_IGN)
+        print(seen, f(3))
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                         env={**__import__("os").environ, "GPUMESH_LOCAL": "1"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[True,", "True,", "True,", "True]", "3"]
