@@ -126,6 +126,7 @@ def test_a_batch_of_releases_is_one_commit_and_frees_every_payload(tmp_path):
     left = store.db.execute("SELECT job_id FROM tasks WHERE result IS NOT NULL OR result_file IS NOT NULL"
                             " OR args IS NOT NULL OR args_file IS NOT NULL").fetchall()
     assert {r[0] for r in left} == {"r2"}
+    assert store.reaper.flush(10)  # (the files go on the store's reaper thread)
     assert sorted(p.parent.name for p in files if p.exists()) == ["r2", "r2"]
     for sub in ("args", "results"):  # the emptied job directories are gone too
         assert sorted(p.name for p in (tmp_path / "blobs" / sub).iterdir()) == ["r2"]
