@@ -59,3 +59,30 @@ def test_close_finishes_what_is_queued_and_a_missing_file_is_skipped(tmp_path):
     r.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     r.close()  # twice: nothing happens
+
+
+def test_only_the_results_of_jobs_read_under_locks_go_to_the_pool(tmp_path):
+    from gpumesh import handoff
+    if handoff.fcntl is None:
+        return  # (no pool without flock)
+    s = Store(tmp_path / "data")
+    try:
+        big = b"x" * (2 << 20)
+        for j in ("locked", "unlocked", "unread"):
+            s.create_job(j, "", "function", None, {}, [(f"{j}t", 0, 1.0, incoming(s, big))])
+            s.finish(f"{j}t", "done", 0, None, incoming(s, big), j)
+        s.note_result_readers("locked", True)
+        s.note_result_readers("unlocked", True)
+        s.note_result_readers("unlocked", False)  # one answer went to a reader without locks
+        results = {j: s.file_path(next(iter(s.results_after(j, -1, 1))).result_file)
+                   for j in ("locked", "unlocked", "unread")}
+        inode = {j: p.stat().st_ino for j, p in results.items()}
+        s.release_jobs(["locked", "unlocked", "unread"])
+        assert s.reaper.flush(10)
+        pooled = {p.stat().st_ino for p in s.handoff_dir.iterdir() if handoff.FREE.fullmatch(p.name)}
+        assert pooled == {inode["locked"]}  # its arguments' file and the others' were deleted
+        assert not any(p.exists() for p in results.values())
+        assert not list((s.blob_dir / "args").iterdir())
+    finally:
+        s.close()
+    assert not [p for p in s.handoff_dir.iterdir() if handoff.FREE.fullmatch(p.name)]  # closed: emptied
