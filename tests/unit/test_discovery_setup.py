@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -151,3 +152,16 @@ def test_setup_bad_url_is_asked_again_not_a_failure():
     assert r.output.count("Coordinator URL (empty: find it on the LAN):") == 2
     assert r.output.rstrip().endswith("gpumesh join http://10.0.0.5:8000")
 
+
+
+def test_setup_local_worker_offers_the_saved_coordinator(tmp_path, monkeypatch):
+    # `gpumesh serve --port 8123` saved its URL: the wizard's default port and the join
+    # line follow it (they used to say 8000 whatever was saved)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"url": "http://127.0.0.1:8123", "token": "s" * 32}))
+    monkeypatch.setenv("GPUMESH_CONFIG", str(cfg))
+    r = CliRunner().invoke(main, ["setup"], input="worker\nlocal\n\nsaved\n")
+    assert r.exit_code == 0, r.output
+    assert "Coordinator port [8123]:" in r.output
+    assert r.output.rstrip().endswith("gpumesh join http://127.0.0.1:8123"), r.output
+    assert wizard.join_plan("local", port=9000).argv == ["join", "http://127.0.0.1:9000"]
