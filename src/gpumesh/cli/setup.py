@@ -93,8 +93,9 @@ def join_plan(network: str, url: str | None = None, port: int = DEFAULT_PORT,
 def saved_local_url() -> str | None:
     """The saved config's coordinator URL when it is on this machine (loopback), else None."""
     from urllib.parse import urlsplit
+    saved = config.load_saved().get("url")
     try:
-        url = config.normalise_url(config.load_saved().get("url"))
+        url = config.normalise_url(saved) if isinstance(saved, str) else ""
     except ValueError:
         return None
     host = urlsplit(url).hostname
