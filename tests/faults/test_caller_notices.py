@@ -51,10 +51,10 @@ def test_caller_says_connected_at_once_and_reports_a_lost_and_returning_coordina
         m.restart()
         go.touch()
         out, _ = caller.communicate(timeout=60)
-    finally:
-        if caller.poll() is None:
-            caller.kill()
-            caller.wait()
+    except BaseException:
+        caller.kill()  # (by its pid: it is our child)
+        caller.wait()
+        raise
     text = err.read_text()
     assert out.decode().split() == ["result", "42"], text
     assert caller.returncode == 0, text
