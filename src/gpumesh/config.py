@@ -154,17 +154,18 @@ def normalise_url(url: str) -> str:
     """
     if not isinstance(url, str) or not url.strip():
         raise ValueError("coordinator URL is empty; expected e.g. http://127.0.0.1:8000")
-    url = url.strip().rstrip("/")
+    typed = url.strip()  # (what the messages quote: as the user wrote it)
+    url = typed.rstrip("/")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(
-            f"coordinator URL {url!r} must start with http:// or https:// and name a host, "
+            f"coordinator URL {typed!r} must start with http:// or https:// and name a host, "
             f"e.g. http://127.0.0.1:{DEFAULT_PORT}"
         )
     try:
         parts.port
     except ValueError:
-        raise ValueError(f"coordinator URL {url!r} has an invalid port") from None
+        raise ValueError(f"coordinator URL {typed!r} has an invalid port") from None
     return url
 
 

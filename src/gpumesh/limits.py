@@ -252,8 +252,8 @@ SWEEP_INTERVAL_S = _const("SWEEP_INTERVAL_S", 0.5, "s",
 MAX_ATTEMPTS: int = _env(
     "MAX_ATTEMPTS", "GPUMESH_MAX_ATTEMPTS", _number("attempts", integer=True, minimum=1), "3",
     "attempts", "`serve`",
-    "how often a task is started when the workers running it are lost (a task that raises is "
-    "not retried)")
+    "how often a task is started when the workers running it are lost or its process crashes "
+    "(a task that raises is not retried)")
 MAX_RETRIES = _const("MAX_RETRIES", 10, "count",
                      "most re-runs `@accelerate(retries=N, retry_on=...)` may ask for after the "
                      "function raised")

@@ -204,6 +204,10 @@ def test_mesh_cell_errors_name_the_users_lines_and_stop_run_all(shared_mesh):
     tb = _traceback(error)
     assert re.search(r"line 5, in check", tb), tb  # the worker's traceback, the user's line
     assert "----> 7 check.map([1, 2, 3])" in tb, tb  # the caller's side, the user's line
+    # then gpumesh's own frames are hidden (IPython always shows the frame that raised)
+    assert "[... skipping hidden 4 frame]" in tb, tb
+    for internal in ("remote.py", "mesh.py", "pipeline.py"):
+        assert f"gpumesh/client/{internal}" not in tb, tb
     assert nb.cells[2].outputs == []  # Run All stopped at the failing cell
 
     nb = _notebook([

@@ -243,3 +243,23 @@ def test_submit_with_a_missing_payloads_file_is_a_usage_error_like_a_missing_scr
     assert "Invalid value for '--payloads'" in r.output and "absent.json' does not exist" in r.output
     r = CliRunner().invoke(main, ["submit", str(tmp_path / "absent.py"), "--payloads", str(script)], env=env)
     assert r.exit_code == 2 and "Invalid value for 'SCRIPT'" in r.output
+
+
+@pytest.mark.parametrize("args, names", [
+    # a malformed pin, before the "no token" check and anything else
+    (["join", "http://127.0.0.1:9", "--fingerprint", "SHA256:abc"],
+     "--fingerprint: fingerprint 'SHA256:abc' is not SHA256:<64 hex digits>"),
+    (["serve", "--token", "short", "--port", "9", "--no-save-config"],
+     "the token is 5 characters; at least 16 are needed"),
+    # a --task that cannot be a task id, checked as a bad JOB_ID is: no request is made
+    (["logs", "abcd", "--task", "zz"], "Invalid value for '--task': 'zz' is not a task id"),
+    # the URL quoted as typed (it used to say 'http:')
+    (["jobs", "--url", "http://"], "--url: coordinator URL 'http://' must start with http://"),
+])
+def test_a_bad_flag_value_is_a_usage_error(args, names, tmp_path):
+    env = {"GPUMESH_URL": "http://127.0.0.1:9", "GPUMESH_TOKEN": "",
+           "GPUMESH_CONFIG": str(tmp_path / "config.json")}
+    r = CliRunner().invoke(main, args, env=env)
+    assert r.exit_code == 2, r.output
+    assert names in r.output
+    assert "HTTP" not in r.output and "Traceback" not in r.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -151,3 +152,30 @@ def test_setup_bad_url_is_asked_again_not_a_failure():
     assert r.output.count("Coordinator URL (empty: find it on the LAN):") == 2
     assert r.output.rstrip().endswith("gpumesh join http://10.0.0.5:8000")
 
+
+
+def test_setup_local_worker_offers_the_saved_coordinator(tmp_path, monkeypatch):
+    # `gpumesh serve --port 8123` saved its URL: the wizard's default port and the join
+    # line follow it (they used to say 8000 whatever was saved)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"url": "http://127.0.0.1:8123", "token": "s" * 32}))
+    monkeypatch.setenv("GPUMESH_CONFIG", str(cfg))
+    r = CliRunner().invoke(main, ["setup"], input="worker\nlocal\n\nsaved\n")
+    assert r.exit_code == 0, r.output
+    assert "Coordinator port [8123]:" in r.output
+    assert r.output.rstrip().endswith("gpumesh join http://127.0.0.1:8123"), r.output
+    assert wizard.join_plan("local", port=9000).argv == ["join", "http://127.0.0.1:9000"]
+
+
+def test_join_takes_the_saved_token_for_its_url_written_another_way(tmp_path):
+    # The config names "https://127.0.0.1:9/"; `join https://127.0.0.1:9` is that coordinator
+    # (it used to compare the strings and say "no token"). Its saved pin is malformed here,
+    # so join stops at it, after the token was found and before any connection.
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"url": "https://127.0.0.1:9/", "token": "s" * 32,
+                               "fingerprint": "SHA256:nothex"}))
+    env = {"GPUMESH_CONFIG": str(cfg), "GPUMESH_TOKEN": "", "GPUMESH_WORKER_TOKEN": "",
+           "GPUMESH_FINGERPRINT": ""}
+    r = CliRunner().invoke(main, ["join", "https://127.0.0.1:9"], env=env)
+    assert "no token" not in r.output, r.output
+    assert r.exit_code == 1 and "'SHA256:nothex' is not SHA256:<64 hex digits>" in r.output, r.output

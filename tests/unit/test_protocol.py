@@ -415,9 +415,12 @@ def test_the_callers_submit_head_is_its_JobSubmit_as_dict(coordinator):
         job_id=head["job_id"], kind="function", fn=fn.sha256(), fn_inline=True, n_tasks=2,
         timeout=5.0, name="hinted", costs=[2.0, 1.0], result_format="json", isolation="job",
         require=need.to_meta(), gpu_memory_mb=[1e8, None], retries=2,
-        retry_on=["ValueError", "KeyError"], require_worker=True, wait=LONG_POLL_S, output=False,
+        # a mesh's first job: no wait for results, its "connected" line comes at acceptance
+        retry_on=["ValueError", "KeyError"], require_worker=True, wait=0, output=False,
         caller={"host": socket.gethostname(), "pid": os.getpid()}).as_dict()
-    assert _mesh_on(fake).run_calls(abs, [((-3,), {})]) == [3]  # a plain call (run here)
+    announced = _mesh_on(fake)
+    announced._announced = True  # (a mesh that took a job before: its submits wait)
+    assert announced.run_calls(abs, [((-3,), {})]) == [3]  # a plain call (run here)
     plain = fake.heads[-1]
     assert plain == JobSubmit(job_id=plain["job_id"], kind="function", fn=fn.sha256(),
                               fn_inline=True, n_tasks=1, timeout=None, name="abs", costs=[1.0],
@@ -493,6 +496,7 @@ class _Malformed:
 def test_a_malformed_results_page_is_a_wire_error_naming_the_field_not_a_retry():
     fake = _Malformed()
     m = _mesh_on(fake)
+    m._announced = True  # (it took a job before: its submit waits, the answer is the page)
     with pytest.raises(errors.WireError) as info:
         m.run_calls(abs, [((-1,), {})])
     text = str(info.value)
@@ -555,13 +559,15 @@ def test_the_coordinators_own_grant_and_result_page_dicts_round_trip(coordinator
     assert r.status_code == 200, r.text
     failed = ResultPost("error", {"kind": FailureKind.CRASHED, "type": "TaskCrashed",
                                   "message": "killed by SIGKILL", "code": -9})
-    r = c.post(protocol.worker_lease(wid), json=LeaseRequest(slots=1, free=[0]).as_dict(),
-               headers=_auth(WORKER))
-    g2 = TaskGrant.list_from_dict(json.loads(bytes(_frames(r.content)[0])))[0]
-    chunks, _ = wire.pack_frames([json.dumps(failed.as_dict()).encode()])
-    r = c.post(protocol.task_result(g2.task_id), params={"lease": g2.lease_id},
-               content=b"".join(bytes(x) for x in chunks), headers=_auth(WORKER))
-    assert r.status_code == 200, r.text
+    for attempt in (1, 2, 3):  # a crash runs again, up to MAX_ATTEMPTS (3) attempts in all
+        r = c.post(protocol.worker_lease(wid), json=LeaseRequest(slots=1, free=[0]).as_dict(),
+                   headers=_auth(WORKER))
+        g2 = TaskGrant.list_from_dict(json.loads(bytes(_frames(r.content)[0])))[0]
+        assert g2.attempt == attempt
+        chunks, _ = wire.pack_frames([json.dumps(failed.as_dict()).encode()])
+        r = c.post(protocol.task_result(g2.task_id), params={"lease": g2.lease_id},
+                   content=b"".join(bytes(x) for x in chunks), headers=_auth(WORKER))
+        assert r.status_code == 200, r.text
 
     r = c.get(protocol.job_results("00aa11bb22cc"), params={"after": -1, "out_after": -1},
               headers=_auth())

@@ -41,17 +41,30 @@ def endpoint_options(fn):
 
 
 def _job_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from ..client.paths import job_path
+    from ..client.paths import check_id
     try:
-        job_path(value)
+        return check_id(value, "job id", "`gpumesh jobs`")
     except ValueError as e:  # not the shape of a job id: a bad argument, before any request
         raise click.BadParameter(str(e)) from None
-    return value
+
+
+def _task_id(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    from ..client.paths import check_id
+    try:
+        return None if value is None else check_id(value, "task id", "`gpumesh status JOB`")
+    except ValueError as e:  # as a bad JOB_ID: a usage error, before any request
+        raise click.BadParameter(str(e)) from None
 
 
 def job_id_argument(fn):
     """The ``JOB_ID`` argument; one that cannot be a job id is a usage error (exit 2)."""
     return click.argument("job_id", callback=_job_id)(fn)
+
+
+def task_id_option(fn):
+    """``--task TASK_ID``; one that cannot be a task id is a usage error (exit 2)."""
+    return click.option("--task", "task_id", default=None, metavar="TASK_ID", callback=_task_id,
+                        help="Only this task's output [default: every task].")(fn)
 
 
 def given_url(url: str | None, what: str | None = "--url") -> str | None:

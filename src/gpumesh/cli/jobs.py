@@ -7,7 +7,8 @@ import time
 
 import click
 
-from .common import endpoint_options, job_id_argument, one_line_errors, resolve_endpoint
+from .common import (endpoint_options, job_id_argument, one_line_errors, resolve_endpoint,
+                     task_id_option)
 from .views import color_enabled, counts_dict, counts_line, task_lines
 
 
@@ -98,7 +99,7 @@ def cancel(job_id, url, token, as_json):
 
 @click.command()
 @job_id_argument
-@click.option("--task", "task_id", default=None, help="Only this task's output [default: every task].")
+@task_id_option
 @endpoint_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
 @one_line_errors

@@ -79,20 +79,17 @@ def join(url, token, slots, fingerprint, runtime, allow_installs, **owner_flags)
             fail(str(e))
     token = token or os.environ.get("GPUMESH_WORKER_TOKEN") or os.environ.get("GPUMESH_TOKEN")
     fingerprint = fingerprint or limits.setting("GPUMESH_FINGERPRINT")
-    if token is None or fingerprint is None:
-        saved = config.load_saved()
-        if saved.get("url") == url:
-            token = token or saved.get("token")
-            fingerprint = fingerprint or saved.get("fingerprint")
+    if fingerprint is not None:  # typed by the user: a malformed one is a usage error
+        fingerprint = _fingerprint(fingerprint, code=2)
+    if (token is None or fingerprint is None) and config.saved_token(url) is not None:
+        # the saved config names this coordinator (compared as URLs: "...:8000/" too)
+        token = token or config.saved_token(url)
+        fingerprint = fingerprint or config.load_saved().get("fingerprint")
     hide(token)  # out of ps and /proc/PID/environ from here on
     if not token:
         fail("no token: pass --token=TOKEN or set GPUMESH_TOKEN (the coordinator printed it)")
     if fingerprint is not None:
-        from ..tls import normalise_fingerprint
-        try:
-            fingerprint = normalise_fingerprint(fingerprint)
-        except ValueError as e:
-            fail(str(e))
+        fingerprint = _fingerprint(fingerprint, code=1)  # (a saved one: the file is wrong)
         if not url.startswith("https://"):  # (a wrong combination: a usage error)
             fail(f"--fingerprint pins a TLS certificate, but {url} is not an https:// URL", code=2)
 
@@ -170,6 +167,15 @@ def join(url, token, slots, fingerprint, runtime, allow_installs, **owner_flags)
             advert.close()
         if control is not None:
             control.close()
+
+
+def _fingerprint(given: str, code: int) -> str:
+    """``given`` as ``SHA256:hex``; a malformed one ends the command (exit ``code``)."""
+    from ..tls import normalise_fingerprint
+    try:
+        return normalise_fingerprint(given)
+    except ValueError as e:
+        fail(f"--fingerprint: {e}" if code == 2 else str(e), code=code)
 
 
 def _control_channel(agent):

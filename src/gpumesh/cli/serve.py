@@ -43,12 +43,13 @@ def _device_line() -> str:
 
 
 def check_token(token: str, what: str = "token") -> None:
-    """Refuse a user-chosen token that is empty or shorter than MIN_TOKEN_CHARS."""
+    """Refuse a user-chosen token that is empty or shorter than MIN_TOKEN_CHARS: a bad
+    flag (or variable) value, so a usage error (exit 2)."""
     if not token.strip():
-        fail(f"the {what} is empty; {GENERATE_HINT}")
+        fail(f"the {what} is empty; {GENERATE_HINT}", code=2)
     if len(token) < MIN_TOKEN_CHARS:
         fail(f"the {what} is {len(token)} characters; at least {MIN_TOKEN_CHARS} are needed "
-             f"(anyone who guesses it can run code here): {GENERATE_HINT}")
+             f"(anyone who guesses it can run code here): {GENERATE_HINT}", code=2)
 
 
 def banner(host: str, port: int, token: str, show_token: bool, *, fingerprint: str | None = None,
@@ -238,11 +239,11 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
     if worker_token is not None:
         check_token(worker_token, "worker token")
         if worker_token == token:
-            fail("the worker token must differ from the main token")
+            fail("the worker token must differ from the main token", code=2)
     if metrics_token is not None:
         check_token(metrics_token, "metrics token")
         if metrics_token in (token, worker_token):
-            fail("the metrics token must differ from the main and worker tokens")
+            fail("the metrics token must differ from the main and worker tokens", code=2)
     # The port first: a port in use must not leave an empty data directory behind.
     try:
         sock = bind(host, port)

@@ -76,7 +76,9 @@ def join_plan(network: str, url: str | None = None, port: int = DEFAULT_PORT,
     argv = ["join"]
     notes = []
     if network == "local":
-        url = url or f"http://127.0.0.1:{port}"
+        saved = saved_local_url()
+        # the coordinator `gpumesh serve` saved, with its scheme, when it is on this port
+        url = url or (saved if saved and _port(saved) == port else f"http://127.0.0.1:{port}")
     if url:
         argv.append(config.normalise_url(url))
     else:
@@ -86,6 +88,24 @@ def join_plan(network: str, url: str | None = None, port: int = DEFAULT_PORT,
     if not token:
         notes.append("Token: taken from $GPUMESH_TOKEN or the saved config.")
     return Plan(argv, env, notes)
+
+
+def saved_local_url() -> str | None:
+    """The saved config's coordinator URL when it is on this machine (loopback), else None."""
+    from urllib.parse import urlsplit
+    saved = config.load_saved().get("url")
+    try:
+        url = config.normalise_url(saved) if isinstance(saved, str) else ""
+    except ValueError:
+        return None
+    host = urlsplit(url).hostname
+    return url if host in ("127.0.0.1", "localhost", "::1") else None
+
+
+def _port(url: str) -> int:
+    from urllib.parse import urlsplit
+    parts = urlsplit(url)
+    return parts.port or (443 if parts.scheme == "https" else 80)
 
 
 def _url_or_none(text: str) -> str | None:
@@ -148,7 +168,8 @@ def wizard(prompts: Prompts) -> Plan:
     if network == "lan":
         url = prompts.url("Coordinator URL (empty: find it on the LAN)")
     else:
-        port = prompts.number("Coordinator port", DEFAULT_PORT)
+        saved = saved_local_url()  # the port `gpumesh serve` here saved, as the default
+        port = prompts.number("Coordinator port", _port(saved) if saved else DEFAULT_PORT)
     token, _ = ask_token(prompts, allow_generate=False)
     return join_plan(network, url, port, token)
 

@@ -141,6 +141,7 @@ def decode_result(item: ResultItem, payload: memoryview | None, strict: bool = F
     (the item's arguments), ``n`` (the batch size), ``hint`` and ``name`` (the
     function's) only word the error (see :func:`failure`).
     """
+    __tracebackhide__ = True  # (IPython shows the user's frames, not gpumesh's)
     if item.state == "done":
         if strict:
             from ..strict import NotJSON, decode
@@ -256,6 +257,7 @@ def outcome_value(outcome: tuple, index: int, where: str, call: Call | None = No
     give. Its text names the ``.map`` item of ``n``, the call of function ``name`` with
     its arguments ``call`` and ``where`` it ran, then ``hint``; ``local``: it ran in this
     process (the inline backend), which the note says instead of a remote traceback."""
+    __tracebackhide__ = True  # (IPython shows the user's frames, not gpumesh's)
     kind = outcome[0]
     if kind == "ok":
         return outcome[1]

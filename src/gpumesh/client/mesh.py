@@ -27,7 +27,7 @@ from ..limits import PROBE_CACHE_S, PROBE_DOWN_CACHE_S, PROBE_TIMEOUT_S
 from ..transport import Transport, Unreachable
 from . import calls as _calls
 from . import pipeline
-from .paths import job_path
+from .paths import check_id, job_path
 # Re-exported: what the rest of the client (and its users' tests) import from here.
 from .pipeline import ISOLATIONS, check_isolation, check_local, notice  # noqa: F401
 from .pipeline import check_timeout as _check_timeout
@@ -169,7 +169,7 @@ class GPUMesh:
 
     def logs(self, job_id: str, task_id: str | None = None) -> list[dict]:
         """What each task of a job printed: ``[{"id", "index", "state", "stdout", "stderr"}]``."""
-        params = {"task": task_id} if task_id else None
+        params = {"task": check_id(task_id, "task id", "`gpumesh status JOB`")} if task_id else None
         return self.http.request("GET", job_path(job_id, "logs"), params=params, timeout=30).json()["tasks"]
 
     def cancel(self, job_id: str) -> int:
@@ -326,6 +326,7 @@ class GPUMesh:
         ``$GPUMESH_NO_WORKER_TIMEOUT``); the job is cancelled (with ``return_exceptions``,
         each unfinished call's place holds that WorkerLost).
         """
+        __tracebackhide__ = True  # (IPython shows the user's frames, not gpumesh's)
         values: list[Any] = [_MISSING] * len(calls)
         for index, value in self.iter_calls(fn, calls, hints=hints, timeout=timeout, name=name,
                                             require=require, return_exceptions=return_exceptions,
@@ -343,6 +344,7 @@ class GPUMesh:
         (a dict, see :class:`~gpumesh.client.sweep.Results`), the job is submitted
         without waiting for a first result, ``handle["job_id"]`` is set, and the generator
         yields ``None`` once the calls are under way (before any result)."""
+        __tracebackhide__ = True  # (IPython shows the user's frames, not gpumesh's)
         job = pipeline.Job(fn, calls, hints or [{}] * len(calls), timeout=timeout, name=name,
                            require=require, retry=retry, isolation=check_isolation(isolation),
                            return_exceptions=return_exceptions, streaming=handle is not None)

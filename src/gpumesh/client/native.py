@@ -50,7 +50,7 @@ from ..transport import Unreachable
 from . import calls as _calls
 from .console import OutputPrinter
 from .pipeline import STARTED, Backend, Fallback, Job, backoff, notice
-from .sigterm import outstanding
+from .stopsignals import outstanding
 
 log = logging.getLogger("gpumesh.client")
 
@@ -79,14 +79,16 @@ class NativeBackend(Backend):
         printer = OutputPrinter(single=job.n == 1) if mesh.output else None
         collected = accepted = False
         try:
-            with outstanding(mesh, job_id):  # SIGTERM now cancels it too (see .sigterm)
+            with outstanding(mesh, job_id):  # SIGTERM/SIGHUP now cancel it too (.stopsignals)
+                # Decided once: another thread may announce the mesh meanwhile.
+                waits = self._waits(job)
                 try:
-                    first = self._submit(job, printer is not None)
+                    first = self._submit(job, printer is not None, waits)
                 except Fallback:
                     collected = True  # nothing was stored
                     raise
                 accepted = True
-                if job.streaming:
+                if not waits:
                     first = bytearray()  # (a submit that did not wait answers JSON, not a page)
                 if not mesh._announced:  # said once the mesh took a job: token and workers are fine
                     mesh._announced = True
@@ -103,10 +105,16 @@ class NativeBackend(Backend):
                     mesh._janitor.release(job_id)
 
     # ------------------------------------------------------------------ submit -----
-    def _submit(self, job: Job, output: bool) -> bytearray:
-        """Submit the job and wait briefly for its first results in the same round trip
-        (not for ``.imap``). Returns that first results page; raises Fallback if the mesh
-        has no live worker or the submit reached nobody."""
+    def _waits(self, job: Job) -> bool:
+        """Whether the submit also waits (up to LONG_POLL_S) for the first results. Not for
+        ``.imap``, and not for the mesh's first job: its "connected" line is said when the
+        job is accepted, not seconds later with the first result."""
+        return not job.streaming and self.mesh._announced
+
+    def _submit(self, job: Job, output: bool, waits: bool) -> bytearray:
+        """Submit the job and, if ``waits``, wait briefly for its first results in the same
+        round trip. Returns that first results page (JSON without ``waits``); raises
+        Fallback if the mesh has no live worker or the submit reached nobody."""
         mesh, fn, calls, hints = self.mesh, job.fn, job.calls, job.hints
         fn_payload = wire.dumps(fn, code=True)
         fn_hash = fn_payload.sha256()
@@ -126,7 +134,7 @@ class NativeBackend(Backend):
             n_tasks=len(calls), timeout=job.timeout, require_worker=True,
             name=job.name or job.qualname or "function",
             costs=[h.get("cost", 1.0) for h in hints],
-            wait=0 if job.streaming else LONG_POLL_S,
+            wait=LONG_POLL_S if waits else 0,
             output=output, caller={"host": _HOSTNAME, "pid": os.getpid()},
             # strict: the task answers in JSON; nothing is unpickled
             result_format="json" if mesh.strict else None,
@@ -188,6 +196,8 @@ class NativeBackend(Backend):
                              "content-length": str(size)}, timeout=LONG_POLL_S + 600)
                 tracing.mark("caller.answered")
                 mesh._heard_from()
+                if attempt:
+                    _back(mesh, submit.job_id)
                 mesh._known_blobs.add(fn_hash)
                 return page if page is not None else bytearray()
             except RequestRejected as e:
@@ -219,6 +229,8 @@ class NativeBackend(Backend):
                 if time.monotonic() > deadline:
                     raise MeshUnavailable(f"could not submit to {mesh.url} for "
                                           f"{CALLER_RECONNECT_S:.0f}s: {e}") from e
+                if attempt == 0:
+                    _lost(mesh, submit.job_id)
                 time.sleep(backoff(attempt))
                 attempt += 1
 
@@ -381,6 +393,8 @@ def poll_results(mesh: Any, job_id: str, params: dict, wait: float,
         body = mesh.http.stream_into("GET", protocol.job_results(job_id), params=params,
                                      timeout=wait + 15)
     except Unreachable as e:
+        if "since" not in state:
+            _lost(mesh, job_id)
         since = state.setdefault("since", time.monotonic())
         if time.monotonic() - since > CALLER_RECONNECT_S:
             raise MeshUnavailable(
@@ -390,8 +404,21 @@ def poll_results(mesh: Any, job_id: str, params: dict, wait: float,
         state["attempt"] = attempt + 1
         time.sleep(backoff(attempt))
         raise Retrying() from e
-    state.clear()
+    if state:
+        _back(mesh, job_id)
+        state.clear()
     return body
+
+
+# The two ends of an outage, said each time (a waiting caller is otherwise silent for up to
+# CALLER_RECONNECT_S, then fails): the user learns why it waits, for how long, and where.
+def _lost(mesh: Any, job_id: str) -> None:
+    notice(f"lost the coordinator at {mesh.url} while waiting for job {job_id}; retrying for "
+           f"up to {CALLER_RECONNECT_S:g}s (GPUMESH_RECONNECT_TIMEOUT)", once=False)
+
+
+def _back(mesh: Any, job_id: str) -> None:
+    notice(f"the coordinator at {mesh.url} answers again; job {job_id} goes on", once=False)
 
 
 def read_page(body: bytearray, source: str = "the coordinator") -> tuple[protocol.ResultPage,

@@ -6,8 +6,8 @@ import re
 
 from .. import protocol
 
-#: What a job id looks like (the coordinator checks the same): hex digits.
-JOB_ID = re.compile(r"[0-9a-f]{4,64}")
+#: What a job or task id looks like (the coordinator checks the same): hex digits.
+ID = re.compile(r"[0-9a-f]{4,64}")
 
 #: The job routes by the action a path ends in ("": the job itself).
 _JOB_ROUTES = {"": protocol.JOB, "results": protocol.JOB_RESULTS, "logs": protocol.JOB_LOGS,
@@ -20,9 +20,16 @@ def job_path(job_id: str, action: str = "") -> str:
     retry). Raises ``ValueError`` for a string that is not a job id (empty, ``../x``...),
     so that it never becomes part of a URL, and for an action the coordinator has no
     route for."""
-    if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
-        raise ValueError(f"{str(job_id)[:80]!r} is not a job id (ids are hex digits, "
-                         "as `gpumesh jobs` lists them)")
+    check_id(job_id, "job id", "`gpumesh jobs`")
     if action not in _JOB_ROUTES:
         raise ValueError(f"no job route ends in {action!r}")
     return protocol.fill(_JOB_ROUTES[action], jid=job_id)
+
+
+def check_id(value: str, what: str, where: str) -> str:
+    """``value`` if it has the shape of an id (``what``: "job id", "task id"); otherwise a
+    ``ValueError`` naming ``where`` such ids are listed, before it reaches any URL."""
+    if not isinstance(value, str) or not ID.fullmatch(value):
+        raise ValueError(f"{str(value)[:80]!r} is not a {what} (ids are hex digits, "
+                         f"as {where} lists them)")
+    return value

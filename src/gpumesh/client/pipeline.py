@@ -64,10 +64,11 @@ _notice_lock = threading.Lock()
 STARTED = object()
 
 
-def notice(text: str) -> None:
-    """Print a one-line notice to stderr, once per process per distinct text."""
+def notice(text: str, once: bool = True) -> None:
+    """Print a one-line notice to stderr, once per process per distinct text (every time
+    with ``once=False``: news that can recur, such as a coordinator lost and back)."""
     with _notice_lock:
-        if text in _notices:
+        if once and text in _notices:
             return
         _notices.add(text)
     print(f"[gpumesh] {text}", file=sys.stderr, flush=True)
@@ -182,6 +183,7 @@ class Backend(abc.ABC):
 def decode(outcome: tuple, index: int, job: Job, where: str, hint: str, local: bool = False) -> Any:
     """An outcome -> its value, or raise the exception that stands for it (``local``: it
     ran in this process)."""
+    __tracebackhide__ = True  # (IPython shows the user's frames, not gpumesh's)
     kind = outcome[0]
     if kind == "result":
         _, item, payload, strict = outcome
@@ -215,6 +217,7 @@ def run(mesh: Any, job: Job, handle: dict | None = None,
     ``handle`` (a dict, see :class:`~gpumesh.client.sweep.Results`) it yields ``None``
     once the calls are under way (``handle["job_id"]`` set where the backend stored the
     job), before any value."""
+    __tracebackhide__ = True  # (IPython shows the user's frames, not gpumesh's)
     if not job.calls:
         if handle is not None:
             yield None

@@ -87,6 +87,7 @@ class RemoteFunction:
         return bool(os.environ.get("GPUMESH_IN_TASK"))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # (IPython shows the user's frames, not gpumesh's)
         fn = self.__gpumesh_wrapped__
         hints = None
         if any(k in kwargs for k in _calls.HINT_KEYS):  # f(x, gpu_memory_mb=...) as in .map
@@ -102,6 +103,7 @@ class RemoteFunction:
         """Inside a task: the calls on the inline backend, with this function's options
         (``timeout``, checked, replaces the decorator's); a list of ``(index, value)`` (an
         iterator with ``handle``)."""
+        __tracebackhide__ = True  # (IPython shows the user's frames, not gpumesh's)
         options = self._call_options(timeout=timeout)
         job = pipeline.Job(self.__gpumesh_wrapped__, calls, hints or [{}] * len(calls),
                            timeout=options["timeout"], name=options["name"],
@@ -142,6 +144,7 @@ class RemoteFunction:
         ``timeout=`` (which it replaces for this map; default: the decorator's), also
         when the items run here; a number > 0, else a ``ValueError`` before anything
         is submitted. A task past it raises :class:`~gpumesh.errors.TaskTimeout`."""
+        __tracebackhide__ = True  # (IPython shows the user's frames, not gpumesh's)
         isolation = None if isolation is None else check_isolation(isolation)
         timeout = _check_timeout(timeout)
         if not ordered:

@@ -47,6 +47,7 @@ class Results(Iterator[tuple[int, Any]]):
         return self
 
     def __next__(self) -> tuple[int, Any]:
+        __tracebackhide__ = True  # (IPython shows the user's frames, not gpumesh's)
         return next(self._gen)
 
     def __len__(self) -> int:

@@ -16,10 +16,12 @@ The life of a task::
   accepted one. Each final result gets the next ``seq`` of its job, and callers read
   results by ``seq`` cursor, so each caller sees each result exactly once.
 * **requeue** puts a task back at the front of its job's queue; after ``MAX_ATTEMPTS``
-  losses it fails with kind ``lost``. A task whose *code* failed is retried only when
-  its job names the exception's type in ``retry_on`` (``@accelerate(retries=N,
-  retry_on=...)``), at most ``retries`` times, on another worker when one can run it;
-  each attempt that ended without a result is kept in the task's history.
+  losses it fails with kind ``lost``. A task whose process crashed (died without a
+  result) runs again, up to ``MAX_ATTEMPTS`` attempts in all; one whose *code* raised
+  is retried only when its job names the exception's type in ``retry_on``
+  (``@accelerate(retries=N, retry_on=...)``), at most ``retries`` times; both on another
+  worker when one can run it (:func:`.requeue.retry_failed`). Each attempt that ended
+  without a result is kept in the task's history.
 
 Everything here runs on the event loop thread; there is no locking.
 """
@@ -547,7 +549,7 @@ class Coordinator(Journalled):
                 error = requeue.missing_module(self, lease, error)
                 if error is None:  # tried again on a worker that may have it
                     return lease.worker_id if w and w.alive else None
-            if status == "error" and requeue.retry_raised(self, lease, error):
+            if status == "error" and requeue.retry_failed(self, lease, error):
                 return lease.worker_id if w and w.alive else None
             self._finalize(lease.job_id, task_id, state, error, payload, worker_id=lease.worker_id)
         except (OSError, sqlite3.Error) as e:

@@ -1,6 +1,7 @@
 """How a lease ends other than by a stored result: its task re-queued (its worker was
-lost, handed it back, or asked to retry), re-run on another worker (a ``retry_on``
-exception, a module missing there), or failed as lost after ``MAX_ATTEMPTS`` losses.
+lost, handed it back, or asked to retry), re-run on another worker (its process crashed,
+a ``retry_on`` exception, a module missing there), or failed as lost after
+``MAX_ATTEMPTS`` losses.
 
 Each is all or nothing, also inside a commit that fails later (:mod:`.journal`): the
 store is written first, and each change to memory registers its undoing.
@@ -11,7 +12,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from ..errors import TaskCrashed
 from ..limits import MAX_ATTEMPTS
+from ..protocol import FailureKind
+from ..retries import type_name
 from . import placing, views
 from .model import Job, Lease
 
@@ -19,6 +23,9 @@ if TYPE_CHECKING:
     from .core import Coordinator
 
 log = logging.getLogger("gpumesh.coordinator")
+
+#: How ``retry_on`` names TaskCrashed (types travel by name).
+CRASHED_NAME = type_name(TaskCrashed)
 
 #: Modules remembered as missing on some worker (for ``gpumesh doctor``), newest kept.
 MAX_LACKING_MODULES = 100
@@ -131,25 +138,48 @@ def missing_module(coord: Coordinator, lease: Lease, error: dict[str, Any]) -> d
     return dict(error, kind="missing_module", message=views.missing_module_message(coord, job, module))
 
 
-def retry_raised(coord: Coordinator, lease: Lease, error: dict[str, Any] | None) -> bool:
-    """If the function raised an exception its job retries (``retry_on``: the type or
-    one of its bases, by name) and retries are left, re-queue the task, to run on
-    another worker when one can (see :func:`.placing.choose`). Returns whether it did."""
+def retry_failed(coord: Coordinator, lease: Lease, error: dict[str, Any] | None) -> bool:
+    """If the task's failure is worth another attempt and re-runs are left, re-queue it,
+    to run on another worker when one can (see :func:`.placing.choose`). Returns whether
+    it did. Two failures are:
+
+    * a crash: the task process died without a result (a signal, ``os._exit``, native
+      code that aborted, the OOM killer). A failure of the machine or process rather than
+      an answer of the code (Ray, too, retries these by default; Dask retries nothing):
+      run again until ``MAX_ATTEMPTS`` attempts in all, or more if the job's ``retry_on``
+      names :class:`~gpumesh.errors.TaskCrashed` with more ``retries``;
+    * an exception the job's ``retry_on`` names (the type or one of its bases, by name),
+      up to its ``retries``. Any other exception the function raised is its answer.
+    """
     job = coord.jobs.get(lease.job_id)
-    names = job.meta.get("retry_on") if job is not None else None
-    if job is None or not names or not isinstance(error, dict) or error.get("kind") != "raised":
+    if job is None or not isinstance(error, dict):
+        return False
+    names = job.meta.get("retry_on") or []
+    retries = int(job.meta.get("retries") or 0)
+    done = coord.retried.get(lease.task_id, 0)
+    if error.get("kind") == FailureKind.CRASHED:
+        limit = max(MAX_ATTEMPTS - 1, retries if CRASHED_NAME in names else 0)
+        if done >= limit:
+            if done and isinstance(error.get("message"), str):  # (its final error says so)
+                error["message"] += (f"; attempt {done + 1} of {limit + 1}: `gpumesh status "
+                                     f"{lease.job_id}` lists how each attempt ended")
+            return False
+        why = error.get("message") if isinstance(error.get("message"), str) else "it crashed"
+        rerun(coord, lease, f"{why}; run again (attempt {done + 2} of at most {limit + 1})",
+              error, avoid=job)
+        return True
+    if not names or error.get("kind") != "raised":
         return False
     mro = error.get("mro")
     if not isinstance(mro, list):
         mro = [error.get("type")]
     if not any(isinstance(t, str) and t in names for t in mro):
         return False
-    done = coord.retried.get(lease.task_id, 0)
-    if done >= int(job.meta.get("retries") or 0):
+    if done >= retries:
         return False
     name = error.get("type") if isinstance(error.get("type"), str) else "an exception"
     rerun(coord, lease, f"raised {name}, which the job retries (retry {done + 1} of "
-                       f"{job.meta.get('retries')})", error, avoid=job)
+                       f"{retries})", error, avoid=job)
     return True
 
 

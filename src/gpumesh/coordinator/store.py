@@ -125,7 +125,7 @@ class OpenTask:
     cost: float
     lease_id: str | None
     worker_id: str | None
-    retried: int = 0  # re-runs after a retry_on exception (see coordinator.requeue.retry_raised)
+    retried: int = 0  # re-runs after a crash or retry_on exception (coordinator.requeue.retry_failed)
     raised_on: tuple[str, ...] = ()  # the workers where those attempts raised
     preempted: int = 0  # attempts its workers handed back (not losses)
 

@@ -1,22 +1,24 @@
-"""SIGTERM to a caller cancels the jobs it is waiting on, as Ctrl+C does.
+"""SIGTERM or SIGHUP to a caller cancels the jobs it is waiting on, as Ctrl+C does.
 
 Ctrl+C raises KeyboardInterrupt, which unwinds the call and its backend cancels the job
 (:meth:`~gpumesh.client.native.NativeBackend.run`). SIGTERM (``kill``, a batch
-scheduler's time limit, ``docker stop``, systemd) kills a Python process at once by
-default: the coordinator would run the job's tasks to their end for nobody. So while a
-call waits on the mesh this module's handler stands in for the default one: it cancels
-every job still registered here (and lets go of its stored payloads), then puts the
-default back and sends the signal again, so the process still ends *by SIGTERM*
-(status -15, shell ``$?`` 143) as its parent expects. Nothing is swallowed.
+scheduler's time limit, ``docker stop``, systemd) and SIGHUP (the terminal or SSH session
+closed) kill a Python process at once by default: the coordinator would run the job's
+tasks to their end for nobody. So while a call waits on the mesh this module's handler
+stands in for the default one of each: it cancels every job still registered here (and
+lets go of its stored payloads), then puts the default back and sends the signal again,
+so the process still ends *by that signal* (SIGTERM: status -15, shell ``$?`` 143;
+SIGHUP: -1, 129) as its parent expects. Nothing is swallowed.
 
 The rules (Python runs signal handlers in the main thread only, and a program's own
-choice about SIGTERM is its own):
+choice about a signal is its own):
 
-* The handler is installed only by the main thread, only while the disposition is the
-  default (``SIG_DFL``), and put back when the main thread's last job ends. A program
-  that installed its own handler, or ignores SIGTERM, keeps it: its handler decides (one
-  that raises, e.g. ``sys.exit``, unwinds the call, which then cancels its job as
-  Ctrl+C does).
+* A handler is installed only by the main thread, only for a signal whose disposition
+  is the default (``SIG_DFL``), and put back when the main thread's last job ends. A
+  program that installed its own handler, or ignores the signal (``nohup`` ignores
+  SIGHUP), keeps it: its handler decides (one that raises, e.g. ``sys.exit``, unwinds
+  the call, which then cancels its job as Ctrl+C does). SIGHUP exists only where the
+  platform has it (not on Windows).
 * Jobs waited on from other threads are registered too, and cancelled by the handler
   whenever it is installed (a main thread also waiting on the mesh). A program whose
   only callers are other threads keeps the default disposition: Python cannot install a
@@ -47,9 +49,13 @@ log = logging.getLogger("gpumesh.client")
 #: Seconds the handler spends telling coordinators, at most, before the process ends.
 CANCEL_BUDGET_S = 5.0
 
+#: The signals whose default action (the process ends at once) would strand a job.
+STOP_SIGNALS: tuple[int, ...] = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP")
+                                      if hasattr(signal, name))
+
 _jobs: dict[str, Any] = {}  # job id -> the mesh it runs on (dict ops are atomic: no lock)
 _main_jobs = 0  # how many of them the main thread registered (only it touches this)
-_installed = False
+_installed: set[int] = set()  # the signals whose handler is ours now
 
 
 @contextlib.contextmanager
@@ -72,39 +78,39 @@ def outstanding(mesh: Any, job_id: str) -> Iterator[None]:
 
 
 def _install() -> None:
-    global _installed
-    if _installed or not hasattr(signal, "SIGTERM"):
-        return
-    try:
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            return  # the program's own handler, or SIG_IGN: its choice stands
-        signal.signal(signal.SIGTERM, _on_sigterm)
-    except (ValueError, OSError):  # not the main interpreter / not allowed here
-        return
-    _installed = True
+    for signum in STOP_SIGNALS:
+        if signum in _installed:
+            continue
+        try:
+            if signal.getsignal(signum) is not signal.SIG_DFL:
+                continue  # the program's own handler, or SIG_IGN: its choice stands
+            signal.signal(signum, _on_stop)
+        except (ValueError, OSError):  # not the main interpreter / not allowed here
+            return
+        _installed.add(signum)
 
 
 def _uninstall() -> None:
-    global _installed
     if not _installed or threading.current_thread() is not threading.main_thread():
         return  # (an .imap closed from another thread: the next main-thread exit puts it back)
-    _installed = False
-    try:
-        if signal.getsignal(signal.SIGTERM) is _on_sigterm:  # replaced meanwhile: leave theirs
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    except (ValueError, OSError):
-        pass
+    for signum in list(_installed):
+        _installed.discard(signum)
+        try:
+            if signal.getsignal(signum) is _on_stop:  # replaced meanwhile: leave theirs
+                signal.signal(signum, signal.SIG_DFL)
+        except (ValueError, OSError):
+            pass
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
-    global _installed
+def _on_stop(signum: int, frame: Any) -> None:
     try:
         cancel_all(dict(_jobs))
     finally:
         # The default action, as if this handler had never been there: the process ends
-        # by the signal (no exception to catch, no exit status 0 or 1 to mislead).
-        _installed = False
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # by the signal (no exception to catch, no exit status 0 or 1 to mislead). Only
+        # this signal's: the other keeps its handler until the process is gone.
+        _installed.discard(signum)
+        signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
 
@@ -121,7 +127,7 @@ def cancel_all(jobs: dict[str, Any], budget_s: float = CANCEL_BUDGET_S) -> None:
         try:
             http = Transport(mesh.url, mesh.token, fingerprint=mesh.fingerprint)
         except Exception as e:  # noqa: BLE001 - best effort: the process ends anyway
-            log.debug("SIGTERM: no connection to %s: %s", mesh.url, e)
+            log.debug("stop signal: no connection to %s: %s", mesh.url, e)
             continue
         try:
             for path, body in [(protocol.job_cancel(j), None) for j in ids] + [
@@ -132,6 +138,6 @@ def cancel_all(jobs: dict[str, Any], budget_s: float = CANCEL_BUDGET_S) -> None:
                 try:
                     http.request("POST", path, json=body, timeout=min(left, 3.0))
                 except Exception as e:  # noqa: BLE001 - best effort: the process ends anyway
-                    log.debug("SIGTERM: %s on %s failed: %s", path, mesh.url, e)
+                    log.debug("stop signal: %s on %s failed: %s", path, mesh.url, e)
         finally:
             http.close()

@@ -1,5 +1,5 @@
-"""SIGTERM to a caller that waits on the mesh cancels its job, as Ctrl+C does, and the
-caller still ends by SIGTERM; a program's own SIGTERM handler is left in charge."""
+"""SIGTERM or SIGHUP to a caller that waits on the mesh cancels its job, as Ctrl+C does,
+and the caller still ends by that signal; a program's own handler is left in charge."""
 
 from __future__ import annotations
 
@@ -54,15 +54,15 @@ def _caller(m, tmp_path, preamble: str = "", body: str = "work(1)") -> tuple[sub
     return caller, started, finished
 
 
-def _terminated(m, tmp_path, preamble: str = "", body: str = "work(1)",
-                tasks: int = 1) -> tuple[subprocess.Popen, bytes, bytes, object, object]:
-    """Start the caller, SIGTERM it once its ``tasks`` run; ``(caller, stdout, stderr,
+def _terminated(m, tmp_path, preamble: str = "", body: str = "work(1)", tasks: int = 1,
+                sig: int = signal.SIGTERM) -> tuple[subprocess.Popen, bytes, bytes, object, object]:
+    """Start the caller, send it ``sig`` once its ``tasks`` run; ``(caller, stdout, stderr,
     started, finished)`` once it ended."""
     caller, started, finished = _caller(m, tmp_path, preamble, body)
     try:
         wait_for(lambda: len(_pids(started)) == tasks, 30, "the tasks to start")
         assert [j["state"] for j in m.client(output=False).jobs()] == ["active"] * tasks
-        caller.send_signal(signal.SIGTERM)
+        caller.send_signal(sig)
         out, err = caller.communicate(timeout=15)
     finally:
         if caller.poll() is None:
@@ -83,10 +83,12 @@ def _assert_cancelled_not_finished(m, started, finished, tasks: int = 1) -> None
     assert len(_pids(started)) == tasks  # and none was run again
 
 
-def test_sigterm_cancels_the_callers_job_and_ends_it_by_the_signal(fault_mesh, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_stop_signal_cancels_the_callers_job_and_ends_it_by_the_signal(fault_mesh, tmp_path, sig):
+    # SIGHUP: the terminal the caller ran in was closed
     m = fault_mesh(workers=1)
-    caller, out, err, started, finished = _terminated(m, tmp_path)
-    assert caller.returncode == -signal.SIGTERM, (caller.returncode, err.decode())
+    caller, out, err, started, finished = _terminated(m, tmp_path, sig=sig)
+    assert caller.returncode == -sig, (caller.returncode, err.decode())
     assert b"returned" not in out
     assert b"Traceback" not in err  # ended by the signal, not by an exception
     _assert_cancelled_not_finished(m, started, finished)
@@ -125,7 +127,7 @@ def test_the_default_disposition_is_back_after_a_call(tmp_path):
     script.write_text(textwrap.dedent("""
         import signal
         from gpumesh import GPUMesh, accelerate
-        from gpumesh.client import sigterm
+        from gpumesh.client import stopsignals as ss
         m = GPUMesh("http://127.0.0.1:9", token="t", output=False)
         seen = []
 
@@ -135,16 +137,20 @@ def test_the_default_disposition_is_back_after_a_call(tmp_path):
 
         class FakeMesh:
             url, token, fingerprint = "http://127.0.0.1:9", "t", None
-        with sigterm.outstanding(FakeMesh(), "j1"):
-            seen.append(signal.getsignal(signal.SIGTERM) is sigterm._on_sigterm)
+        with ss.outstanding(FakeMesh(), "j1"):
+            seen.append(signal.getsignal(signal.SIGTERM) is ss._on_stop)
+            seen.append(signal.getsignal(signal.SIGHUP) is ss._on_stop)
         seen.append(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+        seen.append(signal.getsignal(signal.SIGHUP) is signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        with sigterm.outstanding(FakeMesh(), "j2"):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+        with ss.outstanding(FakeMesh(), "j2"):
             seen.append(signal.getsignal(signal.SIGTERM) is signal.SIG_IGN)
+            seen.append(signal.getsignal(signal.SIGHUP) is signal.SIG_IGN)
         seen.append(signal.getsignal(signal.SIGTERM) is signal.SIG_IGN)
         print(seen, f(3))
     """))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
                          env={**__import__("os").environ, "GPUMESH_LOCAL": "1"})
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["[True,", "True,", "True,", "True]", "3"]
+    assert out.stdout.split() == ["[True,"] + ["True,"] * 5 + ["True]", "3"]
