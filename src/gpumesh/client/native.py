@@ -362,6 +362,8 @@ class NativeBackend(Backend):
                 params["handoff"] = 1
             if printer is not None:
                 params["out_after"] = out_after
+            if closed_since is None:  # not known to wait on closed workers: hear it at once
+                params["closed"] = 1
             try:
                 body = poll_results(mesh, job_id, params, wait, reconnect)
             except Retrying:

@@ -234,7 +234,10 @@ _DOC: dict[str, Any] = {
                            _query("out_after", {"type": "integer", "minimum": -1, "maximum": 10**15},
                                   "also task output with seq > out_after"),
                            _query("handoff", {"enum": ["0", "1"]},
-                                  "1: results kept as files are named by path (file), not sent")],
+                                  "1: results kept as files are named by path (file), not sent"),
+                           _query("closed", {"enum": ["0", "1"]},
+                                  "1: answer at once (no long poll) if only workers closed by "
+                                  "their owners could run the job's pending tasks")],
             "responses": {"200": _FRAMES_ANSWER, "204": {"description": "the caller went away"},
                           **_errors(404, 410)}}},
         protocol.JOB_LOGS: {"get": {

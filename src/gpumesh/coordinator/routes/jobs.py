@@ -121,6 +121,11 @@ async def results(request: Request) -> Response:
         if coord.store.job_exists(jid):
             raise JobReleased(jid, f"job {jid}'s results were already collected")
         raise UnknownJob(jid)
+    # closed=1: a caller that does not yet know its job waits on owner-closed workers only
+    # (a submit that did not wait, an .imap) hears it at once, not after a long poll; it
+    # then polls without it (else each poll would answer at once while they stay closed).
+    if wait and request.query_params.get("closed") == "1" and views.closed_for(coord, jid):
+        wait = 0
     job = await until_disconnect(request, coord.wait_results(jid, after, wait, out_after))
     if job is None:
         return Response(status_code=204)
