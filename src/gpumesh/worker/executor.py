@@ -41,6 +41,7 @@ from ..payloadref import PayloadRef
 from ..protocol import FailureKind, TaskGrant
 from . import membody, procs, runner
 from .host import Host, Kept, Pending, Spare, hung_up
+from .retire import Retirer, on_device
 
 log = logging.getLogger("gpumesh.worker")
 
@@ -114,6 +115,9 @@ class Executor:
         # isolation="job": the idle task process each (job id, slot) keeps for the job's
         # next task there (a forked child of the function's host, which ran its last one).
         self._kept: dict[tuple, Kept] = {}
+        # Processes of a slot's previous job, closed a moment after its next job's first
+        # task started, off that task's path (gpumesh.worker.retire).
+        self._retirer = Retirer()
 
     # ------------------------------------------------------------------ hosts -------
     def _zygote_socket(self) -> socket.socket:
@@ -249,7 +253,11 @@ class Executor:
         keep = task.isolation == "job" and task.job_id is not None
         slot_key = (task.job_id, slot if slot is not None else threading.get_ident())
         if self._kept:
-            self._leave_slot(slot_key[1], task.job_id if keep else None)
+            left = self._leave_slot(slot_key[1], task.job_id if keep else None)
+            if on_device(env):  # a device's slot: its memory is freed before the next job's task runs
+                self._release(left)
+            elif left:  # closed once this task is under way (gpumesh.worker.retire)
+                self._retirer.later(lambda: self._release(left))
         try:
             host = self._host(fn_hash, blob_path, sys_path)
         except OSError as e:  # the zygote could not be started, or we are closing
@@ -323,11 +331,14 @@ class Executor:
             self._kept[key] = Kept(host, spare)
         return True
 
-    def _leave_slot(self, slot, job_id) -> None:
+    def _leave_slot(self, slot, job_id) -> list[Kept]:
         """``slot`` runs a task of ``job_id`` (None: a task no job keeps a process for):
-        close the processes other jobs keep there."""
+        the processes other jobs keep there, no longer kept, for the caller to close."""
         with self._lock:
-            gone = [self._kept.pop(k) for k in list(self._kept) if k[1] == slot and k[0] != job_id]
+            return [self._kept.pop(k) for k in list(self._kept) if k[1] == slot and k[0] != job_id]
+
+    @staticmethod
+    def _release(gone: list[Kept]) -> None:
         for kept in gone:
             kept.host.release(kept.spare)
 
@@ -542,6 +553,7 @@ class Executor:
         """Kill every task and host, then the zygote. Leaves no process behind."""
         for task_id in list(self._running):
             self.cancel(task_id)
+        self._retirer.flush()
         with self._lock:
             self._closed = True  # no zygote starts after this, and no process is kept
             for kept in self._kept.values():

@@ -42,6 +42,7 @@ from ..protocol import TaskGrant
 from . import procs, runner
 from .executor import INLINE_ARGS_BYTES, JOB_IDLE_S, Executor, Outcome
 from .host import Pending
+from .retire import on_device
 
 log = logging.getLogger("gpumesh.worker")
 
@@ -247,6 +248,7 @@ class SpawnExecutor(Executor):
             self._front_paths[fn_hash] = list(sys_path)
         keep = isolation == "job" and job_id is not None
         key = (job_id, slot if slot is not None else threading.get_ident(), None)
+        left: list[_Child] = []  # the slot's previous job's process (see below)
         with self._lock:
             self._blob_paths[fn_hash] = blob_path
             child = self._jobs.get(key) if keep else None
@@ -258,8 +260,8 @@ class SpawnExecutor(Executor):
                 if child is None:
                     child = self._take(fn_hash)
                     if keep:
-                        for other in [k for k in self._jobs if k[1] == key[1]]:
-                            self._jobs.pop(other).close()  # the slot moved on to this job
+                        # the slot moved on to this job: the last one's process goes
+                        left = [self._jobs.pop(k) for k in list(self._jobs) if k[1] == key[1]]
                         self._jobs[key] = child
                 if keep:  # busy: not idle for the janitor while it runs
                     self._jobs.pop(key)
@@ -267,6 +269,11 @@ class SpawnExecutor(Executor):
             except OSError as e:
                 return Outcome("retry", {"kind": "host_died",
                                          "message": f"could not start a task process: {e}"})
+        for other in left:
+            if on_device(env):  # a device's slot: its memory is freed before the next job's task runs
+                other.close()
+            else:  # closed once this task is under way (gpumesh.worker.retire)
+                self._retirer.later(other.close)
         pending = Pending()
         pending.pid = child.pid
         pending.started.set()
