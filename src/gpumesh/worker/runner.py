@@ -239,11 +239,13 @@ def _reseed_after_fork() -> None:
 
 def run_task(fn, data: socket.socket, result_format: str | None = None,
              args_ref: dict | None = None, handoff_dir: str | None = None,
-             handoff_name: str | None = None, fds: list[int] | tuple = ()) -> None:
+             handoff_name: str | None = None, fds: list[int] | tuple = (),
+             args_frame: bytearray | None = None) -> None:
     """Inside the task child: read arguments, call, send back value or failure.
     ``result_format="json"`` (strict results): the value travels as JSON, never pickled.
     ``args_ref``: the arguments are this payload reference (gpumesh.payloadref, as JSON;
-    ``fds`` the descriptors it may name), mapped, not read; else the socket's first blob.
+    ``fds`` the descriptors it may name), mapped, not read; else ``args_frame`` (read
+    already) or the socket's next blob.
     ``handoff_dir``: the coordinator's handoff directory when it shares this machine;
     a big result is written there, as ``handoff_name`` (chosen by the agent, which deletes
     it if the task dies while writing), and only that name is sent (gpumesh.handoff).
@@ -286,7 +288,7 @@ def run_task(fn, data: socket.socket, result_format: str | None = None,
     loaded_modules, loaded_path = _LOADED or (frozenset(sys.modules), tuple(sys.path))
     try:
         if args_ref is None:
-            args, kwargs = wire.loads(recv_blob(data))
+            args, kwargs = wire.loads(recv_blob(data) if args_frame is None else args_frame)
         else:
             ref = payloadref.from_meta(args_ref, fds)
             try:
@@ -568,7 +570,21 @@ def _spare_main(fn, ctrl: socket.socket, wake: int, sock: socket.socket) -> None
             except EOFError:  # not needed (any more): the agent dropped it, or is gone
                 return
             msg = json.loads(run)
-            _run_child(fn, sock, msg, fds)
+            if msg.get("op") == "skip":  # a withdrawn task that had begun: dropped
+                continue
+            args = None
+            if msg.get("ahead"):
+                # Sent while this process ran the job's previous task (isolation="job"
+                # pipelining, Executor._send_ahead): the agent may have withdrawn it
+                # since, with a skip message behind its arguments. Looked for once, here:
+                # a skip that comes after this look finds the task begun (its answer
+                # says so, and the skip is read, and ignored, as the next message).
+                if msg.get("args") is None:
+                    args = recv_blob(sock)
+                if _skip_waiting(sock, msg.get("task_id")):
+                    send_frames(sock, [_SKIPPED_BYTES, b""])
+                    continue
+            _run_child(fn, sock, msg, fds, args)
             if not msg.get("keep"):
                 return
             # isolation="job": kept for the job's next task in this slot. Long-lived now,
@@ -584,6 +600,41 @@ def _spare_main(fn, ctrl: socket.socket, wake: int, sock: socket.socket) -> None
     finally:
         sock.close()
         flush_and_exit(code)
+
+
+#: A task sent ahead that was withdrawn before it began answers this (no payload).
+SKIPPED = "skipped"
+_SKIPPED_BYTES = b'{"status": "skipped"}'
+
+
+#: The most bytes a skip message takes (its length prefix included).
+_MAX_SKIP_BYTES = 256
+
+
+def _skip_waiting(sock: socket.socket, task_id) -> bool:
+    """Whether a skip for ``task_id`` waits on ``sock``. Skip messages waiting there are
+    read (one for an earlier task came too late for it, and is dropped); anything else
+    (the job's next task, sent ahead once this one's turn came) is left for later.
+    Never blocks."""
+    while True:
+        try:
+            head = sock.recv(_MAX_SKIP_BYTES, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        if len(head) < 8:
+            return False  # (EOF, or a message still coming: not a skip sent before this look)
+        (n,) = struct.unpack("<Q", head[:8])
+        if n > _MAX_SKIP_BYTES - 8 or len(head) < 8 + n:
+            return False  # longer than a skip: a run message
+        try:
+            msg = json.loads(head[8:8 + n])
+        except ValueError:
+            return False
+        if not isinstance(msg, dict) or msg.get("op") != "skip":
+            return False
+        recv_exact(sock, 8 + n)
+        if msg.get("task_id") == task_id:
+            return True
 
 
 def flush_and_exit(code: int) -> None:
@@ -622,10 +673,10 @@ def _preload(modules: list[str], path: list[str]) -> None:
             pass
 
 
-def _run_child(fn, sock: socket.socket, msg: dict, fds: list[int]) -> None:
+def _run_child(fn, sock: socket.socket, msg: dict, fds: list[int], args=None) -> None:
     """In a spare that was given its task: run it over its socket (the arguments follow
     the run message there, unless ``msg["args"]`` is a reference, which may name ``fds``:
-    gpumesh.payloadref)."""
+    gpumesh.payloadref, or ``args``, the frame already read)."""
     if _TRACE:
         tracing.mark("task.start")
     env = msg.get("env")
@@ -636,7 +687,7 @@ def _run_child(fn, sock: socket.socket, msg: dict, fds: list[int]) -> None:
     _redirect(1, msg.get("stdout"))
     _redirect(2, msg.get("stderr"))
     run_task(fn, sock, msg.get("result_format"), msg.get("args"), msg.get("handoff_dir"),
-             msg.get("handoff_name"), fds)
+             msg.get("handoff_name"), fds, args)
 
 
 def _reap(ctrl: socket.socket, children: set[int]) -> None:

@@ -237,10 +237,15 @@ class SpawnExecutor(Executor):
     def run(self, task: TaskGrant, blob_path: str, args=None, *, env: dict | None = None,
             args_ref: PayloadRef | None = None,
             handoff_dir: str | None = None, handoff_name: str | None = None,
-            sys_path: list[str] | None = None, slot=None) -> Outcome:
+            sys_path: list[str] | None = None, slot=None, ahead=None,
+            withdraw: bool = False) -> Outcome:
         """As :meth:`Executor.run`. ``isolation="job"``: the task runs in the process this
         ``slot`` keeps for its job (started on the job's first task there, replaced
-        after a crash, timeout or cancel, never given another job's task)."""
+        after a crash, timeout or cancel, never given another job's task). No task is
+        sent ahead here (``ahead`` is not used), so none is withdrawn: one handed back
+        (``withdraw``) is not run."""
+        if withdraw:
+            return self._not_begun("handed back")
         task_id, fn_hash, timeout, result_format = task.task_id, task.fn, task.timeout, task.result_format
         isolation, job_id = task.isolation, task.job_id
         if sys_path:  # a task environment (requires=): processes of its own, keyed by both
