@@ -39,7 +39,9 @@ from typing import Any
 from ..limits import ERROR_TAIL_BYTES, MAX_WARM_FUNCTIONS, WARM_IDLE_S
 from ..payloadref import PayloadRef
 from ..protocol import FailureKind, TaskGrant
+from . import ahead as ahead_mod
 from . import membody, procs, runner
+from .ahead import Ahead
 from .host import Host, Kept, Pending, Spare, hung_up
 from .retire import Retirer, on_device
 
@@ -67,18 +69,6 @@ JOB_IDLE_S = 30.0
 #: Arguments up to this size are written to the task's socket without a helper thread
 #: (they fit in the socket buffer, so the write cannot block).
 INLINE_ARGS_BYTES = 64 * 1024
-
-
-class _Ahead:
-    """A task sent to its slot's kept process while that process ran the job's previous
-    task (``isolation="job"`` pipelining, see :meth:`Executor._send_ahead`): it begins
-    there as soon as that one ends, without waiting for the agent."""
-
-    __slots__ = ("task_id", "spare", "pair", "withdrawn")
-
-    def __init__(self, task_id: str, spare: Spare, pair: int) -> None:
-        self.task_id, self.spare, self.pair = task_id, spare, pair
-        self.withdrawn = False  # a skip message was sent behind it (Executor.withdraw)
 
 
 def _map_read_only(fd: int) -> memoryview:
@@ -133,7 +123,7 @@ class Executor:
         # isolation="job" pipelining: the task each slot thread sent ahead to its kept
         # process, and which of the thread's two pairs of output files its current task
         # writes (the one sent ahead writes the other: see output_paths).
-        self._ahead: dict[int, _Ahead] = {}
+        self._ahead: dict[int, Ahead] = {}
         self._pair: dict[int, int] = {}
 
     # ------------------------------------------------------------------ hosts -------
@@ -340,7 +330,7 @@ class Executor:
             elif keep and ahead is not None:
                 self._send_ahead(task, spare, ahead, env)
             outcome = self._exchange(host, pending, spare.sock, deadline, timeout)
-            if outcome.status == runner.SKIPPED:  # (withdrawn: it had not begun)
+            if outcome.status == ahead_mod.SKIPPED:  # (withdrawn: it had not begun)
                 return self._not_begun("handed back")
             if outcome.status == "error" and outcome.error is not None:
                 tail = _tail(err, ERROR_TAIL_BYTES)
@@ -406,7 +396,7 @@ class Executor:
         else:
             spare.sock.close()
 
-    def _abandon(self, sent: _Ahead) -> None:
+    def _abandon(self, sent: Ahead) -> None:
         """The process ``sent`` went to is not used again: killed, and no longer kept."""
         procs.kill_tree(sent.spare.pid)
         with self._lock:
@@ -439,17 +429,14 @@ class Executor:
         if nxt is None:
             return
         grant, args = nxt
-        if (grant.job_id != task.job_id or grant.fn != task.fn or grant.isolation != "job"
-                or grant.kind != "function" or grant.refs or grant.args_file or grant.requires
-                or not isinstance(args, (bytes, bytearray, memoryview))
-                or len(args) > INLINE_ARGS_BYTES):
+        if not ahead_mod.fits(task, grant, args, INLINE_ARGS_BYTES):
             return
         me = threading.get_ident()
         pair = 1 - self._pair.get(me, 0)
         out, err = self._truncate(self._paths(pair))
         msg = self._run_msg(grant, out, err, env, True)
         msg["ahead"] = True
-        record = _Ahead(grant.task_id, spare, pair)
+        record = Ahead(grant.task_id, spare, pair)
         with self._lock:
             self._ahead[me] = record
         try:
@@ -472,11 +459,11 @@ class Executor:
         return True
 
     @staticmethod
-    def _skip(record: _Ahead) -> None:
+    def _skip(record: Ahead) -> None:
         record.withdrawn = True
         try:
-            # (one write: the process looks for it without blocking, see runner._skip_waiting)
-            runner.send_frames(record.spare.sock, [json.dumps({"op": "skip", "task_id": record.task_id}).encode()])
+            # (one write: the process looks for it without blocking, ahead.skip_waiting)
+            runner.send_frames(record.spare.sock, [ahead_mod.skip_message(record.task_id)])
         except OSError:
             pass  # (its process is gone: the task with it)
 

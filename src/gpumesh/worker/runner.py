@@ -55,6 +55,7 @@ from typing import Any
 
 from gpumesh import tracing
 from gpumesh.protocol import FailureKind
+from gpumesh.worker import ahead
 from gpumesh.retries import type_name
 
 #: Whether marks are written (gpumesh.tracing): one global read in a task process, where
@@ -575,14 +576,14 @@ def _spare_main(fn, ctrl: socket.socket, wake: int, sock: socket.socket) -> None
             args = None
             if msg.get("ahead"):
                 # Sent while this process ran the job's previous task (isolation="job"
-                # pipelining, Executor._send_ahead): the agent may have withdrawn it
+                # pipelining, gpumesh.worker.ahead): the agent may have withdrawn it
                 # since, with a skip message behind its arguments. Looked for once, here:
                 # a skip that comes after this look finds the task begun (its answer
                 # says so, and the skip is read, and ignored, as the next message).
                 if msg.get("args") is None:
                     args = recv_blob(sock)
-                if _skip_waiting(sock, msg.get("task_id")):
-                    send_frames(sock, [_SKIPPED_BYTES, b""])
+                if ahead.skip_waiting(sock, msg.get("task_id")):
+                    send_frames(sock, [ahead.SKIPPED_BYTES, b""])
                     continue
             _run_child(fn, sock, msg, fds, args)
             if not msg.get("keep"):
@@ -600,41 +601,6 @@ def _spare_main(fn, ctrl: socket.socket, wake: int, sock: socket.socket) -> None
     finally:
         sock.close()
         flush_and_exit(code)
-
-
-#: A task sent ahead that was withdrawn before it began answers this (no payload).
-SKIPPED = "skipped"
-_SKIPPED_BYTES = b'{"status": "skipped"}'
-
-
-#: The most bytes a skip message takes (its length prefix included).
-_MAX_SKIP_BYTES = 256
-
-
-def _skip_waiting(sock: socket.socket, task_id) -> bool:
-    """Whether a skip for ``task_id`` waits on ``sock``. Skip messages waiting there are
-    read (one for an earlier task came too late for it, and is dropped); anything else
-    (the job's next task, sent ahead once this one's turn came) is left for later.
-    Never blocks."""
-    while True:
-        try:
-            head = sock.recv(_MAX_SKIP_BYTES, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return False
-        if len(head) < 8:
-            return False  # (EOF, or a message still coming: not a skip sent before this look)
-        (n,) = struct.unpack("<Q", head[:8])
-        if n > _MAX_SKIP_BYTES - 8 or len(head) < 8 + n:
-            return False  # longer than a skip: a run message
-        try:
-            msg = json.loads(head[8:8 + n])
-        except ValueError:
-            return False
-        if not isinstance(msg, dict) or msg.get("op") != "skip":
-            return False
-        recv_exact(sock, 8 + n)
-        if msg.get("task_id") == task_id:
-            return True
 
 
 def flush_and_exit(code: int) -> None:
