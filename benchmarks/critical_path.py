@@ -15,6 +15,9 @@ of its duration.
 ``--idle S``: each timed call follows S seconds of idle (the after-idle row of
 ``run.py``), hop by hop.
 
+``--isolation job``: the calls are ``isolation="job"`` ones, each a new job's first task
+(it takes a spare as a default call does; the slot lets its last job's process go).
+
 ``--result-bytes N``: the function returns a float32 NumPy array of N bytes instead of
 its argument, and the table lists every mark the calls share, in the order they came
 (a big result takes other hops: a handoff file, a results page), so the time of a
@@ -204,7 +207,8 @@ def main() -> int:
                     metavar="N", help="instead of the hop table: CPU per task of each "
                     "process on an N-task no-op map (N default 1000)")
     ap.add_argument("--isolation", choices=(*ISOLATIONS, "both"), default="both",
-                    help="with --cpu-per-task: the isolation mode(s) to measure (default both)")
+                    help="with --cpu-per-task: the isolation mode(s) to measure (default "
+                    "both); for the hop table, the calls' mode (default: task)")
     ap.add_argument("--json", metavar="PATH", default=None,
                     help="with --cpu-per-task: also write the figures to PATH as JSON")
     opts = ap.parse_args()
@@ -216,8 +220,8 @@ def main() -> int:
         if opts.result_bytes is not None:
             ap.error("--cpu-per-task measures no-op tasks: it takes no --result-bytes")
         return cpu_per_task(opts)
-    if opts.isolation != "both" or opts.json is not None:
-        ap.error("--isolation and --json go with --cpu-per-task")
+    if opts.json is not None:
+        ap.error("--json goes with --cpu-per-task")
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from systems import GPUMeshSystem  # (imports no gpumesh module)
@@ -229,6 +233,8 @@ def main() -> int:
     from gpumesh.tracing import CALL_HOPS as HOPS
 
     system = GPUMeshSystem(work)
+    if opts.isolation != "both":  # (each call of isolation="job" is a new job's first task)
+        system.isolation = opts.isolation
     walls = []
     try:
         system.start()

@@ -269,7 +269,11 @@ class WorkerAgent(OwnerRules):
         return sorted(self._held.union(posting))
 
     def _cancel(self, task_id: str) -> None:
-        if self.poster is None or not self.poster.drop(task_id):
+        if self.poster is not None and self.poster.drop(task_id):
+            # A queued grant: its slot will not run it. It may have been sent ahead to the
+            # slot's process already (Executor.withdraw), which must not begin it.
+            self.executor.withdraw(task_id)
+        else:
             self.executor.cancel(task_id)
 
     def _lost_registration(self) -> None:
@@ -516,15 +520,18 @@ class WorkerAgent(OwnerRules):
                 if not self._slot_open(slot):  # granted just as the owner closed the slot
                     self._handing_back.setdefault(held, self._closed_reason(slot))
                 outcome = None
-                if held not in self._handing_back:
+                # (a task handed back that was sent ahead to the slot's process is withdrawn
+                # there: it may have begun, and then its result stands)
+                if held not in self._handing_back or self.executor.sent_ahead(held):
                     try:
                         path = self._function_blob(task.fn)
                     except Exception as e:  # noqa: BLE001
                         outcome = Outcome("retry", {"kind": protocol.FailureKind.FETCH,
                                                     "message": f"could not fetch the function: {e}"})
                     else:
-                        if held not in self._handing_back:
-                            outcome = self._run_one(task, path, args, slot)
+                        if held not in self._handing_back or self.executor.sent_ahead(held):
+                            outcome = self._run_one(task, path, args, slot,
+                                                    withdraw=held in self._handing_back)
                 args = None  # a big one is shared memory: free it now, not after the post
                 self._slot_task.pop(slot, None)
                 why = self._handing_back.pop(held, None)
@@ -549,8 +556,10 @@ class WorkerAgent(OwnerRules):
         """The slot's next queued grant ``(task, args)``, or ``(None, None)``."""
         return (None, None) if self.poster is None else self.poster.next_queued(slot)
 
-    def _run_one(self, task: protocol.TaskGrant, path: Path, args, slot: int | None) -> Outcome:
-        """Run one task in the executor, forwarding what it prints."""
+    def _run_one(self, task: protocol.TaskGrant, path: Path, args, slot: int | None,
+                 withdraw: bool = False) -> Outcome:
+        """Run one task in the executor, forwarding what it prints (``withdraw``: see
+        Executor.run)."""
         args_ref = None
         if isinstance(args, PayloadRef):  # big, from another machine: in shared memory
             args_ref, args = args, None
@@ -560,7 +569,7 @@ class WorkerAgent(OwnerRules):
             except (OSError, AttributeError, ValueError) as e:
                 return Outcome("retry", {"kind": protocol.FailureKind.FETCH,
                                          "message": f"could not open the task's arguments: {e}"})
-        cursor = self._output[task.task_id] = _OutputCursor(task, *self.executor.new_output())
+        cursor = self._output[task.task_id] = _OutputCursor(task, *self.executor.new_output(task.task_id))
         drop = self.handoff
         # The name the task may leave its result under: ours, so that whatever becomes of the
         # task (killed mid-write, cancelled, crashed) no file is left behind unclaimed.
@@ -589,11 +598,13 @@ class WorkerAgent(OwnerRules):
                         return outcome
                     sys_path = [site]
                 tracing.mark("agent.run")
+                poster = self.poster
                 try:
                     outcome = self.executor.run(
                         task, str(path), args, env=self._slot_env.get(slot), args_ref=args_ref,
                         handoff_dir=str(drop.drop_dir) if drop else None,
-                        handoff_name=name, sys_path=sys_path, slot=slot)
+                        handoff_name=name, sys_path=sys_path, slot=slot, withdraw=withdraw,
+                        ahead=None if poster is None else lambda: poster.peek(slot))
                 finally:
                     if env_key is not None:
                         assert self.envs is not None  # (env_key came from it)

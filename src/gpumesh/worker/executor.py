@@ -39,8 +39,11 @@ from typing import Any
 from ..limits import ERROR_TAIL_BYTES, MAX_WARM_FUNCTIONS, WARM_IDLE_S
 from ..payloadref import PayloadRef
 from ..protocol import FailureKind, TaskGrant
+from . import ahead as ahead_mod
 from . import membody, procs, runner
+from .ahead import Ahead
 from .host import Host, Kept, Pending, Spare, hung_up
+from .retire import Retirer, on_device
 
 log = logging.getLogger("gpumesh.worker")
 
@@ -114,6 +117,14 @@ class Executor:
         # isolation="job": the idle task process each (job id, slot) keeps for the job's
         # next task there (a forked child of the function's host, which ran its last one).
         self._kept: dict[tuple, Kept] = {}
+        # Processes of a slot's previous job, closed a moment after its next job's first
+        # task started, off that task's path (gpumesh.worker.retire).
+        self._retirer = Retirer()
+        # isolation="job" pipelining: the task each slot thread sent ahead to its kept
+        # process, and which of the thread's two pairs of output files its current task
+        # writes (the one sent ahead writes the other: see output_paths).
+        self._ahead: dict[int, Ahead] = {}
+        self._pair: dict[int, int] = {}
 
     # ------------------------------------------------------------------ hosts -------
     def _zygote_socket(self) -> socket.socket:
@@ -164,8 +175,9 @@ class Executor:
                 if self._closed:
                     return
                 now = time.monotonic()
+                busy = {a.spare for a in self._ahead.values()}  # (running a task sent ahead)
                 for job_slot, kept in list(self._kept.items()):
-                    if kept.host.dead or now - kept.last_used > JOB_IDLE_S:
+                    if kept.host.dead or (now - kept.last_used > JOB_IDLE_S and kept.spare not in busy):
                         del self._kept[job_slot]
                         kept.host.release(kept.spare)
                 for key, host in list(self._hosts.items()):
@@ -231,7 +243,8 @@ class Executor:
     def run(self, task: TaskGrant, blob_path: str, args: bytes | bytearray | memoryview | None = None,
             *, env: dict | None = None, args_ref: PayloadRef | None = None,
             handoff_dir: str | None = None, handoff_name: str | None = None,
-            sys_path: list[str] | None = None, slot=None) -> Outcome:
+            sys_path: list[str] | None = None, slot=None, ahead=None,
+            withdraw: bool = False) -> Outcome:
         """Run the granted ``task`` (function blob at ``blob_path``, arguments ``args``) to
         completion; never raises for anything the task does. From the grant: its id,
         function, ``timeout``, ``result_format`` (``"json"``: the task sends its value as
@@ -244,12 +257,22 @@ class Executor:
         ``sys.path`` (a task environment, see gpumesh.worker.envs). ``isolation="job"``: run it in the
         process ``slot`` (None: this thread) keeps for the job: the task process of its last
         task there, kept unless it crashed, timed out or was cancelled, and never given another
-        job's task (the slot running one closes it, as do JOB_IDLE_S without a task)."""
-        task_id, fn_hash, timeout, result_format = task.task_id, task.fn, task.timeout, task.result_format
+        job's task (the slot running one closes it, as do JOB_IDLE_S without a task).
+        ``ahead`` (isolation="job"): a callable giving the slot's next grant ``(grant,
+        args)``, or None; such a task of the same job is sent to the kept process behind
+        this one (see :meth:`_send_ahead`), and its own ``run`` then only waits for it.
+        ``withdraw``: the slot hands the task back (its owner paused it): one sent ahead
+        is withdrawn, and its outcome says whether it had begun (its result, which
+        stands) or not (``cancelled``); one not sent ahead is not run."""
+        task_id, fn_hash, timeout = task.task_id, task.fn, task.timeout
         keep = task.isolation == "job" and task.job_id is not None
         slot_key = (task.job_id, slot if slot is not None else threading.get_ident())
         if self._kept:
-            self._leave_slot(slot_key[1], task.job_id if keep else None)
+            left = self._leave_slot(slot_key[1], task.job_id if keep else None)
+            if on_device(env):  # a device's slot: its memory is freed before the next job's task runs
+                self._release(left)
+            elif left:  # closed once this task is under way (gpumesh.worker.retire)
+                self._retirer.later(lambda: self._release(left))
         try:
             host = self._host(fn_hash, blob_path, sys_path)
         except OSError as e:  # the zygote could not be started, or we are closing
@@ -263,30 +286,52 @@ class Executor:
         if host.dead:
             self.forget(host.key)
             return Outcome("retry", {"kind": FailureKind.HOST_DIED, "message": "the function's host process died"})
+        me = threading.get_ident()
+        with self._lock:
+            sent = self._ahead.pop(me, None)
+        if sent is not None and (sent.task_id != task_id or (sent.withdrawn and not withdraw)):
+            # Not the task it was sent ahead for (that one was dropped: cancelled, handed
+            # back), or withdrawn (it may have begun; if it has not, it answers "skipped"):
+            # its process is not reused, for nothing must read that answer as this task's.
+            self._abandon(sent)
+            if sent.task_id == task_id:  # (cancelled between the queue and this run)
+                return self._not_begun("cancelled")
+            sent = None
+        if withdraw and sent is None:
+            return self._not_begun("handed back")
+        kept = self._take_kept(slot_key, host, sent.spare if sent else None) if keep else None
+        if sent is not None and kept is not sent.spare:  # (its process went meanwhile)
+            self._abandon(sent)
+            sent = None
         pending = Pending()
         host.tasks[task_id] = pending
         self._running[task_id] = (host, pending)
         out, err = self.output_paths()
-        msg: dict[str, Any] = {"op": "run", "task_id": task_id, "stdout": out,
-                               "stderr": err, "result_format": result_format}
-        if env:
-            msg["env"] = env
-        if handoff_dir:
-            msg["handoff_dir"], msg["handoff_name"] = handoff_dir, handoff_name
-        if keep:
-            msg["keep"] = True  # the process waits for the job's next task afterwards
         fds: list[int] = []
-        if args_ref is not None:
-            msg["args"], fds = args_ref.to_meta()
+        run = b""
+        if sent is None:
+            msg = self._run_msg(task, out, err, env, keep)
+            if handoff_dir:
+                msg["handoff_dir"], msg["handoff_name"] = handoff_dir, handoff_name
+            if args_ref is not None:
+                msg["args"], fds = args_ref.to_meta()
+            run = json.dumps(msg).encode()
+        # A task sent ahead began when the one before it ended, which its slot's thread
+        # has just read: its timeout starts now, a little after it began.
         deadline = None if timeout is None else time.monotonic() + timeout
         spare: Spare | Outcome | None = None
         try:
-            spare = self._start(host, pending, json.dumps(msg).encode(), fds,
-                                None if args_ref is not None else args, deadline, timeout,
-                                self._take_kept(slot_key, host) if keep else None)
+            spare = self._start(host, pending, run, fds, None if args_ref is not None else args,
+                                deadline, timeout, kept, sent=sent is not None)
             if isinstance(spare, Outcome):
                 return spare
+            if withdraw and sent is not None:
+                self._skip(sent)
+            elif keep and ahead is not None:
+                self._send_ahead(task, spare, ahead, env)
             outcome = self._exchange(host, pending, spare.sock, deadline, timeout)
+            if outcome.status == ahead_mod.SKIPPED:  # (withdrawn: it had not begun)
+                return self._not_begun("handed back")
             if outcome.status == "error" and outcome.error is not None:
                 tail = _tail(err, ERROR_TAIL_BYTES)
                 if tail:
@@ -298,20 +343,21 @@ class Executor:
             if isinstance(spare, Spare):
                 if not (keep and pending.answered and not pending.killed_for
                         and self._keep(slot_key, host, spare)):
-                    spare.sock.close()
+                    self._close_spare(spare)
             host.tasks.pop(task_id, None)
             host.last_used = time.monotonic()
 
     # ------------------------------------------------------------------ kept --------
-    def _take_kept(self, key: tuple, host: Host) -> Spare | None:
-        """The idle process (job id, slot) ``key`` keeps, if it is ``host``'s and alive."""
+    def _take_kept(self, key: tuple, host: Host, sent: Spare | None = None) -> Spare | None:
+        """The idle process (job id, slot) ``key`` keeps, if it is ``host``'s and alive
+        (``sent``: the process the task was sent ahead to, which may have answered it)."""
         with self._lock:
             kept = self._kept.pop(key, None)
         if kept is None:
             return None
-        if kept.host is host and not hung_up(kept.spare.sock):
+        if kept.host is host and (kept.spare is sent or not hung_up(kept.spare.sock)):
             return kept.spare
-        kept.host.release(kept.spare)  # (another function's, or gone: a fresh one instead)
+        self._let_go(kept)  # (another function's, or gone: a fresh one instead)
         return None
 
     def _keep(self, key: tuple, host: Host, spare: Spare) -> bool:
@@ -323,21 +369,123 @@ class Executor:
             self._kept[key] = Kept(host, spare)
         return True
 
-    def _leave_slot(self, slot, job_id) -> None:
+    def _leave_slot(self, slot, job_id) -> list[Kept]:
         """``slot`` runs a task of ``job_id`` (None: a task no job keeps a process for):
-        close the processes other jobs keep there."""
+        the processes other jobs keep there, no longer kept, for the caller to close."""
         with self._lock:
-            gone = [self._kept.pop(k) for k in list(self._kept) if k[1] == slot and k[0] != job_id]
+            return [self._kept.pop(k) for k in list(self._kept) if k[1] == slot and k[0] != job_id]
+
+    def _release(self, gone: list[Kept]) -> None:
         for kept in gone:
+            self._let_go(kept)
+
+    def _let_go(self, kept: Kept) -> None:
+        """Close a process a job kept (it exits at the EOF), killing it first if a task
+        was sent ahead to it, which it would otherwise run."""
+        self._close_spare(kept.spare, kept.host)
+
+    def _close_spare(self, spare: Spare, host: Host | None = None) -> None:
+        with self._lock:
+            sent = [t for t, a in self._ahead.items() if a.spare is spare]
+            for t in sent:
+                del self._ahead[t]
+        if sent:
+            procs.kill_tree(spare.pid)
+        if host is not None:
+            host.release(spare)
+        else:
+            spare.sock.close()
+
+    def _abandon(self, sent: Ahead) -> None:
+        """The process ``sent`` went to is not used again: killed, and no longer kept."""
+        procs.kill_tree(sent.spare.pid)
+        with self._lock:
+            gone = [k for k, kept in self._kept.items() if kept.spare is sent.spare]
+            kept_list = [self._kept.pop(k) for k in gone]
+        for kept in kept_list:
             kept.host.release(kept.spare)
+        if not kept_list:
+            sent.spare.sock.close()
+
+    # ------------------------------------------------------------------ ahead -------
+    @staticmethod
+    def _run_msg(task: TaskGrant, out: str, err: str, env: dict | None, keep: bool) -> dict[str, Any]:
+        msg: dict[str, Any] = {"op": "run", "task_id": task.task_id, "stdout": out,
+                               "stderr": err, "result_format": task.result_format}
+        if env:
+            msg["env"] = env
+        if keep:
+            msg["keep"] = True  # the process waits for the job's next task afterwards
+        return msg
+
+    def _send_ahead(self, task: TaskGrant, spare: Spare, ahead, env: dict | None) -> None:
+        """Send the slot's next grant to ``spare`` behind ``task`` (just handed to it) when
+        it is a task of the same job and function with small arguments inline: the kept
+        process begins it as soon as ``task`` ends, without waiting for this thread to
+        read the answer and send it (a wake-up of each, per task, on the busy cores of a
+        short job's map). It writes the thread's other output files; it has no handoff
+        name (a big result comes as a memory file). Withdrawn by :meth:`withdraw`."""
+        nxt = ahead()
+        if nxt is None:
+            return
+        grant, args = nxt
+        if not ahead_mod.fits(task, grant, args, INLINE_ARGS_BYTES):
+            return
+        me = threading.get_ident()
+        pair = 1 - self._pair.get(me, 0)
+        out, err = self._truncate(self._paths(pair))
+        msg = self._run_msg(grant, out, err, env, True)
+        msg["ahead"] = True
+        record = Ahead(grant.task_id, spare, pair)
+        with self._lock:
+            self._ahead[me] = record
+        try:
+            runner.send_frames(spare.sock, [json.dumps(msg).encode(), args])
+        except OSError:  # (its process died: this task's exchange says how)
+            with self._lock:
+                self._ahead.pop(me, None)
+
+    def withdraw(self, task_id: str) -> bool:
+        """A task sent ahead (see :meth:`_send_ahead`) must not run: a skip message goes
+        behind it, which its process reads before it begins it (it then answers
+        "skipped"); one that has begun is killed with its process when its slot next
+        runs a task or lets the process go. Returns whether it had been sent ahead."""
+        with self._lock:
+            record = next((a for a in self._ahead.values() if a.task_id == task_id), None)
+            if record is None or record.withdrawn:
+                return record is not None
+            record.withdrawn = True  # (under the lock: one skip per task)
+        self._skip(record)
+        return True
+
+    @staticmethod
+    def _skip(record: Ahead) -> None:
+        record.withdrawn = True
+        try:
+            # (one write: the process looks for it without blocking, ahead.skip_waiting)
+            runner.send_frames(record.spare.sock, [ahead_mod.skip_message(record.task_id)])
+        except OSError:
+            pass  # (its process is gone: the task with it)
+
+    @staticmethod
+    def _not_begun(why: str) -> Outcome:
+        return Outcome("error", {"kind": FailureKind.CANCELLED, "type": "Cancelled",
+                                 "message": f"the task was {why} before it began"})
+
+    def sent_ahead(self, task_id: str) -> bool:
+        """Whether ``task_id`` was sent ahead to its slot's process (see withdraw)."""
+        with self._lock:
+            return any(a.task_id == task_id for a in self._ahead.values())
 
     def _start(self, host: Host, pending: Pending, run: bytes, fds: list[int],
                args: bytes | bytearray | memoryview | None, deadline: float | None,
-               timeout: float | None, kept: Spare | None = None) -> Spare | Outcome:
+               timeout: float | None, kept: Spare | None = None,
+               sent: bool = False) -> Spare | Outcome:
         """Hand the task to a spare of ``host`` (or to ``kept``, the idle process its job
         keeps in this slot): its run message (``run``, with ``fds``) and, unless they are a
-        reference, its ``args``, on that process's own socket. Returns the process, or the
-        task's outcome when it cannot start (no spare: ``retry``)."""
+        reference, its ``args``, on that process's own socket (``sent``: they were, ahead
+        of it, to ``kept``). Returns the process, or the task's outcome when it cannot
+        start (no spare: ``retry``)."""
         for _attempt in range(3):  # a spare killed while idle: take the next one
             spare = None
             if kept is not None:
@@ -346,6 +494,10 @@ class Executor:
                 else:  # (the host died or closed meanwhile: a fresh one, or retry)
                     host.release(kept)
             fresh, kept = spare is None, None
+            if fresh and sent:  # (sent ahead to a process whose host went meanwhile)
+                pending.started.set()
+                return Outcome("retry", {"kind": FailureKind.HOST_DIED,
+                                         "message": "the function's host process died"})
             if fresh:
                 try:
                     spare = host.take(pending, deadline)
@@ -370,7 +522,7 @@ class Executor:
                 # of a timeout or cancel reaches all it starts); it came long ago, as a
                 # rule. A kept process said so before its job's first task.
                 alive = not fresh or sock.recv(1) == runner.SPARE_READY
-                if alive:
+                if alive and not sent:
                     inline = args is not None and len(args) <= INLINE_ARGS_BYTES
                     runner.send_frames(sock, [run, args] if inline else [run], fds)
             except (socket.timeout, TimeoutError):
@@ -382,7 +534,7 @@ class Executor:
                 sock.close()
                 return self._killed_outcome(pending)
             if alive:
-                if args is not None and not inline:
+                if args is not None and not sent and not inline:
                     # The child reads while we write; we must be free to read its result.
                     threading.Thread(target=self._send_args, args=(sock, args), daemon=True).start()
                 if fresh:
@@ -512,25 +664,44 @@ class Executor:
             pass
 
     def output_paths(self) -> tuple[str, str]:
-        """Files that receive stdout and stderr of the task this thread runs. One pair per
-        slot thread, emptied by :meth:`new_output` before each task: no file is created or
-        removed per task."""
-        base = f"{self._spool_str}/{threading.get_ident()}"
+        """Files that receive stdout and stderr of the task this thread runs. Two pairs per
+        slot thread, used in turns when a task is sent ahead (it writes the other pair
+        while the thread still reads this one's last output), each emptied before the
+        task that writes it: no file is created or removed per task."""
+        return self._paths(self._pair.get(threading.get_ident(), 0))
+
+    def _paths(self, pair: int) -> tuple[str, str]:
+        base = f"{self._spool_str}/{threading.get_ident()}" + (".1" if pair else "")
         return base + ".out", base + ".err"
 
-    def new_output(self) -> tuple[str, str]:
-        """Empty this thread's output files for its next task and return their paths.
-        Called before anything reads them for that task (the task only appends), so no
-        reader ever sees the previous task's output as this one's."""
-        paths = self.output_paths()
+    @staticmethod
+    def _truncate(paths: tuple[str, str]) -> tuple[str, str]:
         for path in paths:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
         return paths
+
+    def new_output(self, task_id: str | None = None) -> tuple[str, str]:
+        """The output files of this thread's next task (``task_id``), emptied, unless
+        that task was sent ahead: it had them emptied then, and may have written to them
+        since. Called before anything reads them for that task (the task only appends),
+        so no reader ever sees the previous task's output as this one's."""
+        me = threading.get_ident()
+        with self._lock:
+            sent = self._ahead.get(me)
+        if sent is not None and sent.task_id == task_id:
+            self._pair[me] = sent.pair
+            return self._paths(sent.pair)
+        if sent is not None:  # (its process is killed before this task runs; off its files)
+            self._pair[me] = 1 - sent.pair
+        return self._truncate(self.output_paths())
 
     def cancel(self, task_id: str) -> bool:
         """Kill a running task's process group. Returns whether it was running here."""
         entry = self._running.get(task_id)
         if entry is None:
+            # (one sent ahead whose slot took it from the queue but has not run it yet:
+            # withdrawn, its run ends at once as cancelled)
+            self.withdraw(task_id)
             return False
         self._kill(entry[1], "cancelled")
         return True
@@ -542,6 +713,11 @@ class Executor:
         """Kill every task and host, then the zygote. Leaves no process behind."""
         for task_id in list(self._running):
             self.cancel(task_id)
+        self._retirer.flush()
+        with self._lock:
+            sent, self._ahead = list(self._ahead.values()), {}
+        for record in sent:  # (they would run them: a stopping worker's leases go back)
+            procs.kill_tree(record.spare.pid)
         with self._lock:
             self._closed = True  # no zygote starts after this, and no process is kept
             for kept in self._kept.values():

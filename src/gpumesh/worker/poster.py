@@ -160,6 +160,16 @@ class ResultPoster:
                 queue.clear()
         return None, None
 
+    def peek(self, slot: int | None):
+        """The slot's next queued grant ``(grant, args)``, left in the queue, or None
+        (also while the slot is closed or the agent stops: it is not to run then)."""
+        agent = self.agent
+        if agent.stopping.is_set() or (slot is not None and not agent._slot_open(slot)):
+            return None
+        with self._cv:
+            queue = self.queues.get(slot)
+            return queue[0] if queue else None
+
     def drop(self, task_id: str) -> bool:
         """Forget a queued grant the coordinator cancelled (True if one was queued)."""
         with self._cv:

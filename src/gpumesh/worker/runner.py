@@ -55,6 +55,7 @@ from typing import Any
 
 from gpumesh import tracing
 from gpumesh.protocol import FailureKind
+from gpumesh.worker import ahead
 from gpumesh.retries import type_name
 
 #: Whether marks are written (gpumesh.tracing): one global read in a task process, where
@@ -239,11 +240,13 @@ def _reseed_after_fork() -> None:
 
 def run_task(fn, data: socket.socket, result_format: str | None = None,
              args_ref: dict | None = None, handoff_dir: str | None = None,
-             handoff_name: str | None = None, fds: list[int] | tuple = ()) -> None:
+             handoff_name: str | None = None, fds: list[int] | tuple = (),
+             args_frame: bytearray | None = None) -> None:
     """Inside the task child: read arguments, call, send back value or failure.
     ``result_format="json"`` (strict results): the value travels as JSON, never pickled.
     ``args_ref``: the arguments are this payload reference (gpumesh.payloadref, as JSON;
-    ``fds`` the descriptors it may name), mapped, not read; else the socket's first blob.
+    ``fds`` the descriptors it may name), mapped, not read; else ``args_frame`` (read
+    already) or the socket's next blob.
     ``handoff_dir``: the coordinator's handoff directory when it shares this machine;
     a big result is written there, as ``handoff_name`` (chosen by the agent, which deletes
     it if the task dies while writing), and only that name is sent (gpumesh.handoff).
@@ -286,7 +289,7 @@ def run_task(fn, data: socket.socket, result_format: str | None = None,
     loaded_modules, loaded_path = _LOADED or (frozenset(sys.modules), tuple(sys.path))
     try:
         if args_ref is None:
-            args, kwargs = wire.loads(recv_blob(data))
+            args, kwargs = wire.loads(recv_blob(data) if args_frame is None else args_frame)
         else:
             ref = payloadref.from_meta(args_ref, fds)
             try:
@@ -568,7 +571,21 @@ def _spare_main(fn, ctrl: socket.socket, wake: int, sock: socket.socket) -> None
             except EOFError:  # not needed (any more): the agent dropped it, or is gone
                 return
             msg = json.loads(run)
-            _run_child(fn, sock, msg, fds)
+            if msg.get("op") == "skip":  # a withdrawn task that had begun: dropped
+                continue
+            args = None
+            if msg.get("ahead"):
+                # Sent while this process ran the job's previous task (isolation="job"
+                # pipelining, gpumesh.worker.ahead): the agent may have withdrawn it
+                # since, with a skip message behind its arguments. Looked for once, here:
+                # a skip that comes after this look finds the task begun (its answer
+                # says so, and the skip is read, and ignored, as the next message).
+                if msg.get("args") is None:
+                    args = recv_blob(sock)
+                if ahead.skip_waiting(sock, msg.get("task_id")):
+                    send_frames(sock, [ahead.SKIPPED_BYTES, b""])
+                    continue
+            _run_child(fn, sock, msg, fds, args)
             if not msg.get("keep"):
                 return
             # isolation="job": kept for the job's next task in this slot. Long-lived now,
@@ -622,10 +639,10 @@ def _preload(modules: list[str], path: list[str]) -> None:
             pass
 
 
-def _run_child(fn, sock: socket.socket, msg: dict, fds: list[int]) -> None:
+def _run_child(fn, sock: socket.socket, msg: dict, fds: list[int], args=None) -> None:
     """In a spare that was given its task: run it over its socket (the arguments follow
     the run message there, unless ``msg["args"]`` is a reference, which may name ``fds``:
-    gpumesh.payloadref)."""
+    gpumesh.payloadref, or ``args``, the frame already read)."""
     if _TRACE:
         tracing.mark("task.start")
     env = msg.get("env")
@@ -636,7 +653,7 @@ def _run_child(fn, sock: socket.socket, msg: dict, fds: list[int]) -> None:
     _redirect(1, msg.get("stdout"))
     _redirect(2, msg.get("stderr"))
     run_task(fn, sock, msg.get("result_format"), msg.get("args"), msg.get("handoff_dir"),
-             msg.get("handoff_name"), fds)
+             msg.get("handoff_name"), fds, args)
 
 
 def _reap(ctrl: socket.socket, children: set[int]) -> None:

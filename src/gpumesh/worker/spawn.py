@@ -42,6 +42,7 @@ from ..protocol import TaskGrant
 from . import procs, runner
 from .executor import INLINE_ARGS_BYTES, JOB_IDLE_S, Executor, Outcome
 from .host import Pending
+from .retire import on_device
 
 log = logging.getLogger("gpumesh.worker")
 
@@ -236,10 +237,15 @@ class SpawnExecutor(Executor):
     def run(self, task: TaskGrant, blob_path: str, args=None, *, env: dict | None = None,
             args_ref: PayloadRef | None = None,
             handoff_dir: str | None = None, handoff_name: str | None = None,
-            sys_path: list[str] | None = None, slot=None) -> Outcome:
+            sys_path: list[str] | None = None, slot=None, ahead=None,
+            withdraw: bool = False) -> Outcome:
         """As :meth:`Executor.run`. ``isolation="job"``: the task runs in the process this
         ``slot`` keeps for its job (started on the job's first task there, replaced
-        after a crash, timeout or cancel, never given another job's task)."""
+        after a crash, timeout or cancel, never given another job's task). No task is
+        sent ahead here (``ahead`` is not used), so none is withdrawn: one handed back
+        (``withdraw``) is not run."""
+        if withdraw:
+            return self._not_begun("handed back")
         task_id, fn_hash, timeout, result_format = task.task_id, task.fn, task.timeout, task.result_format
         isolation, job_id = task.isolation, task.job_id
         if sys_path:  # a task environment (requires=): processes of its own, keyed by both
@@ -247,6 +253,7 @@ class SpawnExecutor(Executor):
             self._front_paths[fn_hash] = list(sys_path)
         keep = isolation == "job" and job_id is not None
         key = (job_id, slot if slot is not None else threading.get_ident(), None)
+        left: list[_Child] = []  # the slot's previous job's process (see below)
         with self._lock:
             self._blob_paths[fn_hash] = blob_path
             child = self._jobs.get(key) if keep else None
@@ -258,8 +265,8 @@ class SpawnExecutor(Executor):
                 if child is None:
                     child = self._take(fn_hash)
                     if keep:
-                        for other in [k for k in self._jobs if k[1] == key[1]]:
-                            self._jobs.pop(other).close()  # the slot moved on to this job
+                        # the slot moved on to this job: the last one's process goes
+                        left = [self._jobs.pop(k) for k in list(self._jobs) if k[1] == key[1]]
                         self._jobs[key] = child
                 if keep:  # busy: not idle for the janitor while it runs
                     self._jobs.pop(key)
@@ -267,6 +274,11 @@ class SpawnExecutor(Executor):
             except OSError as e:
                 return Outcome("retry", {"kind": "host_died",
                                          "message": f"could not start a task process: {e}"})
+        for other in left:
+            if on_device(env):  # a device's slot: its memory is freed before the next job's task runs
+                other.close()
+            else:  # closed once this task is under way (gpumesh.worker.retire)
+                self._retirer.later(other.close)
         pending = Pending()
         pending.pid = child.pid
         pending.started.set()
