@@ -37,7 +37,7 @@ import json as _json
 import re
 import socket
 import ssl
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -252,11 +252,14 @@ class Transport:
 
     def stream_into(self, method: str, path: str, *, params: dict | None = None,
                     json: Any = None, content: Any = None, headers: dict | None = None,
-                    timeout: float | None = None, buffer_for=bytearray):
+                    timeout: float | None = None, buffer_for=bytearray,
+                    on_head: Callable[[], None] | None = None):
         """Send a request and read the (successful) body straight into one writable
         buffer: ``buffer_for(size)`` for a body of a declared ``size`` in bytes (default a
         ``bytearray``; any writable object with the buffer protocol), a ``bytearray``
-        otherwise. Returns that buffer, or ``None`` for 204.
+        otherwise. Returns that buffer, or ``None`` for 204. ``on_head()`` is called once
+        a successful answer's head has arrived, before its body is read (which behind a
+        slow link may take seconds).
 
         The socket reads straight into the preallocated buffer (no growing, no joining,
         no temporary copies), and NumPy arrays unpickled from it are writable views of it.
@@ -273,6 +276,8 @@ class Transport:
                     resp.read()
                     done = True
                     return None
+                if on_head is not None:
+                    on_head()
                 declared = resp.headers.get("content-length")
                 if declared is None:  # not sent by the coordinator, but be lenient
                     buf = bytearray(resp.read())

@@ -55,6 +55,7 @@ def test_register_keeps_what_the_schema_read(api):
     ({"running": ["zz"]}, "field 'running' must be a list of task ids (at most "),
     ({"running": "abcd"}, "field 'running' must be list, got str"),
     ({"score": "fast"}, "field 'score' must be a number, got str"),
+    ({"receiving": "yes"}, "field 'receiving' must be bool, got str"),
     ({"gpu_telemetry": {"0": {"utilization_pct": 120}}},
      "gpu_telemetry.0.utilization_pct must be a number from 0 to 100"),
 ])

@@ -11,7 +11,7 @@ from gpumesh.coordinator import core
 from gpumesh.coordinator.core import Coordinator, NoWorkers, StaleLease, UnknownJob, UnknownWorker
 from gpumesh.coordinator.scheduler import RunQueue
 from gpumesh.coordinator.store import Store
-from gpumesh.limits import INLINE_BLOB_BYTES
+from gpumesh.limits import HEARTBEAT_INTERVAL_S, INLINE_BLOB_BYTES
 
 TTL = core.WORKER_TTL_S
 MAX_ATTEMPTS = core.MAX_ATTEMPTS
@@ -325,6 +325,24 @@ def test_heartbeat_requeues_forgotten_and_cancels_unknown(coord, store, clock):
     coord.lease_delivered([(g.task_id, g.lease_id)], True)
     clock.advance(10)
     assert coord.heartbeat(w.id, ["deadbeef"], None) == {"cancel": ["deadbeef"]}
+    assert g.task_id not in coord.leases
+    assert task_state(store, job.id)[0] == ("pending", 1)
+
+
+def test_a_worker_still_receiving_its_lease_answer_keeps_the_lease(coord, store, clock):
+    # Behind a slow link the answer's last bytes leave the coordinator seconds before the
+    # worker has read them: until then its heartbeats say "receiving", not the task.
+    w = coord.register({}, None, 1)
+    job, _ = submit(coord)
+    (g,) = lease(coord, w.id)
+    coord.lease_delivered([(g.task_id, g.lease_id)], True)
+    for _ in range(4):
+        clock.advance(3 * HEARTBEAT_INTERVAL_S)
+        assert coord.heartbeat(w.id, [], None, receiving=True) == {"cancel": []}
+    assert g.task_id in coord.leases
+    assert task_state(store, job.id)[0] == ("leased", 1)
+    # the answer broke off after all: the next heartbeat, not receiving, gives it up
+    assert coord.heartbeat(w.id, [], None) == {"cancel": []}
     assert g.task_id not in coord.leases
     assert task_state(store, job.id)[0] == ("pending", 1)
 

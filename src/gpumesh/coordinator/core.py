@@ -126,9 +126,13 @@ class Coordinator(Journalled):
             raise UnknownWorker(wid)
         return w
 
-    def heartbeat(self, wid: str, running: list[str] | None, info: dict[str, Any] | None) -> dict[str, Any]:
+    def heartbeat(self, wid: str, running: list[str] | None, info: dict[str, Any] | None,
+                  receiving: bool = False) -> dict[str, Any]:
         """Mark ``wid`` alive. ``running`` lists the task ids the worker is executing:
-        leases it holds but does not know about (a lost lease response) are requeued.
+        leases it holds but does not know about (a lost lease response) are requeued,
+        unless the worker is ``receiving`` a lease answer still: behind a slow link the
+        last bytes of a big answer leave this socket seconds before the worker has read
+        them, and the tasks in it are not "running" until then.
         Returns ``{"cancel": [task ids the worker should kill]}``."""
         w = self._worker(wid)
         w.last_seen = self.clock()
@@ -169,7 +173,7 @@ class Coordinator(Journalled):
             now = self.clock()
             forgotten = [tid for tid in w.leases
                          if tid not in held and (sent := self.leases[tid].delivered) is not None
-                         and now - sent > 2 * HEARTBEAT_INTERVAL_S]
+                         and now - sent > 2 * HEARTBEAT_INTERVAL_S] if not receiving else []
             self._requeue(forgotten, reason="the worker no longer reported it")
             cancel = [tid for tid in held if tid not in w.leases]
         return {"cancel": cancel}

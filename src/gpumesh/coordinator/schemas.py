@@ -378,6 +378,8 @@ REGISTRATION = Body("Registration", (
 HEARTBEAT = Body("Heartbeat", (
     Field("running", list, None, check=_running,
           schema={"maxItems": MAX_HEARTBEAT_TASKS, "items": {"type": "string", "pattern": HEX_ID}}),
+    Field("receiving", bool, False, doc="a lease answer is arriving: its tasks are not in "
+          "running yet, and must not be taken for forgotten"),
     Field("score", NUMBER, OMIT, lo=0, hi=1e12),
     # device scores once measured; free GPU memory as last seen
     Field("scores", None, None, check=_domain(hardware.check_scores),

@@ -157,6 +157,9 @@ class WorkerAgent(OwnerRules):
         #: Tasks this worker holds a lease for, from the moment they arrive until their
         #: result is delivered (argument download, run and result upload included).
         self._held: set[str] = set()
+        # Set while a lease answer's body is arriving: its tasks are not held yet, and the
+        # heartbeat says so, or a slow link's big answer would look forgotten (see there).
+        self._receiving = threading.Event()
         self._output: dict[str, _OutputCursor] = {}
         self._slot_inbox: dict[int, queue.SimpleQueue] = {}  # grants for each slot's thread
         #: The coordinator's payload directories when it shares this machine and user
@@ -289,6 +292,8 @@ class WorkerAgent(OwnerRules):
             try:
                 resp = self.http.request("POST", protocol.worker_heartbeat(self._wid),
                                          json={"running": self._running(),
+                                               **({"receiving": True} if self._receiving.is_set()
+                                                  else {}),
                                                **self._device_state(), **self._owner_report()},
                                          timeout=5)
                 for task_id in resp.json().get("cancel", []):
@@ -422,7 +427,8 @@ class WorkerAgent(OwnerRules):
                     "POST", protocol.worker_lease(self._wid),
                     json=protocol.LeaseRequest(slots=len(free), free=free, wait=LONG_POLL_S,
                                                handoff=self.handoff is not None).as_dict(),
-                    timeout=LONG_POLL_S + 10, buffer_for=self.executor.bodies.buffer_for)
+                    timeout=LONG_POLL_S + 10, buffer_for=self.executor.bodies.buffer_for,
+                    on_head=self._receiving.set)
                 delays = backoff_delays()
                 away = False
             except RequestRejected as e:
@@ -435,13 +441,17 @@ class WorkerAgent(OwnerRules):
                     self.stopping.wait(next(delays))
                 continue
             except Unreachable as e:
+                self._receiving.clear()
                 self._release(free)
                 if not away and not self.stopping.is_set():
                     self.on_event("waiting", f"coordinator unreachable ({e}), retrying")
                 away = True
                 self.stopping.wait(next(delays))
                 continue
-            self._start(body, free)
+            try:
+                self._start(body, free)
+            finally:
+                self._receiving.clear()  # its tasks are held now (or it had none)
             # A big answer is shared memory that only its tasks may keep alive: this loop
             # must not hold it until the next answer, which may be long in coming.
             body = None
@@ -458,6 +468,9 @@ class WorkerAgent(OwnerRules):
         if tasks:
             tracing.mark("agent.leased")
         left = list(free)
+        # Held from here, not only once each slot's thread takes its task: the heartbeat
+        # stops saying "receiving" when this returns.
+        self._held.update(task.task_id for task in tasks[:len(frames) - 1])
         for task, args in zip(tasks, frames[1:]):
             slot = task.slot
             if slot in left:

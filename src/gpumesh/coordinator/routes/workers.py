@@ -59,7 +59,7 @@ async def heartbeat(request: Request) -> Response:
     coord = ctx(request).coord
     w = coord.workers.get(wid)
     before = availability.closed_slots(w.info, w.slot_list) if w is not None else set()
-    answer = coord.heartbeat(wid, v["running"], info)
+    answer = coord.heartbeat(wid, v["running"], info, receiving=bool(v["receiving"]))
     if w is not None and availability.closed_slots(w.info, w.slot_list) - before:
         _wake_waiting_callers(coord)
     return JSONResponse(answer)
