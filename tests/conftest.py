@@ -70,6 +70,8 @@ SLOW_MODULES_FIRST = (
     "tests/integration/test_winsurface.py",
     "tests/integration/test_cli.py",
     "tests/integration/test_examples.py",
+    "tests/integration/test_cases.py",  # the slowest under make test-spawn
+    "tests/integration/test_handoff.py",
 )
 
 
