@@ -2,7 +2,7 @@
 #   make install   the package (editable) with the notebook and examples extras
 #   make demo      a two-worker mesh on loopback running examples/grid_search.py
 #   make lint      ruff check src and mypy (its config in pyproject.toml names what it checks)
-#   make test      the test suite (dev extra)
+#   make test      the test suite (dev extra), on TEST_WORKERS=2 pytest-xdist workers
 #   make test-engines  the conformance suite on the native mesh and the engines in ENGINES
 #                      (default "dask ray"; CI runs ENGINES=dask)
 #   make test-spawn    the integration, fault and conformance suites with every worker on
@@ -44,8 +44,17 @@ lint: $(DEV)
 	$(VENV)/bin/ruff check src
 	$(VENV)/bin/mypy
 
+# The suite on TEST_WORKERS pytest-xdist workers (processes; 2 by default, the CI
+# machine's cores): most integration tests wait on their coordinators and workers, so
+# two run side by side in little more than the time of one. --dist loadfile keeps a
+# module's tests (and its module-scoped mesh) on one worker; --no-loadscope-reorder
+# hands modules out in collection order, which tests/conftest.py starts with the slowest.
+# Every test runs in its own tmp dir, HOME and free port (tests/conftest.py).
+# TEST_WORKERS=0 runs everything in this one process, as plain pytest does.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: $(DEV)
-	$(PY) -m pytest
+	$(PY) -m pytest $(XDIST)
 
 # Workers started by these suites inherit GPUMESH_RUNTIME: the same tests, no fork.
 # Left out (make test runs every one of them, on the fork runtime):
@@ -74,7 +83,7 @@ SPAWN_SKIP := integration/test_winsurface integration/test_proxies integration/t
 	integration/test_routing integration/test_probe_trust faults/test_no_worker \
 	integration/test_slow_link integration/test_scripts integration/test_examples
 test-spawn: $(DEV)
-	GPUMESH_RUNTIME=spawn $(PY) -m pytest tests/integration tests/faults tests/conformance \
+	GPUMESH_RUNTIME=spawn $(PY) -m pytest $(XDIST) tests/integration tests/faults tests/conformance \
 		$(foreach m,$(SPAWN_SKIP),--ignore=tests/$(m).py)
 
 # The same decorator/.map tests on the native mesh, a Dask LocalCluster and a local Ray.

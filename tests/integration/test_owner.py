@@ -197,7 +197,8 @@ def test_pause_lets_the_running_task_finish_and_starts_no_next(make_mesh, tmp_pa
         r = cli(m, "pause")
         assert r.returncode == 0 and "no new tasks; 1 running task(s) finish" in r.stdout
         job = c.jobs()[0]
-        wait_for(lambda: c.status(job["id"])["counts"].get("done") == 1, 10, "the running task to finish")
+        wait_for(lambda: c.status(job["id"])["counts"].get("done") == 1, 10,
+                 lambda: f"the running task to finish; the job: {c.status(job['id'])}")
         time.sleep(1.5)                                    # the next item does not start here
         assert len(markers(d)) == 1 and gone(pid)           # it ended by itself
         view = c.status(job["id"])
