@@ -64,6 +64,22 @@ def test_retry_on_requeues_a_subclass_elsewhere_then_delivers(store):
         coord.post_result(g1.task_id, g1.lease_id, "ok", None, b"late")
 
 
+def test_a_retry_does_not_wait_for_a_worker_its_owner_closed(store):
+    # box-b is paused by its owner (it may stay so for hours): the retry runs again where
+    # it failed, now, rather than wait for the one worker it has not tried.
+    coord = Coordinator(store, clock=FakeClock())
+    a = coord.register({"hostname": "box-a"}, None, 1)
+    coord.register({"hostname": "box-b", "owner": {"state": "paused", "label": "paused"}}, None, 1)
+    job = submit(coord, meta=RETRY_META)
+    (g1,) = lease(coord, a.id)
+    coord.post_result(g1.task_id, g1.lease_id, "error", dict(OSERR), b"E")
+    (g2,) = lease(coord, a.id)
+    assert g2.task_id == g1.task_id and g2.attempt == 2
+    coord.post_result(g2.task_id, g2.lease_id, "ok", None, b"R")
+    (res,) = store.results_after(job.id, -1, 10)
+    assert (res.state, res.result) == ("done", b"R")
+
+
 def test_retry_on_runs_on_the_same_worker_when_it_is_the_only_one(store):
     coord = Coordinator(store, clock=FakeClock())
     a = coord.register({}, None, 1)

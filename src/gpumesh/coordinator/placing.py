@@ -119,11 +119,17 @@ def choose(coord: Coordinator, job_id: str, q: deque[str], slot: hardware.Slot,
 
 
 def elsewhere(coord: Coordinator, job: Job, task_id: str) -> bool:
-    """Whether an alive worker the task has not failed on could run it."""
+    """Whether an alive worker the task has not failed on could run it now: in a slot its
+    owner's rules leave open (a paused or out-of-hours worker may stay closed for hours,
+    while one the task already ran on is free)."""
     tried = job.avoid.get(task_id, ())
-    return any(w.alive and w.id not in tried
-               and any(runs(job.require, s) for s in w.slot_views())
-               for w in coord.workers.values())
+    for w in coord.workers.values():
+        if not w.alive or w.id in tried:
+            continue
+        closed = availability.closed_slots(w.info, w.slot_list)
+        if any(s.id not in closed and runs(job.require, s) for s in w.slot_views()):
+            return True
+    return False
 
 
 def best_score(w: Worker | None) -> float:
