@@ -38,6 +38,7 @@ def test_a_crash_runs_again_on_another_worker_until_it_succeeds(fault_mesh, tmp_
     assert [h["attempt"] for h in history] == [1, 2], history
     assert "exited with code 3" in history[0]["error"]["message"], history
     assert "SIGKILL" in history[1]["error"]["message"], history
+    assert history[0]["ended"] == "crashed; run again (attempt 2 of at most 3)", history
     # each re-run went to the other worker of the two
     assert history[0]["worker"] != history[1]["worker"], history
 

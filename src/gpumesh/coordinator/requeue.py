@@ -164,8 +164,8 @@ def retry_failed(coord: Coordinator, lease: Lease, error: dict[str, Any] | None)
                 error["message"] += (f"; attempt {done + 1} of {limit + 1}: `gpumesh status "
                                      f"{lease.job_id}` lists how each attempt ended")
             return False
-        why = error.get("message") if isinstance(error.get("message"), str) else "it crashed"
-        rerun(coord, lease, f"{why}; run again (attempt {done + 2} of at most {limit + 1})",
+        # (the error's own message is in the history beside this: not repeated here)
+        rerun(coord, lease, f"crashed; run again (attempt {done + 2} of at most {limit + 1})",
               error, avoid=job)
         return True
     if not names or error.get("kind") != "raised":
