@@ -196,6 +196,16 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def default_signals() -> None:
+    """``preexec_fn`` for a child whose signal handling a test checks: SIGINT, SIGHUP and
+    SIGTERM at their defaults, as an interactive shell starts a program, whatever this
+    run inherited (an ignored disposition survives exec: ``nohup`` ignores SIGHUP, and a
+    non-interactive shell's background job ignores SIGINT)."""
+    for sig in ("SIGINT", "SIGHUP", "SIGTERM"):
+        if hasattr(signal, sig):
+            signal.signal(getattr(signal, sig), signal.SIG_DFL)
+
+
 class Proc:
     """A gpumesh CLI process with its output in a log file."""
 
@@ -204,7 +214,8 @@ class Proc:
         with open(log, "ab") as fh:
             self.p = subprocess.Popen([sys.executable, "-m", "gpumesh", *args], env=env,
                                       stdout=fh, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True)
+                                      stdin=subprocess.DEVNULL, start_new_session=True,
+                                      preexec_fn=default_signals)  # (stop() sends SIGINT)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ..conftest import alive, wait_for
+from ..conftest import alive, default_signals, wait_for
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -50,7 +50,8 @@ def _caller(m, tmp_path, preamble: str = "", body: str = "work(1)") -> tuple[sub
         print("returned", flush=True)
     """))
     caller = subprocess.Popen([sys.executable, str(script)], env=dict(m.env),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              preexec_fn=default_signals)
     return caller, started, finished
 
 
@@ -151,6 +152,7 @@ def test_the_default_disposition_is_back_after_a_call(tmp_path):
         print(seen, f(3))
     """))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
-                         env={**__import__("os").environ, "GPUMESH_LOCAL": "1"})
+                         env={**__import__("os").environ, "GPUMESH_LOCAL": "1"},
+                         preexec_fn=default_signals)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["[True,"] + ["True,"] * 5 + ["True]", "3"]

@@ -15,7 +15,7 @@ import pytest
 import gpumesh
 from gpumesh import accelerate
 
-from ..conftest import alive, wait_for
+from ..conftest import alive, default_signals, wait_for
 
 
 def _pids(path):
@@ -71,7 +71,8 @@ def test_keyboard_interrupt_in_the_caller_kills_remote_tasks(fault_mesh, tmp_pat
         hang.map(range(4))
     """))
     env = dict(m.env)
-    caller = subprocess.Popen([sys.executable, str(script)], env=env, stderr=subprocess.PIPE)
+    caller = subprocess.Popen([sys.executable, str(script)], env=env, stderr=subprocess.PIPE,
+                              preexec_fn=default_signals)
     wait_for(lambda: len(_pids(marker)) == 2, 20, "both tasks to start")
     caller.send_signal(signal.SIGINT)
     caller.wait(10)

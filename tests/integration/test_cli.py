@@ -216,7 +216,7 @@ def test_serve_data_dir_under_a_system_file(cli_env):
 def test_serve_empty_token(cli_env, tmp_path):
     r = run_cli(["serve", "--port", str(free_port()), "--data-dir", str(tmp_path / "d"),
                  "--no-self-worker", "--token", "   "], cli_env, timeout=30)
-    assert_one_line_error(r, "token")
+    assert_one_line_error(r, "token", code=2)  # a bad flag value: a usage error
 
 
 # ---------------------------------------------------------------- serve: tokens ------

@@ -249,4 +249,4 @@ def test_a_coordinator_url_that_is_not_http_is_a_usage_error(tmp_path, bad):
     for args in (["doctor", bad], ["join", bad, "--token", TOKEN]):
         r = CliRunner().invoke(main, args, env=env)
         assert r.exit_code == 2 and r.stderr.strip().splitlines() == [
-            f"Error: coordinator URL {bad.rstrip('/')!r} {want}, e.g. http://127.0.0.1:8000"], r.output
+            f"Error: coordinator URL {bad!r} {want}, e.g. http://127.0.0.1:8000"], r.output  # as typed

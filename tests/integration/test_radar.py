@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from ..conftest import TOKEN
+from ..conftest import TOKEN, default_signals
 from ..netns import netns_unavailable
 
 A_IP, B_IP = "10.214.8.1", "10.214.8.2"
@@ -68,7 +68,8 @@ class NsProc:
         self.fh = open(log, "wb")
         self.p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "gpumesh", *args],
                                   env=env, stdout=self.fh, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, start_new_session=True)
+                                  stdin=subprocess.DEVNULL, start_new_session=True,
+                                  preexec_fn=default_signals)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -206,7 +207,7 @@ def test_piped_radar_runs_until_ctrl_c_and_prints_a_line_per_service(bridged, tm
     radar = subprocess.Popen(["ip", "netns", "exec", ns_b, sys.executable, "-m", "gpumesh", "radar"],
                              env=_env(tmp_path, "r", discovery=True), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                             start_new_session=True)
+                             start_new_session=True, preexec_fn=default_signals)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(ln.rstrip("\n")) for ln in radar.stdout],
                      daemon=True).start()

@@ -112,7 +112,7 @@ def test_join_with_a_wrong_fingerprint_exits_with_one_line(tls_mesh):
     assert m.fingerprint in r.stderr
     r = subprocess.run([sys.executable, "-m", "gpumesh", "join", m.url, "--fingerprint", "nope"],
                        env=m.env, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1 and "SHA256:<64 hex digits>" in r.stderr
+    assert r.returncode == 2 and "SHA256:<64 hex digits>" in r.stderr  # a malformed flag value
 
 
 def test_saved_config_pins_for_the_saved_url(tls_mesh, monkeypatch):

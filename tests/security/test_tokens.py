@@ -41,7 +41,7 @@ def serve_args(tmp_path, *extra):
 ])
 def test_weak_tokens_are_refused_with_one_line_and_a_recipe(env, tmp_path, flags, what):
     r = run_cli(serve_args(tmp_path, *flags), env)
-    assert r.returncode == 1
+    assert r.returncode == 2  # a bad flag value: a usage error (docs/cli.md)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     assert lines[0].startswith(f"Error: {what}")
@@ -53,7 +53,7 @@ def test_weak_tokens_are_refused_with_one_line_and_a_recipe(env, tmp_path, flags
 
 def test_short_token_from_the_environment_is_refused_too(env, tmp_path):
     r = run_cli(serve_args(tmp_path), dict(env, GPUMESH_TOKEN="hunter2"))
-    assert r.returncode == 1 and "at least 16" in r.stderr and HINT in r.stderr
+    assert r.returncode == 2 and "at least 16" in r.stderr and HINT in r.stderr
     assert "hunter2" not in r.stderr + r.stdout
 
 

@@ -707,6 +707,7 @@ def test_the_agent_skips_a_lease_answer_that_is_not_one_and_frees_the_slots(capl
 
     class Agent:  # the members _start touches besides starting task threads
         _busy = {0: 1, 1: 1}
+        _held: set = set()
         executor = Executor  # its .bodies: memory files, as on Linux's fork runtime
 
         def _release(self, slots):
