@@ -16,7 +16,7 @@ import pytest
 from gpumesh import accelerate
 from gpumesh.worker import procs
 
-from ..conftest import alive, parent, wait_for
+from ..conftest import _stat, alive, parent, wait_for
 from .test_workers import _call_in_thread, _owner
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
@@ -93,9 +93,36 @@ def _call(c, kind: str, started, finished, tmp_path):
     return _call_in_thread(run)
 
 
-def _both_end_then_the_call_returns(task_pid: int, child_pid: int, th) -> None:
+def _describe(pid: int) -> str:
+    """``pid``'s state, parent, group, session and command line, for a failure message."""
+    fields = _stat(pid)
+    if fields is None:
+        return f"{pid}: gone"
+    cmd = _cmdline(pid).replace(b"\0", b" ").decode(errors="replace")[:120]
+    return f"{pid}: state {fields[0]} ppid {fields[1]} pgid {fields[2]} sid {fields[3]} [{cmd}]"
+
+
+def _seen(task_pid: int, child_pid: int, agent) -> str:
+    """What a failed wait saw: the two processes, the function hosts and zygotes still
+    running (the task's parent among them), and the end of the killed agent's log."""
+    hosts = [int(e) for e in os.listdir("/proc") if e.isdigit()
+             and b"gpumesh.worker.runner" in _cmdline(int(e))]
+    lines = [_describe(pid) for pid in (task_pid, child_pid, *hosts)]
+    return ("the task and its child to end:\n  " + "\n  ".join(lines)
+            + "\nthe agent's log ends:\n" + agent.output()[-3000:])
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
+
+
+def _both_end_then_the_call_returns(task_pid: int, child_pid: int, th, agent) -> None:
     wait_for(lambda: not alive(task_pid) and not alive(child_pid), ORPHAN_GRACE_S,
-             lambda: f"the task {task_pid} and its child {child_pid} to end")
+             lambda: _seen(task_pid, child_pid, agent))
     th.join(60)
     assert not th.is_alive(), "the call returned"
 
@@ -120,7 +147,7 @@ def test_a_killed_agent_takes_its_running_task_and_its_children_with_it(
         else:
             os.kill(agent.p.pid, signal.SIGKILL)
         agent.p.wait(10)
-        _both_end_then_the_call_returns(task_pid, child_pid, th)
+        _both_end_then_the_call_returns(task_pid, child_pid, th, agent)
     assert box.get("v") == 42, box
     runs = _lines(started)
     assert len(runs) == 2, "run once more, on the other worker"
@@ -142,9 +169,10 @@ def test_a_killed_function_host_takes_its_running_task_and_its_children_with_it(
         wait_for(lambda: _lines(started), 60, "the task to start")
         task_pid, child_pid = _lines(started)[0]
         host = parent(task_pid)
-        assert host is not None and _owner(m, host) is not None, "the task's host"
+        agent = _owner(m, host) if host is not None else None
+        assert agent is not None, "the task's host"
         os.kill(host, signal.SIGKILL)
-        _both_end_then_the_call_returns(task_pid, child_pid, th)
+        _both_end_then_the_call_returns(task_pid, child_pid, th, agent)
     assert box.get("v") == 42, box
     runs = _lines(started)
     assert len(runs) == 2 and _lines(finished) == [[runs[1][0]]], "only the re-run finished"

@@ -430,10 +430,16 @@ def test_a_worker_that_cannot_open_the_arguments_file_hands_the_task_back(bare):
 # ---------------------------------------------------------------- nothing left behind --
 
 def stored(m: Mesh) -> list[str]:
-    """Every file and folder under the store's payload directories (args/, results/)."""
+    """Every file and folder under the store's payload directories (args/, results/).
+    The coordinator's reaper may remove a folder while this walks it: then it looks
+    again, so a walk that met a vanishing folder never counts as a result."""
     blobs = m.root / "data" / "blobs"
-    return sorted(str(p.relative_to(blobs)) for sub in ("args", "results") if (blobs / sub).exists()
-                  for p in (blobs / sub).rglob("*"))
+    while True:
+        try:
+            return sorted(str(p.relative_to(blobs)) for sub in ("args", "results")
+                          if (blobs / sub).exists() for p in (blobs / sub).rglob("*"))
+        except FileNotFoundError:
+            continue
 
 
 def big_or_raise(i):
