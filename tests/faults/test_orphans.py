@@ -16,7 +16,7 @@ import pytest
 from gpumesh import accelerate
 from gpumesh.worker import procs
 
-from ..conftest import _stat, alive, parent, wait_for
+from ..conftest import _stat, alive, children, parent, proc_state, wait_for
 from .test_workers import _call_in_thread, _owner
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
@@ -127,12 +127,32 @@ def _both_end_then_the_call_returns(task_pid: int, child_pid: int, th, agent) ->
     assert not th.is_alive(), "the call returned"
 
 
+def _kill_with_a_message_unread(agent, task_pid: int) -> None:
+    """Kill the agent while a message its task's host sent lies unread in its socket:
+    Linux then gives the host ECONNRESET, not EOF, which it must read as the same
+    hang-up. (The agent is stopped, the host's idle spare killed, and the host's report
+    of that exit, which the stopped agent cannot read, is waited for before the kill.)"""
+    os.kill(agent.p.pid, signal.SIGSTOP)
+    host = parent(task_pid)
+    assert host is not None
+    spares = wait_for(lambda: [p for p in children(host) if p != task_pid], 30,
+                      "the host's next spare")
+    for pid in spares:
+        os.kill(pid, signal.SIGKILL)
+    # reaped by the host (gone from /proc) once it has sent its report of the exit
+    wait_for(lambda: all(proc_state(pid) == "gone" for pid in spares), 30, "the host's reap")
+    os.kill(agent.p.pid, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("kind,kill", [("task", "group"), ("job", "group"), ("script", "group"),
-                                       ("task", "agent"), ("script", "agent")])
+                                       ("task", "agent"), ("script", "agent"),
+                                       ("task", "unread")])
 def test_a_killed_agent_takes_its_running_task_and_its_children_with_it(
         fault_mesh, tmp_path, kind, kill):
     if kind == "script" and procs.choose_runtime()[0] == "spawn":
         pytest.skip("the spawn runtime's agent has no watcher for its script tasks yet")
+    if kill == "unread" and procs.choose_runtime()[0] == "spawn":
+        pytest.skip("the spawn runtime has no function host: its task processes watch the agent's pid")
     m = fault_mesh(workers=2)
     started, finished = tmp_path / "started", tmp_path / "finished"
     with closing(m.client(output=False)) as c:
@@ -144,6 +164,8 @@ def test_a_killed_agent_takes_its_running_task_and_its_children_with_it(
         assert alive(task_pid) and alive(child_pid)
         if kill == "group":  # everything in the agent's process group at once (kill -9 -PGID)
             os.killpg(agent.p.pid, signal.SIGKILL)
+        elif kill == "unread":
+            _kill_with_a_message_unread(agent, task_pid)
         else:
             os.kill(agent.p.pid, signal.SIGKILL)
         agent.p.wait(10)

@@ -89,9 +89,17 @@ def send_msg(sock: socket.socket, msg: dict, fds: list[int] | tuple = ()) -> Non
 
 def recv_raw(sock: socket.socket) -> tuple[bytes | None, list[int]]:
     """One message, undecoded, and the fds passed with it (close-on-exec: what the
-    receiver starts with ``exec`` never inherits them); ``(None, [])`` at EOF."""
-    data, fds, _flags, _addr = socket.recv_fds(sock, MAX_CONTROL_BYTES + 1024, 4,
-                                               getattr(socket, "MSG_CMSG_CLOEXEC", 0))
+    receiver starts with ``exec`` never inherits them); ``(None, [])`` at EOF.
+
+    A peer that died with something we sent still unread in its socket makes Linux
+    answer ECONNRESET, not EOF: that is the same hang-up (the agent killed while its
+    reader thread lagged behind a host's message), and is read as one, so that a host
+    still kills its tasks' groups and the zygote its scripts'."""
+    try:
+        data, fds, _flags, _addr = socket.recv_fds(sock, MAX_CONTROL_BYTES + 1024, 4,
+                                                   getattr(socket, "MSG_CMSG_CLOEXEC", 0))
+    except ConnectionResetError:
+        return None, []
     if not data:
         for fd in fds:
             os.close(fd)
