@@ -159,6 +159,17 @@ def proc_state(pid: int) -> str:
     return fields[0] if fields else "gone"
 
 
+def files_under(root: Path) -> list[Path]:
+    """Every file under ``root``, sorted (none when it does not exist). The process under
+    test may remove a folder during the walk (the coordinator's reaper does): the walk
+    then starts again, so it never fails on, nor counts, what vanished meanwhile."""
+    while True:
+        try:
+            return sorted(p for p in root.rglob("*") if p.is_file()) if root.exists() else []
+        except FileNotFoundError:
+            continue
+
+
 def alive(pid: int) -> bool:
     """``pid`` exists and has not ended: a zombie (exited, not yet reaped) is not alive."""
     return proc_state(pid) not in ("gone", "Z")

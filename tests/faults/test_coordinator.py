@@ -15,7 +15,7 @@ import pytest
 import gpumesh
 from gpumesh import accelerate
 
-from ..conftest import alive, default_signals, wait_for
+from ..conftest import alive, default_signals, files_under, wait_for
 
 
 def _pids(path):
@@ -125,7 +125,7 @@ def test_finished_jobs_are_deleted_after_retention(fault_mesh):
     blobs = m.root / "data" / "blobs"
 
     def files():
-        return [p for p in blobs.rglob("*") if p.is_file() and p.name != ".probe"]
+        return [p for p in files_under(blobs) if p.name != ".probe"]
     wait_for(lambda: client.jobs() == [] and files() == [], 10, lambda: (client.jobs(), files()))
 
 

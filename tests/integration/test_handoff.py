@@ -25,7 +25,7 @@ from gpumesh.handoff import Handoff
 from gpumesh.limits import HANDOFF_MIN_BYTES
 from gpumesh.protocol import ResultItem, TaskGrant
 
-from ..conftest import Mesh, wait_for
+from ..conftest import Mesh, files_under, wait_for
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -506,8 +506,13 @@ def pool_inodes(m: Mesh) -> set[int]:
 
 
 def stored_inodes(m: Mesh) -> set[int]:
-    results = m.root / "data" / "blobs" / "results"
-    return {p.stat().st_ino for p in results.rglob("*") if p.is_file()} if results.exists() else set()
+    out = set()
+    for p in files_under(m.root / "data" / "blobs" / "results"):
+        try:
+            out.add(p.stat().st_ino)
+        except FileNotFoundError:  # (released meanwhile)
+            pass
+    return out
 
 
 def test_a_held_result_never_changes_while_released_files_are_written_over(mesh):
