@@ -98,12 +98,46 @@ class FakeClock:
         self.t += dt
 
 
+#: Where :func:`free_port` looks: below Linux's ephemeral range (where the kernel picks
+#: every outgoing connection's local port), so no process's connection can take the port
+#: between the check and the server's bind; each pytest-xdist worker has a slice of its own.
+PORTS_FROM, PORTS_SPAN = 20000, 12000
+_next_port: list[int] = []
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0  # unknown (not Linux): let the kernel choose
+
+
 def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A loopback TCP port that nothing listens on now, for a server a test starts. Ports
+    are handed out in turn from this xdist worker's slice (a port is not handed out again
+    until the slice wraps), skipping any in use; where the ephemeral range would overlap
+    the slices, the kernel picks one (port 0)."""
+    if _ephemeral_low() < PORTS_FROM + PORTS_SPAN:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    width = PORTS_SPAN // count
+    start = PORTS_FROM + (int(worker) % count if worker.isdigit() else 0) * width
+    if not _next_port:
+        _next_port.append(os.getpid() % width)  # (another run at once starts elsewhere)
+    for _ in range(width):
+        port = start + _next_port[0] % width
+        _next_port[0] += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {start}-{start + width - 1}")
 
 
 
