@@ -505,9 +505,10 @@ def pool_inodes(m: Mesh) -> set[int]:
     return out
 
 
-def stored_inodes(m: Mesh) -> set[int]:
+def stored_inodes(m: Mesh, sub: str = "results") -> set[int]:
+    """The inodes of the store's payload files under ``sub`` (``results``, ``args``)."""
     out = set()
-    for p in files_under(m.root / "data" / "blobs" / "results"):
+    for p in files_under(m.root / "data" / "blobs" / sub):
         try:
             out.add(p.stat().st_ino)
         except FileNotFoundError:  # (released meanwhile)
@@ -592,17 +593,6 @@ def stash_and_watch(a, report: str):
     return inode_of(a), os.getpid()
 
 
-def args_inodes(m: Mesh) -> set[int]:
-    args = m.root / "data" / "blobs" / "args"
-    out = set()
-    for p in args.rglob("*") if args.exists() else ():
-        try:
-            out.add(p.stat().st_ino)
-        except FileNotFoundError:  # (released meanwhile)
-            pass
-    return out
-
-
 def test_a_released_arguments_file_nobody_maps_is_written_over_by_the_next_call(mesh):
     """Once its job is released (the task process that mapped it is gone), an arguments'
     file goes to the pool, and the next call's arguments are written over it: each call
@@ -631,7 +621,8 @@ def test_an_argument_array_a_kept_process_holds_is_never_written_over(mesh, tmp_
     written: list[str] = []
     try:
         ino, pid = f(a, str(report))
-        wait_for(lambda: ino not in args_inodes(mesh), 10, lambda: args_inodes(mesh))  # released
+        wait_for(lambda: ino not in stored_inodes(mesh, "args"), 10,
+                 lambda: stored_inodes(mesh, "args"))  # released
         payload = np.full(STASH_N + 1000, 3, np.float32)  # fits the file it would take
         for _ in range(4):  # senders: each takes a pooled file that fits, if there is one
             written.append(handoff.write_file(drop_dir(mesh), [payload]))
