@@ -178,7 +178,7 @@ class Store:
         #: Inside :meth:`transaction`: the payload files written for its rows (removed
         #: when its commit fails); None outside one.
         self._written: list[str] | None = None
-        #: Deletes released payload files off the event loop, or gives result files to
+        #: Deletes released payload files off the event loop, or gives them to
         #: the handoff pool (see .reaper and gpumesh.handoff).
         self.reaper = Reaper(self.handoff_dir, handoff.pool_bytes())
         #: ``(job id, "args" or "result")``: whether that job's argument or result files
