@@ -29,18 +29,26 @@ coordinator only ever adopts files by a plain name inside that one directory.
 
 ``GPUMESH_HANDOFF=0`` turns it off for a process (everything then travels over HTTP).
 
-**The pool: released result files written over.** Writing a payload into a new file
+**The pool: released payload files written over.** Writing a payload into a new file
 costs the machine fresh pages: ~0.9 ms per MiB on the build VM, against ~0.13 ms to
 write over a file whose pages are still in memory (docs/performance.md, "Tenth
-session"). So the store does not always delete a released result file: it renames it
-into the drop directory as ``<24 hex>.free`` (:func:`pool_file`), and the next sender
-writes its payload over it (:func:`write_file` claims one by renaming it to its own
-name). That is safe only when nobody maps the file any more, since a copy-on-write map
-still shows the file's pages it has not copied. Hence a protocol of ``flock`` locks:
+session"). So the store does not always delete a released payload file (a job's
+arguments or its result): it renames it into the drop directory as ``<24 hex>.free``
+(:func:`pool_file`), and the next sender writes its payload over it
+(:func:`write_file` claims one by renaming it to its own name). That is safe only when
+nobody maps the file any more, since a copy-on-write map still shows the file's pages
+it has not copied. Hence a protocol of ``flock`` locks:
 
 * a reader maps a store file only under a shared lock, which it holds as long as the map
   lives, and only after checking, lock held, that the store still names that very file
-  (:func:`lock_shared`; :meth:`gpumesh.payloadref.PayloadRef.open`);
+  (:func:`lock_shared`; :meth:`gpumesh.payloadref.PayloadRef.open`). A worker's agent
+  opens a task's arguments' file under that lock (:meth:`~gpumesh.payloadref.PayloadRef.pin`)
+  and passes the descriptor to the task process: ``flock`` belongs to the open file
+  description, so every copy of the descriptor shares the lock, which lasts while any
+  copy is open; the task process maps from a copy it keeps open as long as its map
+  (:func:`map_locked`), so a kept ``isolation="job"`` process that holds on to its
+  argument array keeps the file out of the pool. A spawned task process maps by path,
+  under a lock of its own;
 * the store first renames the file out of its place (to ``<24 hex>.held``, which no
   sender takes), then tries the exclusive lock without waiting, and only if that
   succeeds renames it to ``.free``; while anyone holds the shared lock it tries again
@@ -48,10 +56,15 @@ still shows the file's pages it has not copied. Hence a protocol of ``flock`` lo
 
 A reader that locked before the rename keeps the file out of the pool; one that opened
 it before the rename but locks after finds that the store no longer names it, and
-treats it as gone (it then asks over HTTP). A caller says that it maps under locks with
-the request header :data:`MAP_LOCKS_HEADER`; a job whose results went by path to any
-request without it, or over HTTP, is never pooled. The pool is bounded
-(``HANDOFF_POOL_BYTES``) and emptied after ``HANDOFF_POOL_IDLE_S`` without use.
+treats it as gone (a caller then asks over HTTP; an agent hands the task back, as for a
+file that is not there). A process says that it maps under locks with the request
+header :data:`MAP_LOCKS_HEADER` (a caller on its results requests, a worker's agent on
+its leases and result posts); a job's result files that went by path to any request
+without it, or over HTTP, are never pooled, nor are its argument files that did (a
+worker that gets the bytes over HTTP: the coordinator streams them from the file). Only
+a job's release pools its files (a retry reads the same arguments' file again). The
+pool is bounded (``HANDOFF_POOL_BYTES``) and emptied after ``HANDOFF_POOL_IDLE_S``
+without use.
 """
 
 from __future__ import annotations
@@ -79,9 +92,9 @@ if TYPE_CHECKING:  # (protocol imports payloadref, which imports this module)
 
 #: The name a sender gives a file it writes into the handoff directory.
 NAME = re.compile(r"[0-9a-f]{24}\.part")
-#: A released result file in the pool, for a sender to write over (see the docstring).
+#: A released payload file in the pool, for a sender to write over (see the docstring).
 FREE = re.compile(r"[0-9a-f]{24}\.free")
-#: A released result file set aside for the pool while a reader still maps it.
+#: A released payload file set aside for the pool while a reader still maps it.
 HELD = re.compile(r"[0-9a-f]{24}\.held")
 #: The probe file the coordinator writes (holds the nonce).
 PROBE = ".probe"
@@ -267,7 +280,7 @@ def _claim_free(drop_dir: str | Path, name: str, size: int) -> int | None:
 
 
 def pool_bytes(ram: int | None = None) -> int:
-    """How many bytes of released result files the pool may keep: ``HANDOFF_POOL_BYTES``,
+    """How many bytes of released payload files the pool may keep: ``HANDOFF_POOL_BYTES``,
     at most 1/16 of the machine's memory (``ram``, bytes; read when None)."""
     if ram is None:
         try:

@@ -400,7 +400,7 @@ HANDOFF_TTL_S = _const("HANDOFF_TTL_S", 600.0, "s",
                        "handoff files older than this were never claimed (their sender died between "
                        "writing and sending): the coordinator deletes them")
 HANDOFF_POOL_BYTES = _const("HANDOFF_POOL_BYTES", 512 * MiB, "bytes",
-                            "released result files the coordinator keeps for senders to write over "
+                            "released payload files the coordinator keeps for senders to write over "
                             "(their pages already in memory: gpumesh.handoff, 'pool'); at most 1/16 "
                             "of the machine's memory")
 HANDOFF_POOL_IDLE_S = _const("HANDOFF_POOL_IDLE_S", 30.0, "s",

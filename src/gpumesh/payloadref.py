@@ -9,9 +9,10 @@ kind       where the bytes are                    :meth:`~PayloadRef.open`   :me
 inline     in hand: a frame of an HTTP body, a    the bytes' view     drops the bytes
            blob read from a socket
 store      a payload file of the coordinator's    maps the range      closes the descriptor
-           store (same machine), ``path`` +       (copy-on-write;     it opened (the file
-           ``offset`` + ``size``                  by path: under a    is the store's)
-                                                  shared lock, see
+           store (same machine), ``path`` +       (copy-on-write),    it opened (the file
+           ``offset`` + ``size``, or a            under a shared      is the store's)
+           descriptor :meth:`~PayloadRef.pin`     lock held while
+           opened (under that lock)               the map lives (see
                                                   gpumesh.handoff)
 handoff    a file a sender wrote whole for its    maps the file       removes the file
            receiver (the handoff directory, the
@@ -130,9 +131,13 @@ class PayloadRef:
     def pin(self) -> PayloadRef:
         """Open the file now (a ``store`` or ``handoff`` reference), so that the payload
         stays readable even if the file is removed before :meth:`open`; the descriptor is
-        closed by :meth:`release`. Raises ``OSError`` (``FileNotFoundError``: it is gone)."""
+        closed by :meth:`release`. A store file is opened under a shared lock (see
+        gpumesh.handoff), which lasts while this descriptor or any copy of it is open (a
+        task process it is passed to, the maps :meth:`open` makes): the store does not
+        give the file to its pool meanwhile. Raises ``OSError`` (``FileNotFoundError``: it
+        is gone, or the store no longer names it)."""
         if self.fd is None and self.path is not None:
-            self.fd = os.open(self.path, _RDONLY)
+            self.fd = self._locked_fd() if self.kind == "store" else os.open(self.path, _RDONLY)
             self.owned_fd = True
         return self
 
@@ -147,9 +152,9 @@ class PayloadRef:
         if self.keep is not None:  # a range of a buffer of this process: no map needed
             view = memoryview(self.keep).cast("B")
             return view[self.offset:self.offset + (view.nbytes if self.size is None else self.size)]
-        fd, close = self.fd, False
-        if fd is None and self.kind == "store":
+        if self.kind == "store":
             return self._open_locked()
+        fd, close = self.fd, False
         if fd is None:
             assert self.path is not None  # (no data, no fd: __init__ asked for a path)
             fd, close = os.open(self.path, _RDONLY), True
@@ -162,9 +167,22 @@ class PayloadRef:
                 os.close(fd)
 
     def _open_locked(self) -> memoryview:
-        """A store file by its path: mapped under a shared lock held while the map lives,
-        so that the store never gives the file to its pool (gpumesh.handoff) under it.
-        Raises ``FileNotFoundError`` if the store no longer names the file."""
+        """A store file mapped under a shared lock held while the map lives, so that the
+        store never gives the file to its pool (gpumesh.handoff) under it: by its path, or
+        from the descriptor :meth:`pin` opened under the lock (here, or in the agent that
+        passed it to this task process), a copy of which the map keeps open. Raises
+        ``FileNotFoundError`` if the store no longer names the file."""
+        # (flock belongs to the open file description: a copy of the descriptor holds
+        # the lock that pin() took for as long as the copy stays open)
+        fd = self._locked_fd() if self.fd is None else os.dup(self.fd)
+        try:
+            return handoff.map_locked(fd, self.offset, self.size)  # (takes fd over)
+        except ValueError as e:
+            raise BadRef(f"payload reference ({self.kind}): 'offset'/'size': {e}") from None
+
+    def _locked_fd(self) -> int:
+        """The store file opened by its path, under a shared lock (handoff.lock_shared).
+        Raises ``FileNotFoundError`` if it is gone or the store no longer names it."""
         assert self.path is not None  # (a store ref without fd has a path)
         fd = os.open(self.path, _RDONLY)
         try:
@@ -173,10 +191,7 @@ class PayloadRef:
         except BaseException:
             os.close(fd)
             raise
-        try:
-            return handoff.map_locked(fd, self.offset, self.size)  # (takes fd over)
-        except ValueError as e:
-            raise BadRef(f"payload reference ({self.kind}): 'offset'/'size': {e}") from None
+        return fd
 
     def release(self) -> None:
         """Give back what this reference holds (once; later calls do nothing): a

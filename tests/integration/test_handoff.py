@@ -505,9 +505,10 @@ def pool_inodes(m: Mesh) -> set[int]:
     return out
 
 
-def stored_inodes(m: Mesh) -> set[int]:
+def stored_inodes(m: Mesh, sub: str = "results") -> set[int]:
+    """The inodes of the store's payload files under ``sub`` (``results``, ``args``)."""
     out = set()
-    for p in files_under(m.root / "data" / "blobs" / "results"):
+    for p in files_under(m.root / "data" / "blobs" / sub):
         try:
             out.add(p.stat().st_ino)
         except FileNotFoundError:  # (released meanwhile)
@@ -561,3 +562,105 @@ def test_a_caller_that_does_not_lock_its_maps_never_has_its_files_pooled(mesh):
         assert float(held.min()) == float(held.max()) == 5.0
     finally:
         client.close()
+
+
+# ---------------------------------------------------------------- the pool: arguments --
+ARG_N = 3 * (1 << 20) // 4 + 777  # float32: ~3 MiB, bigger than any other test's payload
+STASH_N = 5 * (1 << 20) // 4 + 333  # ~5 MiB: no other payload fits where these files do
+_stash: list = []  # (in the task process: what a kept process holds on to)
+
+
+def arg_inode(a) -> int:
+    """The inode of the store file the task's argument is mapped from."""
+    return inode_of(a)
+
+
+def stash_and_watch(a, report: str):
+    """Keep argument ``a`` (a map of its store file) in this process beyond the call, and
+    check its values every 20 ms from a thread, appending each verdict to ``report``."""
+    import threading
+    import time
+    _stash.append(a)
+    want = float(a[0])
+
+    def watch():
+        while True:
+            ok = float(a.min()) == float(a.max()) == want
+            with open(report, "a") as fh:
+                fh.write("ok\n" if ok else f"changed: {float(a.min())}..{float(a.max())}\n")
+            time.sleep(0.02)
+    threading.Thread(target=watch, daemon=True).start()
+    return inode_of(a), os.getpid()
+
+
+def test_a_released_arguments_file_nobody_maps_is_written_over_by_the_next_call(mesh):
+    """Once its job is released (the task process that mapped it is gone), an arguments'
+    file goes to the pool, and the next call's arguments are written over it: each call
+    maps the same inode, with its own values."""
+    client = mesh.client(output=False)
+    f = accelerate(client)(arg_inode)
+    try:
+        first = f(np.full(ARG_N, 1, np.float32))
+        wait_for(lambda: first in pool_inodes(mesh), 10, lambda: pool_inodes(mesh))
+        for i in range(2, 6):
+            assert f(np.full(ARG_N, i, np.float32)) == first
+            wait_for(lambda: first in pool_inodes(mesh), 10, lambda: pool_inodes(mesh))
+        assert f.map([np.full(ARG_N, 9, np.float32)]) == [first]  # a map's tasks too
+    finally:
+        client.close()
+
+
+def test_an_argument_array_a_kept_process_holds_is_never_written_over(mesh, tmp_path):
+    """An isolation="job" task keeps its argument array (a map of the store's file) after
+    its call, and its process outlives the job: released, the file is set aside, never
+    pooled, however many payloads senders write after it; the array keeps its values."""
+    client = mesh.client(output=False)
+    f = accelerate(client, isolation="job")(stash_and_watch)
+    report = tmp_path / "report"
+    a = np.full(STASH_N, 7, np.float32)
+    written: list[str] = []
+    try:
+        ino, pid = f(a, str(report))
+        wait_for(lambda: ino not in stored_inodes(mesh, "args"), 10,
+                 lambda: stored_inodes(mesh, "args"))  # released
+        payload = np.full(STASH_N + 1000, 3, np.float32)  # fits the file it would take
+        for _ in range(4):  # senders: each takes a pooled file that fits, if there is one
+            written.append(handoff.write_file(drop_dir(mesh), [payload]))
+        seen = len(report.read_text().splitlines())
+        wait_for(lambda: len(report.read_text().splitlines()) >= seen + 3, 10,
+                 lambda: report.read_text())
+        verdicts = set(report.read_text().splitlines())
+        assert verdicts == {"ok"}, verdicts
+        assert ino not in {os.stat(drop_dir(mesh) / n).st_ino for n in written} | pool_inodes(mesh)
+        os.kill(pid, 0)  # (the process that holds it is still there)
+    finally:
+        for name in written:
+            handoff.discard(drop_dir(mesh), name)
+        client.close()
+
+
+def test_arguments_a_worker_got_over_http_are_never_pooled(tmp_path):
+    """A worker that does not hand off (another machine, or GPUMESH_HANDOFF=0) gets the
+    arguments' bytes streamed from the store's file: released, the file is deleted, not
+    pooled (the coordinator might still be reading it)."""
+    m = Mesh(tmp_path / "m")
+    m.env["GPUMESH_HANDOFF"] = "0"  # the worker's environment (the caller hands off)
+    m.start()
+    try:
+        m.add_worker()
+        client = m.client(output=False)
+        try:
+            f = accelerate(client)(float_sum)
+            for i in range(1, 4):
+                assert f(np.full(ARG_N, i, np.float32)) == float(i * ARG_N)
+                wait_for(lambda: stored(m) == [], 10, lambda: stored(m))  # released
+                aside = [p.name for p in drop_dir(m).iterdir() if handoff.HELD.fullmatch(p.name)]
+                assert pool_inodes(m) == set() and aside == []
+        finally:
+            client.close()
+    finally:
+        m.stop()
+
+
+def float_sum(a) -> float:
+    return float(a.sum(dtype=np.float64))

@@ -1,5 +1,6 @@
-"""The handoff pool (gpumesh.handoff): a released result file is written over by the
-next sender only when no process maps it, so a result a caller holds never changes."""
+"""The handoff pool (gpumesh.handoff): a released result or argument file is written over
+by the next sender only when no process maps it, so a payload a caller or a task holds
+never changes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from gpumesh import handoff
 from gpumesh.coordinator.reaper import Reaper
-from gpumesh.payloadref import PayloadRef, store_file
+from gpumesh.payloadref import PayloadRef, from_meta, store_file
 
 pytestmark = pytest.mark.skipif(handoff.fcntl is None, reason="the pool needs flock (POSIX)")
 
@@ -151,3 +152,50 @@ def test_the_reaper_pools_a_mapped_file_only_once_its_map_is_gone(dirs):
     finally:
         r.close()
     assert pooled(drop) == []  # closing empties the pool
+
+
+def test_a_pinned_arguments_file_stays_out_of_the_pool_while_any_map_from_it_lives(dirs):
+    """The agent pins a task's arguments' file and passes its descriptor to the task
+    process, which maps it and closes its copy; the agent then lets go of its own. The
+    lock pin() took lasts as long as any of them: the descriptor, then the map."""
+    blobs, drop = dirs
+    (blobs / "args" / "j").mkdir(parents=True)
+    path = blobs / "args" / "j" / "t"
+    path.write_bytes(OLD)
+    ino = os.stat(path).st_ino
+    pinned = store_file(blobs, "args/j/t").pin()  # the agent
+    waiting = handoff.take_out(drop, path, 64 * MiB)  # the job released while its task runs
+    assert waiting is not None
+    assert handoff.try_pool(waiting) is False  # the agent's descriptor holds the lock
+    meta, fds = pinned.to_meta()
+    passed = from_meta(meta, [os.dup(fds[0])])  # as SCM_RIGHTS passes it: the same open file
+    view = passed.open()  # the task process
+    passed.release()
+    pinned.release()
+    assert handoff.try_pool(waiting) is False  # only the map is left, and holds it
+    name = handoff.write_file(drop, [NEW])  # a sender: a new file
+    assert os.stat(drop / name).st_ino != ino and bytes(view) == OLD
+    del view
+    gc.collect()
+    assert handoff.try_pool(waiting) is True
+    (free,) = pooled(drop)
+    assert os.stat(drop / free).st_ino == ino
+
+
+def test_pinning_a_file_the_store_has_moved_treats_it_as_gone(dirs, monkeypatch):
+    """Opened before the store set the file aside, locked after: the agent treats it as
+    gone (the task is handed back), as it does a file that is not there."""
+    blobs, drop = dirs
+    path = stored(blobs)
+    real_lock = handoff.lock_shared
+
+    def moved_between(fd, where):  # the store's take_out between open and flock
+        assert handoff.take_out(drop, path, 64 * MiB) is not None
+        return real_lock(fd, where)
+    monkeypatch.setattr(handoff, "lock_shared", moved_between)
+    ref = store_file(blobs, "results/j/t")
+    with pytest.raises(FileNotFoundError):
+        ref.pin()
+    assert ref.fd is None
+    (waiting,) = set_aside(drop)
+    assert handoff.try_pool(str(drop / waiting)) is True  # no lock was left behind

@@ -71,9 +71,9 @@ def test_only_the_results_of_jobs_read_under_locks_go_to_the_pool(tmp_path):
         for j in ("locked", "unlocked", "unread"):
             s.create_job(j, "", "function", None, {}, [(f"{j}t", 0, 1.0, incoming(s, big))])
             s.finish(f"{j}t", "done", 0, None, incoming(s, big), j)
-        s.note_result_readers("locked", True)
-        s.note_result_readers("unlocked", True)
-        s.note_result_readers("unlocked", False)  # one answer went to a reader without locks
+        s.note_readers("locked", "result", True)
+        s.note_readers("unlocked", "result", True)
+        s.note_readers("unlocked", "result", False)  # one answer went to a reader without locks
         results = {j: s.file_path(next(iter(s.results_after(j, -1, 1))).result_file)
                    for j in ("locked", "unlocked", "unread")}
         inode = {j: p.stat().st_ino for j, p in results.items()}
@@ -86,3 +86,33 @@ def test_only_the_results_of_jobs_read_under_locks_go_to_the_pool(tmp_path):
     finally:
         s.close()
     assert not [p for p in s.handoff_dir.iterdir() if handoff.FREE.fullmatch(p.name)]  # closed: emptied
+
+
+def test_only_the_arguments_of_jobs_leased_under_locks_go_to_the_pool(tmp_path):
+    """A lease that named a job's arguments' file to a worker that maps under locks lets
+    it be pooled once the job is released; one that sent the bytes (the coordinator
+    streams them from the file), or none at all, does not."""
+    from gpumesh import handoff
+    if handoff.fcntl is None:
+        return  # (no pool without flock)
+    s = Store(tmp_path / "data")
+    try:
+        big = b"x" * (2 << 20)
+        jobs = ("locked", "sent", "unleased")
+        for j in jobs:
+            s.create_job(j, "", "function", None, {}, [(f"{j}t", 0, 1.0, incoming(s, big))])
+            s.finish(f"{j}t", "done", 0, None, incoming(s, big), j)
+        s.note_readers("locked", "args", True)
+        s.note_readers("locked", "args", True)  # a retry, leased by path again
+        s.note_readers("sent", "args", True)
+        s.note_readers("sent", "args", False)  # its retry went to a worker over HTTP
+        args = {j: s.file_path(s.task_args(f"{j}t")[1]) for j in jobs}
+        inode = {j: p.stat().st_ino for j, p in args.items()}
+        s.release_jobs(list(jobs))
+        assert s.reaper.flush(10)
+        pooled = {p.stat().st_ino for p in s.handoff_dir.iterdir() if handoff.FREE.fullmatch(p.name)}
+        assert pooled == {inode["locked"]}  # the results (no reader noted) were deleted too
+        assert not any(p.exists() for p in args.values())
+        assert not list((s.blob_dir / "args").iterdir()) and not list((s.blob_dir / "results").iterdir())
+    finally:
+        s.close()

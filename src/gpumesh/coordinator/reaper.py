@@ -9,7 +9,7 @@ store's transaction), so nothing can reach a file once it is queued here; a file
 by a coordinator killed before its turn came lies in a released job's folder, which
 :meth:`~gpumesh.coordinator.store.Store.purge_before` removes with the job.
 
-The reaper also keeps the handoff pool (:mod:`gpumesh.handoff`): a released result file
+The reaper also keeps the handoff pool (:mod:`gpumesh.handoff`): a released payload file
 it is asked to pool is set aside in the drop directory if the pool has room (else
 deleted), and pooled for a sender to write over once nobody maps it. A file still mapped
 is tried again every ``RETRY_S`` (a caller's ``r = f(a)`` loop still holds the previous

@@ -178,12 +178,13 @@ class Store:
         #: Inside :meth:`transaction`: the payload files written for its rows (removed
         #: when its commit fails); None outside one.
         self._written: list[str] | None = None
-        #: Deletes released payload files off the event loop, or gives result files to
+        #: Deletes released payload files off the event loop, or gives them to
         #: the handoff pool (see .reaper and gpumesh.handoff).
         self.reaper = Reaper(self.handoff_dir, handoff.pool_bytes())
-        #: Jobs whose result files went, so far, only by path to readers that map under
-        #: locks: True (released, they may be pooled); False or absent, never pooled.
-        self._pool_ok: dict[str, bool] = {}
+        #: ``(job id, "args" or "result")``: whether that job's argument or result files
+        #: went, so far, only by path to readers that map under locks: True (released,
+        #: they may be pooled); False or absent, never pooled (see :meth:`note_readers`).
+        self._pool_ok: dict[tuple[str, str], bool] = {}
         #: Function blobs known to be stored (see :meth:`has_blob`).
         self._blobs: set[str] = set()
         self.db = sqlite3.connect(self.dir / "gpumesh.db", isolation_level=None,
@@ -500,12 +501,15 @@ class Store:
         row = self.db.execute("SELECT MAX(seq) FROM tasks WHERE job_id=?", (job_id,)).fetchone()
         return -1 if row[0] is None else row[0]
 
-    def note_result_readers(self, job_id: str, locked: bool) -> None:
-        """A results answer named this job's result files by path (``locked``: to a reader
-        that maps them under locks) or sent them (``locked`` False: the coordinator reads
-        them itself). Only a job that every such answer went to a locking reader may give
-        its result files to the handoff pool when released."""
-        self._pool_ok[job_id] = self._pool_ok.get(job_id, True) and locked
+    def note_readers(self, job_id: str, which: str, locked: bool) -> None:
+        """An answer named this job's ``which`` files (``"args"``: a lease, to a worker;
+        ``"result"``: a results page, to a caller) by path (``locked``: to a reader that
+        maps them under locks) or sent them (``locked`` False: the coordinator reads them
+        itself, maybe still when the job is released). Only files of a kind that every
+        such answer sent to a locking reader go to the handoff pool when the job is
+        released; a job's files that no answer named are deleted."""
+        key = (job_id, which)
+        self._pool_ok[key] = self._pool_ok.get(key, True) and locked
 
     def release_job(self, job_id: str) -> None:
         """The caller has every result: drop argument and result payloads, keep the rows."""
@@ -525,15 +529,16 @@ class Store:
                                 " result_file=NULL WHERE job_id=?", [(j,) for j in job_ids])
             self.db.executemany("UPDATE jobs SET released=1 WHERE id=?", [(j,) for j in job_ids])
         # No row names the files any more; unlinking them (their pages freed there and
-        # then, tens of ms for a big one) is the reaper's, not the event loop's. A result
-        # file may go to the pool instead (gpumesh.handoff): only result files, whose
-        # readers (callers) said they map under locks; a task maps its arguments' files.
-        pool = {j: self._pool_ok.pop(j, False) for j in job_ids}
-        blobs = self.blob_dir
+        # then, tens of ms for a big one) is the reaper's, not the event loop's. A file
+        # may go to the pool instead (gpumesh.handoff): those of a job whose readers
+        # (callers for results, workers for arguments) said they map under locks.
+        ok = {(j, w): self._pool_ok.pop((j, w), False) for j in job_ids for w in ("args", "result")}
+        named = [(j, w, self.blob_dir / f) for j, a, r in files
+                 for w, f in (("args", a), ("result", r)) if f]
         self.reaper.remove(
-            files=[blobs / a for _, a, _ in files if a] + [blobs / r for j, _, r in files if r and not pool[j]],
-            pool=[blobs / r for j, _, r in files if r and pool[j]],
-            dirs=[blobs / sub / j for j in job_ids for sub in ("args", "results")])
+            files=[p for j, w, p in named if not ok[j, w]],
+            pool=[p for j, w, p in named if ok[j, w]],
+            dirs=[self.blob_dir / sub / j for j in job_ids for sub in ("args", "results")])
 
     # ---------------------------------------------------------- tasks ------------
     def task_args(self, task_id: str) -> tuple[bytes | None, str | None]:

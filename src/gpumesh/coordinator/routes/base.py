@@ -23,7 +23,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ... import protocol, versions
+from ... import handoff, protocol, versions
 from ..._version import __version__
 from ...protocol import ErrorCode
 from .. import bodies, dist, people
@@ -160,6 +160,12 @@ def check_version(request: Request, worker_route: bool) -> None:
 # ---------------------------------------------------------------- request readers --
 def who_of(request: Request) -> people.Identity:
     return request.scope.get("gpumesh.who", people.MAIN)
+
+
+def maps_locked(request: Request) -> bool:
+    """Whether the requester (a caller, a worker agent and its task processes) maps
+    store files under locks (gpumesh.handoff's pool)."""
+    return request.headers.get(handoff.MAP_LOCKS_HEADER) == "1"
 
 
 def path_id(request: Request, name: str, what: str) -> str:

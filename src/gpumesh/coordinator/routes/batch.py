@@ -22,7 +22,7 @@ from ...errors import WireError
 from ..bodies import frames_streamed
 from ..model import ResultNotStored, StaleLease
 from ..schemas import bad, check_id
-from .base import ctx, route
+from .base import ctx, maps_locked, route
 from .workers import lease_response
 
 #: Most results one batch may carry (a worker sends what its slots finished meanwhile).
@@ -93,4 +93,5 @@ async def results(request: Request) -> Response:
         # A caller waits for one of these results: its answer leaves first, this
         # worker's right after it (it is delayed by one results page, not the other way).
         await asyncio.sleep(0)
-    return lease_response(coord, grants, batch.handoff, extra={"refused": refused})
+    return lease_response(coord, grants, batch.handoff, maps_locked(request),
+                          extra={"refused": refused})

@@ -12,7 +12,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ... import handoff, payloadref, protocol, tracing
+from ... import payloadref, protocol, tracing
 from ...limits import LONG_POLL_MAX_S, RESULT_PAGE_BYTES, RESULT_PAGE_COUNT
 from ...protocol import ErrorCode
 from .. import people, views
@@ -21,8 +21,8 @@ from ..core import Coordinator
 from ..model import HTTPError, JobReleased, UnknownJob
 from ..schemas import JOB_SUBMIT, RELEASE_JOBS, bad, check_id
 from ..store import Incoming
-from .base import (ctx, not_yours, owned, path_id, query_float, route, until_disconnect,
-                   who_of)
+from .base import (ctx, maps_locked, not_yours, owned, path_id, query_float, route,
+                   until_disconnect, who_of)
 
 
 @route(protocol.JOBS, ["POST"], action="submit jobs", hot=True)
@@ -133,11 +133,6 @@ async def results(request: Request) -> Response:
                         maps_locked(request))
 
 
-def maps_locked(request: Request) -> bool:
-    """Whether the requester maps store files under locks (gpumesh.handoff's pool)."""
-    return request.headers.get(handoff.MAP_LOCKS_HEADER) == "1"
-
-
 def results_page(coord: Coordinator, job, after: int, out_after: int | None, extra: dict,
                  by_path: bool = False, locked: bool = False) -> Response:
     """Frames: JSON (results, counts, output chunks) + result payloads + output bytes.
@@ -145,7 +140,7 @@ def results_page(coord: Coordinator, job, after: int, out_after: int | None, ext
     named by ``refs: {"result": {"kind": "store", "path", "size"}}`` (the path relative
     to the blob directory; see :mod:`gpumesh.payloadref`) instead of sent. ``locked``:
     the caller maps such files under locks, so they may go to the handoff pool once
-    released (:meth:`~gpumesh.coordinator.store.Store.note_result_readers`)."""
+    released (:meth:`~gpumesh.coordinator.store.Store.note_readers`)."""
     items: list[dict[str, Any]] = []
     parts: list[Part] = []
     budget = RESULT_PAGE_BYTES
@@ -167,10 +162,10 @@ def results_page(coord: Coordinator, job, after: int, out_after: int | None, ext
             items[-1][payloadref.REFS] = {"result": ref}
             # The key before refs, for a caller from before it: drop it in the next release.
             items[-1]["file"] = t.result_file
-            coord.store.note_result_readers(job.id, locked)
+            coord.store.note_readers(job.id, "result", locked)
         elif t.result_file is not None:
             parts.append(Part(path=coord.store.file_path(t.result_file), size=t.result_size))
-            coord.store.note_result_readers(job.id, False)
+            coord.store.note_readers(job.id, "result", False)
     able = coord.able_workers(job)
     meta = dict(extra, results=items, n_tasks=job.n_tasks, n_final=job.n_final,
                 state=job.state, workers_alive=len(coord.alive_workers()), workers_able=able)

@@ -16,7 +16,7 @@ from ...limits import OUTPUT_BODY_BYTES
 from ..bodies import frames, frames_streamed, json_body, read_body, take_handoffs
 from ..model import ResultNotStored, StaleLease
 from ..schemas import HAND_BACK, RESULT_META, bad
-from .base import ctx, lease_of, path_id, route
+from .base import ctx, lease_of, maps_locked, path_id, route
 from .workers import lease_response
 
 
@@ -54,7 +54,8 @@ async def result(request: Request) -> Response:
     tracing.mark("coordinator.result_stored")
     if coord.woke_callers:
         await asyncio.sleep(0)  # the waiting caller's answer first (see routes/batch.py)
-    return lease_response(coord, grants, request.query_params.get("handoff") == "1")
+    return lease_response(coord, grants, request.query_params.get("handoff") == "1",
+                          maps_locked(request))
 
 
 @route(protocol.TASK_RELEASE, ["POST"], worker=True)

@@ -18,7 +18,7 @@ from ..bodies import Part, frames_response, json_body
 from ..core import Coordinator
 from ..model import Job
 from ..schemas import HEARTBEAT, LEASE_REQUEST, REGISTRATION
-from .base import ctx, path_id, route, until_disconnect
+from .base import ctx, maps_locked, path_id, route, until_disconnect
 
 #: What this coordinator offers beyond one result per request (see protocol.FEATURE_*).
 FEATURES: tuple[str, ...] = (protocol.FEATURE_RESULT_BATCH,)
@@ -116,15 +116,18 @@ async def lease(request: Request) -> Response:
     wid = path_id(request, "wid", "worker id")
     v = LEASE_REQUEST.read(await json_body(request))
     grants = await until_disconnect(request, coord.lease(wid, v["slots"], v["wait"], v["free"]))
-    return lease_response(coord, grants or [], v["handoff"])
+    return lease_response(coord, grants or [], v["handoff"], maps_locked(request))
 
 
-def lease_response(coord: Coordinator, grants, by_path: bool = False,
+def lease_response(coord: Coordinator, grants, by_path: bool = False, locked: bool = False,
                    extra: dict | None = None) -> Response:
     """Frames: JSON ``{"tasks": [...]}`` (plus ``extra``'s keys) then each task's argument payload.
     ``by_path`` (the worker shares this machine): arguments the store keeps as files
     travel as ``refs: {"args": {"kind": "store", "path"}}`` (the path relative to the blob
-    directory; see :mod:`gpumesh.payloadref`) and an empty frame."""
+    directory; see :mod:`gpumesh.payloadref`) and an empty frame. ``locked``: the worker
+    (its agent and task processes) maps such files under locks, so they may go to the
+    handoff pool once their job is released (see
+    :meth:`~gpumesh.coordinator.store.Store.note_readers`); files sent as bytes never do."""
     if grants:
         tracing.mark("coordinator.grant")
     tasks, parts, files = [], [], {}
@@ -137,9 +140,11 @@ def lease_response(coord: Coordinator, grants, by_path: bool = False,
         elif by_path:  # same machine: the worker maps the file itself
             files[g.task_id] = fname
             parts.append(Part(b""))
+            coord.store.note_readers(g.job_id, "args", locked)
         else:
             path = coord.store.file_path(fname)
             parts.append(Part(path=path, size=path.stat().st_size))
+            coord.store.note_readers(g.job_id, "args", False)  # (streamed from it after this)
         if g.job_id not in fields:  # a queue's grants are mostly of one job: once each
             fields[g.job_id] = _job_fields(coord.jobs[g.job_id])
         before, after = fields[g.job_id]
