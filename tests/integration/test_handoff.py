@@ -664,3 +664,18 @@ def test_arguments_a_worker_got_over_http_are_never_pooled(tmp_path):
 
 def float_sum(a) -> float:
     return float(a.sum(dtype=np.float64))
+
+
+def test_a_call_that_moved_files_releases_them_at_once(mesh, monkeypatch):
+    """Its files go back to the pool before the next call's big payloads are written,
+    not after the caller's release batch (here made far longer than the wait)."""
+    import gpumesh.client.native as native
+    monkeypatch.setattr(native, "RELEASE_BATCH_S", 600.0)
+    client = mesh.client(output=False)
+    try:
+        out, _ = accelerate(client)(inc_and_say)(np.zeros(N, np.float32))  # in and out as files
+        assert float(out[-1]) == 1.0
+        del out
+        wait_for(lambda: stored(mesh) == [], 10, lambda: stored(mesh))
+    finally:
+        client.close()

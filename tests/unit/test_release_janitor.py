@@ -66,3 +66,16 @@ def test_closing_a_mesh_sends_its_pending_releases_first(monkeypatch):
     mesh._janitor.release("ee")
     mesh.close()
     assert http.sent == [["ee"]]
+
+
+def test_a_release_at_once_does_not_wait_for_the_batch(monkeypatch):
+    # A job whose payloads went as files is released at once (its files go back to the
+    # handoff pool for the next call), taking what waits for the batch along with it.
+    import gpumesh.client.native as native
+    monkeypatch.setattr(native, "RELEASE_BATCH_S", 600.0)
+    http = FlakyHttp(failures=0)
+    janitor = Janitor(Owner(http))
+    janitor.release("ee")
+    janitor.release("ff", at_once=True)
+    wait_for(lambda: http.sent, 10, "the release to be sent")
+    assert http.sent == [["ee", "ff"]]

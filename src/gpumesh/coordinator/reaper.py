@@ -12,8 +12,9 @@ by a coordinator killed before its turn came lies in a released job's folder, wh
 The reaper also keeps the handoff pool (:mod:`gpumesh.handoff`): a released payload file
 it is asked to pool is set aside in the drop directory if the pool has room (else
 deleted), and pooled for a sender to write over once nobody maps it. A file still mapped
-is tried again every ``RETRY_S`` (a caller's ``r = f(a)`` loop still holds the previous
-result while the next call runs) and deleted after ``HANDOFF_POOL_IDLE_S``; the pool is
+is tried again, soon at first (``RETRY_FIRST_S``: a caller's ``r = f(a)`` loop drops the
+previous result as the next call starts, whose own result should find it pooled), then
+less often, every ``RETRY_S`` at most, and deleted after ``HANDOFF_POOL_IDLE_S``; the pool is
 emptied after ``HANDOFF_POOL_IDLE_S`` in which nothing was pooled.
 """
 
@@ -35,7 +36,9 @@ log = logging.getLogger("gpumesh.coordinator")
 
 #: Seconds :meth:`Reaper.close` waits for what is queued (a stop never hangs on a disk).
 CLOSE_WAIT_S = 10.0
-#: Seconds between tries to pool a file a reader still maps (one flock try per file).
+#: Seconds between tries to pool a file a reader still maps (one flock try per file):
+#: RETRY_FIRST_S after a file is set aside, doubling up to RETRY_S.
+RETRY_FIRST_S = 0.005
 RETRY_S = 0.05
 
 
@@ -53,6 +56,7 @@ class Reaper:
         self._pool_dir, self._pool_budget = pool_dir, pool_budget if pool_dir is not None else 0
         self._pooled = False  # files may be in the pool (the idle sweep has work)
         self._waiting: list[tuple[str, float]] = []  # set aside, still mapped: (path, since)
+        self._retry_s = RETRY_FIRST_S  # the wait before the next try of _waiting
 
     def remove(self, files: Iterable[Path] = (), dirs: Iterable[Path] = (),
                trees: Iterable[Path] = (), pool: Iterable[Path] = ()) -> None:
@@ -96,13 +100,14 @@ class Reaper:
 
     def _run(self) -> None:
         while True:
-            timeout = RETRY_S if self._waiting else HANDOFF_POOL_IDLE_S if self._pooled else None
+            timeout = self._retry_s if self._waiting else HANDOFF_POOL_IDLE_S if self._pooled else None
             try:
                 item = self._queue.get(timeout=timeout)
             except queue.Empty:
                 assert self._pool_dir is not None  # (only a pool sets _pooled, _waiting)
                 if self._waiting:
                     self._retry()
+                    self._retry_s = min(RETRY_S, 2 * self._retry_s)
                 else:  # nothing pooled for that long: give the memory back
                     handoff.sweep_pool(self._pool_dir, time.time() - HANDOFF_POOL_IDLE_S)
                     self._pooled = handoff.pool_held(self._pool_dir) > 0
@@ -127,6 +132,7 @@ class Reaper:
                 waiting = handoff.take_out(self._pool_dir, path, self._pool_budget)
                 if waiting is not None:
                     self._waiting.append((waiting, time.monotonic()))
+                    self._retry_s = RETRY_FIRST_S
             pool = ()
             self._retry()
         _remove(files + pool, dirs, trees)
