@@ -396,8 +396,8 @@ MAX_HEARTBEAT_TASKS = _const("MAX_HEARTBEAT_TASKS", 65_536, "count", "most task 
 #: Every payload the store keeps as a file (over INLINE_BLOB_BYTES) is sent as one when the
 #: sender shares the coordinator's machine: the file is written once, by the sender (over a
 #: pooled one), instead of crossing a socket and the HTTP body and then being written by the
-#: coordinator. It was 1 MiB before the pool; a 512 KiB result then took ~15 % longer
-#: (docs/performance.md, "Eleventh session: results of 64 KiB to 1 MiB").
+#: coordinator. It was 1 MiB (set before the pool); lowered, a 512 KiB result took 0.82-0.86
+#: of the time (docs/performance.md, "Eleventh session: results of 64 KiB to 1 MiB").
 HANDOFF_MIN_BYTES = _const("HANDOFF_MIN_BYTES", INLINE_BLOB_BYTES + 1, "bytes",
                            "payloads at least this big (every one the store keeps as a file) change "
                            "hands as files when caller or worker shares the coordinator's machine "
