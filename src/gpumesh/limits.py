@@ -393,9 +393,16 @@ MAX_META_JSON_BYTES = _const("MAX_META_JSON_BYTES", 256 * 1024, "bytes",
                              "largest nested JSON value in metadata (a task error, a worker's GPU list)")
 MAX_HEARTBEAT_TASKS = _const("MAX_HEARTBEAT_TASKS", 65_536, "count", "most task ids one heartbeat may list")
 
-HANDOFF_MIN_BYTES = _const("HANDOFF_MIN_BYTES", 1 * MiB, "bytes",
-                           "payloads at least this big change hands as files when caller or worker "
-                           "shares the coordinator's machine and user (gpumesh.handoff)")
+#: Every payload the store keeps as a file (over INLINE_BLOB_BYTES) is sent as one when the
+#: sender shares the coordinator's machine: the file is written once, by the sender (over a
+#: pooled one), instead of crossing a socket and the HTTP body and then being written by the
+#: coordinator. It was 1 MiB (set before the pool); lowered, a 512 KiB result took 0.82-0.86
+#: of the time (docs/performance.md, "Eleventh session: results of 64 KiB to 1 MiB").
+HANDOFF_MIN_BYTES = _const("HANDOFF_MIN_BYTES", INLINE_BLOB_BYTES + 1, "bytes",
+                           "payloads at least this big (every one the store keeps as a file) change "
+                           "hands as files when caller or worker shares the coordinator's machine "
+                           "and user (gpumesh.handoff), and travel in memory files between a worker's "
+                           "agent and its task processes")
 HANDOFF_TTL_S = _const("HANDOFF_TTL_S", 600.0, "s",
                        "handoff files older than this were never claimed (their sender died between "
                        "writing and sending): the coordinator deletes them")

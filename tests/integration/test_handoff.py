@@ -545,6 +545,34 @@ def test_a_held_result_never_changes_while_released_files_are_written_over(mesh)
         client.close()
 
 
+def half_mib(i):
+    import numpy as np
+    return np.full(131_072, i, np.float32)  # 512 KiB: over the store's inline limit, under 1 MiB
+
+
+def test_a_result_just_over_the_inline_limit_is_handed_off_and_pooled(mesh):
+    """A result the store keeps as a file, however small (512 KiB here, under the 1 MiB
+    threshold of before), is written by its task into a file of the drop directory, over
+    a pooled one once there is one: its released file is pooled, and the next result of
+    its size comes back in that very file. (Posted as an HTTP body, the coordinator
+    would write it into a new file of its own; a file under the old threshold was never
+    pooled.)"""
+    client = mesh.client(output=False)
+    f = accelerate(client)(half_mib)
+    try:
+        first = f(1)
+        assert origin(first) == "mmap" and first.nbytes == 512 * 1024
+        assert float(first.min()) == float(first.max()) == 1.0
+        ino = inode_of(first)
+        del first  # released and unmapped: its file may go to the pool
+        wait_for(lambda: ino in pool_inodes(mesh), 10, lambda: pool_inodes(mesh))
+        second = f(2)
+        assert inode_of(second) == ino  # the task wrote over the pooled file
+        assert float(second.min()) == float(second.max()) == 2.0 and second.nbytes == 512 * 1024
+    finally:
+        client.close()
+
+
 def test_a_caller_that_does_not_lock_its_maps_never_has_its_files_pooled(mesh):
     """A caller from before the pool maps without locks (no map-locks header): its
     results' files are deleted when released, never written over."""

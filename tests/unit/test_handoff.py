@@ -141,3 +141,14 @@ def test_unclaimed_files_are_swept_after_their_ttl_and_at_restart(store, tmp_pat
         assert again.handoff_nonce != nonce  # a restarted coordinator is another one
     finally:
         again.close()
+
+
+def test_every_payload_the_store_keeps_as_a_file_is_handed_off():
+    """The threshold is the store's inline limit: a payload the store would write into a
+    file anyway is written there by its sender (over a pooled file), and one it keeps in
+    a row still rides in the body. (It was 1 MiB: 256 KiB to 1 MiB went as bodies.)"""
+    from gpumesh.limits import INLINE_BLOB_BYTES
+    assert handoff.worth_it(INLINE_BLOB_BYTES + 1)
+    assert handoff.worth_it(512 * 1024)
+    assert not handoff.worth_it(INLINE_BLOB_BYTES)
+    assert not handoff.worth_it(64 * 1024)

@@ -30,8 +30,8 @@ when it forked it and passed to the agent with ``{"op": "spare", "pid"}``: the c
 sends one byte (:data:`SPARE_READY`) once it leads its own process group (what a timeout
 or cancel kills, by the pid the agent has from the host); the agent sends
 ``u64 len | JSON run message | u64 len | args`` in one write; the child answers
-``u64 len | JSON meta | u64 len | payload``, also in one write. A result of 1 MiB or more
-is a memory file instead, passed with the meta (SCM_RIGHTS), and its payload frame is
+``u64 len | JSON meta | u64 len | payload``, also in one write. A result over 256 KiB
+(``HANDOFF_MIN_BYTES``) is a memory file instead, passed with the meta (SCM_RIGHTS), and its payload frame is
 empty; big arguments come the same way, as a descriptor and a range
 (gpumesh.worker.membody). The host reports ``exited`` (pid and exit status) for a child
 that did not exit cleanly, so a child that died without a result becomes a precise error.
