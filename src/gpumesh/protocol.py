@@ -334,6 +334,12 @@ class FailureKind(_StrEnum):
     HANDOFF = "handoff"
 
 
+def timeout_message(seconds: float | None) -> str:
+    """The words of a ``timeout`` failure, ``seconds`` the task's limit: one wording on
+    every runtime and in the local fallback."""
+    return "the task ran longer than its timeout" + ("" if seconds is None else f" of {seconds:g}s")
+
+
 # --------------------------------------------------------- failure -> caller -----
 
 #: The exception the caller raises for a failed task, by its error's ``kind``. ``raised``

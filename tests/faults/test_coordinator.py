@@ -76,6 +76,10 @@ def test_keyboard_interrupt_in_the_caller_kills_remote_tasks(fault_mesh, tmp_pat
     wait_for(lambda: len(_pids(marker)) == 2, 20, "both tasks to start")
     caller.send_signal(signal.SIGINT)
     caller.wait(10)
+    # one line says what became of the job (the traceback says only where the caller was)
+    said = [line for line in caller.stderr.read().decode().splitlines() if "interrupted" in line]
+    assert len(said) == 1 and said[0].startswith("[gpumesh] interrupted: job "), said
+    assert said[0].endswith("cancelled on the mesh; its 4 task(s) stop there"), said
     pids = _pids(marker)
     wait_for(lambda: not any(alive(p) for p in pids), 2.0, "the remote tasks to end after Ctrl+C")
     # nothing else of that job runs afterwards

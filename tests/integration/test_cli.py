@@ -332,12 +332,17 @@ def test_workers_none_connected(cli_env, start_empty_coordinator):
 
 
 def test_workers_wrong_token_and_down(cli_env, shared_mesh):
-    r = run_cli(["workers", "--url", shared_mesh.url, "--token", "nope"], cli_env)
+    wrong = "nope" * 8
+    r = run_cli(["workers", "--url", shared_mesh.url, "--token", wrong], cli_env)
     assert_one_line_error(r, "token")
-    r = run_cli(["workers", "--url", f"http://127.0.0.1:{free_port()}", "--token", "nope"], cli_env)
+    r = run_cli(["workers", "--url", f"http://127.0.0.1:{free_port()}", "--token", wrong], cli_env)
     assert_one_line_error(r, "cannot reach")
-    r = run_cli(["workers", "--url", "ftp://x", "--token", "nope"], cli_env)
+    r = run_cli(["workers", "--url", "ftp://x", "--token", wrong], cli_env)
     assert_one_line_error(r, "--url: ", "http://", code=2)
+    # a token no coordinator issues (docs/cli.md: under 16 characters) is a usage error
+    r = run_cli(["workers", "--url", shared_mesh.url, "--token", "nope"], cli_env)
+    assert r.returncode == 2, r.stderr
+    assert "'--token': the token is 4 characters; a coordinator's tokens have at least 16" in r.stderr
 
 
 # ---------------------------------------------------------------- workers' lives -----

@@ -30,10 +30,20 @@ def one_line_errors(fn):
     return wrapper
 
 
+def _token(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A ``--token`` no coordinator can have issued (under ``MIN_TOKEN_CHARS``: ``serve``
+    refuses such a token, and generated ones are longer) is a usage error, before any
+    request (which would only come back 401)."""
+    if value is not None and len(value.strip()) < limits.MIN_TOKEN_CHARS:
+        raise click.BadParameter(f"the token is {len(value.strip())} characters; a coordinator's "
+                                 f"tokens have at least {limits.MIN_TOKEN_CHARS}")
+    return value
+
+
 def endpoint_options(fn):
     """``--url`` and ``--token``, defaulting to $GPUMESH_URL / $GPUMESH_TOKEN, then the
     saved config."""
-    fn = click.option("--token", metavar="TOKEN", default=None,
+    fn = click.option("--token", metavar="TOKEN", default=None, callback=_token,
                       help="Coordinator token [default: $GPUMESH_TOKEN, else saved config].")(fn)
     fn = click.option("--url", metavar="URL", default=None,
                       help="Coordinator URL [default: $GPUMESH_URL, else saved config].")(fn)

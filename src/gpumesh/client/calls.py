@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import wire
 from ..errors import RemoteTraceback, TaskFailed
-from ..protocol import FailureKind, ResultItem, failure_exception
+from ..protocol import FailureKind, ResultItem, failure_exception, timeout_message
 
 #: Keys of a ``.map`` item that are scheduling hints, not arguments (spec: "a payload's
 #: gpu_memory_mb hint"; ``cost`` weighs a task for the scheduler). Removed before the
@@ -291,8 +291,8 @@ def outcome_value(outcome: tuple, index: int, where: str, call: Call | None = No
         err.__cause__ = cause
         raise err
     if kind == "timeout":
-        raise failure_exception(FailureKind.TIMEOUT, f"the task ran past its timeout of "
-                                f"{outcome[1]:g} s (task #{index} on {where})")
+        raise failure_exception(FailureKind.TIMEOUT, f"{timeout_message(outcome[1])} "
+                                f"(task #{index} on {where})")
     if kind == "exit":  # as a worker of the native mesh reports it
         raise failure_exception(FailureKind.EXIT, f"the task called sys.exit({outcome[1]}) "
                                 f"(task #{index} on {where})", remote_type="SystemExit",

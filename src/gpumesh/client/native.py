@@ -82,7 +82,7 @@ class NativeBackend(Backend):
         mesh = self.mesh
         job.job_id = job_id = secrets.token_hex(6)
         printer = OutputPrinter(single=job.n == 1) if mesh.output else None
-        collected = accepted = False
+        collected = accepted = interrupted = False
         try:
             with outstanding(mesh, job_id):  # SIGTERM/SIGHUP now cancel it too (.stopsignals)
                 # Decided once: another thread may announce the mesh meanwhile.
@@ -101,11 +101,19 @@ class NativeBackend(Backend):
                 yield STARTED
                 yield from self._collect(job, first, printer)
                 collected = True
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
         finally:
             if printer is not None:
                 printer.flush()
             if not collected:  # Ctrl+C, a task failure, a lost coordinator, a closed iterator
-                self.cancel_quietly(job_id)
+                cancelled = self.cancel_quietly(job_id)
+                if interrupted and accepted:  # (the traceback says only where the caller was)
+                    notice(f"interrupted: job {job_id} " + (
+                        f"cancelled on the mesh; its {job.n} task(s) stop there" if cancelled else
+                        f"could not be cancelled (the coordinator did not answer): "
+                        f"`gpumesh cancel {job_id}`"), once=False)
                 if accepted:  # and free its stored arguments and results: nobody will read them
                     self._release(job_id)
 
@@ -384,11 +392,15 @@ class NativeBackend(Backend):
         self.mesh._janitor.release(job_id, at_once=job_id in self._moved_files)
         self._moved_files.discard(job_id)
 
-    def cancel_quietly(self, job_id: str) -> None:
+    def cancel_quietly(self, job_id: str) -> bool:
+        """Cancel ``job_id``; False (logged at debug level) if that failed: the error that
+        ended the call matters more."""
         try:
             self.mesh.http.request("POST", protocol.job_cancel(job_id), timeout=5)
         except Exception as e:  # noqa: BLE001 - the original error matters more
             log.debug("cancel of %s failed: %s", job_id, e)
+            return False
+        return True
 
 
 class Retrying(Exception):

@@ -38,7 +38,7 @@ from typing import Any
 
 from ..limits import ERROR_TAIL_BYTES, MAX_WARM_FUNCTIONS, WARM_IDLE_S
 from ..payloadref import PayloadRef
-from ..protocol import FailureKind, TaskGrant
+from ..protocol import FailureKind, TaskGrant, timeout_message
 from . import ahead as ahead_mod
 from . import membody, procs, runner
 from .ahead import Ahead
@@ -576,7 +576,7 @@ class Executor:
     def _timed_out(self, pending: Pending, timeout: float | None) -> Outcome:
         self._kill(pending, "timeout")
         return Outcome("error", {"kind": FailureKind.TIMEOUT, "type": "TaskTimeout",
-                                 "message": f"the task ran longer than its timeout of {timeout:g}s"})
+                                 "message": timeout_message(timeout)})
 
     @staticmethod
     def _preload(host: Host, modules: list | None, path: list | None) -> None:

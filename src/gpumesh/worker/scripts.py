@@ -26,6 +26,7 @@ import tempfile
 import threading
 
 from ..limits import ERROR_TAIL_BYTES
+from ..protocol import timeout_message
 from . import procs, runner
 
 #: Variable set for script tasks (a script can tell it runs on the mesh).
@@ -128,7 +129,7 @@ def run(script_path: str, payload: bytes, timeout: float | None, out: str, err: 
             kill(pending, "timeout")
             proc.wait()
             return Outcome("error", {"kind": "timeout", "type": "TaskTimeout",
-                                     "message": f"the task ran longer than its timeout of {timeout:g}s"})
+                                     "message": timeout_message(timeout)})
         finally:
             pending.code = proc.returncode
             pending.exited.set()

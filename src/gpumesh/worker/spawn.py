@@ -38,7 +38,7 @@ from typing import Any
 from .. import handoff
 from ..limits import HANDOFF_MIN_BYTES, MAX_WARM_FUNCTIONS, WARM_IDLE_S
 from ..payloadref import PayloadRef
-from ..protocol import TaskGrant
+from ..protocol import TaskGrant, timeout_message
 from . import procs, runner
 from .executor import INLINE_ARGS_BYTES, JOB_IDLE_S, Executor, Outcome
 from .host import Pending
@@ -391,7 +391,7 @@ class SpawnExecutor(Executor):
         except (socket.timeout, TimeoutError):
             self._kill(pending, "timeout")
             return Outcome("error", {"kind": "timeout", "type": "TaskTimeout",
-                                     "message": f"the task ran longer than its timeout of {timeout:g}s"})
+                                     "message": timeout_message(timeout)})
         except (EOFError, OSError):
             return self._lost(child, pending, None)
         if pending.killed_for:
