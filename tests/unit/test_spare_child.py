@@ -117,3 +117,55 @@ def test_modules_a_task_imported_are_loaded_before_the_next_task_of_that_functio
     assert run(task) is False                 # the first task pays the import itself
     # The host preloads it and replaces its spare; the next process starts with it loaded.
     assert wait_for(lambda: run(task), 10, 'the preloaded module') is True
+
+
+def test_a_spare_rehearses_its_task_path_on_a_private_socket_only_while_no_task_waits(
+        monkeypatch):
+    """runner._rehearse runs the task path on a stand-in (never the job's function) over
+    a socket pair of its own: nothing reaches the agent's socket, and a task already
+    waiting there is left untouched for the spare to run at once."""
+    import socket
+
+    from gpumesh.worker import runner
+
+    runner._prepare_rehearsal()
+    assert runner._REHEARSAL_ARGS is not None
+    calls = []
+    monkeypatch.setattr(runner, "_stand_in", lambda *a, **k: calls.append((a, k)) or "done")
+    agent_end, spare_end = socket.socketpair()
+    try:
+        agent_end.setblocking(False)
+        runner._rehearse(spare_end)
+        assert calls == [((0,), {})]                   # the stand-in ran, with its arguments
+        with pytest.raises(BlockingIOError):
+            agent_end.recv(1)                           # and the agent heard nothing of it
+        # A task already waiting: no rehearsal, and its bytes stay for the spare.
+        runner.send_frames(agent_end, [b'{"op": "run"}', b"args"])
+        runner._rehearse(spare_end)
+        assert calls == [((0,), {})]
+        run, fds = runner.recv_blob_fds(spare_end)
+        assert (bytes(run), fds, bytes(runner.recv_blob(spare_end))) == (b'{"op": "run"}', [], b"args")
+    finally:
+        agent_end.close()
+        spare_end.close()
+
+
+def test_a_failed_rehearsal_changes_nothing(monkeypatch):
+    import socket
+
+    from gpumesh.worker import runner
+
+    runner._prepare_rehearsal()
+
+    def broken(*a, **k):
+        raise MemoryError("stand-in")
+
+    monkeypatch.setattr(runner, "run_task", broken)
+    agent_end, spare_end = socket.socketpair()
+    try:
+        runner._rehearse(spare_end)                     # swallowed: the spare runs on
+        runner.send_frames(agent_end, [b"x"])
+        assert bytes(runner.recv_blob_fds(spare_end)[0]) == b"x"
+    finally:
+        agent_end.close()
+        spare_end.close()

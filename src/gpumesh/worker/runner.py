@@ -249,7 +249,7 @@ def _reseed_after_fork() -> None:
 def run_task(fn, data: socket.socket, result_format: str | None = None,
              args_ref: dict | None = None, handoff_dir: str | None = None,
              handoff_name: str | None = None, fds: list[int] | tuple = (),
-             args_frame: bytearray | None = None) -> None:
+             args_frame: bytearray | None = None, trace: bool = True) -> None:
     """Inside the task child: read arguments, call, send back value or failure.
     ``result_format="json"`` (strict results): the value travels as JSON, never pickled.
     ``args_ref``: the arguments are this payload reference (gpumesh.payloadref, as JSON;
@@ -259,14 +259,15 @@ def run_task(fn, data: socket.socket, result_format: str | None = None,
     a big result is written there, as ``handoff_name`` (chosen by the agent, which deletes
     it if the task dies while writing), and only that name is sent (gpumesh.handoff).
     Otherwise a big result is written into a memory file whose descriptor travels with
-    the meta, so it crosses no socket (the agent maps it and posts it from there)."""
+    the meta, so it crosses no socket (the agent maps it and posts it from there).
+    ``trace=False``: no tracing mark (a spare's rehearsal, see :func:`_rehearse`)."""
     from gpumesh import handoff, payloadref, wire
     as_json = result_format == "json"
 
     def reply(meta: dict, payload=None) -> None:
         # Everything the task printed must be in its output files before the agent hears
         # of the result: it forwards the output once more, then posts the result.
-        if _TRACE:
+        if _TRACE and trace:
             tracing.mark("task.reply")
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -431,6 +432,7 @@ def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None)
     # Objects that exist now are never collected in the children: moving them out of the
     # GC's reach keeps each child from touching (and so copying) their pages.
     _arm_parent_death()
+    _prepare_rehearsal()
     gc.collect()
     _snapshot_loaded()
     gc.freeze()
@@ -573,6 +575,7 @@ def _spare_main(fn, ctrl: socket.socket, wake: int, sock: socket.socket) -> None
         os.close(wake)
         _reseed_after_fork()
         sock.sendall(SPARE_READY)
+        _rehearse(sock)
         while True:
             try:
                 run, fds = recv_blob_fds(sock)  # blocks until a task comes
@@ -609,6 +612,55 @@ def _spare_main(fn, ctrl: socket.socket, wake: int, sock: socket.socket) -> None
     finally:
         sock.close()
         flush_and_exit(code)
+
+
+#: A stand-in task for a spare's rehearsal: its run message (as the agent sends one,
+#: with no output files) and its arguments, ``(0,)`` and no keywords, as wire frames.
+_REHEARSAL_RUN = b'{"op": "run", "task_id": "rehearsal", "keep": false, "result_format": null}'
+_REHEARSAL_ARGS: bytes | None = None
+
+
+def _stand_in(x):
+    return x
+
+
+def _rehearse(sock: socket.socket) -> None:
+    """In a spare whose task has not come yet: walk the task's own path once (receive a
+    run message and arguments, decode them, call a stand-in function, encode and send its
+    result), over a private socket pair, without the user's function.
+
+    A fresh child pays a copy-on-write page fault for each page of the host it first
+    writes, and running Python code writes many (reference counts; in 3.11+ the
+    interpreter's inline caches in the code objects it runs): ~3-5 us each on a VM,
+    hundreds per task. Paid here, while the spare waits, they are off the task's path,
+    and its real task finds those pages copied already. Skipped when the task is already
+    waiting on ``sock``; never raises (a spare that cannot rehearse just runs colder)."""
+    try:
+        ready, _, _ = select.select([sock], [], [], 0)
+        if ready or _REHEARSAL_ARGS is None:
+            return
+        ours, theirs = socket.socketpair()
+        try:
+            send_frames(theirs, [_REHEARSAL_RUN, _REHEARSAL_ARGS])
+            run, fds = recv_blob_fds(ours)
+            msg = json.loads(run)
+            run_task(_stand_in, ours, msg.get("result_format"), msg.get("args"),
+                     msg.get("handoff_dir"), msg.get("handoff_name"), fds, trace=False)
+        finally:
+            ours.close()
+            theirs.close()
+    except BaseException:  # noqa: BLE001 - a rehearsal's failure changes nothing
+        pass
+
+
+def _prepare_rehearsal() -> None:
+    """In the host, once: encode the rehearsal's arguments (see :func:`_rehearse`)."""
+    global _REHEARSAL_ARGS
+    try:
+        from gpumesh import wire
+        _REHEARSAL_ARGS = b"".join(bytes(c) for c in wire.dumps(((0,), {})).chunks)
+    except Exception:  # noqa: BLE001 - spares then simply skip it
+        _REHEARSAL_ARGS = None
 
 
 def flush_and_exit(code: int) -> None:
