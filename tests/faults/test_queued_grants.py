@@ -1,6 +1,6 @@
-"""A slot's queue of grants (``isolation="job"`` with a coordinator offering
-``result_batch``): a worker that dies or is paused with queued grants loses no task, and
-no task runs twice where it was queued."""
+"""A slot's queue of grants (behind short tasks, in either isolation, with a coordinator
+offering ``result_batch``): a worker that dies or is paused with queued grants loses no
+task, and no task runs twice where it was queued."""
 
 from __future__ import annotations
 
@@ -12,14 +12,16 @@ import threading
 from collections import Counter
 from contextlib import closing
 
+import pytest
+
 from gpumesh import accelerate
 from gpumesh.worker.poster import QUEUE_DEPTH
 
 from ..conftest import Proc, alive, wait_for
 
 
-def _recording(c, marks: str, seconds: float):
-    @accelerate(c, isolation="job")
+def _recording(c, marks: str, seconds: float, isolation: str = "job"):
+    @accelerate(c, isolation=isolation)
     def work(i):
         import os as _os
         import time as _t
@@ -52,14 +54,16 @@ def _join(m, role: str) -> tuple[Proc, str]:
     return proc, next(w["id"] for w in m.workers() if w["id"] not in before)
 
 
-def test_a_worker_killed_with_queued_grants_loses_no_task_and_runs_none_twice(fault_mesh, tmp_path):
+@pytest.mark.parametrize("isolation", ["job", "task"])
+def test_a_worker_killed_with_queued_grants_loses_no_task_and_runs_none_twice(
+        fault_mesh, tmp_path, isolation):
     m = fault_mesh(workers=0)
     a, wid_a = _join(m, "a")
     _join(m, "b")
     marks = tmp_path / "runs.txt"
     out: list = []
     with closing(m.client(output=False)) as c:
-        fn = _recording(c, str(marks), 0.02)  # short: the slot queues (QUEUE_TASK_S)
+        fn = _recording(c, str(marks), 0.02, isolation)  # short: the slot queues (QUEUE_TASK_S)
         th = threading.Thread(target=lambda: out.append(fn.map(range(400))), daemon=True)
         th.start()
         # a's one slot holds its running task and queued grants behind it
@@ -82,7 +86,9 @@ def test_a_worker_killed_with_queued_grants_loses_no_task_and_runs_none_twice(fa
     assert len(twice) <= 1 + QUEUE_DEPTH, twice
 
 
-def test_a_pause_hands_the_queued_grants_back_and_none_runs_until_resume(fault_mesh, tmp_path):
+@pytest.mark.parametrize("isolation", ["job", "task"])
+def test_a_pause_hands_the_queued_grants_back_and_none_runs_until_resume(
+        fault_mesh, tmp_path, isolation):
     m = fault_mesh(workers=0)
     m.add_worker(slots=1)
     wid = m.workers()[0]["id"]
@@ -95,7 +101,7 @@ def test_a_pause_hands_the_queued_grants_back_and_none_runs_until_resume(fault_m
                               capture_output=True, text=True, timeout=60)
 
     with closing(m.client(output=False)) as c:
-        fn = _recording(c, str(marks), 0.02)
+        fn = _recording(c, str(marks), 0.02, isolation)
         th = threading.Thread(target=lambda: out.append(fn.map(range(300))), daemon=True)
         th.start()
         wait_for(lambda: len(_runs(marks)) >= 3 and _running(m, wid) > 1, 60, "queued grants")

@@ -68,7 +68,7 @@ def _post(poster: ResultPoster, task_id: str, slot: int = 0):
     (0.001, "job", True, 20),                 # 20 ms of work: 20 grants
     (0.00001, "job", True, MAX_QUEUE_DEPTH),  # very short tasks: capped
     (0.05, "job", True, QUEUE_DEPTH),         # longer ones: never fewer than QUEUE_DEPTH
-    (0.001, "task", True, 0),                 # a process per task: no queue
+    (0.001, "task", True, 20),                # a process per task queues the same
     (0.001, "job", False, 0),                 # the task ran long: no queue
 ])
 def test_a_slots_queue_holds_about_twenty_ms_of_its_jobs_work(agent, per_task, isolation, short, depth):

@@ -133,14 +133,14 @@ def test_the_answer_queues_grants_for_a_slot_and_each_is_a_lease(coordinator):
     assert not coord.leases
 
 
-def test_a_per_task_process_job_queues_nothing_behind_the_running_task(coordinator):
+def test_a_per_task_process_job_fills_the_queue_it_asks_for_too(coordinator):
     c, _ = coordinator
     _setup(c, 6, isolation=None)
     wid = _worker_id(c)
     (g0,) = _lease(c, wid, [0])
     r = _post(c, [BatchedResult(g0.task_id, g0.lease_id, "ok", has_payload=True)], [b"r0"],
               next={0: 4}, idle=[0])
-    assert len(_answer(r)[0]["tasks"]) == 1
+    assert [t["index"] for t in _answer(r)[0]["tasks"]] == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("meta, frames, says", [

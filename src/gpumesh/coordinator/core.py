@@ -400,13 +400,12 @@ class Coordinator(Journalled):
         return grants
 
     def queues(self, job_id: str) -> bool:
-        """Whether a slot may hold more grants behind a task of ``job_id``: only a job
-        that keeps its process (``isolation="job"``), and not for a person with a
-        ``max_running`` cap (a queued grant counts as running, and would keep their tasks
-        off other, idle slots)."""
+        """Whether a slot may hold more grants behind a task of ``job_id``: not for a
+        person with a ``max_running`` cap (a queued grant counts as running, and would
+        keep their tasks off other, idle slots). The worker asks for a queue only behind
+        short tasks (``worker/poster.py``), in either isolation."""
         job = self.jobs.get(job_id)
-        return job is not None and job.meta.get("isolation") == "job" \
-            and job.owner not in self.max_running
+        return job is not None and job.owner not in self.max_running
 
     def running_by_owner(self) -> Counter[str | None]:
         """Leased tasks per person (O(leases): at most the pool's slots, plus a few)."""

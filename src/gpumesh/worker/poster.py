@@ -29,9 +29,9 @@ from . import membody
 
 log = logging.getLogger("gpumesh.worker")
 
-#: Grants a slot holds beyond its running task when that task's job keeps its process
-#: (``isolation="job"``) and its tasks are short, at least: enough that its next task
-#: never waits for a round trip. The queue holds about ``QUEUE_WORK_S`` of the job's
+#: Grants a slot holds beyond its running task when that task's job's tasks are short
+#: (in either isolation: with a process per task the next one still forks, but starts
+#: without a round trip), at least: enough that its next task never waits for one. The queue holds about ``QUEUE_WORK_S`` of the job's
 #: work (from the slot's observed time per task), from ``QUEUE_DEPTH`` up to
 #: ``MAX_QUEUE_DEPTH`` grants: another person's job waits about that long for the slot.
 QUEUE_DEPTH = 3
@@ -184,7 +184,7 @@ class ResultPoster:
     # -- the poster's thread -----------------------------------------------------------
     def depth(self, slot: int | None, task: protocol.TaskGrant, short: bool) -> int:
         """How many grants ``slot`` holds beyond its running ``task`` (see QUEUE_DEPTH)."""
-        if task.isolation != "job" or not short:
+        if not short:
             return 0
         per_task = self._task_s.get(slot) or QUEUE_TASK_S
         return max(QUEUE_DEPTH, min(MAX_QUEUE_DEPTH, int(QUEUE_WORK_S / max(per_task, 1e-6))))

@@ -1,9 +1,10 @@
 """``POST /v1/tasks/results``: several results in one request, and a slot's queue of
 grants in its answer (the ``result_batch`` feature a coordinator names at registration).
 
-Small tasks run in a process that stays up (``isolation="job"``) finish faster than one
-request per result can carry them: the request, the JSON and the store's write per task
-cost the coordinator and the agent more CPU than the task itself. A batch carries every
+Small tasks finish faster than one request per result can carry them (in a process that
+stays up, ``isolation="job"``, and in one forked per task alike): the request, the JSON
+and the store's write per task cost the coordinator and the agent more CPU than the task
+itself. A batch carries every
 result that is ready when the worker's previous post returned, each still fenced by its
 own lease (a stale one is refused alone, the others land), and its answer tops up the
 queue of each slot that asked (``next``) with grants as a lease answer carries them.
