@@ -174,7 +174,7 @@ def test_each_task_writes_its_output_to_its_own_files(ex, tmp_path):
 
 
 def test_a_kept_process_closes_when_idle_and_keeps_its_host_while_it_lives(ex, tmp_path, monkeypatch):
-    monkeypatch.setattr(executor_mod, "JOB_IDLE_S", 1.0)
+    monkeypatch.setattr(executor_mod, "JOB_IDLE_S", 2.0)  # (room for a slow second call on a loaded machine)
     monkeypatch.setattr(executor_mod, "WARM_IDLE_S", 0.3)
     pid, host, _ = _value(_call(ex, tmp_path, _where))
     time.sleep(0.6)  # past WARM_IDLE_S: a host with no kept process would be closed now

@@ -126,7 +126,7 @@ def test_a_spare_rehearses_its_task_path_on_a_private_socket_only_while_no_task_
     waiting there is left untouched for the spare to run at once."""
     import socket
 
-    from gpumesh.worker import runner
+    from gpumesh.worker import framing, runner
 
     runner._prepare_rehearsal()
     assert runner._REHEARSAL_ARGS is not None
@@ -140,11 +140,11 @@ def test_a_spare_rehearses_its_task_path_on_a_private_socket_only_while_no_task_
         with pytest.raises(BlockingIOError):
             agent_end.recv(1)                           # and the agent heard nothing of it
         # A task already waiting: no rehearsal, and its bytes stay for the spare.
-        runner.send_frames(agent_end, [b'{"op": "run"}', b"args"])
+        framing.send_frames(agent_end, [b'{"op": "run"}', b"args"])
         runner._rehearse(spare_end)
         assert calls == [((0,), {})]
-        run, fds = runner.recv_blob_fds(spare_end)
-        assert (bytes(run), fds, bytes(runner.recv_blob(spare_end))) == (b'{"op": "run"}', [], b"args")
+        run, fds = framing.recv_blob_fds(spare_end)
+        assert (bytes(run), fds, bytes(framing.recv_blob(spare_end))) == (b'{"op": "run"}', [], b"args")
     finally:
         agent_end.close()
         spare_end.close()
@@ -153,7 +153,7 @@ def test_a_spare_rehearses_its_task_path_on_a_private_socket_only_while_no_task_
 def test_a_failed_rehearsal_changes_nothing(monkeypatch):
     import socket
 
-    from gpumesh.worker import runner
+    from gpumesh.worker import framing, runner
 
     runner._prepare_rehearsal()
 
@@ -164,8 +164,8 @@ def test_a_failed_rehearsal_changes_nothing(monkeypatch):
     agent_end, spare_end = socket.socketpair()
     try:
         runner._rehearse(spare_end)                     # swallowed: the spare runs on
-        runner.send_frames(agent_end, [b"x"])
-        assert bytes(runner.recv_blob_fds(spare_end)[0]) == b"x"
+        framing.send_frames(agent_end, [b"x"])
+        assert bytes(framing.recv_blob_fds(spare_end)[0]) == b"x"
     finally:
         agent_end.close()
         spare_end.close()

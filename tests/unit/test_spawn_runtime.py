@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 import sys
 import threading
 import time

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from gpumesh.worker import runner
+from gpumesh.worker import framing
 
 from ..conftest import alive, children, wait_for
 
@@ -26,7 +26,7 @@ def _sleeper() -> subprocess.Popen:
 
 
 def test_the_zygote_kills_the_watched_scripts_groups_at_the_agents_eof():
-    ctrl, child = runner.control_pair()
+    ctrl, child = framing.control_pair()
     zygote = subprocess.Popen([sys.executable, "-m", "gpumesh.worker.runner", str(child.fileno())],
                               pass_fds=[child.fileno()], stdin=subprocess.DEVNULL)
     child.close()
@@ -37,8 +37,8 @@ def test_the_zygote_kills_the_watched_scripts_groups_at_the_agents_eof():
         kids = {p.pid: children(p.pid) for p in (watched, let_go)}
         assert all(len(k) == 1 for k in kids.values()), kids
         for p in (watched, let_go):
-            runner.send_msg(ctrl, {"op": "watch", "pid": p.pid})
-        runner.send_msg(ctrl, {"op": "unwatch", "pid": let_go.pid})  # (it ended, say)
+            framing.send_msg(ctrl, {"op": "watch", "pid": p.pid})
+        framing.send_msg(ctrl, {"op": "unwatch", "pid": let_go.pid})  # (it ended, say)
         ctrl.close()  # the agent dies
         assert zygote.wait(10) == 0
         watched.wait(10)

@@ -40,7 +40,7 @@ from ..limits import ERROR_TAIL_BYTES, MAX_WARM_FUNCTIONS, WARM_IDLE_S
 from ..payloadref import PayloadRef
 from ..protocol import FailureKind, TaskGrant, timeout_message
 from . import ahead as ahead_mod
-from . import membody, procs, runner
+from . import framing, membody, procs, runner
 from .ahead import Ahead
 from .host import Host, Kept, Pending, Spare, hung_up
 from .retire import Retirer, on_device
@@ -139,7 +139,7 @@ class Executor:
                 self._zygote_ctrl.close()
             self._zygote = self._zygote_ctrl = None
         if self._zygote is None:
-            ctrl, child = runner.control_pair()
+            ctrl, child = framing.control_pair()
             env = {k: v for k, v in os.environ.items() if k not in runner.SCRUBBED_ENV}
             try:
                 # Its own session: what kills the agent's process group (kill -9 -PGID, a
@@ -211,11 +211,11 @@ class Executor:
                 host.last_used = time.monotonic()
                 return host
             zygote = self._zygote_socket()
-            mine, theirs = runner.control_pair()
+            mine, theirs = framing.control_pair()
             msg: dict[str, Any] = {"op": "host", "path": blob_path}
             if sys_path:
                 msg["sys_path"] = list(sys_path)
-            runner.send_msg(zygote, msg, [theirs.fileno()])
+            framing.send_msg(zygote, msg, [theirs.fileno()])
             theirs.close()
             host = Host(fn_hash, mine)
             host.key = key
@@ -440,7 +440,7 @@ class Executor:
         with self._lock:
             self._ahead[me] = record
         try:
-            runner.send_frames(spare.sock, [json.dumps(msg).encode(), args])
+            framing.send_frames(spare.sock, [json.dumps(msg).encode(), args])
         except OSError:  # (its process died: this task's exchange says how)
             with self._lock:
                 self._ahead.pop(me, None)
@@ -463,7 +463,7 @@ class Executor:
         record.withdrawn = True
         try:
             # (one write: the process looks for it without blocking, ahead.skip_waiting)
-            runner.send_frames(record.spare.sock, [ahead_mod.skip_message(record.task_id)])
+            framing.send_frames(record.spare.sock, [ahead_mod.skip_message(record.task_id)])
         except OSError:
             pass  # (its process is gone: the task with it)
 
@@ -524,7 +524,7 @@ class Executor:
                 alive = not fresh or sock.recv(1) == runner.SPARE_READY
                 if alive and not sent:
                     inline = args is not None and len(args) <= INLINE_ARGS_BYTES
-                    runner.send_frames(sock, [run, args] if inline else [run], fds)
+                    framing.send_frames(sock, [run, args] if inline else [run], fds)
             except (socket.timeout, TimeoutError):
                 sock.close()
                 return self._timed_out(pending, timeout)
@@ -551,10 +551,10 @@ class Executor:
         try:
             if deadline is not None:
                 sock.settimeout(max(0.001, deadline - time.monotonic()))
-            meta, fds = runner.recv_blob_fds(sock)
+            meta, fds = framing.recv_blob_fds(sock)
             if deadline is not None:
                 sock.settimeout(max(0.001, deadline - time.monotonic()))
-            payload: bytearray | memoryview = runner.recv_blob(sock)
+            payload: bytearray | memoryview = framing.recv_blob(sock)
             if fds:
                 payload = _map_read_only(fds[0])
         except (socket.timeout, TimeoutError):
@@ -601,7 +601,7 @@ class Executor:
     @staticmethod
     def _send_args(sock: socket.socket, args: bytes | bytearray | memoryview) -> None:
         try:
-            runner.send_blob(sock, args)
+            framing.send_blob(sock, args)
         except OSError:
             pass  # the child died before reading; the reader side reports why
 
@@ -658,7 +658,7 @@ class Executor:
         try:
             with self._lock:
                 if running or self._zygote_ctrl is not None:
-                    runner.send_msg(self._zygote_socket(),
+                    framing.send_msg(self._zygote_socket(),
                                     {"op": "watch" if running else "unwatch", "pid": pid})
         except OSError:  # (closing) the script is killed with its task by the caller
             pass

@@ -10,7 +10,7 @@ import threading
 import time
 from collections import deque
 
-from . import procs, runner
+from . import framing, procs, runner
 
 
 class Pending:
@@ -95,7 +95,7 @@ class Host:
     def _read(self) -> None:
         while True:
             try:
-                msg, fds = runner.recv_msg(self.ctrl)
+                msg, fds = framing.recv_msg(self.ctrl)
             except (OSError, ValueError):
                 msg, fds = None, []
             if msg is None:
@@ -215,7 +215,7 @@ class Host:
         the spares forked before them, so the next task starts with the modules loaded."""
         with self._cv:
             for batch in batches:
-                runner.send_msg(self.ctrl, batch)
+                framing.send_msg(self.ctrl, batch)
                 self._preloads += 1
             stale = len(self._spares)
             self._drop_spares()

@@ -39,7 +39,7 @@ from .. import handoff
 from ..limits import HANDOFF_MIN_BYTES, MAX_WARM_FUNCTIONS, WARM_IDLE_S
 from ..payloadref import PayloadRef
 from ..protocol import TaskGrant, timeout_message
-from . import procs, runner
+from . import framing, procs, runner
 from .executor import INLINE_ARGS_BYTES, JOB_IDLE_S, Executor, Outcome
 from .host import Pending
 from .retire import on_device
@@ -72,7 +72,7 @@ class _Child:
 
     def send(self, msg: dict) -> None:
         assert self.sock is not None
-        runner.send_blob(self.sock, json.dumps(msg).encode())
+        framing.send_blob(self.sock, json.dumps(msg).encode())
 
     def close(self) -> None:
         """Kill the process and its tree; reap it. Never raises."""
@@ -127,7 +127,7 @@ class SpawnExecutor(Executor):
                 return  # closed
             try:
                 conn.settimeout(5)  # whoever connects must say who it is at once
-                token = bytes(runner.recv_exact(conn, 16))
+                token = bytes(framing.recv_exact(conn, 16))
                 conn.settimeout(None)
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except (OSError, EOFError):
@@ -362,7 +362,7 @@ class SpawnExecutor(Executor):
                     msg = self._load_msg(fn_hash, child)
                 child.send(msg)
             assert child.sock is not None  # (connected: see _connected)
-            reply = json.loads(runner.recv_blob(child.sock))
+            reply = json.loads(framing.recv_blob(child.sock))
         except (OSError, EOFError, ValueError):
             return self._lost(child, pending, "the task process died loading the function")
         if reply.get("op") == "load_error":
@@ -382,11 +382,11 @@ class SpawnExecutor(Executor):
                 threading.Thread(target=self._send_args, args=(sock, args), daemon=True).start()
         try:
             sock.settimeout(timeout)
-            struct.unpack("<Q", runner.recv_exact(sock, 8))  # its pid: we know it already
-            meta = runner.recv_blob(sock)
+            struct.unpack("<Q", framing.recv_exact(sock, 8))  # its pid: we know it already
+            meta = framing.recv_blob(sock)
             if deadline is not None:
                 sock.settimeout(max(0.001, deadline - time.monotonic()))
-            payload = runner.recv_blob(sock)
+            payload = framing.recv_blob(sock)
             sock.settimeout(None)
         except (socket.timeout, TimeoutError):
             self._kill(pending, "timeout")

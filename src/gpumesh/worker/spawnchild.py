@@ -31,12 +31,12 @@ from typing import Any
 
 
 def _send(sock: socket.socket, msg: dict) -> None:
-    from gpumesh.worker.runner import send_blob
+    from gpumesh.worker.framing import send_blob
     send_blob(sock, json.dumps(msg).encode())
 
 
 def _recv(sock: socket.socket) -> dict | None:
-    from gpumesh.worker.runner import recv_blob
+    from gpumesh.worker.framing import recv_blob
     try:
         return json.loads(recv_blob(sock))
     except EOFError:
