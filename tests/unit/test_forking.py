@@ -1,7 +1,7 @@
 """``gpumesh.worker.forking``: a function host's fork runs the at-fork hooks registered
 since ``record_hooks`` (``random``'s reseed among them) except the thread-only ones of
 ``threading`` and ``logging``, in CPython's order; with another Python thread running
-it is ``os.fork()``. Each case runs in a fresh interpreter (the module replaces
+when ``prepare`` looked it is ``os.fork()``. Each case runs in a fresh interpreter (the module replaces
 ``os.register_at_fork`` there), on this one and on every other CPython 3.10-3.13 this
 machine has: the module loads from its file, so a bare interpreter can run it."""
 
@@ -47,6 +47,7 @@ os.register_at_fork(after_in_child=thread_only)
 if sys.argv[2] == "thread":
     stop = threading.Event()
     threading.Thread(target=stop.wait, daemon=True).start()
+forking.prepare()
 r, w = os.pipe()
 parent_draw = random.random()
 pid = forking.fork()
@@ -119,6 +120,8 @@ def test_without_record_hooks_it_is_os_fork(monkeypatch):
     calls = []
     monkeypatch.setattr(forking, "_libc_fork", None)
     monkeypatch.setattr(forking.os, "fork", lambda: calls.append(1) or 12345)
+    forking.prepare()
+    assert forking._plan is None
     assert forking.fork() == 12345 and calls == [1]
 
 

@@ -17,9 +17,14 @@ hooks registered since :func:`record_hooks` except those of ``threading`` and
 registered first; one that raises is reported and skipped, as CPython does). Python's
 ``random`` registers one of them when it is imported: each task process still gets
 its own seed. Where the premise or the interpreter internals it rests on are not known
-to hold, :func:`fork` is ``os.fork()``: another Python thread running, not CPython with
-a GIL on Linux, a version outside 3.10-3.13 (each checked by the test suite), or
-:func:`record_hooks` never called in this process or an ancestor.
+to hold, :func:`fork` is ``os.fork()``: another Python thread running when
+:func:`prepare` last looked, not CPython with a GIL on Linux, a version outside
+3.10-3.13 (each checked by the test suite), or :func:`record_hooks` never called in this
+process or an ancestor.
+
+What :func:`fork` does is worked out by :func:`prepare`, not at each fork: between two
+forks every object the forking process touches costs it a copy-on-write fault (its last
+child shares its pages), so the fork itself touches as few as it can.
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ THREAD_ONLY = frozenset({"threading", "logging"})
 #: made since :func:`record_hooks` (None where that call gave none).
 _hooks: list[tuple[Callable | None, Callable | None, Callable | None]] = []
 _libc_fork: Any = None
+#: What :func:`fork` runs, from :func:`prepare`: ``(libc fork, before-hooks in the order
+#: to call them, after-in-parent hooks, after-in-child hooks)``; None: ``os.fork()``.
+_plan: tuple[Any, tuple, tuple, tuple] | None = None
 
 
 def supported() -> bool:
@@ -74,25 +82,38 @@ def record_hooks() -> None:
     _libc_fork = libc_fork
 
 
+def prepare() -> None:
+    """Work out what :func:`fork` does until the next call: call it after anything that
+    may register hooks or start threads (loading the function, each preload)."""
+    global _plan
+    threading = sys.modules.get("threading")
+    if _libc_fork is None or (threading is not None and threading.active_count() > 1):
+        _plan = None
+        return
+    hooks = [h for h in _hooks if not any(_thread_only(f) for f in h)]
+    _plan = (_libc_fork, tuple(b for b, _, _ in reversed(hooks) if b is not None),
+             tuple(p for _, p, _ in hooks if p is not None),
+             tuple(c for _, _, c in hooks if c is not None))
+
+
 def fork() -> int:
     """Fork this process (see the module's docstring): 0 in the child, the child's pid
     in the parent, as ``os.fork()``. Raises ``OSError`` when the fork fails."""
-    libc_fork = _libc_fork
-    threading = sys.modules.get("threading")
-    if libc_fork is None or (threading is not None and threading.active_count() > 1):
+    plan = _plan
+    if plan is None:
         return os.fork()
-    hooks = [h for h in _hooks if not any(_thread_only(f) for f in h)]
-    for before, _parent, _child in reversed(hooks):
-        _run(before)
+    libc_fork, befores, parents, children = plan
+    for hook in befores:
+        _run(hook)
     pid = libc_fork()
     if pid < 0:
         import ctypes
         err = ctypes.get_errno()
-        for _before, parent, _child in hooks:
-            _run(parent)
+        for hook in parents:
+            _run(hook)
         raise OSError(err, os.strerror(err))
-    for _before, parent, child in hooks:
-        _run(child if pid == 0 else parent)
+    for hook in children if pid == 0 else parents:
+        _run(hook)
     return pid
 
 
@@ -100,9 +121,7 @@ def _thread_only(hook: Callable | None) -> bool:
     return hook is not None and getattr(hook, "__module__", None) in THREAD_ONLY
 
 
-def _run(hook: Callable | None) -> None:
-    if hook is None:
-        return
+def _run(hook: Callable) -> None:
     try:
         hook()
     except Exception:  # noqa: BLE001 - as CPython's own at-fork calls: report, go on

@@ -309,6 +309,7 @@ def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None)
     # GC's reach keeps each child from touching (and so copying) their pages.
     _arm_parent_death()
     _prepare_rehearsal()
+    forking.prepare()
     gc.collect()
     _snapshot_loaded()
     gc.freeze()
@@ -340,6 +341,7 @@ def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None)
         msg = json.loads(data)
         if msg.get("op") == "preload":
             _preload(msg.get("modules", []), msg.get("path", []))
+            forking.prepare()  # (a module may have registered at-fork hooks, or a thread)
             _snapshot_loaded()
             gc.freeze()
             preloads += 1
