@@ -5,6 +5,7 @@ task, and no task runs twice where it was queued."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -105,7 +106,13 @@ def test_a_pause_hands_the_queued_grants_back_and_none_runs_until_resume(
         th = threading.Thread(target=lambda: out.append(fn.map(range(300))), daemon=True)
         th.start()
         wait_for(lambda: len(_runs(marks)) >= 3 and _running(m, wid) > 1, 60, "queued grants")
-        assert cli("pause").returncode == 0
+        said = cli("pause")
+        assert said.returncode == 0, said.stderr
+        # one slot: at most one task runs (and finishes); queued ones (there are most
+        # likely some at this moment) go back now, and are counted apart
+        assert re.search(r"no new tasks; (no task running|1 running task\(s\) finish)"
+                         r"(; [1-9]\d* queued task\(s\) handed back)?$", said.stdout.strip()), \
+            said.stdout
         # the running task finishes; every queued grant goes back: the worker holds nothing
         wait_for(lambda: _running(m, wid) == 0, 20, "the queued grants to be handed back")
         done = len(_runs(marks))

@@ -273,9 +273,11 @@ def pause(now, for_, worker):
         except ValueError as e:
             fail(str(e), code=2)
     for a in _send({"op": "pause", "now": now, "for_s": for_s}, worker):
-        n = a.get("running", 0)
+        n, queued = a.get("running", 0), a.get("queued", 0)
         what = "no task running" if not n else (
             f"{n} running task(s) handed back" if now else f"{n} running task(s) finish")
+        if queued:  # (leased behind a running task, not begun: they go back either way)
+            what += f"; {queued} queued task(s) handed back"
         until = ""
         if for_ and a.get("until"):
             until = f" for {for_} (until {time.strftime('%H:%M', time.localtime(a['until']))})"

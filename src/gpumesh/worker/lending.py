@@ -29,6 +29,7 @@ from .owner import Decision, OwnerState
 if TYPE_CHECKING:
     from ..transport import Transport
     from .executor import Executor
+    from .poster import ResultPoster
 
 log = logging.getLogger("gpumesh.worker")
 
@@ -53,6 +54,7 @@ class OwnerRules:
     _registered: threading.Event
     _held: set[str]
     _free_cv: threading.Condition
+    poster: ResultPoster | None
 
     @property
     def _wid(self) -> str:
@@ -192,10 +194,13 @@ class OwnerRules:
                 self.owner.resume()
         elif op != "status":
             raise ValueError(f"unknown op {op!r}: pause, resume or status")
-        running = len(self._held)
+        # (held: running, and queued behind a slot's running task; a pause hands the
+        # queued ones back at once, with or without --now)
+        queued = self.poster.queued() if self.poster is not None else 0
+        running = max(0, len(self._held) - queued)
         self._owner_tick()
         d = self._decision
         return {"ok": True, "worker": self.id, "hostname": self.info.get("hostname"),
                 "state": (d.worker or {}).get("label", "open"), "until": self.owner.paused_until,
-                "running": running, "gpus": {str(i): st["label"] for i, st in d.gpus.items()},
+                "running": running, "queued": queued, "gpus": {str(i): st["label"] for i, st in d.gpus.items()},
                 "was_paused": was_paused}

@@ -170,6 +170,11 @@ class ResultPoster:
             queue = self.queues.get(slot)
             return queue[0] if queue else None
 
+    def queued(self) -> int:
+        """How many grants the slots' queues hold (leased, not begun)."""
+        with self._cv:
+            return sum(len(q) for q in self.queues.values())
+
     def drop(self, task_id: str) -> bool:
         """Forget a queued grant the coordinator cancelled (True if one was queued)."""
         with self._cv:
