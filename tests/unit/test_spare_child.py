@@ -169,3 +169,53 @@ def test_a_failed_rehearsal_changes_nothing(monkeypatch):
     finally:
         agent_end.close()
         spare_end.close()
+
+
+_SPECIALIZED = r"""
+import dis, json, opcode
+from gpumesh.worker import runner
+
+def specialized(fn):
+    # Names CPython gives the instructions it rewrote for the types it met (PEP 659):
+    # absent from the plain opcode table.
+    return {i.opname for i in dis.get_instructions(fn, adaptive=True)} - set(opcode.opmap)
+
+before = specialized(runner.run_task)
+runner._prepare_rehearsal()
+runner._warm_host()
+print(json.dumps([sorted(before), sorted(specialized(runner.run_task))]))
+"""
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="specialization (PEP 659) came with 3.11")
+def test_the_host_walks_the_task_path_so_its_children_inherit_specialized_code():
+    """runner._warm_host, run once in a host before its first fork: the task path's
+    bytecode (run_task's, among others) is specialized in the host, so every task process
+    starts with it so (a fresh interpreter here, where nothing else ran it)."""
+    import json
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", _SPECIALIZED], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    before, after = json.loads(out)
+    # (3.12+ fuses some instruction pairs when a function is created: only what running
+    # it adds counts; e.g. LOAD_GLOBAL_MODULE, CALL_PY_EXACT_ARGS)
+    assert len(set(after) - set(before)) >= 3, (before, after)
+
+
+def test_the_host_warm_up_stops_at_a_failure_and_leaves_no_descriptor_open(monkeypatch):
+    from gpumesh.worker import runner
+
+    runner._prepare_rehearsal()
+    fds = set(os.listdir("/proc/self/fd"))
+    runner._warm_host()
+    assert set(os.listdir("/proc/self/fd")) == fds     # its socket pairs are closed
+    walks = []
+
+    def broken():
+        walks.append(1)
+        raise OSError("no socket pair")
+
+    monkeypatch.setattr(runner, "_walk_task_path", broken)
+    runner._warm_host()                                # swallowed: the host forks on
+    assert walks == [1]                                # and stopped at the first failure
