@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
+import platform
 import re
 import subprocess
 import sys
@@ -182,6 +182,8 @@ print(json.dumps({"n": p["n"]}))
     assert t1["attempts"] == 2
     assert [(h["attempt"], h["ended"], h.get("retried")) for h in t1["history"]] == [
         (1, "failed; re-run by gpumesh retry", True)]
+    # named by its host, as every other ended attempt is ("--- attempt 1 on HOST (ID)")
+    assert t1["history"][0]["hostname"] == platform.node()
     (log1,) = [t for t in mesh.logs(job_id) if t["index"] == 1]
     assert [a["attempt"] for a in log1["attempts"]] == [1, 2]
     assert "first attempt fails" in log1["attempts"][0]["stderr"]

@@ -171,12 +171,18 @@ def test_a_view_token_cannot_submit_or_upload_and_sees_no_error_text(app):
     alice = add(c, "alice")
     submit(c, alice, "bbbb0002")
     tid = c.get("/v1/jobs/bbbb0002", headers=bearer(alice)).json()["tasks"][0]["id"]
+    # (an earlier attempt that raised an exception the job retries: its text is kept too)
+    store.add_history({tid: {"attempt": 1, "worker": "w1", "retried": True, "ended": "retried",
+                             "error": {"type": "ValueError", "message": "secret=41"}}})
     coord._finalize("bbbb0002", tid, "failed", {"kind": "error", "type": "ValueError",
                                                 "message": "secret=42", "traceback": "..."}, None)
-    mine = c.get("/v1/jobs/bbbb0002", headers=bearer(alice)).json()["tasks"][0]["error"]
-    assert mine["message"] == "secret=42"
-    theirs = c.get("/v1/jobs/bbbb0002", headers=bearer(vic)).json()["tasks"][0]["error"]
-    assert theirs == {"kind": "error", "type": "ValueError"}
+    mine = c.get("/v1/jobs/bbbb0002", headers=bearer(alice)).json()["tasks"][0]
+    assert mine["error"]["message"] == "secret=42"
+    assert mine["history"][0]["error"]["message"] == "secret=41"
+    theirs = c.get("/v1/jobs/bbbb0002", headers=bearer(vic)).json()["tasks"][0]
+    assert theirs["error"] == {"kind": "error", "type": "ValueError"}
+    assert theirs["history"] == [{"attempt": 1, "worker": "w1", "retried": True, "ended": "retried",
+                                  "error": {"type": "ValueError"}}]
 
 
 def test_the_worker_token_is_still_only_a_worker_and_the_main_token_an_admin(app):

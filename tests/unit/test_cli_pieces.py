@@ -214,6 +214,30 @@ def test_status_names_what_the_function_raised():
                       "error: the task ran longer than its timeout of 1s"]
 
 
+def test_status_of_someone_elses_job_says_its_error_texts_are_withheld():
+    """The coordinator outlines the errors of another person's job (kind and type, its
+    earlier attempts' too: people.task_outline); status says so instead of an empty text."""
+    from gpumesh.cli.views import task_lines
+    from gpumesh.coordinator.people import task_outline
+
+    secret = {"kind": "raised", "type": "ValueError", "message": "password hunter2", "traceback": "..."}
+    task = {"id": "t0", "state": "failed", "cost": 1.0, "worker_id": "w1", "attempts": 2, "error": secret,
+            "history": [{"attempt": 1, "worker": "w1", "hostname": "vm", "retried": True,
+                         "ended": "raised ValueError, which the job retries (retry 1 of 1)",
+                         "error": {"type": "ValueError", "message": "password hunter2"}},
+                        {"attempt": 0, "worker": "w2", "ended": "lost"}]}
+    outlined = task_outline(task)
+    assert outlined["error"] == {"kind": "raised", "type": "ValueError"}
+    assert outlined["history"][0]["error"] == {"type": "ValueError"}
+    assert outlined["history"][1] == task["history"][1]
+    assert task["error"] is secret and "message" in task["history"][0]["error"]  # (a copy)
+    lines = [line.strip() for line in task_lines({"tasks": [outlined]})]
+    assert "hunter2" not in "\n".join(lines)
+    assert lines[1:] == ["attempt 1 on vm: ValueError; raised ValueError, which the job retries (retry 1 of 1)",
+                         "attempt 0 on w2: lost",
+                         "error: ValueError (its message is shown to the job's owner only)"]
+
+
 def test_workers_table_shows_each_workers_slots():
     from gpumesh.cli.pool import format_workers
     gpu_box = {"id": "a" * 12, "hostname": "gpu-box", "device": "GPU", "alive": True, "score": 3000.0,

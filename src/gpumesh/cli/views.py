@@ -36,7 +36,8 @@ def task_lines(view: dict, color: bool = False) -> list[str]:
         for h in t.get("history") or ():  # attempts that ended without a result
             who = h.get("hostname") or h.get("worker") or "?"
             err = h.get("error") or {}
-            what = f"{err.get('type')}: {err.get('message', '')}; " if err.get("type") else ""
+            what = "" if not err.get("type") else f"{err['type']}: {err['message']}; " \
+                if "message" in err else f"{err['type']}; "
             lines.append(f"    attempt {h.get('attempt', '?')} on {who}: {what}{h.get('ended', '')}")
         text = result_text(t, view.get("released", False))
         if text is not None:
@@ -46,7 +47,11 @@ def task_lines(view: dict, color: bool = False) -> list[str]:
             # What the function raised is named by its type, as a traceback would
             # (``KeyError: 'missing 2'``); gpumesh's own failures read as sentences.
             kind = err.get("type") if err.get("kind") == "raised" and err.get("type") else None
-            lines.append(f"    error: {kind + ': ' if kind else ''}{err.get('message', '')}")
+            if "message" not in err:  # someone else's job: the coordinator sent no text
+                lines.append(f"    error: {err.get('type') or err.get('kind') or 'failed'} "
+                             f"(its message is shown to the job's owner only)")
+            else:
+                lines.append(f"    error: {kind + ': ' if kind else ''}{err['message']}")
     return lines
 
 

@@ -641,8 +641,8 @@ class Coordinator(Journalled):
         if error is not None and worker_id:
             error.setdefault("worker", worker_id)
             w = self.workers.get(worker_id)
-            if w is not None and w.info.get("hostname"):
-                error["hostname"] = str(w.info["hostname"])[:200]
+            if w is not None and w.hostname:
+                error["hostname"] = w.hostname
         if error is not None and task_id in self.task_meta:
             error["attempt"] = self.task_meta[task_id][1]  # ours, whatever the worker said
         last = job.n_final + 1 >= job.n_tasks and job.state == "active"
@@ -715,7 +715,8 @@ class Coordinator(Journalled):
         if not failed:
             return 0
         ids = [tid for tid, _ in failed]
-        attempts = self.store.retry_tasks(job_id, ids)
+        hosts = {w.id: w.hostname for w in self.workers.values() if w.hostname}
+        attempts = self.store.retry_tasks(job_id, ids, hosts)
         job.n_final -= len(ids)
         job.state = "active"
         costs = {t["id"]: t["cost"] for t in self.store.task_rows(job_id)} if job.costs_vary else {}

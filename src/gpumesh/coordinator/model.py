@@ -154,6 +154,12 @@ class Worker:
     slot_list: list[dict[str, Any]] = field(default_factory=list)  # [{"id", "kind", "gpu"?}]
     views: list[hardware.Slot] | None = None  # slot_views() cache; None when info changed
 
+    @property
+    def hostname(self) -> str | None:
+        """The host name the worker reported (at most 200 characters), None if none."""
+        name = self.info.get("hostname")
+        return str(name)[:200] if name else None
+
     def slot_views(self) -> list[hardware.Slot]:
         """The worker's slots, strongest first (cached until its description changes)."""
         if self.views is None:

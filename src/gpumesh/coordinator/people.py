@@ -77,6 +77,24 @@ class Identity:
         return self.admin or (self.role == ROLE_SUBMIT and owner == self.name)
 
 
+def error_outline(error: dict | None) -> dict | None:
+    """What of a task's ``error`` someone else's job shows: its kind and type, never its
+    message or traceback (they may quote the arguments, or what the task printed)."""
+    if not error:
+        return error
+    return {k: error[k] for k in ("kind", "type") if k in error}
+
+
+def task_outline(task: dict) -> dict:
+    """A task as :meth:`Store.task_rows` gives it, as someone else's job shows it: each
+    error outlined (:func:`error_outline`), its earlier attempts' too."""
+    out = dict(task, error=error_outline(task.get("error")))
+    if task.get("history"):
+        out["history"] = [dict(h, error=error_outline(h["error"])) if h.get("error") else h
+                          for h in task["history"]]
+    return out
+
+
 MAIN = Identity(MAIN_PERSON, ROLE_ADMIN)
 WORKER_IDENTITY = Identity(WORKER_PERSON, ROLE_WORKER)
 

@@ -46,8 +46,8 @@ def requeue(coord: Coordinator, task_ids: list[str], reason: str, error: dict[st
         w = coord.workers.get(lease.worker_id)
         idx, attempts = coord.task_meta[tid]
         entry = {"attempt": attempts, "worker": lease.worker_id, "ended": reason}
-        if w is not None and w.info.get("hostname"):
-            entry["hostname"] = str(w.info["hostname"])[:200]
+        if w is not None and w.hostname:
+            entry["hostname"] = w.hostname
         if error is not None:
             entry["retried"] = True  # a raised retry_on exception, not a loss
             entry["error"] = {k: error[k] for k in ("type", "message") if isinstance(error.get(k), str)}

@@ -623,11 +623,13 @@ class Store:
         return [(r[0], r[1]) for r in self.db.execute(
             "SELECT id, idx FROM tasks WHERE job_id=? AND state='failed' ORDER BY idx", (job_id,))]
 
-    def retry_tasks(self, job_id: str, task_ids: list[str]) -> dict[str, int]:
+    def retry_tasks(self, job_id: str, task_ids: list[str],
+                    hostnames: dict[str, str] | None = None) -> dict[str, int]:
         """Make failed tasks pending again (no result), and the job active. The failed
         attempt stays in each task's history (marked ``retried``: a re-run, not a loss) and
         the next run gets the next attempt number, so ``logs`` shows the runs apart.
-        Returns ``{task_id: attempts so far}``."""
+        ``hostnames``: ``{worker id: host name}`` of the workers known now, recorded with
+        each attempt as other ended attempts are. Returns ``{task_id: attempts so far}``."""
         marks = ",".join("?" * len(task_ids))
         rows = self.db.execute(
             f"SELECT id, attempts, worker_id, error, result_file FROM tasks"
@@ -636,6 +638,8 @@ class Store:
         for tid, attempts, wid, err, _ in rows:
             entry = {"attempt": attempts, "worker": wid, "ended": "failed; re-run by gpumesh retry",
                      "retried": True}
+            if (hostnames or {}).get(wid):
+                entry["hostname"] = hostnames[wid]
             error = json.loads(err) if err else None
             if isinstance(error, dict):
                 entry["error"] = {k: error[k] for k in ("type", "message") if isinstance(error.get(k), str)}

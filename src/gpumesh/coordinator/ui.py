@@ -245,9 +245,7 @@ def routes(coord, auth) -> list[Route]:
         tasks = []
         for t in coord.store.task_rows(jid):
             started, finished = times.get(t["id"], (None, None))
-            err = t["error"]
-            if err and not mine:
-                err = {k: err[k] for k in ("kind", "type") if k in err}
+            err = t["error"] if mine else people.error_outline(t["error"])
             tasks.append({"id": t["id"], "index": t["index"], "state": t["state"],
                           "attempts": t["attempts"], "worker": t["worker_id"],
                           "host": hosts.get(t["worker_id"] or "", ""),

@@ -101,10 +101,8 @@ async def job_status(request: Request) -> Response:
         raise UnknownJob(jid)
     if not who_of(request).may_touch(view["owner"]):
         # Someone else's job: its shape and states, not its error texts (they may
-        # quote the arguments).
-        for t in view["tasks"]:
-            if t["error"]:
-                t["error"] = {k: t["error"][k] for k in ("kind", "type") if k in t["error"]}
+        # quote the arguments), nor those of its tasks' earlier attempts.
+        view["tasks"] = [people.task_outline(t) for t in view["tasks"]]
     return JSONResponse(view)
 
 
@@ -272,7 +270,7 @@ def attempt_logs(coord: Coordinator, job_id: str, task: dict) -> list[dict]:
             hostname = h.get("hostname")
         else:  # the current attempt has no history entry: name its worker as history would
             w = coord.workers.get(worker) if worker else None
-            hostname = str(w.info["hostname"])[:200] if w is not None and w.info.get("hostname") else None
+            hostname = w.hostname if w is not None else None
         out.append({"attempt": k, "worker": worker, "hostname": hostname,
                     "ended": h.get("ended") if h else task["state"],
                     "stdout": text("stdout", k), "stderr": text("stderr", k)})
