@@ -121,3 +121,49 @@ def test_package_sets_are_validated_and_normalised():
     for bad in ([], {"x": 1}, {"": "1"}, {"n" * 300: "1"}):
         with pytest.raises(ValueError, match="packages"):
             packages.check(bad)
+
+
+def test_a_task_only_a_paused_worker_could_still_run_waits_for_it_and_says_so(make_mesh, module_dir, capfd):
+    """The open worker lacks the module (so it never runs the job again), the one that
+    has it is paused by its owner: the call waits for it, says why at once (not at the
+    end of its long poll), and finishes there on resume."""
+    import re
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from ..conftest import wait_for
+
+    mesh = make_mesh(workers=0)
+    has_it = _worker(mesh, "has-it", module_dir)
+    wid = re.search(r"joined mesh as ([0-9a-f]+)", has_it.output()).group(1)
+    _worker(mesh, "lacks-it")
+
+    def owner(*args: str) -> None:
+        r = subprocess.run([sys.executable, "-m", "gpumesh", *args, "--worker", wid],
+                           env=dict(mesh.env, GPUMESH_URL=mesh.url), capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+    owner("pause")
+    wait_for(lambda: any(w["id"] == wid and (w.get("owner") or {}).get("state") == "paused"
+                         for w in mesh.workers()), 10, "the pause")
+    m = mesh.client()
+
+    @accelerate(m)
+    def uses_it(i):
+        import gm_only_on_one_worker as mod
+        return i + mod.VALUE, os.environ["GM_WORKER_NAME"]
+
+    got = []
+    caller = threading.Thread(target=lambda: got.append(uses_it(1)), daemon=True)
+    started = time.monotonic()
+    caller.start()
+    said = wait_for(lambda: re.search(r"job ([0-9a-f]+) is waiting: 1 worker paused by its owner",
+                                      capfd.readouterr().err), 15, "the caller's notice")
+    assert time.monotonic() - started < 10       # at once, not after a 20 s long poll
+    assert "waiting" in m.status(said.group(1))  # and `gpumesh status` says why too
+    assert caller.is_alive() and got == []
+    owner("resume")
+    caller.join(60)
+    assert got == [(41, "has-it")]

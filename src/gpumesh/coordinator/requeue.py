@@ -134,6 +134,11 @@ def missing_module(coord: Coordinator, lease: Lease, error: dict[str, Any]) -> d
                  lease.task_id, lease.worker_id, module)
         # Not a loss (like a retry_on re-run): the attempt goes into the task's history.
         rerun(coord, lease, f"no module {module!r} on this worker", error)
+        if views.closed_for(coord, job.id):
+            # Only workers their owners closed (paused, outside hours) may run it now: the
+            # waiting caller hears so at once (its results page says why), not after its
+            # long poll.
+            job.notify()
         return None
     return dict(error, kind="missing_module", message=views.missing_module_message(coord, job, module))
 

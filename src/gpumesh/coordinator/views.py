@@ -58,12 +58,15 @@ def closed_for(coord: Coordinator, job_id: str) -> list[tuple[Worker, str]]:
     closes it to them (``paused``, ``outside_hours``, else its GPU's ``yielding``, ``hot``
     or ``power``), when every one of them is closed by its owner's rules. Empty when the
     job has no pending task, when one of them has an open slot for it (it only waits its
-    turn), or when none could run it (that is the callers' ``workers_able``)."""
+    turn), or when none could run it (that is the callers' ``workers_able``). A worker
+    that lacks a module the job imports (:meth:`Job.excludes`) could not run it."""
     job = coord.jobs.get(job_id)
     if job is None or not coord.queue.pending(job_id):
         return []
     out = []
     for w in coord.alive_workers():
+        if job.excludes(w.id):  # (it lacks a module the job's tasks import: never again)
+            continue
         closed = availability.closed_slots(w.info, w.slot_list)
         fits = [v for v in w.slot_views() if not job.lane
                 or hardware.refusal(job.lane, v, ever=True) is None]
