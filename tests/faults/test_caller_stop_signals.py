@@ -92,6 +92,10 @@ def test_a_stop_signal_cancels_the_callers_job_and_ends_it_by_the_signal(fault_m
     assert caller.returncode == -sig, (caller.returncode, err.decode())
     assert b"returned" not in out
     assert b"Traceback" not in err  # ended by the signal, not by an exception
+    (job,) = m.client(output=False).jobs()
+    # one line says so, as Ctrl+C's does
+    assert (f"[gpumesh] {signal.Signals(sig).name}: job {job['id']} cancelled on the mesh; "
+            f"its tasks stop there\n") in err.decode(), err.decode()
     _assert_cancelled_not_finished(m, started, finished)
 
 

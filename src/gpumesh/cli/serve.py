@@ -164,7 +164,8 @@ def _answers(url: str, fingerprint: str | None) -> bool:
 @click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True,
               help="TCP port to listen on.")
 @click.option("--token", default=None, metavar="TOKEN",
-              help="Token callers and workers must present [default: $GPUMESH_TOKEN, else a new one].")
+              help="Token callers and workers must present [default: $GPUMESH_TOKEN, else the one the "
+                   "saved config holds for this URL, else a new one].")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where jobs, tasks and results are stored [default: ~/.gpumesh; see docs/cli.md on macOS/Windows].")
 @click.option("--no-self-worker", is_flag=True, help="Do not join this machine as a worker [default: it joins].")

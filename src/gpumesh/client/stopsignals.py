@@ -37,6 +37,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -104,7 +105,7 @@ def _uninstall() -> None:
 
 def _on_stop(signum: int, frame: Any) -> None:
     try:
-        cancel_all(dict(_jobs))
+        cancel_all(dict(_jobs), why=signal.Signals(signum).name)
     finally:
         # The default action, as if this handler had never been there: the process ends
         # by the signal (no exception to catch, no exit status 0 or 1 to mislead). Only
@@ -114,10 +115,11 @@ def _on_stop(signum: int, frame: Any) -> None:
         os.kill(os.getpid(), signum)
 
 
-def cancel_all(jobs: dict[str, Any], budget_s: float = CANCEL_BUDGET_S) -> None:
-    """Cancel and release ``jobs`` (id -> mesh), within ``budget_s`` in all. Each mesh gets
-    a fresh connection: the handler may have interrupted the main thread inside a request
-    on the mesh's own pool (whose locks it may hold)."""
+def cancel_all(jobs: dict[str, Any], budget_s: float = CANCEL_BUDGET_S, why: str = "stopped") -> None:
+    """Cancel and release ``jobs`` (id -> mesh), within ``budget_s`` in all, saying so on
+    stderr, one line per job (``why``: what stopped the caller, e.g. ``SIGTERM``), as
+    Ctrl+C does. Each mesh gets a fresh connection: the handler may have interrupted the
+    main thread inside a request on the mesh's own pool (whose locks it may hold)."""
     from ..transport import Transport
     deadline = time.monotonic() + budget_s
     by_mesh: dict[int, tuple[Any, list[str]]] = {}
@@ -130,8 +132,10 @@ def cancel_all(jobs: dict[str, Any], budget_s: float = CANCEL_BUDGET_S) -> None:
             log.debug("stop signal: no connection to %s: %s", mesh.url, e)
             continue
         try:
-            for path, body in [(protocol.job_cancel(j), None) for j in ids] + [
-                    (protocol.JOBS_RELEASE, {"jobs": ids})]:  # release: nobody will collect them
+            # (job id, path, body): each job's cancel, then one release of them all, as
+            # nobody will collect their results
+            for job_id, path, body in [(j, protocol.job_cancel(j), None) for j in ids] + [
+                    (None, protocol.JOBS_RELEASE, {"jobs": ids})]:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return
@@ -139,5 +143,19 @@ def cancel_all(jobs: dict[str, Any], budget_s: float = CANCEL_BUDGET_S) -> None:
                     http.request("POST", path, json=body, timeout=min(left, 3.0))
                 except Exception as e:  # noqa: BLE001 - best effort: the process ends anyway
                     log.debug("stop signal: %s on %s failed: %s", path, mesh.url, e)
+                    continue
+                if job_id is not None:
+                    _say(f"{why}: job {job_id} cancelled on the mesh; its tasks stop there")
         finally:
             http.close()
+
+
+def _say(text: str) -> None:
+    """A notice line from inside a signal handler: straight to stderr (the notices'
+    lock may be held by the very code the signal interrupted), never raising (stderr
+    may be mid-write, or closed)."""
+    try:
+        sys.stderr.write(f"[gpumesh] {text}\n")
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - the process ends by the signal all the same
+        pass
