@@ -25,10 +25,16 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 
-install: $(PY)
+# (installed once per change of pyproject.toml, as the dev extra below: a second
+# `make demo` starts at once, and works offline)
+INSTALLED := $(VENV)/.installed
+$(INSTALLED): $(PY) pyproject.toml
 	$(PIP) install -q -e '.[notebook,examples]'
+	touch $@
 
-demo: install
+install: $(INSTALLED)
+
+demo: $(INSTALLED)
 	$(PY) scripts/demo.py
 
 # The package (editable) with the dev extra, installed once per change of pyproject.toml:

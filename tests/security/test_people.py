@@ -249,6 +249,12 @@ def test_token_commands_against_a_live_coordinator(make_mesh, tmp_path):
         alice = r.stdout.splitlines()[1].strip()
         r = cli(m, "token", "add", "alice")
         assert r.returncode == 1 and "already has a token" in r.stderr
+        # a name no person can have is a usage error, found before any request
+        for bad, why in [("bad name!", "a name is 1 to 64 letters"), ("admin", "is reserved"),
+                         ("x" * 65, "a name is 1 to 64 letters")]:
+            r = cli(m, "token", "add", bad)
+            assert r.returncode == 2 and why in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert [t["name"] for t in m.client(output=False).tokens()] == ["alice"]
         r = cli(m, "token", "add", "vic", "--role", "view", "--json")
         vic = json.loads(r.stdout)["token"]
         r = cli(m, "token", "list")

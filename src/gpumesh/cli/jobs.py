@@ -20,7 +20,8 @@ def _mesh(url, token):
 
 @click.command()
 @endpoint_options
-@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True)
+@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True,
+              help="How many of the most recent jobs to list.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
 @one_line_errors
 def jobs(url, token, limit, as_json):

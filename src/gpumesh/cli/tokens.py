@@ -12,6 +12,15 @@ from .common import endpoint_options, one_line_errors, resolve_endpoint
 ROLES = ("admin", "submit", "worker", "view")
 
 
+def _person(ctx, param, value):
+    """NAME checked here, as the coordinator checks it: a bad one is a usage error (2)."""
+    from ..coordinator.people import check_name
+    try:
+        return check_name(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
 def _mesh(url, token):
     from ..client.mesh import GPUMesh
     ep = resolve_endpoint(url, token)
@@ -25,7 +34,7 @@ def token():
 
 
 @token.command("add")
-@click.argument("name")
+@click.argument("name", callback=_person)
 @click.option("--role", type=click.Choice(ROLES), default="submit", show_default=True,
               help="admin: everything; submit: run jobs and manage their own; "
                    "worker: join as a worker only; view: look, never run or read results.")
