@@ -123,6 +123,15 @@ def test_sign_in_watch_a_job_open_a_traceback_and_cancel(mesh, page, tmp_path):
     assert "Traceback" in tb and "AssertionError" in tb and "three is not allowed" in tb
     assert "three is not allowed" in page.text_content(".error-message")
     page.wait_for_selector("#retry-btn")
+    # re-run (it fails again): the output shows each attempt's, each under its own line
+    assert alice.retry(bad) == 1
+    wait_for(lambda: alice.status(bad)["state"] == "finished", 60, "the re-run")
+    page.reload()
+    page.wait_for_selector("#output p.attempt")
+    assert [line.split(":", 1)[1].strip() for line in page.eval_on_selector_all(
+        "#output p.attempt", "ps => ps.map(p => p.textContent)")] == [
+        "failed; re-run by gpumesh retry", "failed"]
+    assert page.text_content("#output").count("working on 3") == 2
 
     # cancel a running job: its tasks stop on the workers
     slow = alice.submit("slow", script, [{"sleep": 60}] * 4)

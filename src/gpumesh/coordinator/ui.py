@@ -56,7 +56,7 @@ from starlette.routing import Route
 
 from .. import availability
 from ..limits import DAY_S
-from . import people
+from . import people, views
 from .auth import AuthRefused
 from .model import JobReleased, UnknownJob
 
@@ -264,12 +264,13 @@ def routes(coord, auth) -> list[Route]:
             return _refuse(403, "not_yours", f"job {jid} belongs to {row.get('owner') or 'admin'}")
         out = []
         for t in coord.store.task_rows(jid):
-            texts = {}
-            for stream in ("stdout", "stderr"):
-                data = coord.output.task_log(jid, t["id"], stream)
-                texts[stream] = data[-OUTPUT_TAIL_BYTES:].decode("utf-8", "replace")
-            if texts["stdout"] or texts["stderr"]:
-                out.append({"index": t["index"], "id": t["id"], **texts})
+            # every attempt's (a task retried, crashed and re-run, or handed back printed
+            # once per run), the last part of each
+            attempts = [a for a in views.attempt_logs(coord, jid, t, tail=OUTPUT_TAIL_BYTES)
+                        if a["stdout"] or a["stderr"]]
+            if attempts:
+                out.append({"index": t["index"], "id": t["id"], "attempts": t["attempts"],
+                            "runs": attempts})
         return _json({"job_id": jid, "tasks": out})
 
     def acting(name: str, act):

@@ -130,3 +130,30 @@ def missing_module_message(coord: Coordinator, job: Job, module: str) -> str:
     return (f"No module named {module!r} on any worker that could run this task: "
             f"{', '.join(lacking)} lack{'s' if len(lacking) == 1 else ''} it; install it "
             f"there (or join a worker that has it) and call again")
+
+
+def attempt_logs(coord: Coordinator, job_id: str, task: dict, tail: int | None = None) -> list[dict]:
+    """A task's output attempt by attempt (``tail``: only the last that many bytes of each
+    stream): ``[{"attempt", "worker", "hostname", "ended",
+    "stdout", "stderr"}]``; ``ended`` says why an earlier attempt ended without a result
+    (from the task's history), and is the task's state for its last attempt."""
+    history = {h.get("attempt"): h for h in task.get("history") or ()}
+    out = []
+
+    def text(stream: str, k: int) -> str:
+        data = coord.output.task_log(job_id, task["id"], stream, k)
+        return (data if tail is None else data[-tail:]).decode("utf-8", "replace")
+
+    for k in range(1, max(int(task["attempts"] or 0), 1) + 1):
+        h = history.get(k)
+        last = h is None and k == task["attempts"]
+        worker = h.get("worker") if h else (task["worker_id"] if last else None)
+        if h:
+            hostname = h.get("hostname")
+        else:  # the current attempt has no history entry: name its worker as history would
+            w = coord.workers.get(worker) if worker else None
+            hostname = w.hostname if w is not None else None
+        out.append({"attempt": k, "worker": worker, "hostname": hostname,
+                    "ended": h.get("ended") if h else task["state"],
+                    "stdout": text("stdout", k), "stderr": text("stderr", k)})
+    return out

@@ -197,7 +197,7 @@ async def job_logs(request: Request) -> Response:
     for t in rows:
         if task is not None and t["id"] != task:
             continue
-        attempts = attempt_logs(coord, jid, t)
+        attempts = views.attempt_logs(coord, jid, t)
         out.append({"id": t["id"], "index": t["index"], "state": t["state"],
                     "stdout": "".join(a["stdout"] for a in attempts),
                     "stderr": "".join(a["stderr"] for a in attempts),
@@ -252,31 +252,6 @@ async def retry(request: Request) -> Response:
 
 
 # ---------------------------------------------------------------- views ------------
-def attempt_logs(coord: Coordinator, job_id: str, task: dict) -> list[dict]:
-    """A task's output attempt by attempt: ``[{"attempt", "worker", "hostname", "ended",
-    "stdout", "stderr"}]``; ``ended`` says why an earlier attempt ended without a result
-    (from the task's history), and is the task's state for its last attempt."""
-    history = {h.get("attempt"): h for h in task.get("history") or ()}
-    out = []
-
-    def text(stream: str, k: int) -> str:
-        return coord.output.task_log(job_id, task["id"], stream, k).decode("utf-8", "replace")
-
-    for k in range(1, max(int(task["attempts"] or 0), 1) + 1):
-        h = history.get(k)
-        last = h is None and k == task["attempts"]
-        worker = h.get("worker") if h else (task["worker_id"] if last else None)
-        if h:
-            hostname = h.get("hostname")
-        else:  # the current attempt has no history entry: name its worker as history would
-            w = coord.workers.get(worker) if worker else None
-            hostname = w.hostname if w is not None else None
-        out.append({"attempt": k, "worker": worker, "hostname": hostname,
-                    "ended": h.get("ended") if h else task["state"],
-                    "stdout": text("stdout", k), "stderr": text("stderr", k)})
-    return out
-
-
 def job_view(coord: Coordinator, job_id: str, with_tasks: bool) -> dict | None:
     """A job as ``GET /v1/jobs/{id}`` answers it (None for an unknown job)."""
     row = coord.store.job_row(job_id)

@@ -232,8 +232,12 @@ function jobPage(j, out) {
     !j.may_read ? el("p", { class: "muted" }, "Output is for the job's owner.")
       : (out && out.tasks.length) ? out.tasks.map(t => [
           el("h3", { class: "muted" }, "#" + t.index),
-          t.stdout ? el("pre", { class: "stdout" }, t.stdout) : null,
-          t.stderr ? el("pre", { class: "stderr" }, t.stderr) : null])
+          t.runs.map(r => [
+            // a task that ran more than once: each attempt's output under its own line
+            t.attempts > 1 ? el("p", { class: "muted attempt" }, "attempt " + r.attempt + " on " +
+              (r.hostname || r.worker || "?") + ": " + (r.ended || "?")) : null,
+            r.stdout ? el("pre", { class: "stdout" }, r.stdout) : null,
+            r.stderr ? el("pre", { class: "stderr" }, r.stderr) : null])])
       : el("p", { class: "muted" }, "Nothing printed yet."));
   return [el("p", {}, el("a", { href: "#/" }, "← pool and jobs")), head, tasks, output];
 }
