@@ -112,20 +112,37 @@ def test_results_to_dataframe(monkeypatch):
         results_to_dataframe([{"a": 1}])
 
 
-def test_rerun_line_keeps_tls_and_safe_mode():
-    """The loopback banner's "re-run with" line must not drop a protection the user asked
-    for: following it to open the coordinator up keeps TLS (and safe mode)."""
-    from gpumesh.cli.serve import banner
+def test_rerun_line_keeps_every_flag_given_but_address_port_and_secrets(monkeypatch, tmp_path):
+    """The loopback banner's "re-run with" line must not drop a protection (TLS, safe mode)
+    or a choice (the data directory: the job store and people's tokens) the user made:
+    following it to open the coordinator up keeps every flag given, with placeholders
+    for secrets. serve's own command line is parsed (click), not a copy of its flags."""
+    import click
 
-    def rerun(**kw) -> str:
-        (line,) = [x for x in banner("127.0.0.1", 8000, "t" * 20, False, **kw) if "re-run with" in x]
+    from gpumesh.cli.serve import banner, rerun_flags, serve
+
+    def rerun(*args: str) -> str:
+        got = {}
+
+        def capture(**kw):
+            got["flags"] = rerun_flags(click.get_current_context())
+        monkeypatch.setattr(serve, "callback", capture)
+        with serve.make_context("serve", list(args)) as ctx:
+            ctx.invoke(serve.callback, **ctx.params)
+        (line,) = [x for x in banner("127.0.0.1", 8000, "t" * 20, False, rerun=got["flags"])
+                   if "re-run with" in x]
         return line.split("re-run with: ", 1)[1]
 
     assert rerun() == "gpumesh serve --host 0.0.0.0 --port 8000 --token=<your token>"
-    assert rerun(fingerprint="SHA256:ab", tls_flags="--tls") == \
+    assert rerun("--port", "8001", "--tls", "--token", "x" * 20) == \
         "gpumesh serve --host 0.0.0.0 --port 8000 --tls --token=<your token>"
-    assert rerun(fingerprint="SHA256:ab", tls_flags="--tls-cert c.pem --tls-key k.pem", safe_mode=True) == \
-        "gpumesh serve --host 0.0.0.0 --port 8000 --tls-cert c.pem --tls-key k.pem --safe-mode --token=<your token>"
+    data = tmp_path / "my data"
+    assert rerun("--data-dir", str(data), "--no-self-worker", "--tls-cert", "c.pem", "--tls-key", "k.pem",
+                 "--safe-mode", "--metrics-token", "m" * 20, "--trusted-proxy", "10.0.0.0/8",
+                 "--trusted-proxy", "fd00::/8") == (
+        f"gpumesh serve --host 0.0.0.0 --port 8000 --data-dir '{data}' --no-self-worker "
+        "--tls-cert c.pem --tls-key k.pem --safe-mode --metrics-token <your metrics token> "
+        "--trusted-proxy 10.0.0.0/8 --trusted-proxy fd00::/8 --token=<your token>")
 
 
 def test_exposed_banner_says_reachability_is_not_tested():

@@ -52,12 +52,38 @@ def check_token(token: str, what: str = "token") -> None:
              f"(anyone who guesses it can run code here): {GENERATE_HINT}", code=2)
 
 
+#: Flags whose value is a secret: the re-run line names them with a placeholder.
+_SECRET_FLAGS = {"worker_token": "<your worker token>", "metrics_token": "<your metrics token>"}
+#: Flags the re-run line sets itself (the address to open up, the port, the token).
+_RERUN_OWN = {"host", "port", "token"}
+
+
+def rerun_flags(ctx: click.Context) -> str:
+    """The flags this ``serve`` was given on its command line, in the command's order,
+    for the banner's re-run line: every one the user chose (a data directory, TLS, safe
+    mode, a metrics token...) but the address, port and token, which the line sets, and
+    with a placeholder for each secret value."""
+    parts: list[str] = []
+    for param in ctx.command.params:
+        name = param.name or ""
+        if (name in _RERUN_OWN or not isinstance(param, click.Option)
+                or ctx.get_parameter_source(name) is not click.core.ParameterSource.COMMANDLINE):
+            continue
+        flag, value = param.opts[0], ctx.params.get(name)
+        if param.is_flag:
+            parts += [flag] if value else param.secondary_opts[:1]
+            continue
+        for v in (list(value or ()) if param.multiple else [value]):
+            parts += [flag, _SECRET_FLAGS.get(name) or shlex.quote(str(v))]
+    return " ".join(parts)
+
+
 def banner(host: str, port: int, token: str, show_token: bool, *, fingerprint: str | None = None,
            worker_token: bool = False, safe_mode: bool = False, public: bool = False,
-           tls_flags: str = "") -> list[str]:
+           rerun: str = "") -> list[str]:
     """The lines ``serve`` prints once it listens (wording kept from the product README).
-    ``public``: an ngrok tunnel will be announced below (``--public``). ``tls_flags``: how
-    TLS was asked for (``"--tls"``, ``"--tls-cert C --tls-key K"``), kept in the re-run line."""
+    ``public``: an ngrok tunnel will be announced below (``--public``). ``rerun``: the
+    flags the re-run line keeps (:func:`rerun_flags`)."""
     scheme = "https" if fingerprint else "http"
     loopback_answers = host in ("0.0.0.0", "::", "127.0.0.1", "localhost")
     # bound to one address (--host 192.0.2.10, --tailscale), 127.0.0.1 answers nothing
@@ -82,10 +108,10 @@ def banner(host: str, port: int, token: str, show_token: bool, *, fingerprint: s
         lines += [
             f"   Other machines CANNOT reach this coordinator (bound to {host} only).",
             "   That is the default now: a worker executes code as the user who started it.",
-            # the re-run keeps TLS and safe mode: opening up must not also drop a protection
+            # the re-run keeps every flag given (TLS, safe mode, the data directory...):
+            # opening up must not also drop a protection, or start an empty store
             f"   To let other machines join, re-run with: gpumesh serve --host 0.0.0.0 --port {port}"
-            + (f" {tls_flags}" if tls_flags else "") + (" --safe-mode" if safe_mode else "")
-            + " --token=<your token>",
+            + (f" {rerun}" if rerun else "") + " --token=<your token>",
             "   (or set GPUMESH_HOST=0.0.0.0). Read the warning it prints before you do.",
         ]
     else:
@@ -271,8 +297,6 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
     except OSError as e:
         fail(f"cannot lock the data directory {data_dir} ({e.strerror or e})")
     fingerprint = None
-    tls_flags = (f"--tls-cert {shlex.quote(str(tls_cert))} --tls-key {shlex.quote(str(tls_key))}"
-                 if tls_cert is not None else "--tls" if tls else "")
     if tls or tls_cert is not None:
         from ..tls import TLSSetupError, check_pair, self_signed
         try:
@@ -302,7 +326,7 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
         fail(f"cannot open the job store in {data_dir}: {e}")
     for line in banner(host, port, token, show_token=generated, fingerprint=fingerprint,
                        worker_token=worker_token is not None, safe_mode=safe_mode, public=public,
-                       tls_flags=tls_flags):
+                       rerun=rerun_flags(click.get_current_context())):
         click.echo(line)
     from ..winplat import firewall_lines
     for line in firewall_lines(host, port):  # Windows only: the inbound rule (spec: as Administrator)

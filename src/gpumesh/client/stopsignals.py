@@ -134,8 +134,10 @@ def cancel_all(jobs: dict[str, Any], budget_s: float = CANCEL_BUDGET_S, why: str
         try:
             # (job id, path, body): each job's cancel, then one release of them all, as
             # nobody will collect their results
-            for job_id, path, body in [(j, protocol.job_cancel(j), None) for j in ids] + [
-                    (None, protocol.JOBS_RELEASE, {"jobs": ids})]:
+            calls: list[tuple[str | None, str, dict[str, Any] | None]] = [
+                (j, protocol.job_cancel(j), None) for j in ids]
+            calls.append((None, protocol.JOBS_RELEASE, {"jobs": ids}))
+            for cancelled, path, body in calls:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return
@@ -144,8 +146,8 @@ def cancel_all(jobs: dict[str, Any], budget_s: float = CANCEL_BUDGET_S, why: str
                 except Exception as e:  # noqa: BLE001 - best effort: the process ends anyway
                     log.debug("stop signal: %s on %s failed: %s", path, mesh.url, e)
                     continue
-                if job_id is not None:
-                    _say(f"{why}: job {job_id} cancelled on the mesh; its tasks stop there")
+                if cancelled is not None:
+                    _say(f"{why}: job {cancelled} cancelled on the mesh; its tasks stop there")
         finally:
             http.close()
 

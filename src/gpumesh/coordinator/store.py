@@ -638,8 +638,9 @@ class Store:
         for tid, attempts, wid, err, _ in rows:
             entry = {"attempt": attempts, "worker": wid, "ended": "failed; re-run by gpumesh retry",
                      "retried": True}
-            if (hostnames or {}).get(wid):
-                entry["hostname"] = hostnames[wid]
+            host = (hostnames or {}).get(wid)
+            if host:
+                entry["hostname"] = host
             error = json.loads(err) if err else None
             if isinstance(error, dict):
                 entry["error"] = {k: error[k] for k in ("type", "message") if isinstance(error.get(k), str)}

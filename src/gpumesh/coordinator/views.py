@@ -132,7 +132,8 @@ def missing_module_message(coord: Coordinator, job: Job, module: str) -> str:
             f"there (or join a worker that has it) and call again")
 
 
-def attempt_logs(coord: Coordinator, job_id: str, task: dict, tail: int | None = None) -> list[dict]:
+def attempt_logs(coord: Coordinator, job_id: str, task: dict[str, Any],
+                 tail: int | None = None) -> list[dict[str, Any]]:
     """A task's output attempt by attempt (``tail``: only the last that many bytes of each
     stream): ``[{"attempt", "worker", "hostname", "ended",
     "stdout", "stderr"}]``; ``ended`` says why an earlier attempt ended without a result
