@@ -138,7 +138,14 @@ class TaskTimeout(MeshError, TimeoutError):
     """The task ran longer than its ``timeout`` (seconds) and its process tree was killed;
     or, at the caller, it could not start for that long because every worker that could
     run it was closed by its owner's rules (paused, outside its hours) and the job was
-    cancelled."""
+    cancelled. Where it ran, as :class:`TaskFailed` says it: ``index``, ``task_id``,
+    ``worker``, ``hostname``, ``attempt`` (None when unknown)."""
+
+    index: int | None = None
+    task_id: str | None = None
+    worker: str | None = None
+    hostname: str | None = None
+    attempt: int | None = None
 
 
 class StartFailed(MeshError, RuntimeError):

@@ -9,7 +9,6 @@ import json
 import linecache
 import socket
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -101,6 +100,42 @@ def test_default_first_failure_raises_and_says_how_to_keep_going(mesh2, tmp_path
     text = "\n".join(getattr(ei.value, "__notes__", [])) + str(ei.value.__cause__)
     assert "return_exceptions=True" in text and "cancelled" in text
     assert ".map item 1 of 4, train(lr=5)," in text
+
+
+STUCK_OR_DEAD = """\
+import os, time
+
+def step(i):
+    if i == 1:
+        os._exit(3)
+    if i == 2:
+        time.sleep(30)
+    return i
+"""
+
+
+def test_a_crashed_or_timed_out_item_says_where_as_attributes_too(mesh2, tmp_path, monkeypatch):
+    """gpumesh's own errors in a return_exceptions sweep carry where the task ran as
+    attributes (.index, .task_id, .worker, .hostname, .attempt), as a function's own
+    exception's RemoteTraceback cause does: a TaskTimeout too, on the mesh and locally."""
+    from gpumesh import TaskCrashed, TaskTimeout
+    client = mesh2.client(output=False)
+    step = accelerate(client)(user_code(tmp_path, STUCK_OR_DEAD)["step"])
+    got = step.map([0, 1, 2], return_exceptions=True, timeout=2)
+    assert got[0] == 0
+    crashed, timed_out = got[1], got[2]
+    assert type(crashed) is TaskCrashed and type(timed_out) is TaskTimeout
+    workers = {w["id"]: w["hostname"] for w in mesh2.workers()}
+    for exc, index, attempt in [(crashed, 1, 3), (timed_out, 2, 1)]:
+        assert (exc.index, exc.attempt) == (index, attempt), exc
+        assert exc.worker in workers and exc.hostname == workers[exc.worker]
+        assert exc.task_id and f".map item {index} of 3, step({index}), on worker {exc.hostname} " \
+            f"({exc.worker}), attempt {attempt}, task {exc.task_id}" in str(exc)
+    # the same sweep run locally (no mesh): the item is an attribute there too
+    monkeypatch.setenv("GPUMESH_LOCAL", "1")
+    local = step.map([0, 2], return_exceptions=True, timeout=1)
+    assert local[0] == 0 and type(local[1]) is TaskTimeout and local[1].index == 1
+    assert ".map item 1 of 2, step(2), on " in str(local[1])
 
 
 def test_remote_traceback_names_item_worker_and_the_users_file_and_line(mesh2, tmp_path):

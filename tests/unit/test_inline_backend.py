@@ -57,8 +57,10 @@ def test_timeout_is_enforced_locally(m):
 
     assert sleepy(0) == 0
     t0 = time.monotonic()
-    # the words a worker's timeout has (protocol.timeout_message), then where it ran
-    with pytest.raises(TaskTimeout, match=r"^the task ran longer than its timeout of 0\.3s \(task .*on this machine"):
+    # the words a worker's timeout has (protocol.timeout_message), then the call and where
+    # it ran, as a local run's other failures say them
+    with pytest.raises(TaskTimeout, match=r"^the task ran longer than its timeout of 0\.3s \(\S*sleepy\(5\) "
+                                          r"on this machine\)$"):
         sleepy(5)
     assert time.monotonic() - t0 < 4  # the caller is not held for the function's 5 s
     got = sleepy.map([0, 5, 0], return_exceptions=True)

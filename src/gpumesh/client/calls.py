@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .. import wire
-from ..errors import RemoteTraceback, TaskFailed
+from ..errors import RemoteTraceback, TaskFailed, TaskTimeout
 from ..protocol import FailureKind, ResultItem, failure_exception, timeout_message
 
 #: Keys of a ``.map`` item that are scheduling hints, not arguments (spec: "a payload's
@@ -206,11 +206,12 @@ def failure(item: ResultItem, payload: memoryview | None, *, call: Call | None =
 
 def _located(exc: BaseException, cause: RemoteTraceback | None, item: ResultItem,
              err: dict) -> BaseException:
-    """Give ``exc`` (a TaskFailed) and its remote traceback where the task ran."""
+    """Give ``exc`` (gpumesh's own: a TaskFailed, a TaskTimeout) and its remote traceback
+    where the task ran."""
     facts = {"index": item.index, "task_id": item.task_id,
              "worker": err.get("worker") or item.worker, "hostname": err.get("hostname"),
              "attempt": err.get("attempt")}
-    for target in (cause, exc if isinstance(exc, TaskFailed) else None):
+    for target in (cause, exc if isinstance(exc, (TaskFailed, TaskTimeout)) else None):
         if target is not None:
             for k, v in facts.items():
                 if v is not None or not hasattr(target, k):
@@ -291,8 +292,10 @@ def outcome_value(outcome: tuple, index: int, where: str, call: Call | None = No
         err.__cause__ = cause
         raise err
     if kind == "timeout":
-        raise failure_exception(FailureKind.TIMEOUT, f"{timeout_message(outcome[1])} "
-                                f"(task #{index} on {where})")
+        err = failure_exception(FailureKind.TIMEOUT, f"{timeout_message(outcome[1])} ({place})"
+                                + (f"; {hint}" if hint else ""))
+        err.index = index  # type: ignore[attr-defined]  # (as a mesh's TaskTimeout's .index)
+        raise err
     if kind == "exit":  # as a worker of the native mesh reports it
         raise failure_exception(FailureKind.EXIT, f"the task called sys.exit({outcome[1]}) "
                                 f"(task #{index} on {where})", remote_type="SystemExit",
