@@ -64,6 +64,21 @@ def test_retry_on_requeues_a_subclass_elsewhere_then_delivers(store):
         coord.post_result(g1.task_id, g1.lease_id, "ok", None, b"late")
 
 
+def test_retries_go_round_the_workers_not_back_to_the_last_one(store):
+    """Failed on box-a, then on box-b: the third run goes to box-a again (the worker it
+    failed on longest ago), not to box-b, which asks first; and so on, round."""
+    coord = Coordinator(store, clock=FakeClock())
+    a = coord.register({"hostname": "box-a"}, None, 1)
+    b = coord.register({"hostname": "box-b"}, None, 1)
+    submit(coord, meta={"retries": 4, "retry_on": ["OSError"]})
+    ran = []
+    for _ in range(5):
+        (g,) = lease(coord, b.id) or lease(coord, a.id)  # box-b always asks first
+        ran.append(coord.leases[g.task_id].worker_id)
+        coord.post_result(g.task_id, g.lease_id, "error", dict(OSERR), b"E")
+    assert ran == [b.id, a.id, b.id, a.id, b.id]
+
+
 def test_a_retry_does_not_wait_for_a_worker_its_owner_closed(store):
     # box-b is paused by its owner (it may stay so for hours): the retry runs again where
     # it failed, now, rather than wait for the one worker it has not tried.

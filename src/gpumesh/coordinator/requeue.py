@@ -190,16 +190,19 @@ def retry_failed(coord: Coordinator, lease: Lease, error: dict[str, Any] | None)
 
 def rerun(coord: Coordinator, lease: Lease, reason: str, error: dict[str, Any], avoid: Job | None = None) -> None:
     """Re-queue ``lease``'s task for a re-run that is not a loss (counted in
-    ``retried``); ``avoid``: its job, which then keeps the task off this worker. All
-    of it, or (a store write that fails) none of it, also when a commit fails later."""
+    ``retried``); ``avoid``: its job, which then keeps the task off this worker: off
+    every worker it failed on while another could run it now, and once it has failed on
+    all of those, off the last one only (the runs go round: A, B, A, B, not A, B, B).
+    All of it, or (a store write that fails) none of it, also when a commit fails later."""
     tid, wid = lease.task_id, lease.worker_id
     done = coord.retried.get(tid)
     kept_off = avoid.avoid if avoid is not None else None  # task id -> workers to avoid
-    had = kept_off is None or wid in kept_off.get(tid, ())
-    fresh = kept_off is not None and tid not in kept_off
+    before = None if kept_off is None or tid not in kept_off else set(kept_off[tid])
     coord.retried[tid] = (done or 0) + 1
-    if kept_off is not None and not had:
+    if kept_off is not None and avoid is not None:
         kept_off.setdefault(tid, set()).add(wid)
+        if not placing.elsewhere(coord, avoid, tid):
+            kept_off[tid] = {wid}
 
     def undo() -> None:
         if done is None:
@@ -208,10 +211,10 @@ def rerun(coord: Coordinator, lease: Lease, reason: str, error: dict[str, Any], 
             coord.retried[tid] = done
         if kept_off is None:
             return
-        if fresh:
+        if before is None:
             kept_off.pop(tid, None)
-        elif not had:
-            kept_off[tid].discard(wid)
+        else:
+            kept_off[tid] = before
     try:
         requeue(coord, [tid], reason=reason, error=error)
     except BaseException:
