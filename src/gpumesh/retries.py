@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from .errors import MeshError, TaskCrashed
 from .limits import MAX_RETRIES, MAX_RETRY_TYPES
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_<>][A-Za-z0-9_<>]*)*\Z")
@@ -37,15 +38,18 @@ def check(retries: Any, retry_on: Any) -> tuple[int, tuple[type, ...]]:
     Raises ``TypeError`` for a ``retries`` that is not an int or a ``retry_on`` that is not
     an exception class or a tuple/list of them (subclasses of ``Exception``: a
     ``KeyboardInterrupt`` or ``SystemExit`` in a task is never retried), and
-    ``ValueError`` for ``retries`` outside 0..MAX_RETRIES, too many types, or one of the
-    two without the other.
+    ``ValueError`` for ``retries`` outside 1..MAX_RETRIES, too many types, a type that
+    would never match (gpumesh's own errors but TaskCrashed), or one of the two without
+    the other.
     """
     if retries is None and retry_on is None:
         return 0, ()
     if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int)):
         raise TypeError(f"retries must be a whole number of re-runs, got {retries!r}")
-    if retries is not None and not 0 <= retries <= MAX_RETRIES:
-        raise ValueError(f"retries must be between 0 and {MAX_RETRIES}, got {retries}")
+    if retries is not None and not 1 <= retries <= MAX_RETRIES:
+        # (0 re-runs is no retry_on at all: leave both out)
+        raise ValueError(f"retries must be between 1 and {MAX_RETRIES} (re-runs of an item), "
+                         f"got {retries}")
     if isinstance(retry_on, type):
         retry_on = (retry_on,)
     if retry_on is not None:
@@ -57,6 +61,13 @@ def check(retries: Any, retry_on: Any) -> tuple[int, tuple[type, ...]]:
                             f"got {bad[0]!r}")
         if len(retry_on) > MAX_RETRY_TYPES:
             raise ValueError(f"retry_on names {len(retry_on)} types; at most {MAX_RETRY_TYPES}")
+        never = [t for t in retry_on if _never_matches(t)]
+        if never:
+            raise ValueError(
+                f"retry_on=({never[0].__name__},) would never match: gpumesh raises it at the "
+                "caller, the function never does (only TaskCrashed, a task process that died, is "
+                "retried so); to retry a task that hangs, let the function raise its own "
+                "exception on a deadline (e.g. a socket timeout) and name that")
     if not retry_on:
         raise ValueError(f"retries={retries} needs retry_on=(ExceptionType, ...): the exceptions "
                          "worth another attempt (a raised exception is otherwise the answer; "
@@ -64,6 +75,13 @@ def check(retries: Any, retry_on: Any) -> tuple[int, tuple[type, ...]]:
     if not retries:
         raise ValueError("retry_on= needs retries=N (1 or more): how many times to re-run an item")
     return retries, tuple(retry_on)
+
+
+def _never_matches(t: type) -> bool:
+    """gpumesh's own errors, which only the caller sees (TaskTimeout, WorkerLost, their
+    bases...), but TaskCrashed itself, which the coordinator matches by its name when a
+    task process dies."""
+    return issubclass(t, MeshError) and t is not TaskCrashed
 
 
 def to_meta(retries: int, types: tuple[type, ...]) -> dict:

@@ -85,15 +85,17 @@ def test_hints_in_tuples_and_scalars_are_untouched():
     assert hints == [{}, {"cost": 1.0}]
 
 
-@pytest.mark.parametrize("bad", ["5", None, True, -1, [1], {"x": 1}])
-def test_bad_hint_type_raises_type_error(bad):
+@pytest.mark.parametrize("bad, error", [("5", TypeError), (None, TypeError), (True, TypeError),
+                                        ([1], TypeError), ({"x": 1}, TypeError),
+                                        (-1, ValueError), (float("nan"), ValueError)])
+def test_a_bad_hint_is_a_type_error_and_a_negative_one_a_value_error(bad, error):
     def f(x):
         return x
 
-    with pytest.raises(TypeError) as ei:
+    with pytest.raises(error) as ei:
         calls.map_items(f, [{"x": 1, "cost": bad}])
     assert "cost" in str(ei.value)
-    with pytest.raises(TypeError, match="gpu_memory_mb"):
+    with pytest.raises(error, match="gpu_memory_mb"):
         calls.map_items(f, [{"x": 1, "gpu_memory_mb": bad}])
 
 

@@ -40,6 +40,9 @@ def test_a_single_call_takes_hints_as_keywords(monkeypatch):
     assert rec.seen[-1][1] == [{"gpu_memory_mb": 512.0}]
     with pytest.raises(TypeError, match="call hint 'gpu_memory_mb' must be a number >= 0"):
         remote(1, gpu_memory_mb="lots")
+    for bad in (-1, float("nan")):  # a number, out of range: a ValueError
+        with pytest.raises(ValueError, match="call hint 'cost' must be a number >= 0"):
+            remote(1, cost=bad)
 
 
 def test_inside_a_task_a_single_call_drops_its_hints(monkeypatch):

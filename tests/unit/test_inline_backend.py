@@ -105,7 +105,12 @@ def test_a_map_failure_names_its_item_and_stops_the_rest(m):
         assert note.startswith("[gpumesh] raised by .map item 1 of 3, ")
         assert (".half(1), on this machine, in this process (not on a worker); the function's "
                 "traceback above\n") in note
-        assert "the items after it did not run; pass return_exceptions=True" in note
+        assert "the items after it did not run; pass return_exceptions=True to .map() " in note
+    # the same batch made by distribute(): its advice names distribute(), not .map()
+    with pytest.raises(ValueError) as e:
+        m.distribute(function=half, params=[0, 1, 2])
+    if sys.version_info >= (3, 11):
+        assert "pass return_exceptions=True to distribute() to run every item" in e.value.__notes__[0]
 
 
 def test_return_exceptions_puts_each_wrapped_exception_in_its_place(m):

@@ -14,7 +14,9 @@ import pytest
 from gpumesh import GPUMesh, accelerate, wire
 from gpumesh.client import calls, progress
 from gpumesh.coordinator.core import Coordinator
+from gpumesh.coordinator.model import StaleLease
 from gpumesh.coordinator.store import Store
+from gpumesh.errors import MeshError, TaskCrashed, TaskTimeout, WorkerLost
 from gpumesh.limits import MAX_ATTEMPTS, MAX_RETRIES
 from gpumesh.protocol import ResultItem
 from gpumesh import retries
@@ -60,7 +62,7 @@ def test_retry_on_requeues_a_subclass_elsewhere_then_delivers(store):
     assert h["attempt"] == 1 and h["worker"] == a.id and h["hostname"] == "box-a"
     assert h["retried"] is True and h["error"] == {"type": "FileNotFoundError", "message": "it broke"}
     assert "raised FileNotFoundError" in h["ended"]
-    with pytest.raises(Exception):  # the first attempt's lease can never deliver now
+    with pytest.raises(StaleLease):  # the first attempt's lease can never deliver now
         coord.post_result(g1.task_id, g1.lease_id, "ok", None, b"late")
 
 
@@ -186,9 +188,16 @@ def test_decorator_validates_retries_and_retry_on():
                           ({"retries": 1, "retry_on": "OSError"}, TypeError),
                           ({"retries": 1, "retry_on": (OSError, 3)}, TypeError),
                           ({"retries": 1, "retry_on": (KeyboardInterrupt,)}, TypeError),
-                          ({"retries": 1, "retry_on": ()}, ValueError)]:
+                          ({"retries": 1, "retry_on": ()}, ValueError),
+                          # gpumesh's own errors never match (the function never raises them)
+                          ({"retries": 1, "retry_on": (TaskTimeout,)}, ValueError),
+                          ({"retries": 1, "retry_on": (OSError, WorkerLost)}, ValueError),
+                          ({"retries": 1, "retry_on": (MeshError,)}, ValueError)]:
         with pytest.raises(error):
             accelerate(m, **kwargs)(lambda: 1)
+    with pytest.raises(ValueError, match=r"retry_on=\(TaskTimeout,\) would never match"):
+        accelerate(m, retries=1, retry_on=TaskTimeout)(lambda: 1)
+    assert accelerate(m, retries=1, retry_on=TaskCrashed)(lambda: 1).retry == (1, (TaskCrashed,))
 
 
 def test_retry_meta_names_types_and_the_coordinator_checks_them():

@@ -64,7 +64,7 @@ def split_hints(named: set[str], kwargs: Mapping, what: str = "call") -> tuple[d
 
     A hint key the function names as a parameter stays an argument (and still counts
     as a hint when it is a number). Raises ``TypeError`` for a hint that is not a
-    number >= 0. A single call ``f(x, gpu_memory_mb=6000)`` and a ``.map`` item
+    number, ``ValueError`` for one below 0 (or NaN). A single call ``f(x, gpu_memory_mb=6000)`` and a ``.map`` item
     ``{"x": x, "gpu_memory_mb": 6000}`` mean the same thing.
     """
     kwargs = dict(kwargs)
@@ -72,8 +72,10 @@ def split_hints(named: set[str], kwargs: Mapping, what: str = "call") -> tuple[d
     for key in HINT_KEYS:
         if key in kwargs and key not in named:
             value = kwargs.pop(key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"{what} hint {key!r} must be a number >= 0, got {value!r}")
+            if not value >= 0:  # (NaN too)
+                raise ValueError(f"{what} hint {key!r} must be a number >= 0, got {value!r}")
             hint[key] = float(value)
         elif key in kwargs and isinstance(kwargs[key], (int, float)) and not isinstance(kwargs[key], bool):
             hint[key] = float(kwargs[key])

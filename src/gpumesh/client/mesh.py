@@ -311,7 +311,7 @@ class GPUMesh:
                   timeout: float | None = None, name: str | None = None,
                   require: hardware.Requirements | None = None, return_exceptions: bool = False,
                   retry: tuple[int, tuple] | None = None,
-                  isolation: str | None = None) -> list[Any]:
+                  isolation: str | None = None, entry: str | None = None) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` for each ``(args, kwargs)`` in ``calls``; values in
         order. Runs here when the mesh is unavailable (see the module docstring).
         ``isolation``: ``"task"`` (None, the default: a fresh process per task) or ``"job"``
@@ -320,7 +320,8 @@ class GPUMesh:
         no alive worker (nor, when none is alive, this machine) can ever provide it.
         ``return_exceptions``: every call runs, and a failed one's exception takes its
         place in the list (default: the first failure is raised and the rest cancelled).
-        ``retry``: ``(retries, exception types)`` (see :mod:`gpumesh.retries`).
+        ``retry``: ``(retries, exception types)`` (see :mod:`gpumesh.retries`). ``entry``:
+        the call a failure's advice names (default ``.map()``).
         :class:`~gpumesh.errors.WorkerLost` once no worker that can run the calls has been
         alive for ``timeout`` seconds (without one, ``NO_WORKER_WAIT_S``:
         ``$GPUMESH_NO_WORKER_TIMEOUT``); the job is cancelled (with ``return_exceptions``,
@@ -330,7 +331,7 @@ class GPUMesh:
         values: list[Any] = [_MISSING] * len(calls)
         for index, value in self.iter_calls(fn, calls, hints=hints, timeout=timeout, name=name,
                                             require=require, return_exceptions=return_exceptions,
-                                            retry=retry, isolation=isolation):
+                                            retry=retry, isolation=isolation, entry=entry):
             values[index] = value
         return values
 
@@ -338,7 +339,7 @@ class GPUMesh:
                    timeout: float | None = None, name: str | None = None,
                    require: hardware.Requirements | None = None, return_exceptions: bool = False,
                    retry: tuple[int, tuple] | None = None, handle: Any = None,
-                   isolation: str | None = None):
+                   isolation: str | None = None, entry: str | None = None):
         """As :meth:`run_calls`, yielding ``(index, value)`` as each call finishes. Closing
         the generator before the end cancels the calls still running. With ``handle``
         (a dict, see :class:`~gpumesh.client.sweep.Results`), the job is submitted
@@ -347,7 +348,8 @@ class GPUMesh:
         __tracebackhide__ = True  # (IPython shows the user's frames, not gpumesh's)
         job = pipeline.Job(fn, calls, hints or [{}] * len(calls), timeout=timeout, name=name,
                            require=require, retry=retry, isolation=check_isolation(isolation),
-                           return_exceptions=return_exceptions, streaming=handle is not None)
+                           return_exceptions=return_exceptions, streaming=handle is not None,
+                           entry=entry)
         return pipeline.run(self, job, handle)
 
     def _backend(self) -> pipeline.Backend:
@@ -384,7 +386,8 @@ class GPUMesh:
         calls, hints = _calls.map_items(fn, params)
         extra: dict[str, Any] = {} if isolation == "task" else {"isolation": isolation}
         return self.run_calls(fn, calls, hints=hints, timeout=_check_timeout(timeout),
-                              return_exceptions=bool(return_exceptions), **extra)
+                              return_exceptions=bool(return_exceptions), entry="distribute()",
+                              **extra)
 
     @staticmethod
     def start_coordinator(port: int = 8000, token: str | None = None, host: str = "127.0.0.1",

@@ -124,6 +124,9 @@ class Job:
     streaming: bool = False
     #: Set by a backend that stores the job somewhere (the native coordinator's job id).
     job_id: str | None = None
+    #: The call that made this batch, as its errors' advice names it ("distribute()");
+    #: None: ".map()", or ".imap()" when streaming.
+    entry: str | None = None
 
     @property
     def n(self) -> int:
@@ -135,7 +138,7 @@ class Job:
 
     @property
     def via(self) -> str:
-        return ".imap()" if self.streaming else ".map()"
+        return self.entry or (".imap()" if self.streaming else ".map()")
 
 
 class Fallback(Exception):
