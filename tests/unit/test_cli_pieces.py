@@ -250,7 +250,7 @@ def test_status_of_someone_elses_job_says_its_error_texts_are_withheld():
     assert task["error"] is secret and "message" in task["history"][0]["error"]  # (a copy)
     lines = [line.strip() for line in task_lines({"tasks": [outlined]})]
     assert "hunter2" not in "\n".join(lines)
-    assert lines[1:] == ["attempt 1 on vm: ValueError; raised ValueError, which the job retries (retry 1 of 1)",
+    assert lines[1:] == ["attempt 1 on vm (w1): ValueError; raised ValueError, which the job retries (retry 1 of 1)",
                          "attempt 0 on w2: lost",
                          "error: ValueError (its message is shown to the job's owner only)"]
 

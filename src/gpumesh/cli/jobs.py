@@ -9,7 +9,7 @@ import click
 
 from .common import (endpoint_options, job_id_argument, one_line_errors, resolve_endpoint,
                      task_id_option)
-from .views import color_enabled, counts_dict, counts_line, task_lines
+from .views import color_enabled, counts_dict, counts_line, task_lines, where_ran
 
 
 def _mesh(url, token):
@@ -115,10 +115,7 @@ def logs(job_id, task_id, url, token, as_json):
         attempts = t.get("attempts") or [t]
         for a in attempts:
             if len(attempts) > 1:  # retried or handed back: each attempt's output apart
-                who = a.get("hostname") or a.get("worker") or "?"
-                if a.get("hostname") and a.get("worker"):
-                    who += f" ({a['worker']})"
-                click.echo(f"--- attempt {a['attempt']} on {who}: {a.get('ended') or '?'}")
+                click.echo(f"--- attempt {a['attempt']} on {where_ran(a)}: {a.get('ended') or '?'}")
             if a["stdout"]:
                 click.echo(a["stdout"], nl=not a["stdout"].endswith("\n"))
             if a["stderr"]:

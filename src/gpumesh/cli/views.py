@@ -21,6 +21,15 @@ def color_enabled() -> bool:
 MARKS = {"done": ("✓", "green"), "failed": ("✗", "red"), "cancelled": ("-", "yellow")}
 
 
+def where_ran(attempt: dict) -> str:
+    """An attempt's worker as ``status`` and ``logs`` name it: ``HOST (ID)`` (host names
+    are not unique: two workers on one machine, or two machines called ``vm``)."""
+    who = attempt.get("hostname") or attempt.get("worker") or "?"
+    if attempt.get("hostname") and attempt.get("worker"):
+        who += f" ({attempt['worker']})"
+    return who
+
+
 def task_lines(view: dict, color: bool = False) -> list[str]:
     """One job's tasks (a ``GPUMesh.status`` view) as the spec shows them:
     ``✓ task ID [done]  cost=1.0  worker=W``, then ``result: {...}`` (or ``error: ...``)."""
@@ -34,7 +43,7 @@ def task_lines(view: dict, color: bool = False) -> list[str]:
                      f"worker={t['worker_id'] or '-'}"
                      + (f"  attempts={t['attempts']}" if (t.get("attempts") or 0) > 1 else ""))
         for h in t.get("history") or ():  # attempts that ended without a result
-            who = h.get("hostname") or h.get("worker") or "?"
+            who = where_ran(h)
             err = h.get("error") or {}
             what = "" if not err.get("type") else f"{err['type']}: {err['message']}; " \
                 if "message" in err else f"{err['type']}; "
