@@ -83,7 +83,11 @@ def test_start_coordinator_never_writes_the_saved_config(tmp_path, monkeypatch, 
             assert json.loads(config.read_text()) == mine
         else:
             assert not config.exists()
-        assert "config" not in handle.log_tail()
+        log = handle.log_tail()
+        # no word of saving, keeping or reusing a config (its banner's re-run line does
+        # name the --no-save-config it was started with)
+        assert "[gpumesh] config" not in log and "reusing the token saved" not in log, log
+        assert "--no-save-config" in log
     finally:
         handle.stop()
     # started again in this process without a token, it keeps its token
