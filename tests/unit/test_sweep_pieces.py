@@ -282,3 +282,17 @@ def test_notebook_bar_counts_failed_and_cancelled_apart():
     task = bar.add_task("fit", total=4)
     bar.update(task, completed=4, failed=1, rate="1/s", outcome="ignored")
     assert "4/4 final: 3 done, 1 failed" in bar.text() and "4/4 done" not in bar.text()
+
+
+def test_a_cancelled_jobs_cancel_lines_go_newest_lease_first(store):
+    """A slot's queued grants are leased after the task it runs: their cancel lines come
+    first, so the worker has dropped them before it kills that task (whose slot would
+    otherwise start its next queued grant at once, a cancelled task run to completion)."""
+    coord = Coordinator(store, clock=FakeClock())
+    a = coord.register({}, None, 1)
+    submit(coord, n=5)
+    first = [g.task_id for g in lease(coord, a.id, slots=3)]
+    more = [g.task_id for g in lease(coord, a.id, slots=2)]
+    a.outbox.clear()
+    assert coord.cancel("aaaa01") == 5
+    assert list(a.outbox) == [f"cancel {t}" for t in reversed(first + more)]

@@ -674,7 +674,10 @@ class Coordinator(Journalled):
         job = self.job(job_id)
         pending = self.queue.drop_job(job_id)
         leased = [tid for tid, lease in self.leases.items() if lease.job_id == job_id]
-        for tid in leased:
+        # Newest lease first: a slot's queued grants were leased after the task it runs,
+        # so the worker drops them before it kills that task; else the killed task's
+        # slot could start its next queued grant before that grant's cancel line came.
+        for tid in reversed(leased):
             lease = self.leases.pop(tid)
             w = self.workers.get(lease.worker_id)
             if w:

@@ -271,12 +271,19 @@ class WorkerAgent(OwnerRules):
         posting = self.poster.posting if self.poster is not None else ()
         return sorted(self._held.union(posting))
 
-    def _cancel(self, task_id: str) -> None:
-        if self.poster is not None and self.poster.drop(task_id):
-            # A queued grant: its slot will not run it. It may have been sent ahead to the
-            # slot's process already (Executor.withdraw), which must not begin it.
-            self.executor.withdraw(task_id)
-        else:
+    def _cancel(self, *task_ids: str) -> None:
+        """Cancel tasks: queued grants are dropped (one sent ahead to its slot's process is
+        withdrawn, Executor.withdraw: it must not begin), then running tasks' process
+        groups are killed. In that order: a slot whose task is killed goes on to its next
+        queued grant at once, which must be gone by then (the coordinator, for its part,
+        sends a job's cancel lines newest lease first)."""
+        running = []
+        for task_id in task_ids:
+            if self.poster is not None and self.poster.drop(task_id):
+                self.executor.withdraw(task_id)
+            else:
+                running.append(task_id)
+        for task_id in running:
             self.executor.cancel(task_id)
 
     def _lost_registration(self) -> None:
@@ -296,8 +303,7 @@ class WorkerAgent(OwnerRules):
                                                   else {}),
                                                **self._device_state(), **self._owner_report()},
                                          timeout=5)
-                for task_id in resp.json().get("cancel", []):
-                    self._cancel(task_id)
+                self._cancel(*resp.json().get("cancel", []))
                 delays = backoff_delays()
             except RequestRejected as e:
                 if getattr(e, "code", "") == protocol.ErrorCode.UNKNOWN_WORKER:
