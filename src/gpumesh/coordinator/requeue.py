@@ -199,10 +199,10 @@ def rerun(coord: Coordinator, lease: Lease, reason: str, error: dict[str, Any], 
     kept_off = avoid.avoid if avoid is not None else None  # task id -> workers to avoid
     before = None if kept_off is None or tid not in kept_off else set(kept_off[tid])
     coord.retried[tid] = (done or 0) + 1
-    if kept_off is not None and avoid is not None:
-        kept_off.setdefault(tid, set()).add(wid)
+    if avoid is not None:
+        avoid.avoid.setdefault(tid, set()).add(wid)
         if not placing.elsewhere(coord, avoid, tid):
-            kept_off[tid] = {wid}
+            avoid.avoid[tid] = {wid}
 
     def undo() -> None:
         if done is None:
