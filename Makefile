@@ -1,7 +1,7 @@
 # Everything runs from a fresh clone: the venv is created on first use.
 #   make install   the package (editable) with the notebook and examples extras
 #   make demo      a two-worker mesh on loopback running examples/grid_search.py
-#   make lint      ruff check src and mypy (its config in pyproject.toml names what it checks)
+#   make lint      ruff check src and tests, and mypy (its config in pyproject.toml names what it checks)
 #   make test      the test suite (dev extra), on TEST_WORKERS=2 pytest-xdist workers
 #   make test-engines  the conformance suite on the native mesh and the engines in ENGINES
 #                      (default "dask ray"; CI runs ENGINES=dask)
@@ -47,7 +47,7 @@ $(DEV): $(PY) pyproject.toml
 
 # The dev extra pins ruff and mypy, so a new release cannot fail this on unchanged code.
 lint: $(DEV)
-	$(VENV)/bin/ruff check src
+	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/mypy
 
 # The suite on TEST_WORKERS pytest-xdist workers (processes; 2 by default, the CI

@@ -15,7 +15,7 @@ import time
 import cloudpickle
 import pytest
 
-from gpumesh import (GPUMesh, RemoteTraceback, TaskTimeout, Unsatisfiable, accelerate)
+from gpumesh import (RemoteTraceback, TaskTimeout, Unsatisfiable, accelerate)
 from gpumesh.client import pipeline
 from gpumesh.client import remote as remote_mod
 

@@ -94,7 +94,6 @@ def test_cancel_a_job_from_python_and_the_cli(fault_mesh, tmp_path):
 
     @accelerate(client)
     def hang(path):
-        import os
         import time
         with open(path, "a") as fh:
             fh.write(f"{os.getpid()}\n")

@@ -24,7 +24,6 @@ from gpumesh._version import __version__
 from gpumesh.cli.serve import banner
 from gpumesh.coordinator import dist
 
-from ..conftest import Proc
 
 WHEEL = f"gpumesh-{__version__}-py3-none-any.whl"
 

@@ -18,7 +18,7 @@ def test_every_task_logs_exactly_its_own_lines(shared_mesh, capfd):
     client = shared_mesh.client(output=True)
     f = accelerate(client)(_says)
     singles = [100 + r for r in range(6)]
-    for r, x in enumerate(singles):
+    for x in singles:
         assert f(x) == x
         assert f.map(range(8)) == list(range(8))
     live = capfd.readouterr().out

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from gpumesh import WorkerLost, accelerate
+from gpumesh import accelerate
 
 from ..conftest import Mesh, Proc
 

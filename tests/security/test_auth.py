@@ -77,7 +77,7 @@ def test_token_check_compares_in_constant_time(monkeypatch):
 def test_limiter_locks_out_after_max_failures_in_window():
     clock = FakeClock()
     lim = FailureLimiter(clock=clock)
-    for i in range(AUTH_FAIL_MAX - 1):
+    for _ in range(AUTH_FAIL_MAX - 1):
         assert lim.failed("192.0.2.7") is False
         clock.advance(1)
     assert lim.locked_for("192.0.2.7") == 0.0

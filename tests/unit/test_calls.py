@@ -207,7 +207,7 @@ def test_exception_holding_a_lock_cannot_be_pickled():
             super().__init__("holds a lock")
             self.lock = threading.Lock()
 
-    with pytest.raises(Exception):
+    with pytest.raises(TypeError, match="cannot pickle '_thread.lock'"):
         wire.dumps(LockError())
 
 
