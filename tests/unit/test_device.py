@@ -250,3 +250,22 @@ def test_score_without_numpy(monkeypatch):
     assert time.perf_counter() - t0 < 2.0
     _check_score(result)
     assert result["gflops"] < 10  # a pure-Python loop is nowhere near BLAS speed
+
+
+def test_a_rate_is_the_fastest_repetition_not_the_mean():
+    """Repetitions slowed by another process (every other one here takes 20x longer) do
+    not lower the rate: it is the fastest repetition's (bench._best_rate)."""
+    durations = iter([0.0] + [0.001, 0.02] * 50)  # the first call is the warm-up
+
+    def op():
+        time.sleep(next(durations))
+
+    rate = bench._best_rate(op, 2e9 * 0.001, time.perf_counter() + 0.15)
+    # 2e9 * 1 ms of work in the fastest repetition (~1 ms, plus sleep's overshoot): ~2
+    assert 1.0 < rate <= 2.0, rate
+
+
+def test_a_rate_times_at_least_one_repetition():
+    calls = []
+    rate = bench._best_rate(lambda: calls.append(1), 1e9, deadline=0.0)
+    assert len(calls) == 2 and rate > 0  # the warm-up and one timed repetition
