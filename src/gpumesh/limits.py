@@ -285,6 +285,15 @@ CALLER_RECONNECT_S: float = _env(
     "CALLER_RECONNECT_S", "GPUMESH_RECONNECT_TIMEOUT", SECONDS, "300", "s", "callers",
     "how long a caller waiting for an accepted job keeps retrying an unreachable coordinator "
     "before it raises `MeshUnavailable`")
+CALLER_TIMEOUT_S: float = _env(
+    "CALLER_TIMEOUT_S", "GPUMESH_CALLER_TIMEOUT", SECONDS, "360", "s", "`serve`",
+    "how long a function job's caller may go unheard (no poll, no keepalive) before the "
+    "coordinator cancels and releases the job; after a restart, how long a recovered "
+    "function job's tasks wait for their caller to come back. Keep it above callers' "
+    "`GPUMESH_RECONNECT_TIMEOUT`")
+KEEPALIVE_MAX_S = _const("KEEPALIVE_MAX_S", 30.0, "s",
+                         "longest interval between a caller's keepalives of its open jobs "
+                         "(a quarter of the coordinator's CALLER_TIMEOUT_S when that is less)")
 NO_WORKER_WAIT_S: float = _env(
     "NO_WORKER_WAIT_S", "GPUMESH_NO_WORKER_TIMEOUT", SECONDS, "600", "s", "callers",
     "how long a call without `timeout=` waits for a worker to (re)join while none that can run "

@@ -26,6 +26,7 @@ the concrete path, e.g. ``job_results(jid)`` -> ``/v1/jobs/<jid>/results``)::
     GET    /v1/jobs/{jid}/results        JOB_RESULTS       long-poll a ResultPage after a seq
     GET    /v1/jobs/{jid}/logs           JOB_LOGS          a task's stored output
     POST   /v1/jobs/release              JOBS_RELEASE      forget collected jobs (a batch)
+    POST   /v1/jobs/alive                JOBS_ALIVE        a caller's keepalive of the jobs it waits on
     POST   /v1/jobs/{jid}/release        JOB_RELEASE       forget one collected job
     POST   /v1/jobs/{jid}/cancel         JOB_CANCEL        cancel a job
     POST   /v1/jobs/{jid}/retry          JOB_RETRY         re-run a job's failed tasks
@@ -146,6 +147,7 @@ HANDOFF = "/v1/handoff"
 BLOB = "/v1/blobs/{h}"
 JOBS = "/v1/jobs"
 JOBS_RELEASE = JOBS + "/release"
+JOBS_ALIVE = JOBS + "/alive"
 JOB = JOBS + "/{jid}"
 JOB_RESULTS = JOB + "/results"
 JOB_LOGS = JOB + "/logs"
@@ -169,7 +171,7 @@ UI_JOB_RETRY = UI_JOB + "/retry"
 #: Every path template the coordinator serves (what it registers, as it registers it).
 TEMPLATES = frozenset({
     HEALTH, OPENAPI, DIST_FILE, WORKERS, WORKER, WORKER_HEARTBEAT, WORKER_SESSION,
-    WORKER_LEASE, TASK_RESULT, TASKS_RESULTS, TASK_RELEASE, TASK_OUTPUT, HANDOFF, BLOB, JOBS, JOBS_RELEASE,
+    WORKER_LEASE, TASK_RESULT, TASKS_RESULTS, TASK_RELEASE, TASK_OUTPUT, HANDOFF, BLOB, JOBS, JOBS_RELEASE, JOBS_ALIVE,
     JOB, JOB_RESULTS, JOB_LOGS, JOB_RELEASE, JOB_CANCEL, JOB_RETRY, TOKENS, TOKEN, METRICS,
     UI, UI_SLASH, UI_STATIC, UI_LOGIN, UI_LOGOUT, UI_STATE, UI_JOB, UI_JOB_OUTPUT,
     UI_JOB_CANCEL, UI_JOB_RETRY,

@@ -152,6 +152,7 @@ def test_the_owner_survives_a_restart_and_keeps_sharing(tmp_path):
     submit(c1, "aa0002", "alice", 5)
     submit(c1, "bb0001", "bob", 5)
     c2 = Coordinator(store, clock=FakeClock())
+    c2.callers.heard(c2, list(c2.jobs))  # their callers poll again (coordinator.callers)
     assert {j.id: j.owner for j in c2.jobs.values()} == {"aa0001": "alice", "aa0002": "alice",
                                                          "bb0001": "bob"}
     w = c2.register({"hostname": "h"}, None, 4)

@@ -118,7 +118,7 @@ def test_released_answers(api):
     assert api.call("POST", protocol.job_release("abcdef01")).json() == {"released": True}
     assert "abcdef01" not in api.coord.jobs and api.store.job_exists("abcdef01")
     assert api.refusal("GET", protocol.job_results("abcdef01"), 410, "released") \
-        == "job abcdef01's results were already collected"
+        == "job abcdef01 was cancelled and released; `gpumesh status abcdef01` says why"
 
 
 def test_auth_refusals(api):

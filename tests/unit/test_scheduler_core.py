@@ -408,6 +408,7 @@ def test_restart_recovers_pending_and_keeps_leases_until_ttl(tmp_path, clock):
     s2 = Store(data)
     try:
         c2 = Coordinator(s2, clock=clock)
+        c2.callers.heard(c2, ["bbbb02"])  # its caller polls again (coordinator.callers)
         assert set(c2.jobs) == {"bbbb02"}
         j2 = c2.jobs["bbbb02"]
         assert (j2.n_tasks, j2.n_final, j2.next_seq) == (3, 1, 1)
@@ -439,6 +440,7 @@ def test_restart_orphan_lease_requeued_after_ttl(tmp_path, clock):
     s2 = Store(data)
     try:
         c2 = Coordinator(s2, clock=clock)
+        c2.callers.heard(c2, ["cccc03"])  # its caller polls again
         assert set(c2.leases) == {g.task_id}
         clock.advance(TTL / 2)
         c2.sweep()
@@ -669,6 +671,7 @@ def test_restart_rebuilds_lanes(tmp_path, clock):
     s2 = Store(data)
     try:
         c2 = Coordinator(s2, clock=clock)
+        c2.callers.heard(c2, ["9e0000", "9e0001"])  # their callers poll again
         assert len(c2.queue) == 4
         box = register_gpu_box(c2)
         got = asyncio.run(c2.lease(box.id, 2, 0, [0, 1]))

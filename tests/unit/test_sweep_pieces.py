@@ -161,6 +161,7 @@ def test_retry_on_counts_survive_a_restart(tmp_path):
     s2 = Store(tmp_path / "d")
     try:
         c2 = Coordinator(s2, clock=FakeClock())
+        c2.callers.heard(c2, ["aaaa01"])  # its caller polls again (coordinator.callers)
         assert c2.retried == {g.task_id: 1}
         assert c2.jobs["aaaa01"].avoid == {g.task_id: {a.id}}
         w = c2.register({}, a.id, 1)

@@ -98,6 +98,10 @@ class GPUMesh:
         self._handoff: Handoff | None | object = _UNPROBED  # see the handoff property
         self._announced = False
         self.__janitor: Any = None
+        self.__keepalive: Any = None
+        #: The coordinator's GPUMESH_CALLER_TIMEOUT (s), from its health answer: the
+        #: keepalive's pace (None until known).
+        self._caller_timeout: float | None = None
         self.__native: Any = None
 
     def __repr__(self) -> str:
@@ -291,7 +295,11 @@ class GPUMesh:
             self._probe_down_until = time.monotonic() + PROBE_DOWN_CACHE_S
             return False
         try:
-            theirs = health.json().get("version")
+            answer = health.json()
+            theirs = answer.get("version")
+            timeout = answer.get("caller_timeout")
+            if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+                self._caller_timeout = float(timeout)
         except (ValueError, AttributeError):
             theirs = None
         # Another version is a refusal, never a silent local run (like a refused token).
@@ -359,6 +367,13 @@ class GPUMesh:
                 from .native import NativeBackend
                 self.__native = NativeBackend(self)
             return self.__native
+
+    def _start_keepalive(self) -> None:
+        """Start this mesh's keepalive thread, once (see :mod:`.keepalive`)."""
+        with self._lock:
+            if self.__keepalive is None:
+                from .keepalive import Keepalive
+                self.__keepalive = Keepalive(self)
 
     @property
     def _janitor(self):

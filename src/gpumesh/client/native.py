@@ -84,6 +84,7 @@ class NativeBackend(Backend):
         printer = OutputPrinter(single=job.n == 1) if mesh.output else None
         collected = accepted = interrupted = False
         try:
+            mesh._start_keepalive()  # the coordinator cancels a job whose caller goes quiet
             with outstanding(mesh, job_id):  # SIGTERM/SIGHUP now cancel it too (.stopsignals)
                 # Decided once: another thread may announce the mesh meanwhile.
                 waits = self._waits(job)
@@ -425,7 +426,9 @@ def poll_results(mesh: Any, job_id: str, params: dict, wait: float,
         if time.monotonic() - since > CALLER_RECONNECT_S:
             raise MeshUnavailable(
                 f"lost the coordinator at {mesh.url} for over {CALLER_RECONNECT_S:.0f}s "
-                f"while waiting for job {job_id}: {e}") from e
+                f"while waiting for job {job_id}: {e}. The coordinator cancels the job once "
+                f"it has not heard from this caller for its GPUMESH_CALLER_TIMEOUT; "
+                f"whatever of it ran before that is not undone") from e
         attempt = state.get("attempt", 0)
         state["attempt"] = attempt + 1
         time.sleep(backoff(attempt))

@@ -78,6 +78,11 @@ def outstanding(mesh: Any, job_id: str) -> Iterator[None]:
                 _uninstall()
 
 
+def waited_on(mesh: Any) -> list[str]:
+    """The ids of the jobs this process waits on at ``mesh`` now (any thread)."""
+    return [job_id for job_id, m in list(_jobs.items()) if m is mesh]
+
+
 def _install() -> None:
     for signum in STOP_SIGNALS:
         if signum in _installed:

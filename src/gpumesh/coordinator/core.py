@@ -40,7 +40,7 @@ from typing import Any
 
 from .. import availability, hardware
 from ..limits import HEARTBEAT_INTERVAL_S, MAX_ATTEMPTS, WORKER_TTL_S  # noqa: F401 (MAX_ATTEMPTS: core's own)
-from . import placement, placing, recovery, requeue, views
+from . import callers, placement, placing, recovery, requeue, views
 from .model import (CoordinatorError, Grant, Job, JobReleased, Lease, NoWorkers,  # noqa: F401
                     ResultNotStored, StaleLease, UnknownJob, UnknownWorker, Unsatisfiable, Worker)
 from .journal import Journalled
@@ -100,6 +100,7 @@ class Coordinator(Journalled):
         #: Set when a result woke a waiting caller (a route clears it before its writes):
         #: the worker's answer may then let the caller's go first (routes/batch.py).
         self.woke_callers = False
+        self.callers = callers.Callers(clock)  # when open function jobs' callers were heard
         recovery.recover(self)  # rebuild the in-memory view from the store
 
     # ------------------------------------------------------------ workers --------
@@ -255,6 +256,7 @@ class Coordinator(Journalled):
         if now - self.started > WORKER_TTL_S:
             orphans = [tid for tid, lease in self.leases.items() if lease.worker_id not in self.workers]
             self._requeue(orphans, reason="its worker did not come back after a restart")
+        self.callers.expire(self)
 
     # ------------------------------------------------------------ leasing --------
     async def lease(self, wid: str, slots: int, wait: float, free: list[int] | None = None) -> list[Grant]:
@@ -418,6 +420,8 @@ class Coordinator(Journalled):
     def _choose(self, job_id: str, q: deque[str], slot: hardware.Slot, ctx: placing.Placing) -> int | None:
         """Position in job ``job_id``'s queue ``q`` of the task ``slot`` should run, or
         None (see :func:`.placing.choose`)."""
+        if job_id in self.callers.held:  # recovered, and its caller is not back yet
+            return None
         return placing.choose(self, job_id, q, slot, ctx)
 
     def _wake_idle(self) -> None:
@@ -669,8 +673,9 @@ class Coordinator(Journalled):
             self.woke_callers = True
         job.notify()
 
-    def cancel(self, job_id: str) -> int:
-        """Cancel every task of a job that is not final yet. Returns how many."""
+    def cancel(self, job_id: str, reason: str = "the job was cancelled") -> int:
+        """Cancel every task of a job that is not final yet (``reason``: each one's error
+        message). Returns how many."""
         job = self.job(job_id)
         pending = self.queue.drop_job(job_id)
         leased = [tid for tid, lease in self.leases.items() if lease.job_id == job_id]
@@ -686,7 +691,7 @@ class Coordinator(Journalled):
         rows: list[tuple[str, str, int, dict[str, Any] | None]] = []
         for tid in pending + leased:
             rows.append((tid, "cancelled", job.next_seq,
-                         {"kind": "cancelled", "type": "Cancelled", "message": "the job was cancelled"}))
+                         {"kind": "cancelled", "type": "Cancelled", "message": reason}))
             job.next_seq += 1
             job.n_final += 1
             self.task_meta.pop(tid, None)

@@ -250,6 +250,12 @@ _DOC: dict[str, Any] = {
             "requestBody": {"required": True, **_json(_ref(schemas.RELEASE_JOBS.name))},
             "responses": {"200": {"description": "how many known jobs were released",
                                   **_json({"type": "object"})}, **_errors(400)}}},
+        protocol.JOBS_ALIVE: {"post": {
+            "operationId": "keepAlive",
+            "requestBody": {"required": True, **_json(_ref(schemas.ALIVE_JOBS.name))},
+            "responses": {"200": {"description": "how many of them are open function jobs "
+                                                 "(their caller is now heard; see GPUMESH_CALLER_TIMEOUT)",
+                                  **_json({"type": "object"})}, **_errors(400)}}},
         protocol.JOB_RELEASE: {"post": {
             "operationId": "release", "parameters": [_JID],
             "responses": {"200": {"description": "released", **_json({"type": "object"})}, **_errors(404)}}},

@@ -31,6 +31,7 @@ def recover(coord: Coordinator) -> None:
         job.n_final = sum(n for s, n in counts.items() if s not in ("pending", "leased"))
         job.next_seq = coord.store.max_seq(job.id) + 1
         coord.jobs[job.id] = job
+        coord.callers.hold(job)  # a function job's tasks wait for its caller (.callers)
     now = coord.clock()
     for t in coord.store.open_tasks():
         if t.job_id not in coord.jobs:
@@ -55,3 +56,6 @@ def recover(coord: Coordinator) -> None:
     if coord.jobs:
         log.info("recovered %d unreleased jobs from the store: %d tasks pending, %d leased "
                  "(kept for workers that come back)", len(coord.jobs), len(coord.queue), len(coord.leases))
+    if coord.callers.held:
+        log.info("%d of them are function jobs: their pending tasks wait for their callers "
+                 "to come back (for up to %gs)", len(coord.callers.held), coord.callers.timeout)

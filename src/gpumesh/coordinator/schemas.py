@@ -305,7 +305,7 @@ def _costs(v, data, got):
     return [float(c) for c in v]
 
 
-def _release_jobs(v, data, got):
+def _job_ids(v, data, got):
     if not 1 <= len(v) <= MAX_RELEASE_JOBS or not all(is_id(j) for j in v):
         raise bad(f"field 'jobs' must be a list of 1 to {MAX_RELEASE_JOBS} job ids")
     return v
@@ -466,11 +466,17 @@ JOB_SUBMIT = Body("JobSubmit", (
 ), doc="frame 0 of a submit; then the function blob when fn_inline, then one argument payload "
        "per task")
 
-RELEASE_JOBS = Body("ReleaseJobs", (
-    Field("jobs", list, check=_release_jobs,
-          schema={"minItems": 1, "maxItems": MAX_RELEASE_JOBS,
-                  "items": {"type": "string", "pattern": HEX_ID}}),
-))
+def _job_list(name: str) -> Body:
+    """A body ``{"jobs": [1 to MAX_RELEASE_JOBS job ids]}``."""
+    return Body(name, (
+        Field("jobs", list, check=_job_ids,
+              schema={"minItems": 1, "maxItems": MAX_RELEASE_JOBS,
+                      "items": {"type": "string", "pattern": HEX_ID}}),
+    ))
+
+
+RELEASE_JOBS = _job_list("ReleaseJobs")
+ALIVE_JOBS = _job_list("AliveJobs")  # POST /v1/jobs/alive: a caller's keepalive
 
 _PERSON = "^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$"
 NEW_TOKEN = Body("NewToken", (
@@ -482,4 +488,4 @@ NEW_TOKEN = Body("NewToken", (
 
 #: Every body, for the OpenAPI document's components.
 BODIES = (REGISTRATION, HEARTBEAT, LEASE_REQUEST, HAND_BACK, RESULT_META, JOB_SUBMIT,
-          RELEASE_JOBS, NEW_TOKEN)
+          RELEASE_JOBS, ALIVE_JOBS, NEW_TOKEN)

@@ -19,7 +19,7 @@ from .. import people, views
 from ..bodies import Part, frames_response, frames_streamed, json_body, sha256, take_handoffs
 from ..core import Coordinator
 from ..model import HTTPError, JobReleased, UnknownJob
-from ..schemas import JOB_SUBMIT, RELEASE_JOBS, bad, check_id
+from ..schemas import ALIVE_JOBS, JOB_SUBMIT, RELEASE_JOBS, bad, check_id
 from ..store import Incoming
 from .base import (ctx, maps_locked, not_yours, owned, path_id, query_float, route,
                    until_disconnect, who_of)
@@ -69,6 +69,7 @@ async def submit(request: Request) -> Response:
     job, created = coord.submit(job_id, v["name"], kind, fn, job_meta, list(args), v["costs"],
                                 v["require_worker"], owner=who_of(request).name, known_new=new)
     tracing.mark("coordinator.stored")
+    coord.callers.heard(coord, (job.id,))  # (a function job: its caller is watched from now)
     info = {"job_id": job.id, "n_tasks": job.n_tasks, "created": created}
     if not v["wait"] or job.id not in coord.jobs:
         return JSONResponse(info)
@@ -116,9 +117,14 @@ async def results(request: Request) -> Response:
     out_after = None if raw_after is None else int(query_float(request, "out_after", -1, -1, 1e15))
     owned(request, jid, "read the results of")
     if jid not in coord.jobs:
-        if coord.store.job_exists(jid):
-            raise JobReleased(jid, f"job {jid}'s results were already collected")
-        raise UnknownJob(jid)
+        row = coord.store.job_row(jid)
+        if row is None:
+            raise UnknownJob(jid)
+        if row["state"] == "cancelled":  # e.g. its caller went unheard for too long (.callers)
+            raise JobReleased(jid, f"job {jid} was cancelled and released; `gpumesh status "
+                                   f"{jid}` says why")
+        raise JobReleased(jid, f"job {jid}'s results were already collected")
+    coord.callers.heard(coord, (jid,))
     # closed=1: a caller that does not yet know its job waits on owner-closed workers only
     # (a submit that did not wait, an .imap) hears it at once, not after a long poll; it
     # then polls without it (else each poll would answer at once while they stay closed).
@@ -220,6 +226,20 @@ async def release_many(request: Request) -> Response:
     # Unknown ids are skipped (retention got there first): ``owners`` holds the others.
     coord.release(*owners)
     return JSONResponse({"released": len(owners)})
+
+
+@route(protocol.JOBS_ALIVE, ["POST"], action="keep jobs alive")
+async def keep_alive(request: Request) -> Response:
+    """The caller still waits on these jobs (its keepalive, :mod:`..callers`). Ids of
+    jobs that are gone, or that are not function jobs, are skipped: ``alive`` counts the
+    others."""
+    coord = ctx(request).coord
+    jobs = list(dict.fromkeys(ALIVE_JOBS.read(await json_body(request))["jobs"]))
+    who = who_of(request)
+    for jid, owner in coord.store.job_owners(jobs).items():
+        if not who.may_touch(owner):
+            raise not_yours(jid, owner, who, "keep alive")
+    return JSONResponse({"alive": coord.callers.heard(coord, jobs)})
 
 
 @route(protocol.JOB_RELEASE, ["POST"], action="release jobs")

@@ -21,7 +21,9 @@ log = logging.getLogger("gpumesh.coordinator")
 
 @route(protocol.HEALTH, ["GET"], auth_required=False)
 async def health(request: Request) -> Response:
-    return JSONResponse({"ok": True, "version": __version__})
+    # caller_timeout: how often a caller must be heard from (its keepalive's pace).
+    return JSONResponse({"ok": True, "version": __version__,
+                         "caller_timeout": ctx(request).coord.callers.timeout})
 
 
 @route(protocol.OPENAPI, ["GET"], auth_required=False)
