@@ -186,6 +186,55 @@ def test_doctor_summary_counts_the_warnings():
     assert summary(checks("warn", "fail", "warn", "warn")) == "some checks failed, 3 warnings"
 
 
+def _worker(wid, host, lacks=()):
+    return {"id": wid, "hostname": host, "alive": True, **({"lacks": list(lacks)} if lacks else {})}
+
+
+def test_doctor_module_advice_when_some_workers_lack_a_module():
+    from gpumesh.cli.doctor import pool_checks
+    checks = {c.name: c for c in pool_checks(
+        [_worker("aaaaaaaa11", "laptop-a", ["gmmod"]), _worker("bbbbbbbb22", "laptop-b")],
+        "http://192.0.2.10:8000")}
+    mods = checks["pool modules"]
+    assert mods.status == "warn"
+    assert mods.detail == "recent jobs imported modules some workers lack: gmmod (not on laptop-a (aaaaaaaa))"
+    assert mods.fix == ("their tasks ran on the other workers; install the package that provides "
+                        "each module on these workers to use them too")
+
+
+def test_doctor_module_advice_when_every_alive_worker_lacks_a_module():
+    # nobody ran those tasks: the advice must not say they ran on other workers
+    from gpumesh.cli.doctor import pool_checks
+    checks = {c.name: c for c in pool_checks(
+        [_worker("aaaaaaaa11", "laptop-a", ["gmmod"]), _worker("bbbbbbbb22", "laptop-b", ["gmmod"])],
+        "http://192.0.2.10:8000")}
+    mods = checks["pool modules"]
+    assert mods.status == "warn"
+    assert mods.detail == ("recent jobs imported modules no alive worker has: gmmod (not on "
+                           "laptop-a (aaaaaaaa), laptop-b (bbbbbbbb))")
+    assert mods.fix == ("no alive worker can run a task that imports them: it fails with "
+                        "ModuleNotFoundError; install the package that provides each module on "
+                        "the workers")
+    assert "ran on the other workers" not in mods.fix
+
+
+def test_doctor_module_advice_for_both_kinds_at_once():
+    from gpumesh.cli.doctor import pool_checks
+    checks = {c.name: c for c in pool_checks(
+        [_worker("aaaaaaaa11", "a", ["gmall", "gmsome"]), _worker("bbbbbbbb22", "b", ["gmall"])],
+        "http://x:1")}
+    mods = checks["pool modules"]
+    assert mods.detail == ("recent jobs imported modules no alive worker has: gmall (not on "
+                           "a (aaaaaaaa), b (bbbbbbbb)). Modules some workers lack: gmsome (not on "
+                           "a (aaaaaaaa))")
+    assert mods.fix.startswith("no alive worker can run a task that imports them")
+    assert mods.fix.endswith("; for those some workers lack, their tasks ran on the other "
+                             "workers; install the package that provides each module on these "
+                             "workers to use them too")
+    # no module lacked: no check at all
+    assert "pool modules" not in {c.name for c in pool_checks([_worker("a1", "a")], "http://x:1")}
+
+
 def test_every_error_line_has_one_form(capsys):
     # one function prints them all (click's own usage errors say "Error:" too)
     from gpumesh.cli.common import fail
