@@ -1,4 +1,5 @@
-"""The README's Quickstart installs what its own examples need."""
+"""The README: its Quickstart installs what its own examples need, and its **Errors**
+paragraph names the errors a call raises."""
 
 from __future__ import annotations
 
@@ -66,3 +67,19 @@ def test_quickstart_install_covers_the_examples_imports():
                 if top in sys.stdlib_module_names or top == "gpumesh":
                     continue
                 assert top.lower() in installed, f"{script.name} imports {top}, which the Quickstart does not install"
+
+
+def test_the_readme_errors_paragraph_names_every_error_a_call_raises():
+    import gpumesh
+    from gpumesh import errors
+    text = (ROOT / "README.md").read_text()
+    m = re.search(r"^\* \*\*Errors\*\*:(.*?)^\* ", text, re.M | re.S)
+    assert m, "README.md has no **Errors** paragraph"
+    named = set(re.findall(r"`(?:gpumesh\.)?([A-Z][A-Za-z]+)`", m.group(1)))
+    classes = {n for n in gpumesh.__all__ if isinstance(getattr(gpumesh, n), type)
+               and issubclass(getattr(gpumesh, n), errors.MeshError)}
+    # Raised by the wire and transport layers, not by a call's outcome: documented in
+    # docs/architecture.md (WireError) and docs/threat-model.md (PayloadTooLarge).
+    elsewhere = {"WireError", "PayloadTooLarge"}
+    assert classes - elsewhere - named == set()
+    assert "TaskFailed" in named
