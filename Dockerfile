@@ -1,8 +1,12 @@
 # gpumesh in a container: the coordinator (`serve`) or a worker (`join URL`).
 #
-#   docker build -t gpumesh .                                        # CPU
+#   docker build -t gpumesh:0.1.0 .                                  # CPU
 #   docker build -t gpumesh:cuda --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu124 .
-#   docker run --gpus all ... gpumesh:cuda join http://coordinator:8732   # a GPU worker
+#   docker run --gpus all --network gpumesh ... gpumesh:cuda join http://gpumesh-coordinator:8732
+#                                         # a GPU worker, on the coordinator's network
+#
+# README.md (Docker) has the whole recipe: a network of your own (docker network create
+# gpumesh) on which the worker joins the coordinator by its container name.
 #
 # State (the SQLite job store, payload files and config.json) lives under /data
 # (HOME=/data, so ~/.gpumesh is /data/.gpumesh): mount a volume there for a coordinator.

@@ -75,7 +75,9 @@ def test_a_map_needing_a_module_one_worker_lacks_completes_on_the_other(make_mes
         "GPUMESH_CONFIG": mesh.env["GPUMESH_CONFIG"], "NO_COLOR": None})
     checks = {c["name"]: c for c in json.loads(r.output)["checks"]}
     assert checks["pool modules"]["status"] == "warn"
-    assert f"{MODULE} (not on " in checks["pool modules"]["detail"]
+    assert checks["pool modules"]["detail"].startswith(
+        f"recent jobs imported modules some workers lack: {MODULE} (not on ")
+    assert checks["pool modules"]["fix"].startswith("their tasks ran on the other workers")
 
 
 def test_no_worker_has_the_module_names_it_and_the_workers(make_mesh):
@@ -98,6 +100,15 @@ def test_no_worker_has_the_module_names_it_and_the_workers(make_mesh):
     assert "lack it" in msg
     # a call without the import still runs: the exclusion is per job
     assert accelerate(m)(lambda: 7)() == 7
+    # and `gpumesh doctor` does not say those tasks ran on other workers: none could
+    r = CliRunner().invoke(main, ["doctor", "--json"], env={
+        "GPUMESH_URL": mesh.url, "GPUMESH_TOKEN": mesh.token,
+        "GPUMESH_CONFIG": mesh.env["GPUMESH_CONFIG"], "NO_COLOR": None})
+    mods = {c["name"]: c for c in json.loads(r.output)["checks"]}["pool modules"]
+    assert mods["detail"].startswith("recent jobs imported modules no alive worker has: "
+                                     "gm_nowhere_to_be_found (not on ")
+    assert mods["fix"].startswith("no alive worker can run a task that imports them: it fails "
+                                  "with ModuleNotFoundError")
 
 
 def test_inventory_reports_a_change_only_when_due(monkeypatch):

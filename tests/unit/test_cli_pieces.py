@@ -186,6 +186,98 @@ def test_doctor_summary_counts_the_warnings():
     assert summary(checks("warn", "fail", "warn", "warn")) == "some checks failed, 3 warnings"
 
 
+def _worker(wid, host, lacks=()):
+    return {"id": wid, "hostname": host, "alive": True, **({"lacks": list(lacks)} if lacks else {})}
+
+
+def test_doctor_module_advice_when_some_workers_lack_a_module():
+    from gpumesh.cli.doctor import pool_checks
+    checks = {c.name: c for c in pool_checks(
+        [_worker("aaaaaaaa11", "laptop-a", ["gmmod"]), _worker("bbbbbbbb22", "laptop-b")],
+        "http://192.0.2.10:8000")}
+    mods = checks["pool modules"]
+    assert mods.status == "warn"
+    assert mods.detail == "recent jobs imported modules some workers lack: gmmod (not on laptop-a (aaaaaaaa))"
+    assert mods.fix == ("their tasks ran on the other workers; install the package that provides "
+                        "each module on these workers to use them too")
+
+
+def test_doctor_module_advice_when_every_alive_worker_lacks_a_module():
+    # nobody ran those tasks: the advice must not say they ran on other workers
+    from gpumesh.cli.doctor import pool_checks
+    checks = {c.name: c for c in pool_checks(
+        [_worker("aaaaaaaa11", "laptop-a", ["gmmod"]), _worker("bbbbbbbb22", "laptop-b", ["gmmod"])],
+        "http://192.0.2.10:8000")}
+    mods = checks["pool modules"]
+    assert mods.status == "warn"
+    assert mods.detail == ("recent jobs imported modules no alive worker has: gmmod (not on "
+                           "laptop-a (aaaaaaaa), laptop-b (bbbbbbbb))")
+    assert mods.fix == ("no alive worker can run a task that imports them: it fails with "
+                        "ModuleNotFoundError; install the package that provides each module on "
+                        "the workers")
+    assert "ran on the other workers" not in mods.fix
+
+
+def test_doctor_module_advice_for_both_kinds_at_once():
+    from gpumesh.cli.doctor import pool_checks
+    checks = {c.name: c for c in pool_checks(
+        [_worker("aaaaaaaa11", "a", ["gmall", "gmsome"]), _worker("bbbbbbbb22", "b", ["gmall"])],
+        "http://x:1")}
+    mods = checks["pool modules"]
+    assert mods.detail == ("recent jobs imported modules no alive worker has: gmall (not on "
+                           "a (aaaaaaaa), b (bbbbbbbb)). Modules some workers lack: gmsome (not on "
+                           "a (aaaaaaaa))")
+    assert mods.fix.startswith("no alive worker can run a task that imports them")
+    assert mods.fix.endswith("; for those some workers lack, their tasks ran on the other "
+                             "workers; install the package that provides each module on these "
+                             "workers to use them too")
+    # no module lacked: no check at all
+    assert "pool modules" not in {c.name for c in pool_checks([_worker("a1", "a")], "http://x:1")}
+
+
+RADAR = [
+    {"name": "a", "host": "gpu-box-in-the-lab.local", "role": "coordinator", "device": "GPU",
+     "device_name": "NVIDIA GeForce RTX 4090", "score": "123.4", "url": "http://192.0.2.10:18743",
+     "address": "192.0.2.10:18743", "addresses": ["192.0.2.10"], "coordinator": None,
+     "version": "0.1.0"},
+    {"name": "b", "host": "laptop-b.local", "role": "worker", "device": "CPU",
+     "device_name": "AMD Ryzen 9 7950X 16-Core Processor", "score": "55.0", "url": None,
+     "address": "192.0.2.11:0", "addresses": ["192.0.2.11"],
+     "coordinator": "http://192.0.2.10:18743", "version": "0.1.0"},
+]
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_radar_table_never_cuts_the_address_on_a_narrow_console(width):
+    # A pipe is drawn 80 columns wide: the URL a user copies into `gpumesh join` was cut
+    # to "http://192.0…" there.
+    from rich.console import Console
+
+    from gpumesh.cli.radar import radar_table
+    out = io.StringIO()
+    console = Console(file=out, width=width, force_terminal=False)
+    assert not console.is_terminal
+    console.print(radar_table(RADAR))
+    text = out.getvalue()
+    assert "http://192.0.2.10:18743 " in text
+    assert "192.0.2.11 -> http://192.0.2.10:18743 " in text
+    assert max(len(line) for line in text.splitlines()) <= width
+
+
+def test_radar_once_piped_prints_every_value_whole(monkeypatch):
+    from gpumesh import discovery
+    monkeypatch.setattr(discovery, "browse", lambda timeout: RADAR)
+    r = CliRunner().invoke(main, ["radar", "--once"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    rows = [line for line in r.output.splitlines() if "0.1.0" in line]
+    assert len(rows) == 2
+    for row, values in zip(rows, (["gpu-box-in-the-lab.local", "coordinator",
+                                   "GPU NVIDIA GeForce RTX 4090", "123.4", "http://192.0.2.10:18743"],
+                                  ["laptop-b.local", "worker", "CPU AMD Ryzen 9 7950X 16-Core Processor",
+                                   "55.0", "192.0.2.11 -> http://192.0.2.10:18743"])):
+        assert [cell.strip() for cell in row.split("│")[1:6]] == values
+
+
 def test_every_error_line_has_one_form(capsys):
     # one function prints them all (click's own usage errors say "Error:" too)
     from gpumesh.cli.common import fail

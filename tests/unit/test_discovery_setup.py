@@ -124,6 +124,62 @@ def test_setup_worker_with_an_entered_token():
     assert secret not in r.output
 
 
+def test_setup_refuses_a_short_or_blank_token_with_an_error_line():
+    # docs/cli.md: a refused answer is one `Error:` line, then the question again (the
+    # token's refusal used to be a bare sentence)
+    secret = "entered-token-0123456789"
+    r = CliRunner().invoke(main, ["setup"], input=f"worker\nlan\n\nenter\nshort\n\n{secret}\n")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines.count("Error: a token needs at least 16 characters") == 2, r.output
+    assert r.output.count("Token (hidden): ") == 3
+    assert secret not in r.output and "short" not in r.output
+
+
+def test_setup_from_a_terminal_reads_the_token_hidden_and_refuses_it_the_same_way(monkeypatch):
+    monkeypatch.setattr(wizard, "_is_tty", lambda stream: True)  # click's hidden prompt
+    secret = "entered-token-0123456789"
+    r = CliRunner().invoke(main, ["setup"], input=f"worker\nlan\n\nenter\nshort\n{secret}\n")
+    assert r.exit_code == 0, r.output
+    assert "Error: a token needs at least 16 characters" in r.output.splitlines()
+    assert secret not in r.output
+
+
+def test_scripted_setup_reads_the_token_without_getpass_warnings(tmp_path):
+    # stdin a pipe: getpass cannot turn echo off and warned (GetPassWarning, "Password
+    # input may be echoed"); a piped answer is echoed by nothing, so it is read as a line
+    import subprocess
+    import sys
+    secret = "entered-token-0123456789"
+    env = dict(os.environ, HOME=str(tmp_path), GPUMESH_CONFIG=str(tmp_path / "config.json"))
+    r = subprocess.run([sys.executable, "-m", "gpumesh", "setup"], env=env, capture_output=True,
+                       text=True, timeout=60, input=f"coordinator\nlan\n8000\nenter\nshort\n{secret}\n")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stderr == ""
+    assert "Error: a token needs at least 16 characters" in r.stdout.splitlines()
+    assert r.stdout.rstrip().endswith("gpumesh serve --host 0.0.0.0 --port 8000")
+    assert secret not in r.stdout
+
+
+@pytest.mark.parametrize("answers, question, tty", [
+    ("coordinator\nlan\n", "Port", False),
+    ("worker\nlan\n\nenter\n", "Token (hidden)", False),
+    ("worker\nlan\n\nenter\n", "Token (hidden)", True),
+    ("", "Role of this machine", False),
+])
+def test_setup_input_that_ends_at_a_prompt_is_one_error_line(monkeypatch, answers, question, tty):
+    # It used to end "Port [8000]: Aborted!": click's word, on the prompt's line.
+    monkeypatch.setattr(wizard, "_is_tty", lambda stream: tty)
+    r = CliRunner().invoke(main, ["setup"], input=answers)
+    assert r.exit_code == 1, r.output
+    assert r.stderr == (f"Error: no answer to {question!r}: the input ended (or was interrupted) "
+                        "before the last question; setup stopped\n")
+    assert r.stdout.endswith(": \n" if not tty else "\n")  # the prompt's line is ended
+    if not tty:  # (the runner's stand-in for a hidden prompt ends its line itself)
+        assert not r.stdout.endswith("\n\n")
+    assert "Aborted!" not in r.output
+
+
 def test_setup_run_execs_with_the_token_in_the_environment(monkeypatch):
     seen = {}
 

@@ -1,4 +1,5 @@
-"""The README's Quickstart installs what its own examples need."""
+"""The README: its Quickstart installs what its own examples need, and its **Errors**
+paragraph names the errors a call raises."""
 
 from __future__ import annotations
 
@@ -66,3 +67,62 @@ def test_quickstart_install_covers_the_examples_imports():
                 if top in sys.stdlib_module_names or top == "gpumesh":
                     continue
                 assert top.lower() in installed, f"{script.name} imports {top}, which the Quickstart does not install"
+
+
+def test_the_readme_errors_paragraph_names_every_error_a_call_raises():
+    import gpumesh
+    from gpumesh import errors
+    text = (ROOT / "README.md").read_text()
+    m = re.search(r"^\* \*\*Errors\*\*:(.*?)^\* ", text, re.M | re.S)
+    assert m, "README.md has no **Errors** paragraph"
+    named = set(re.findall(r"`(?:gpumesh\.)?([A-Z][A-Za-z]+)`", m.group(1)))
+    classes = {n for n in gpumesh.__all__ if isinstance(getattr(gpumesh, n), type)
+               and issubclass(getattr(gpumesh, n), errors.MeshError)}
+    # Raised by the wire and transport layers, not by a call's outcome: documented in
+    # docs/architecture.md (WireError) and docs/threat-model.md (PayloadTooLarge).
+    elsewhere = {"WireError", "PayloadTooLarge"}
+    assert classes - elsewhere - named == set()
+    assert "TaskFailed" in named
+
+
+def _docker_commands(text: str) -> list[list[str]]:
+    """The ``docker ...`` commands of the ```bash blocks of ``text``, continuation lines
+    joined and comments dropped, as argument lists."""
+    import shlex
+    out = []
+    for block in re.findall(r"^```bash\n(.*?)^```", text, re.M | re.S):
+        joined = re.sub(r"\\\n\s*", " ", block)
+        for line in joined.splitlines():
+            words = shlex.split(line, comments=True)
+            if words[:1] == ["docker"]:
+                out.append(words)
+    return out
+
+
+def _option(words: list[str], name: str) -> str | None:
+    return words[words.index(name) + 1] if name in words else None
+
+
+def test_the_readme_docker_recipe_joins_the_coordinator_at_an_address_it_has():
+    section = re.search(r"^## Docker\n(.*?)^## ", (ROOT / "README.md").read_text(), re.M | re.S).group(1)
+    commands = _docker_commands(section)
+    runs = [w for w in commands if w[1:2] == ["run"]]
+    coordinator = next(w for w in runs if "serve" in w)
+    worker = next(w for w in runs if "join" in w)
+    # Both on one network the recipe creates (not the default bridge, whose DNS does not
+    # answer container names), and the worker joins the coordinator by its name there.
+    network = _option(coordinator, "--network")
+    assert network and network not in ("bridge", "host")
+    assert ["docker", "network", "create", network] in commands
+    assert _option(worker, "--network") == network
+    url = worker[worker.index("join") + 1]
+    assert url == f"http://{_option(coordinator, '--name')}:8732"
+    # one image tag in the README, the Dockerfile's header and compose's default
+    tag = next(w for w in commands if w[1:3] == ["build", "-t"])[3]
+    assert tag == "gpumesh:0.1.0"
+    assert tag in coordinator and tag in worker
+    header = "".join(line for line in (ROOT / "Dockerfile").read_text().splitlines(True)
+                     if line.startswith("#"))
+    assert f"docker build -t {tag} ." in header
+    assert "docker build -t gpumesh ." not in header
+    assert f"image: ${{GPUMESH_IMAGE:-{tag}}}" in (ROOT / "docker-compose.yaml").read_text()

@@ -104,6 +104,114 @@ def test_what_is_shared():
     assert cap_memory({"memory_total_mb": 24000, "memory_free_mb": 3000}, 8000)["memory_free_mb"] == 3000
 
 
+# ---------------------------------------------------------------- GPU rules without NVML ---
+
+class _FakeNvml:
+    """A stand-in for the pynvml module: ``nvmlInit`` raises ``error`` when given."""
+
+    def __init__(self, error: Exception | None = None):
+        self.error, self.shut = error, False
+
+    def nvmlInit(self):
+        if self.error is not None:
+            raise self.error
+
+    def nvmlShutdown(self):
+        self.shut = True
+
+
+def test_nvml_missing_says_why(monkeypatch):
+    from gpumesh.worker import device
+    monkeypatch.delenv(device.FAKE_GPUS_ENV, raising=False)
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed: the import fails
+    assert device.nvml_missing() == "NVML is not installed (pip install 'gpumesh[gpu]')"
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml(RuntimeError("Driver Not Loaded")))
+    assert device.nvml_missing() == ("NVML cannot start (Driver Not Loaded); is the NVIDIA "
+                                     "driver installed?")
+    works = _FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", works)
+    assert device.nvml_missing() is None and works.shut
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setenv(device.FAKE_GPUS_ENV, "[]")  # the testing hook stands in for NVML
+    assert device.nvml_missing() is None
+
+
+GPU = [{"index": 0, "name": "NVIDIA GeForce RTX 4090", "memory_total_mb": 24564, "memory_free_mb": 24000}]
+
+
+def test_gpu_rules_inactive_names_the_rules_and_the_reason(monkeypatch):
+    from gpumesh.worker import device
+    both = Policy(yield_gpu=True, max_temp_c=80.0)
+    monkeypatch.setattr(device, "nvml_missing", lambda: None)
+    assert owner_cli.gpu_rules_inactive(both, GPU) is None  # they can act
+    assert owner_cli.gpu_rules_inactive(both, []) == (
+        "warning: the GPU rules (--yield-gpu, --max-temp) are inactive on this machine: no "
+        "NVIDIA GPU was found to share; the worker starts without them")
+    assert owner_cli.gpu_rules_inactive(Policy(hours=()), []) is None  # no GPU rule set
+    monkeypatch.setattr(device, "nvml_missing",
+                        lambda: "NVML is not installed (pip install 'gpumesh[gpu]')")
+    assert owner_cli.gpu_rules_inactive(Policy(max_power_w=250.0), GPU) == (
+        "warning: the GPU rules (--max-power) are inactive on this machine: NVML is not "
+        "installed (pip install 'gpumesh[gpu]'); the worker starts without them")
+    assert owner_cli.gpu_rules_inactive(both, []) == (
+        "warning: the GPU rules (--yield-gpu, --max-temp) are inactive on this machine: no "
+        "NVIDIA GPU was found to share and NVML is not installed (pip install 'gpumesh[gpu]'); "
+        "the worker starts without them")
+    # the rules in force are still listed, the GPU ones only when they can act
+    assert owner_cli.describe_policy(both, gpu_rules=False) == []
+    assert owner_cli.describe_policy(both) == [
+        "yielding a GPU another program uses above 10% (grace 30s)",
+        "no new tasks on a GPU at 80C or hotter"]
+
+
+@pytest.mark.parametrize("gpus, nvml, why", [
+    ([], "NVML is not installed (pip install 'gpumesh[gpu]')",
+     "no NVIDIA GPU was found to share and NVML is not installed (pip install 'gpumesh[gpu]')"),
+    (GPU, "NVML is not installed (pip install 'gpumesh[gpu]')",
+     "NVML is not installed (pip install 'gpumesh[gpu]')"),
+])
+def test_join_without_nvml_warns_once_instead_of_announcing_gpu_rules(monkeypatch, tmp_path, gpus, nvml, why):
+    import signal
+
+    from click.testing import CliRunner
+
+    from gpumesh.cli import join as join_cli
+    from gpumesh.cli import main
+    from gpumesh.worker import agent, device
+
+    started = []
+
+    class Agent:  # joins nothing: the banner is printed before the agent runs
+        def __init__(self, *args, **kw):
+            self.on_event = kw.get("on_event")
+
+        def run(self):
+            started.append(True)
+            raise KeyboardInterrupt
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("GPUMESH_CONFIG", str(tmp_path / "config.json"))
+    monkeypatch.delenv(device.FAKE_GPUS_ENV, raising=False)
+    monkeypatch.setattr(device, "detect", lambda: {"gpus": list(gpus), "mps": False, "cpu": "Test CPU",
+                                                   "cores": 2, "device": "CPU", "device_name": "Test CPU"})
+    monkeypatch.setattr(device, "nvml_missing", lambda: nvml)
+    monkeypatch.setattr(agent, "WorkerAgent", Agent)
+    monkeypatch.setattr(join_cli, "_control_channel", lambda a: None)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        r = CliRunner().invoke(main, ["join", "http://127.0.0.1:18799", "--token", "t" * 32,
+                                      "--yield-gpu", "--max-temp", "80", "--hours", "22:00-08:00"])
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    assert r.exit_code == 0, r.output
+    assert started == [True]  # the worker still starts
+    lines = r.output.splitlines()
+    assert f"[worker] warning: the GPU rules (--yield-gpu, --max-temp) are inactive on this machine: {why}; the worker starts without them" in lines
+    assert not [ln for ln in lines if "yielding a GPU" in ln or "or hotter" in ln]
+    assert "[worker] hours: 22:00-08:00 (local time; at the end running tasks finish)" in lines
+
+
 # ---------------------------------------------------------------- decisions ----------
 
 def test_pause_finish_now_and_for():

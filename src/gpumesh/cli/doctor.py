@@ -410,16 +410,7 @@ def pool_checks(workers: list[dict], url: str) -> list[Check]:
     checks.append(Check("pool gpumesh", "ok" if set(by_version) == {__version__} else "fail", ver,
                         "" if set(by_version) == {__version__} else
                         f"on each of the others: {install_command(url)}"))
-    lacking: dict[str, list[str]] = {}
-    for w in workers:
-        for module in w.get("lacks") or ():
-            lacking.setdefault(str(module), []).append(_who(w))
-    if lacking:
-        checks.append(Check("pool modules", "warn", "recent jobs imported modules some workers "
-                            "lack: " + "; ".join(f"{m} (not on {', '.join(ws)})"
-                                                 for m, ws in sorted(lacking.items())[:POOL_LIST]),
-                            "their tasks ran on the other workers; install the package that "
-                            "provides each module on these workers to use them too"))
+    checks += _module_checks(workers)
     reported = [w for w in workers if isinstance(w.get("packages"), dict)]
     if len(reported) < 2:
         return checks
@@ -448,6 +439,41 @@ def pool_checks(workers: list[dict], url: str) -> list[Check]:
                         "that have it (tried there after a ModuleNotFoundError); install what your "
                         "functions import on every worker"))
     return checks
+
+
+def _module_checks(workers: list[dict]) -> list[Check]:
+    """The ``pool modules`` check: the modules recent jobs imported and did not find on
+    some of the alive ``workers`` (their tasks ran on the others), or on every one of
+    them (then no alive worker can run those tasks: they fail with ModuleNotFoundError)."""
+    lacking: dict[str, list[dict]] = {}
+    for w in workers:
+        for module in w.get("lacks") or ():
+            lacking.setdefault(str(module), []).append(w)
+    if not lacking:
+        return []
+    alive = {str(w.get("id")) for w in workers}
+    nowhere = {m: ws for m, ws in lacking.items() if {str(w.get("id")) for w in ws} >= alive}
+    somewhere = {m: ws for m, ws in lacking.items() if m not in nowhere}
+
+    def listed(modules: dict[str, list[dict]]) -> str:
+        items = sorted(modules.items())
+        return "; ".join(f"{m} (not on {', '.join(_who(w) for w in ws)})"
+                         for m, ws in items[:POOL_LIST]) + \
+            (f" and {len(items) - POOL_LIST} more" if len(items) > POOL_LIST else "")
+
+    details, fixes = [], []
+    if nowhere:
+        details.append("recent jobs imported modules no alive worker has: " + listed(nowhere))
+        fixes.append("no alive worker can run a task that imports them: it fails with "
+                     "ModuleNotFoundError; install the package that provides each module on "
+                     "the workers")
+    if somewhere:
+        details.append(("Modules some workers lack: " if nowhere else
+                        "recent jobs imported modules some workers lack: ") + listed(somewhere))
+        fixes.append(("for those some workers lack, " if nowhere else "")
+                     + "their tasks ran on the other workers; install the package that "
+                     "provides each module on these workers to use them too")
+    return [Check("pool modules", "warn", ". ".join(details), "; ".join(fixes))]
 
 
 @click.command()

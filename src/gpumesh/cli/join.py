@@ -131,8 +131,11 @@ def join(url, token, slots, fingerprint, runtime, allow_installs, **owner_flags)
         # after joining and only while no task runs, has measured every device.
         click.echo(f"[worker] {text}")
 
-    for line in owner_cli.describe_policy(policy):
+    inactive = owner_cli.gpu_rules_inactive(policy, info["gpus"])
+    for line in owner_cli.describe_policy(policy, gpu_rules=inactive is None):
         click.echo(f"[worker] {line}")
+    if inactive:
+        click.echo(f"[worker] {inactive}", err=True)
     from ..worker.owner import OwnerState
     agent = WorkerAgent(url, token, slots=slots, info=info, on_event=on_event, fingerprint=fingerprint,
                         owner=OwnerState(policy), allow_installs=allow_installs,

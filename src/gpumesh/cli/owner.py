@@ -208,8 +208,27 @@ def _refuse_idle_flags(flags: dict, merged: dict, kw: dict) -> None:
                              f"(or yield_gpu = true in worker.toml), or drop {SETTINGS[key]}")
 
 
-def describe_policy(policy) -> list[str]:
-    """The rules in force, one short line each, for join's start-up lines."""
+def gpu_rules_inactive(policy, gpus: list[dict]) -> str | None:
+    """The one warning line for a worker whose GPU rules (``--yield-gpu``, ``--max-temp``,
+    ``--max-power``) cannot act on this machine: it shares no NVIDIA GPU (``gpus``: those
+    it shares), or NVML, which they read, is missing or cannot start. None when no such
+    rule is set or they can act."""
+    if not policy.watches_gpus:
+        return None
+    from ..worker.device import nvml_missing
+    why = [w for w in ("no NVIDIA GPU was found to share" if not gpus else None, nvml_missing()) if w]
+    if not why:
+        return None
+    rules = [SETTINGS[k] for k, on in (("yield_gpu", policy.yield_gpu),
+                                       ("max_temp", policy.max_temp_c is not None),
+                                       ("max_power", policy.max_power_w is not None)) if on]
+    return (f"warning: the GPU rules ({', '.join(rules)}) are inactive on this machine: "
+            f"{' and '.join(why)}; the worker starts without them")
+
+
+def describe_policy(policy, gpu_rules: bool = True) -> list[str]:
+    """The rules in force, one short line each, for join's start-up lines; ``gpu_rules``
+    False leaves out those that read the GPUs (:func:`gpu_rules_inactive` says why)."""
     out = []
     if policy.gpus is not None:
         out.append("GPUs shared: " + (", ".join(f"cuda:{i}" for i in policy.gpus) or "none"))
@@ -218,6 +237,8 @@ def describe_policy(policy) -> list[str]:
     if policy.hours:
         out.append(f"hours: {', '.join(w.text for w in policy.hours)} (local time; at the end "
                    f"running tasks {'are handed back' if policy.at_window_end == 'requeue' else 'finish'})")
+    if not gpu_rules:
+        return out
     if policy.yield_gpu:
         out.append(f"yielding a GPU another program uses above {policy.busy_threshold} "
                    f"(grace {policy.yield_grace_s:g}s)")

@@ -39,8 +39,14 @@ def radar_table(entries: list[dict], elapsed: float | None = None):
     from rich.table import Table
     title = "gpumesh radar" + (f" ({elapsed:.0f}s, {len(entries)} found)" if elapsed is not None else "")
     table = Table(title=title, title_justify="left")
+    # Narrower than the table wants (a small terminal; a pipe or file is drawn 80 columns
+    # wide unless the caller sizes the console), rich shrinks the columns and cuts what does
+    # not fit with "…". The address, the value a user copies into `gpumesh join`, keeps its
+    # whole width on one line (no_wrap: the other columns give way first), and where even
+    # that cannot fit it folds onto the next line instead of losing characters.
     for col in ("host", "role", "device", "score", "address", "version"):
-        table.add_column(col)
+        address = col == "address"
+        table.add_column(col, no_wrap=address, overflow="fold" if address else "ellipsis")
     for e in entries:
         table.add_row(*_columns(e))
     if not entries:
@@ -103,7 +109,11 @@ def radar(timeout, once, as_json):
             if as_json:
                 click.echo(json.dumps(found, indent=2))
             else:
-                console.print(radar_table(found))
+                table = radar_table(found)
+                if not console.is_terminal:  # a pipe or file has no width: draw it whole
+                    wide = console.options.update_width(10_000)
+                    console = Console(width=max(console.width, console.measure(table, options=wide).maximum))
+                console.print(table)
             return
         browser = discovery.Browser()
         try:

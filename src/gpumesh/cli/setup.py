@@ -12,12 +12,15 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import click
 
 from .. import config
 from ..limits import DEFAULT_PORT, MIN_TOKEN_CHARS
+from .common import fail
 
 ROLES = ("coordinator", "worker")
 NETWORKS = ("local", "lan")  # this machine only / other machines on the LAN
@@ -117,23 +120,81 @@ def _url_or_none(text: str) -> str | None:
         raise click.BadParameter(str(e)) from None  # click says so and prompts again
 
 
+def _token(text: str) -> str:
+    """An entered token, as typed; one under ``MIN_TOKEN_CHARS`` (blank ones included) is
+    refused at the prompt, which says so in an ``Error:`` line and asks again."""
+    if len(text.strip()) < MIN_TOKEN_CHARS:
+        raise click.BadParameter(f"a token needs at least {MIN_TOKEN_CHARS} characters")
+    return text
+
+
+class NoAnswer(Exception):
+    """The input ended (or was interrupted) at the prompt of ``question``. ``line_open``:
+    the prompt's line was left without its newline."""
+
+    def __init__(self, question: str, line_open: bool = True):
+        super().__init__(question)
+        self.question, self.line_open = question, line_open
+
+
 class Prompts:
-    """The questions, asked with click's prompts (stdin; works under the CLI runner)."""
+    """The questions, asked with click's prompts (stdin; works under the CLI runner). An
+    answer the wizard cannot use is refused at its prompt with one ``Error:`` line and the
+    question asked again; input that ends at a prompt raises :class:`NoAnswer`."""
 
     def choose(self, question: str, choices: tuple[str, ...], default: str) -> str:
-        return click.prompt(question, type=click.Choice(choices), default=default, show_choices=True)
+        with _answer(question):
+            return click.prompt(question, type=click.Choice(choices), default=default, show_choices=True)
 
     def number(self, question: str, default: int) -> int:
-        return click.prompt(question, type=click.IntRange(1, 65535), default=default)
+        with _answer(question):
+            return click.prompt(question, type=click.IntRange(1, 65535), default=default)
 
     def url(self, question: str) -> str | None:
         """A coordinator URL, normalised; None for an empty answer. One that is not
         ``http(s)://HOST[:PORT]`` is refused at the prompt, which asks again (as it does
         for a port out of range), rather than ending the wizard after the next question."""
-        return click.prompt(question, default="", show_default=False, value_proc=_url_or_none)
+        with _answer(question):
+            return click.prompt(question, default="", show_default=False, value_proc=_url_or_none)
 
     def secret(self, question: str) -> str:
-        return click.prompt(question, hide_input=True)
+        """A token, not echoed. From a terminal it is read with echo off; from a pipe or
+        file (a scripted setup: nothing echoes it there) as a plain line, where getpass
+        would warn that it cannot turn echo off."""
+        if _is_tty(sys.stdin):
+            with _answer(question, line_open=False):  # (click ends the line itself)
+                return click.prompt(question, hide_input=True, default="", show_default=False,
+                                    value_proc=_token)
+        while True:
+            click.echo(f"{question}: ", nl=False)
+            try:
+                line = sys.stdin.readline()
+            except KeyboardInterrupt:
+                line = ""
+            if not line:
+                raise NoAnswer(question)
+            click.echo("")  # (the answer is not echoed: end the prompt's line)
+            try:
+                return _token(line.rstrip("\r\n"))
+            except click.BadParameter as e:
+                click.echo(f"Error: {e.message}")
+
+
+def _is_tty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no stream, or a closed one
+        return False
+
+
+@contextmanager
+def _answer(question: str, line_open: bool = True) -> Iterator[None]:
+    """Turns click's ``Abort`` at the prompt of ``question`` (its input ended, or Ctrl+C)
+    into :class:`NoAnswer`."""
+    try:
+        yield
+    except click.Abort:
+        raise NoAnswer(question, line_open) from None
 
 
 def ask_token(prompts: Prompts, allow_generate: bool) -> tuple[str | None, bool]:
@@ -146,11 +207,7 @@ def ask_token(prompts: Prompts, allow_generate: bool) -> tuple[str | None, bool]
         return config.generate_token(), True
     if how == "saved":
         return None, False
-    while True:
-        token = prompts.secret("Token (hidden)")
-        if len(token.strip()) >= MIN_TOKEN_CHARS:
-            return token, False
-        click.echo(f"A token needs at least {MIN_TOKEN_CHARS} characters; try again.")
+    return prompts.secret("Token (hidden)"), False  # (a short one is refused there)
 
 
 def wizard(prompts: Prompts) -> Plan:
@@ -186,7 +243,13 @@ def run_plan(plan: Plan) -> None:
               help="Run the resulting command right away [default: only print it].")
 def setup(run_it):
     """Answer a few questions (role, network, token); get the exact command to run."""
-    plan = wizard(Prompts())  # (each answer is checked at its prompt, which asks again)
+    try:
+        plan = wizard(Prompts())  # (each answer is checked at its prompt, which asks again)
+    except NoAnswer as e:
+        if e.line_open:
+            click.echo("")  # the prompt's line, left open, ends before the error
+        fail(f"no answer to {e.question!r}: the input ended (or was interrupted) before the "
+             "last question; setup stopped")
     click.echo("")
     for line in plan.lines():
         click.echo(line)

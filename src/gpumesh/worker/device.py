@@ -417,6 +417,28 @@ def nvidia_gpus() -> list[dict]:
         return []
 
 
+def nvml_missing() -> str | None:
+    """Why NVML cannot read this machine's GPUs at run time, in a few words, or None when
+    it can (or the ``GPUMESH_FAKE_GPUS`` testing hook stands in for it). The owner's GPU
+    rules (:class:`gpumesh.worker.owner.Policy` ``watches_gpus``) read only NVML: without
+    it they never trigger. Never raises."""
+    if os.environ.get(FAKE_GPUS_ENV):
+        return None
+    try:
+        import pynvml
+    except ImportError:
+        return "NVML is not installed (pip install 'gpumesh[gpu]')"
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:  # no driver, or a driver/library mismatch
+        return f"NVML cannot start ({_text(e) or type(e).__name__}); is the NVIDIA driver installed?"
+    try:
+        pynvml.nvmlShutdown()
+    except Exception:
+        log.debug("nvmlShutdown failed", exc_info=True)
+    return None
+
+
 def _text(value) -> str:
     """NVML returns bytes in older pynvml releases and str in newer ones."""
     if isinstance(value, bytes):
