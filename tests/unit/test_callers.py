@@ -97,6 +97,8 @@ def test_a_recovered_job_waits_for_its_caller(tmp_path, clock):
         got = lease(c2, w.id, 4)
         assert {g.job_id for g in got} == {"bbbb02"}  # the script job runs; bbbb01 waits
         assert c2.queue.pending("bbbb01") == N
+        assert c2.waiting_reason("bbbb01").startswith("waiting for its caller")  # (status says so)
+        assert c2.waiting_reason("bbbb02") is None
         c2.callers.heard(c2, ["bbbb01"])  # its caller polls again
         assert c2.callers.held == set()
         w2 = c2.register({}, None, 4)

@@ -36,7 +36,13 @@ def worker_view(coord: Coordinator, w: Worker) -> dict[str, Any]:
 
 def waiting_reason(coord: Coordinator, job_id: str) -> str | None:
     """Why the job's pending tasks wait although workers that could run them are
-    alive: every such worker (or GPU) is closed by its owner's rules. None otherwise."""
+    alive: the job was recovered after a restart and its caller is not back yet
+    (:mod:`.callers`), or every such worker (or GPU) is closed by its owner's rules.
+    None otherwise."""
+    if job_id in coord.callers.held:
+        return (f"waiting for its caller: the coordinator restarted, and the call's tasks "
+                f"start once its caller polls again (cancelled if it has not within "
+                f"{coord.callers.timeout:g}s of the restart)")
     closed = closed_for(coord, job_id)
     if not closed:
         return None
