@@ -46,15 +46,19 @@ def wrap(own_mesh: Any = None) -> Callable[[Any], Any]:
     would use), else on the mesh set with ``accelerate.install()``, else the default mesh
     (``$GPUMESH_URL``/``$GPUMESH_TOKEN`` or ``~/.gpumesh/config.json``). One already
     decorated with ``@mesh``/``@accelerate(...)`` keeps its own mesh and options; anything
-    that is not callable is returned unchanged.
+    that is not callable is returned unchanged, and so is a generator function (its
+    calls could not send a generator back from a worker; ``@mesh`` refuses one), as
+    ``async def`` is.
     """
     from .client.mesh import GPUMesh
+    from .client.pipeline import unsupported_function
     from .client.remote import RemoteFunction
 
     target = own_mesh if isinstance(own_mesh, GPUMesh) else None
 
     def decorate(obj: Any) -> Any:
-        if isinstance(obj, RemoteFunction) or not callable(obj):
+        if (isinstance(obj, RemoteFunction) or not callable(obj)
+                or unsupported_function(obj) is not None):
             return obj
         return RemoteFunction(obj, target, {})
     return decorate

@@ -43,6 +43,12 @@ def test_only_a_mesh_cell_is_rewritten(shell):
     assert res.success and type(shell.user_ns["square"]).__name__ == "function"
     res = shell.run_cell("%%mesh\nasync def square(x):\n    return x * x\n")
     assert res.success and type(shell.user_ns["square"]).__name__ == "function"
+    # a generator function, which @mesh refuses (a task cannot send a generator back),
+    # stays a plain function of the kernel too, rather than failing the whole cell
+    res = shell.run_cell("%%mesh\ndef square(n):\n    yield from (i * i for i in range(n))\n"
+                         "list(square(3))\n")
+    assert res.success, res.error_in_exec
+    assert res.result == [0, 1, 4] and type(shell.user_ns["square"]).__name__ == "function"
 
 
 def test_the_magic_called_directly_runs_the_body_like_a_cell(shell):

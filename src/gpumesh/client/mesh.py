@@ -346,6 +346,7 @@ class GPUMesh:
         without waiting for a first result, ``handle["job_id"]`` is set, and the generator
         yields ``None`` once the calls are under way (before any result)."""
         __tracebackhide__ = True  # (IPython shows the user's frames, not gpumesh's)
+        pipeline.check_function(fn, "run_calls()/iter_calls()")
         job = pipeline.Job(fn, calls, hints or [{}] * len(calls), timeout=timeout, name=name,
                            require=require, retry=retry, isolation=check_isolation(isolation),
                            return_exceptions=return_exceptions, streaming=handle is not None,
@@ -377,12 +378,14 @@ class GPUMesh:
         with ``return_exceptions=True`` every item runs and a failed item's exception
         stands in its place in the list. ``isolation``: ``"task"`` or ``"job"`` as for
         ``@accelerate`` (default: the decorated function's, else ``"task"``; anything else
-        is a ``ValueError``)."""
+        is a ``ValueError``). A generator function or an ``async def`` is a ``TypeError``
+        before anything runs, as for ``@accelerate``."""
         from .remote import unwrap
         if isolation is None:
             isolation = getattr(function, "options", {}).get("isolation")
         isolation = check_isolation(isolation)
         fn = unwrap(function)
+        pipeline.check_function(fn, "distribute()")
         calls, hints = _calls.map_items(fn, params)
         extra: dict[str, Any] = {} if isolation == "task" else {"isolation": isolation}
         return self.run_calls(fn, calls, hints=hints, timeout=_check_timeout(timeout),
