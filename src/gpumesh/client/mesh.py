@@ -224,9 +224,16 @@ class GPUMesh:
         return scripts.submit(self, script, list(payloads), name=name, timeout=_check_timeout(timeout))
 
     def wait(self, job_id: str, timeout: float | None = None) -> list[dict]:
-        """Wait for a script job to finish; one dict per task in payload order:
-        ``{"task_id", "index", "state", "worker", "error", "result"}`` (``result`` is the
-        JSON value the script printed, None if the task failed)."""
+        """Wait for a job to finish; one dict per task in payload (item) order:
+        ``{"task_id", "index", "state", "worker", "error", "result"}``. ``result`` is
+        decoded as :meth:`status` decodes it: for a script job the JSON value the script
+        printed, for a function call or ``.map`` (made by another caller) the value the
+        function returned, unpickled (never when ``strict``). It is None for a task that
+        did not finish ``done``, and for one whose result cannot be decoded here, which
+        has ``result_error`` (why) instead. Waiting reads the results without releasing
+        them. ``timeout`` (seconds): ``TimeoutError`` if the job is not finished by then.
+        Raises RequestRejected (404 unknown job; 410 a function job whose caller already
+        collected its results, which deletes them)."""
         from . import scripts
         got = scripts.wait(self, job_id, timeout=timeout)
         return [dict(v, task_id=k) for k, v in sorted(got.items(), key=lambda kv: kv[1]["index"])]
