@@ -86,6 +86,15 @@ def read_script(script: str | os.PathLike | bytes) -> tuple[bytes, str]:
     return source, str(script)
 
 
+def file_name(script: str | os.PathLike | bytes) -> str | None:
+    """The file name the tasks run ``script`` under (its own, e.g. ``task.py``, so that
+    tracebacks name it; see :func:`gpumesh.protocol.script_name`); None for source bytes
+    (the worker calls it ``script.py``)."""
+    if isinstance(script, (bytes, bytearray)):
+        return None
+    return protocol.script_name(os.fspath(script))
+
+
 def payload_hints(payloads: list) -> list[dict]:
     """The scheduling hints of each payload: ``{"cost": float, "gpu_memory_mb": float}``
     (keys present only when given), read from the keys ``cost`` and ``gpu_memory_mb`` of
@@ -138,6 +147,7 @@ def submit(mesh, script, payloads: Iterable[Any], *, name: str | None = None,
     submit = protocol.JobSubmit(
         job_id=job_id, kind="script", fn=h, fn_inline=inline, n_tasks=len(args),
         timeout=timeout, name=(name or default_name)[:200], result_format="json", costs=costs,
+        script=file_name(script),
         gpu_memory_mb=([h.get("gpu_memory_mb") for h in hints]
                        if any(h.get("gpu_memory_mb") for h in hints) else None))
     backend.send_job(submit, blob, args, fallback=False)
