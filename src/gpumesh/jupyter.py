@@ -17,9 +17,14 @@ user's own lines (``%%mesh`` is line 1), and an error stops "Run All"::
       ▼
     "'<marker>'\\n<body>"   parsed by IPython as usual (magics in the body work)
       │ AST transformer: a module that starts with the marker loses it, and each
-      │ top-level ``def`` gets one more, outermost, decorator: :func:`wrap`
+      │ top-level ``def`` gets one more, outermost, decorator: :func:`wrap`; the
+      │ cell's text that IPython keeps for tracebacks (linecache) gets "%%mesh" back
+      │ as its line 1, so no listing shows the marker
       ▼
     compiled, run and displayed by IPython like any other cell
+
+A worker's traceback names a cell's frames as IPython names its own (``Cell In[2], line
+4, in bad``): see :func:`gpumesh.client.calls.with_source`.
 
 ``%%mesh`` followed by anything on its line is left to the magic, which refuses it. A
 cell handed to the magic directly (``get_ipython().run_cell_magic("mesh", "", src)``)
@@ -29,12 +34,15 @@ goes through the same two transformers and runs in the manner of ``%%time``.
 from __future__ import annotations
 
 import ast
+import linecache
 from collections.abc import Callable
 from typing import Any
 
 #: What the "%%mesh" line becomes: a string statement no one writes on a cell's line 1.
 MARKER = "__gpumesh_mesh_cell__"
 _MARKER_LINE = repr(MARKER) + "\n"
+#: What tracebacks list as a ``%%mesh`` cell's line 1 (see :func:`show_mesh_line`).
+CELL_LINE = "%%mesh\n"
 
 
 def wrap(own_mesh: Any = None) -> Callable[[Any], Any]:
@@ -46,15 +54,19 @@ def wrap(own_mesh: Any = None) -> Callable[[Any], Any]:
     would use), else on the mesh set with ``accelerate.install()``, else the default mesh
     (``$GPUMESH_URL``/``$GPUMESH_TOKEN`` or ``~/.gpumesh/config.json``). One already
     decorated with ``@mesh``/``@accelerate(...)`` keeps its own mesh and options; anything
-    that is not callable is returned unchanged.
+    that is not callable is returned unchanged, and so is a generator function (its
+    calls could not send a generator back from a worker; ``@mesh`` refuses one), as
+    ``async def`` is.
     """
     from .client.mesh import GPUMesh
+    from .client.pipeline import unsupported_function
     from .client.remote import RemoteFunction
 
     target = own_mesh if isinstance(own_mesh, GPUMesh) else None
 
     def decorate(obj: Any) -> Any:
-        if isinstance(obj, RemoteFunction) or not callable(obj):
+        if (isinstance(obj, RemoteFunction) or not callable(obj)
+                or unsupported_function(obj) is not None):
             return obj
         return RemoteFunction(obj, target, {})
     return decorate
@@ -80,7 +92,20 @@ class WrapFunctions(ast.NodeTransformer):
         for stmt in node.body:
             if isinstance(stmt, ast.FunctionDef):
                 stmt.decorator_list.insert(0, _wrap_expr(stmt))
+        show_mesh_line()  # (IPython cached the cell's text before transforming its tree)
         return node
+
+
+def show_mesh_line() -> None:
+    """Give every cached cell text whose line 1 is the marker its ``%%mesh`` line back.
+
+    IPython keeps each cell's transformed text in :mod:`linecache` (with no mtime, so it
+    is never dropped) for its tracebacks to list; a ``%%mesh`` cell's would show the
+    marker as line 1. Only that line changes: every other line stays IPython's text."""
+    for name, entry in list(linecache.cache.items()):
+        if len(entry) == 4 and entry[2] and entry[2][0] == _MARKER_LINE:
+            size, mtime, lines, fullname = entry
+            linecache.cache[name] = (size, mtime, [CELL_LINE, *lines[1:]], fullname)
 
 
 def _is_marker(stmt: ast.stmt) -> bool:
@@ -113,6 +138,7 @@ def _run_body(ipython, cell: str) -> Any:
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
     name = ipython.compile.cache(source, ipython.execution_count, raw_code=cell)
+    show_mesh_line()
     exec(ipython.compile(tree, name, "exec"), ipython.user_ns)
     return None if last is None else eval(ipython.compile(last, name, "eval"), ipython.user_ns)
 

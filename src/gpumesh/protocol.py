@@ -436,6 +436,18 @@ def _some(out: dict[str, Any], **optional: Any) -> dict[str, Any]:
 
 _NUMBER = (int, float)
 
+SCRIPT_NAME_MAX = 120  # the longest script file name a script job carries (JobSubmit.script)
+
+
+def script_name(path: str) -> str | None:
+    """The name a script job's tasks run the script as (tracebacks name it): the last part
+    of ``path``, ``<>:"|?*`` as ``_``, cut to ``SCRIPT_NAME_MAX``; None for ``""``, ``.``,
+    ``..``. Coordinators and workers take only a name that is its own ``script_name``."""
+    name = path.replace("\\", "/").rsplit("/", 1)[-1]
+    name = "".join("_" if c in '<>:"|?*' or not c.isprintable() else c for c in name)
+    name = name[:SCRIPT_NAME_MAX].strip()
+    return None if name in ("", ".", "..") else name
+
 
 def _refs(d: Mapping[str, Any], msg: str, keys: tuple[str, ...] | None = None) -> dict[str, Any] | None:
     """The message's ``refs`` (see :mod:`gpumesh.payloadref`), each wire form checked:
@@ -478,6 +490,7 @@ class JobSubmit:
     handoff: bool | None = None               # the caller maps same-machine files
     refs: dict[str, Any] | None = None        # {"<frame>": {"kind": "handoff", "name", "size"}}
     handoff_files: dict[str, str] | None = None  # refs' key before it; drop in the next release
+    script: str | None = None                 # a script job's file name (see script_name)
 
     def as_dict(self) -> dict[str, Any]:
         return _some({"job_id": self.job_id, "kind": self.kind, "fn": self.fn,
@@ -488,7 +501,8 @@ class JobSubmit:
                      gpu_memory_mb=self.gpu_memory_mb, retries=self.retries,
                      retry_on=self.retry_on, require_worker=self.require_worker,
                      wait=self.wait, output=self.output, caller=self.caller,
-                     handoff=self.handoff, refs=self.refs, handoff_files=self.handoff_files)
+                     handoff=self.handoff, refs=self.refs, handoff_files=self.handoff_files,
+                     script=self.script)
 
     @classmethod
     def from_dict(cls, d: Any) -> JobSubmit:
@@ -509,7 +523,8 @@ class JobSubmit:
                    wait=_get(d, m, "wait", _NUMBER, None), output=_get(d, m, "output", bool, None),
                    caller=_get(d, m, "caller", dict, None),
                    handoff=_get(d, m, "handoff", bool, None), refs=_refs(d, m),
-                   handoff_files=_get(d, m, "handoff_files", dict, None))
+                   handoff_files=_get(d, m, "handoff_files", dict, None),
+                   script=_get(d, m, "script", str, None))
 
 
 @dataclass(frozen=True, slots=True)
@@ -555,6 +570,7 @@ class TaskGrant:
     requires: tuple[str, ...] | None = None   # packages the task environment must have
     refs: dict[str, Any] | None = None        # same machine: {"args": store reference}
     args_file: str | None = None              # refs' key before it; drop in the next release
+    script: str | None = None                 # a script's file name (see script_name)
 
     def as_dict(self) -> dict[str, Any]:
         return _some({"task_id": self.task_id, "job_id": self.job_id, "index": self.index,
@@ -563,7 +579,7 @@ class TaskGrant:
                       "slot": self.slot, "result_format": self.result_format,
                       "isolation": self.isolation},
                      requires=None if self.requires is None else list(self.requires),
-                     refs=self.refs, args_file=self.args_file)
+                     refs=self.refs, args_file=self.args_file, script=self.script)
 
     @classmethod
     def from_dict(cls, d: Any) -> TaskGrant:
@@ -581,7 +597,8 @@ class TaskGrant:
                    result_format=_get(d, m, "result_format", str, "pickle"),
                    isolation=_get(d, m, "isolation", str, "task"),
                    requires=None if requires is None else tuple(requires),
-                   refs=_refs(d, m, ("args",)), args_file=_get(d, m, "args_file", str, None))
+                   refs=_refs(d, m, ("args",)), args_file=_get(d, m, "args_file", str, None),
+                   script=_get(d, m, "script", str, None))
 
     def args_ref(self, blob_dir: str | Path) -> payloadref.PayloadRef | None:
         """The store file of the task's arguments, when the grant names one (same

@@ -136,6 +136,45 @@ def test_strict_mesh_does_not_unpickle_a_status_result(make_mesh):
     th.join(30)
 
 
+def point_or_fail(i):
+    if i == 2:
+        raise ValueError(f"no point {i}")
+    return {"i": i, "point": Point(i)} if i == 0 else i
+
+
+def test_wait_on_a_function_job_gives_its_values_as_status_does(make_mesh):
+    from gpumesh import RequestRejected, accelerate
+    m = make_mesh(workers=1, slots=2)
+    caller = m.client(output=False)
+    # an .imap that is not read yet: its results stay on the coordinator, unreleased
+    it = accelerate(caller)(point_or_fail).imap([0, 1, 2], return_exceptions=True)
+    job_id = it.job_id
+    other = m.client(output=False)
+    got = other.wait(job_id, timeout=60)
+    assert [(r["index"], r["state"]) for r in got] == [(0, "done"), (1, "done"), (2, "failed")]
+    # the values the function returned, unpickled, not an {"error": ...} dict
+    assert [r["result"] for r in got] == [{"i": 0, "point": Point(0)}, 1, None]
+    assert not any("result_error" in r for r in got), got
+    assert got[0]["error"] is None and got[2]["error"]["type"] == "ValueError"
+    assert "no point 2" in got[2]["error"]["message"]
+    st = other.status(job_id)
+    assert [t.get("result") for t in st["tasks"]] == [{"i": 0, "point": Point(0)}, 1, None]
+    # a strict mesh never unpickles: no value, and result_error says why (as status does)
+    strict = m.client(output=False, strict=True).wait(job_id, timeout=60)
+    assert [r["result"] for r in strict] == [None, None, None]
+    assert all("strict=True" in r["result_error"] for r in strict[:2]), strict
+    assert "result_error" not in strict[2]
+    # waiting released nothing: the caller still gets every value, and then releases them
+    assert sorted(it, key=lambda iv: iv[0])[:2] == [(0, {"i": 0, "point": Point(0)}), (1, 1)]
+    deadline = time.monotonic() + 15
+    while not other.status(job_id)["released"]:
+        assert time.monotonic() < deadline, "the job was never released"
+        time.sleep(0.1)
+    with pytest.raises(RequestRejected, match="already collected") as e:
+        other.wait(job_id, timeout=10)
+    assert e.value.status == 410
+
+
 def train_model(lr, epochs):
     return {"lr": lr, "epochs": epochs, "accuracy": round(0.90 + lr, 3)}
 

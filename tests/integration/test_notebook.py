@@ -206,7 +206,9 @@ def test_mesh_cell_errors_name_the_users_lines_and_stop_run_all(shared_mesh):
     (error,) = _errors(nb.cells[1].outputs)
     assert error["ename"] == "ZeroDivisionError"
     tb = _traceback(error)
-    assert re.search(r"line 5, in check", tb), tb  # the worker's traceback, the user's line
+    # the worker's traceback names the cell as IPython does, with the user's line and its text
+    assert re.search(r"\n  Cell In\[2\], line 5, in check\n    return x / y\n", tb), tb
+    assert "ipykernel_" not in tb and "__gpumesh_mesh_cell__" not in tb, tb
     assert "----> 7 check.map([1, 2, 3])" in tb, tb  # the caller's side, the user's line
     # then gpumesh's own frames are hidden (IPython always shows the frame that raised)
     assert "[... skipping hidden 4 frame]" in tb, tb
@@ -216,13 +218,16 @@ def test_mesh_cell_errors_name_the_users_lines_and_stop_run_all(shared_mesh):
 
     nb = _notebook([
         "%load_ext gpumesh",
-        "%%mesh\nrows = 10\nzero = 0\nrows / zero\n",
+        "%%mesh\nzero = 0\nrows = 10 / zero\n",
     ])
     with pytest.raises(nbclient.exceptions.CellExecutionError):
         _run(nb, env)
     (error,) = _errors(nb.cells[1].outputs)
     tb = _traceback(error)
-    assert error["ename"] == "ZeroDivisionError" and "----> 4 rows / zero" in tb, tb
+    assert error["ename"] == "ZeroDivisionError", tb
+    # the cell as the user wrote it: its %%mesh line, not gpumesh's marker
+    assert "      1 %%mesh\n      2 zero = 0\n----> 3 rows = 10 / zero" in tb, tb
+    assert "__gpumesh_mesh_cell__" not in tb, tb
     assert "run_cell_magic" not in tb, tb  # only the user's own frames
 
 

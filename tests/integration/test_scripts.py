@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import platform
@@ -276,3 +277,80 @@ def test_grid_search_example_prints_what_the_spec_shows(script_mesh):
         assert list(value) == ["lr", "epochs", "l2", "val_accuracy", "weights"]
         assert value == train(p["lr"], p["epochs"], p["l2"])  # the payload reached it whole
     assert "cost=1.0" in lines[heads[0]] and "cost=10.0" in lines[heads[-1]]
+
+
+RAISES = """\
+import json, os, sys
+p = json.load(sys.stdin)
+print(json.dumps({"file": os.path.basename(__file__), "argv0": os.path.basename(sys.argv[0]),
+                  "cwd": os.listdir(".")}), flush=True)
+if p["fail"]:
+    print("failing now", file=sys.stderr)
+    raise ValueError("boom " + str(p["fail"]))
+print(json.dumps({"ok": p["fail"]}))
+"""
+
+
+def _frame(name: str, tail: str) -> re.Match | None:
+    return re.search(r'File "(?P<dir>[^"]*)[/\\]' + re.escape(name) + r'", line 7, in <module>\n'
+                     r'\s+raise ValueError\("boom " \+ str\(p\["fail"\]\)\)', tail)
+
+
+def test_a_script_traceback_names_the_script_and_its_line(script_mesh, tmp_path):
+    mesh = script_mesh.client(output=False)
+    script = write(tmp_path, "task.py", RAISES)
+    job = mesh.submit(script=str(script), payloads=[{"fail": 0}, {"fail": 1}])
+    ok, failed = mesh.wait(job, timeout=60)
+    assert ok["result"] == {"ok": 0} and failed["state"] == "failed"
+    tail = failed["error"]["stderr_tail"]
+    frame = _frame("task.py", tail)
+    assert frame, tail  # the script's own name and line, not the blob's content hash
+    assert re.search(r"[0-9a-f]{64}", tail) is None, tail
+    # the script runs as task.py, from a directory of its own; its cwd is still empty
+    logs = {t["index"]: t for t in mesh.logs(job)}
+    assert json.loads(logs[0]["stdout"].splitlines()[0]) == {"file": "task.py", "argv0": "task.py",
+                                                             "cwd": []}
+    assert _frame("task.py", logs[1]["stderr"]), logs[1]["stderr"]
+    r = invoke(script_mesh, "logs", job)
+    assert _frame("task.py", r.output), r.output
+    view = json.loads(invoke(script_mesh, "status", job, "--json").output)
+    assert _frame("task.py", view["tasks"][1]["error"]["stderr_tail"])
+
+    # the same source under another name: the worker's one cached blob (content-addressed)
+    # runs under each job's own name
+    again = write(tmp_path, "renamed.py", RAISES)
+    (second,) = mesh.wait(mesh.submit(script=str(again), payloads=[{"fail": 2}]), timeout=60)
+    tail = second["error"]["stderr_tail"]
+    assert _frame("renamed.py", tail) and "task.py" not in tail, tail
+    # source given as bytes has no name of its own: script.py
+    (third,) = mesh.wait(mesh.submit(script=RAISES.encode(), payloads=[{"fail": 3}]), timeout=60)
+    assert _frame("script.py", third["error"]["stderr_tail"]), third["error"]
+    # the copies are gone with their tasks; the cache holds the blob once, by its hash
+    copy = Path(frame["dir"])
+    assert copy.name.startswith("gpumesh-src-") and not copy.exists()
+    worker_dir = next(p for p in copy.parents if (p / "fn").is_dir())
+    assert sorted(p.name for p in (worker_dir / "fn").iterdir()) == [
+        hashlib.sha256(RAISES.encode()).hexdigest()]
+
+
+def test_a_script_name_is_a_plain_file_name(script_mesh):
+    from gpumesh import protocol, wire
+    assert protocol.script_name("/home/me/jobs/task.py") == "task.py"
+    assert protocol.script_name("C:\\jobs\\task.py") == "task.py"
+    assert protocol.script_name("we?ird:na|me.py") == "we_ird_na_me.py"
+    assert protocol.script_name("jobs/..") is None and protocol.script_name("") is None
+    assert len(protocol.script_name("x" * 500 + ".py") or "") == protocol.SCRIPT_NAME_MAX
+    # the coordinator takes only such a name, and only for a script job
+    mesh = script_mesh.client(output=False)
+    source = b"print(1)\n"
+    fn = hashlib.sha256(source).hexdigest()
+    for kind, name, words in (("script", "../../etc/x.py", "plain file name"),
+                              ("script", "a/b.py", "plain file name"),
+                              ("function", "task.py", "for script jobs")):
+        submit = protocol.JobSubmit(job_id="0123456789ab", fn=fn, n_tasks=1, kind=kind,
+                                    fn_inline=True, script=name)
+        body, _ = wire.pack_frames([json.dumps(submit.as_dict()).encode(), source, b"1"])
+        with pytest.raises(RequestRejected, match=words) as e:
+            mesh.http.request("POST", protocol.JOBS, content=b"".join(bytes(c) for c in body),
+                              timeout=10)
+        assert e.value.status == 400

@@ -90,3 +90,66 @@ def test_check_local_refuses(this_machine, require, hints, words):
     msg = str(e.value)
     assert msg.startswith("no worker is alive in the mesh at X, and this machine cannot run f (")
     assert words in msg
+
+
+def gen(n):
+    yield from range(n)
+
+
+async def co(n):
+    return n
+
+
+async def agen(n):
+    yield n
+
+
+class AsyncCallable:
+    async def __call__(self, n):
+        return n
+
+
+NOT_RETURNING = [
+    (gen, "gen: it is a generator function", "return list"),
+    (co, "co: it is an async def function", "asyncio.run"),
+    (agen, "agen: it is an async generator function", "asyncio.run"),
+    (AsyncCallable(), "AsyncCallable: it is an async def function", "asyncio.run"),
+]
+
+
+@pytest.mark.parametrize("fn, why, advice", NOT_RETURNING)
+def test_generator_and_async_functions_are_refused_at_decoration(fn, why, advice, monkeypatch):
+    from gpumesh import mesh
+    # Nothing may run: a call would fail on the mesh and here alike (its value, a
+    # generator or coroutine, cannot be pickled), so every entry point refuses at once.
+    monkeypatch.setattr(pipeline, "run", lambda *a, **k: pytest.fail("the call ran"))
+    entries = [
+        ("@accelerate/@mesh", lambda: accelerate(M)(fn)),
+        ("@accelerate/@mesh", lambda: accelerate(M, gpu="cuda", timeout=5)(fn)),
+        ("@accelerate/@mesh", lambda: accelerate(fn)),
+        ("@accelerate/@mesh", lambda: mesh(fn)),
+        ("@accelerate/@mesh", lambda: mesh(timeout=5)(fn)),
+        ("distribute()", lambda: M.distribute(function=fn, params=[1, 2])),
+        ("run_calls()/iter_calls()", lambda: M.run_calls(fn, [((1,), {})])),
+    ]
+    for who, entry in entries:
+        with pytest.raises(TypeError) as got:
+            entry()
+        text = str(got.value)
+        assert text.startswith(f"{who} cannot run {why}"), text
+        assert advice in text, text
+    # .to() rebuilds from the same function: it too would be refused (and never sees one)
+    assert pipeline.unsupported_function(fn) is not None
+
+
+def test_plain_functions_and_callables_are_still_accepted():
+    import functools
+
+    class Callable:
+        def __call__(self, n):
+            return n
+
+    for fn in (f, functools.partial(f, 2), Callable(), len, lambda: (yield_ for yield_ in ())):
+        assert pipeline.unsupported_function(fn) is None, fn
+        assert accelerate(M)(fn).to("cpu").require.gpu == "cpu"
+    assert pipeline.unsupported_function(functools.partial(co, 1)) is not None

@@ -4,7 +4,12 @@ tests/integration/test_notebook.py."""
 
 from __future__ import annotations
 
+import linecache
+import re
+
 import pytest
+
+from gpumesh import jupyter
 
 pytest.importorskip("IPython")
 
@@ -18,12 +23,11 @@ def shell(monkeypatch):
     sh.run_cell("%load_ext gpumesh")
     yield sh
     sh.run_cell("%unload_ext gpumesh")
-    for name in ("mesh", "double", "triple", "square", "value"):
+    for name in ("mesh", "double", "triple", "square", "value", "bad", "zero"):
         sh.user_ns.pop(name, None)
 
 
 def _ours(sh) -> tuple[int, int]:
-    from gpumesh import jupyter
     return (sum(t is jupyter.mark_cell for t in sh.input_transformers_cleanup),
             sum(isinstance(t, jupyter.WrapFunctions) for t in sh.ast_transformers))
 
@@ -43,6 +47,12 @@ def test_only_a_mesh_cell_is_rewritten(shell):
     assert res.success and type(shell.user_ns["square"]).__name__ == "function"
     res = shell.run_cell("%%mesh\nasync def square(x):\n    return x * x\n")
     assert res.success and type(shell.user_ns["square"]).__name__ == "function"
+    # a generator function, which @mesh refuses (a task cannot send a generator back),
+    # stays a plain function of the kernel too, rather than failing the whole cell
+    res = shell.run_cell("%%mesh\ndef square(n):\n    yield from (i * i for i in range(n))\n"
+                         "list(square(3))\n")
+    assert res.success, res.error_in_exec
+    assert res.result == [0, 1, 4] and type(shell.user_ns["square"]).__name__ == "function"
 
 
 def test_the_magic_called_directly_runs_the_body_like_a_cell(shell):
@@ -57,6 +67,39 @@ def test_the_magic_called_directly_runs_the_body_like_a_cell(shell):
         shell.run_cell_magic("mesh", "--gpu", "x = 1\n")
     res = shell.run_cell("%%mesh --gpu\ndef double(x):\n    return 2 * x\n")
     assert not res.success and isinstance(res.error_in_exec, UsageError)
+
+
+def _shown(capsys) -> str:
+    """What IPython printed (its tracebacks), colours left out."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
+
+
+def test_a_mesh_cells_traceback_lists_its_mesh_line_not_the_marker(shell, capsys):
+    res = shell.run_cell("%%mesh\nzero = 0\n1 / zero\n")
+    assert isinstance(res.error_in_exec, ZeroDivisionError)
+    listing = _shown(capsys)
+    assert "      1 %%mesh\n      2 zero = 0\n----> 3 1 / zero" in listing, listing
+    assert jupyter.MARKER not in listing, listing
+    # the magic called directly: its cell text is listed with the %%mesh line too
+    with pytest.raises(ZeroDivisionError):
+        shell.run_cell_magic("mesh", "", "zero = 0\n1 / zero\n")
+    cells = [e[2] for e in linecache.cache.values() if len(e) == 4 and e[2]]
+    assert ["%%mesh\n", "zero = 0\n", "1 / zero\n"] in cells
+    assert not any(jupyter.MARKER in lines[0] for lines in cells)
+
+
+def test_a_mesh_functions_traceback_names_its_cell_as_ipython_does(shell, capsys):
+    # GPUMESH_LOCAL=1: the call runs here on the inline backend, whose traceback text is
+    # a worker's (the function's frame named by its code's file name: the cell's)
+    res = shell.run_cell("%%mesh\ndef bad(x):\n    y = 0\n    return x / y\nbad(1)\n")
+    assert isinstance(res.error_in_exec, ZeroDivisionError)
+    remote = res.error_in_exec.__cause__.tb
+    (n,) = {count for name, count in shell.compile._filename_map.items()
+            if "bad(1)" in "".join(linecache.getlines(name))}  # the cell's In[] number
+    assert f"  Cell In[{n}], line 4, in bad\n    return x / y\n" in remote, remote
+    assert "ipython-input" not in remote and "File " not in remote, remote
+    shown = _shown(capsys)
+    assert f"Cell In[{n}], line 4, in bad" in shown and jupyter.MARKER not in shown, shown
 
 
 def test_an_own_mesh_variable_is_kept_and_does_not_matter(shell):

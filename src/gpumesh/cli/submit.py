@@ -86,7 +86,7 @@ def _wait(mesh, job_id: str, total: int, quiet: bool) -> None:
             done[:] = n_final, counts
             bar.update(n_final, n_tasks, failed=counts.get("failed", 0),
                        cancelled=counts.get("cancelled", 0))
-        scripts.wait(mesh, job_id, on_progress)
+        scripts.wait(mesh, job_id, on_progress, as_json=True)  # (a script job's: JSON)
     if not quiet:
         click.echo("  " + bar_text(done[0], total, time.monotonic() - started,
                                    failed=done[1].get("failed", 0),

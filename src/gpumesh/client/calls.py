@@ -224,18 +224,36 @@ def _located(exc: BaseException, cause: RemoteTraceback | None, item: ResultItem
 _FRAME = re.compile(r'^(\s*)File "(.+)", line (\d+), in ')
 
 
+def _cells() -> dict[str, int]:
+    """``{file name: execution count}`` of the cells this process's IPython ran (none
+    outside IPython): the names its tracebacks show as ``Cell In[N]``."""
+    ipython = sys.modules.get("IPython")
+    try:
+        shell = ipython.get_ipython() if ipython is not None else None
+        return dict(shell.compile._filename_map) if shell is not None else {}
+    except Exception:  # noqa: BLE001 - another IPython's internals: just no cell names
+        return {}
+
+
 def with_source(tb: str) -> str:
     """Worker traceback text with the source lines the worker could not show filled in
     from this process: a frame whose file exists here (the caller's own script or
     module) or is a notebook cell this kernel ran (IPython keeps those in
-    ``linecache``) gets its line, as a local traceback would show it."""
+    ``linecache``) gets its line, as a local traceback would show it. A cell's frame is
+    named as IPython names it in its own tracebacks: ``Cell In[2], line 4, in bad``
+    (not the kernel's ``File "/tmp/ipykernel_1234/469997784.py"``)."""
     if "File " not in tb:
         return tb
     lines = tb.splitlines(keepends=True)
     out: list[str] = []
+    cells = _cells() if "IPython" in sys.modules else {}
     for k, line in enumerate(lines):
-        out.append(line)
         m = _FRAME.match(line)
+        count = None if m is None else cells.get(m.group(2))
+        if m is not None and count is not None:
+            out.append(f"{m.group(1)}Cell In[{count}], line {m.group(3)}, in {line[m.end():]}")
+        else:
+            out.append(line)
         if m is None:
             continue
         indent, filename, lineno = m.group(1), m.group(2), int(m.group(3))

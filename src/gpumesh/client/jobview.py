@@ -54,16 +54,29 @@ def job_status(mesh, job_id: str) -> dict:
             raise
         view["released"] = True  # released between the two requests
         return view
-    json_results = view.get("result_format") == "json" or view.get("kind") == "script"
+    as_json = json_results(view)
     for t in view.get("tasks", []):
         got = found.get(t["id"])
         if t["state"] != "done" or got is None:
             continue
-        try:
-            t["result"] = _decode(got, json_results, mesh.strict)
-        except Exception as e:  # noqa: BLE001 - a status shows what it can; the rest is named
-            t["result_error"] = f"{type(e).__name__}: {e}"
+        decode_into(t, got, as_json, mesh.strict)
     return view
+
+
+def json_results(view: dict) -> bool:
+    """Whether the job of ``view`` (the coordinator's ``GET /v1/jobs/{id}``) answers in
+    JSON (a script job, or a function job of a strict caller) rather than with pickles."""
+    return view.get("result_format") == "json" or view.get("kind") == "script"
+
+
+def decode_into(task: dict, payload: memoryview | bytes | None, as_json: bool, strict: bool) -> None:
+    """Set ``task["result"]`` to the decoded ``payload`` (:func:`json_results` says how
+    it is encoded; ``strict``: never unpickle), or ``task["result_error"]`` to why it
+    could not be decoded here."""
+    try:
+        task["result"] = _decode(payload, as_json, strict)
+    except Exception as e:  # noqa: BLE001 - a view shows what it can; the rest is named
+        task["result_error"] = f"{type(e).__name__}: {e}"
 
 
 def _read_results(mesh, job_id: str) -> dict[str, memoryview | None]:
@@ -92,7 +105,7 @@ def _read_results(mesh, job_id: str) -> dict[str, memoryview | None]:
             return out
 
 
-def _decode(payload: memoryview | None, json_results: bool, strict: bool) -> Any:
+def _decode(payload: memoryview | bytes | None, json_results: bool, strict: bool) -> Any:
     if json_results:
         from ..strict import decode
         return decode(payload if payload is not None else b"")

@@ -228,9 +228,16 @@ class GPUMesh:
         return scripts.submit(self, script, list(payloads), name=name, timeout=_check_timeout(timeout))
 
     def wait(self, job_id: str, timeout: float | None = None) -> list[dict]:
-        """Wait for a script job to finish; one dict per task in payload order:
-        ``{"task_id", "index", "state", "worker", "error", "result"}`` (``result`` is the
-        JSON value the script printed, None if the task failed)."""
+        """Wait for a job to finish; one dict per task in payload (item) order:
+        ``{"task_id", "index", "state", "worker", "error", "result"}``. ``result`` is
+        decoded as :meth:`status` decodes it: for a script job the JSON value the script
+        printed, for a function call or ``.map`` (made by another caller) the value the
+        function returned, unpickled (never when ``strict``). It is None for a task that
+        did not finish ``done``, and for one whose result cannot be decoded here, which
+        has ``result_error`` (why) instead. Waiting reads the results without releasing
+        them. ``timeout`` (seconds): ``TimeoutError`` if the job is not finished by then.
+        Raises RequestRejected (404 unknown job; 410 a function job whose caller already
+        collected its results, which deletes them)."""
         from . import scripts
         got = scripts.wait(self, job_id, timeout=timeout)
         return [dict(v, task_id=k) for k, v in sorted(got.items(), key=lambda kv: kv[1]["index"])]
@@ -354,6 +361,7 @@ class GPUMesh:
         without waiting for a first result, ``handle["job_id"]`` is set, and the generator
         yields ``None`` once the calls are under way (before any result)."""
         __tracebackhide__ = True  # (IPython shows the user's frames, not gpumesh's)
+        pipeline.check_function(fn, "run_calls()/iter_calls()")
         job = pipeline.Job(fn, calls, hints or [{}] * len(calls), timeout=timeout, name=name,
                            require=require, retry=retry, isolation=check_isolation(isolation),
                            return_exceptions=return_exceptions, streaming=handle is not None,
@@ -392,12 +400,14 @@ class GPUMesh:
         with ``return_exceptions=True`` every item runs and a failed item's exception
         stands in its place in the list. ``isolation``: ``"task"`` or ``"job"`` as for
         ``@accelerate`` (default: the decorated function's, else ``"task"``; anything else
-        is a ``ValueError``)."""
+        is a ``ValueError``). A generator function or an ``async def`` is a ``TypeError``
+        before anything runs, as for ``@accelerate``."""
         from .remote import unwrap
         if isolation is None:
             isolation = getattr(function, "options", {}).get("isolation")
         isolation = check_isolation(isolation)
         fn = unwrap(function)
+        pipeline.check_function(fn, "distribute()")
         calls, hints = _calls.map_items(fn, params)
         extra: dict[str, Any] = {} if isolation == "task" else {"isolation": isolation}
         return self.run_calls(fn, calls, hints=hints, timeout=_check_timeout(timeout),

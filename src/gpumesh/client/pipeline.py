@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
+import inspect
 import logging
 import math
 import random
@@ -103,6 +105,39 @@ def check_timeout(timeout: Any) -> float | None:
             or not 0 < timeout < math.inf):
         raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
     return float(timeout)
+
+
+def unsupported_function(fn: Any) -> str | None:
+    """Why ``fn`` cannot be the function of a task, or None when it can: a task calls it
+    and sends back what it returned, so a function whose call only makes a generator or
+    a coroutine (``yield`` in its body, ``async def``) would send back an object that
+    cannot be pickled, on every call. A callable object is judged by its ``__call__``."""
+    target = fn
+    if not (inspect.isroutine(fn) or inspect.isclass(fn) or isinstance(fn, functools.partial)):
+        target = inspect.getattr_static(type(fn), "__call__", fn)
+    if inspect.isasyncgenfunction(target):
+        return ("it is an async generator function (async def with yield): a task returns one "
+                "value, and a worker cannot send back an async generator. Collect its items in a "
+                "plain def instead (e.g. asyncio.run of a coroutine that gathers them into a list) "
+                "and return that list")
+    if inspect.iscoroutinefunction(target):
+        return ("it is an async def function: calling it only makes a coroutine, which a task "
+                "cannot send back. Decorate a plain def that runs it instead: "
+                "def f(x): return asyncio.run(your_coroutine(x))")
+    if inspect.isgeneratorfunction(target):
+        return ("it is a generator function (it yields): calling it only makes a generator, "
+                "which a task cannot send back. Return a list instead (return list(...)), or "
+                "make each item its own task with .map()")
+    return None
+
+
+def check_function(fn: Any, who: str) -> None:
+    """``TypeError`` naming ``who`` (the decorator or call given ``fn``) when ``fn`` is a
+    function a task cannot run (see :func:`unsupported_function`)."""
+    why = unsupported_function(fn)
+    if why is not None:
+        name = getattr(fn, "__qualname__", None) or type(fn).__name__
+        raise TypeError(f"{who} cannot run {name}: {why}")
 
 
 @dataclasses.dataclass

@@ -41,11 +41,17 @@ def unwrap(fn: Callable) -> Callable:
 
 class RemoteFunction:
     """What ``@accelerate``/``@mesh`` return. Call it like the function, or use
-    ``.map(items)``, ``.local(...)`` and ``.to(device)``."""
+    ``.map(items)``, ``.local(...)`` and ``.to(device)``.
+
+    The function must return its value: a generator function (``yield``), an ``async
+    def`` or an async generator function is refused with a ``TypeError`` at decoration
+    (its calls would only make a generator or coroutine, which cannot be sent back)."""
 
     def __init__(self, fn: Callable, mesh: GPUMesh | _DefaultMesh | None, options: dict):
         if not callable(fn):
             raise TypeError(f"@accelerate needs a function, got {type(fn).__name__}")
+        # A generator or coroutine function: every call would fail, here and on the mesh.
+        pipeline.check_function(unwrap(fn), "@accelerate/@mesh")
         unknown = set(options) - set(OPTIONS)
         if unknown:
             raise TypeError(f"unknown @accelerate option(s) {sorted(unknown)}; "

@@ -86,6 +86,15 @@ def read_script(script: str | os.PathLike | bytes) -> tuple[bytes, str]:
     return source, str(script)
 
 
+def file_name(script: str | os.PathLike | bytes) -> str | None:
+    """The file name the tasks run ``script`` under (its own, e.g. ``task.py``, so that
+    tracebacks name it; see :func:`gpumesh.protocol.script_name`); None for source bytes
+    (the worker calls it ``script.py``)."""
+    if isinstance(script, (bytes, bytearray)):
+        return None
+    return protocol.script_name(os.fspath(script))
+
+
 def payload_hints(payloads: list) -> list[dict]:
     """The scheduling hints of each payload: ``{"cost": float, "gpu_memory_mb": float}``
     (keys present only when given), read from the keys ``cost`` and ``gpu_memory_mb`` of
@@ -138,6 +147,7 @@ def submit(mesh, script, payloads: Iterable[Any], *, name: str | None = None,
     submit = protocol.JobSubmit(
         job_id=job_id, kind="script", fn=h, fn_inline=inline, n_tasks=len(args),
         timeout=timeout, name=(name or default_name)[:200], result_format="json", costs=costs,
+        script=file_name(script),
         gpu_memory_mb=([h.get("gpu_memory_mb") for h in hints]
                        if any(h.get("gpu_memory_mb") for h in hints) else None))
     backend.send_job(submit, blob, args, fallback=False)
@@ -145,17 +155,23 @@ def submit(mesh, script, payloads: Iterable[Any], *, name: str | None = None,
 
 
 def wait(mesh, job_id: str, on_progress: Callable[[int, int, dict], None] | None = None,
-         timeout: float | None = None) -> dict[str, dict]:
+         timeout: float | None = None, as_json: bool | None = None) -> dict[str, dict]:
     """Wait until every task of ``job_id`` is final; returns ``{task_id: {"index",
-    "state", "worker", "error", "result"}}`` (``result``: the decoded JSON value, or None).
+    "state", "worker", "error", "result"}}``. ``result`` is decoded as
+    :meth:`GPUMesh.status <gpumesh.client.mesh.GPUMesh.status>` decodes it: the JSON value
+    a script printed, or the value a function returned (unpickled; never when the mesh is
+    ``strict``); None for a task not done, and for one whose result cannot be decoded
+    here, which has ``result_error`` (why) instead. ``as_json``: whether the job answers
+    in JSON (None: ask the coordinator, once, at the first result to decode).
     ``on_progress(n_final, n_tasks, counts)`` is called after every page (``counts``: the
-    final tasks so far per state, ``{"done": 3, "failed": 1}``). The job's results are
-    kept on the coordinator (``gpumesh status``, ``retry`` still work)."""
-    from ..strict import NotJSON, decode
+    final tasks so far per state, ``{"done": 3, "failed": 1}``). Reading the results does
+    not release them (``gpumesh status``, ``retry`` still work); a function job whose
+    caller already collected them raises :class:`~gpumesh.errors.RequestRejected` (410)."""
+    from .jobview import decode_into, json_results
     out: dict[str, dict] = {}
     after = -1
     deadline = None if timeout is None else time.monotonic() + timeout
-    job_path(job_id)  # ValueError for what is not a job id, before any request
+    path = job_path(job_id)  # ValueError for what is not a job id, before any request
     reconnect: dict = {}
     while True:
         try:
@@ -171,14 +187,13 @@ def wait(mesh, job_id: str, on_progress: Callable[[int, int, dict], None] | None
                 if item.has_payload:
                     payload, k = frames[k], k + 1
                 after = max(after, item.seq)
-                value = None
+                row = {"index": item.index, "state": item.state, "worker": item.worker,
+                       "error": item.error, "result": None}
                 if item.state == "done" and payload is not None:
-                    try:
-                        value = decode(payload)
-                    except NotJSON as e:
-                        value = {"error": str(e)}
-                out[item.task_id] = {"index": item.index, "state": item.state,
-                                     "worker": item.worker, "error": item.error, "result": value}
+                    if as_json is None:  # (a function job answers with pickles, unless strict)
+                        as_json = json_results(mesh.http.request("GET", path, timeout=30).json())
+                    decode_into(row, payload, as_json, mesh.strict)
+                out[item.task_id] = row
             if on_progress is not None:
                 counts: dict[str, int] = {}
                 for got in out.values():

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .. import availability, hardware, packages, payloadref, retries
+from .. import availability, hardware, packages, payloadref, protocol, retries
 from ..limits import MAX_RELEASE_JOBS  # the caller's RELEASE_BATCH_MAX stays within it
 from ..limits import (LONG_POLL_MAX_S, MAX_HEARTBEAT_TASKS, MAX_META_JSON_BYTES, MAX_RETRIES,
                       MAX_RETRY_TYPES, MAX_STRING_CHARS, MAX_TASKS_PER_JOB)
@@ -280,6 +280,16 @@ def _reason(v, data, got):
     return v
 
 
+def _script_name(v, data, got):
+    if got["kind"] != "script":
+        raise bad("field 'script' (the script's file name) is for script jobs")
+    if protocol.script_name(v) != v:
+        raise bad(f"field 'script' must be a plain file name of at most "
+                  f"{protocol.SCRIPT_NAME_MAX} characters, without path separators or any of "
+                  '<>:"|?*, got ' f"{v[:200]!r}")
+    return v
+
+
 def _isolation(v, data, got):
     if v not in ("task", "job"):
         raise bad("field 'isolation' must be 'task' or 'job'")
@@ -429,6 +439,9 @@ JOB_SUBMIT = Body("JobSubmit", (
           doc="task (default): a fresh process per task; job: each worker slot keeps one "
               "process for the job's tasks (function jobs only)"),
     Field("name", str, "", check=lambda v, data, got: v[:200]),
+    Field("script", str, None, check=_script_name, schema={"maxLength": protocol.SCRIPT_NAME_MAX},
+          doc="a script job's file name as submitted (task.py): its tasks run the script "
+              "under that name, so tracebacks name it"),
     Field("fn", str, check=_sha, schema={"pattern": SHA256}),
     Field("fn_inline", bool, False),
     Field("n_tasks", int, lo=0, hi=MAX_TASKS_PER_JOB),

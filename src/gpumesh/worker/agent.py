@@ -599,7 +599,8 @@ class WorkerAgent(OwnerRules):
                 if args_ref is not None:
                     args = args_ref.open()
                 outcome = self.executor.run_script(task.task_id, str(path), args,
-                                                   task.timeout, env=self._slot_env.get(slot))
+                                                   task.timeout, env=self._slot_env.get(slot),
+                                                   name=task.script)
             else:
                 env_key, sys_path = None, None
                 missing = packages.unmet(task.requires or (), self._packages.current)

@@ -634,10 +634,12 @@ class Executor:
             procs.kill_tree(pending.pid)
 
     def run_script(self, task_id: str, script_path: str, payload: bytes | bytearray | memoryview,
-                   timeout: float | None, env: dict | None = None) -> Outcome:
-        """Run a script task: ``python script_path`` as a fresh process in its own process
-        group, ``payload`` (JSON) on its stdin, stdout/stderr to this thread's output
-        files. The result is the last stdout line that parses as JSON (see
+                   timeout: float | None, env: dict | None = None,
+                   name: str | None = None) -> Outcome:
+        """Run a script task: the script at ``script_path`` (the cached blob), copied under
+        its file name ``name`` (default ``script.py``), as ``python`` in a fresh process in
+        its own process group, ``payload`` (JSON) on its stdin, stdout/stderr to this
+        thread's output files. The result is the last stdout line that parses as JSON (see
         :mod:`gpumesh.worker.scripts`). Never raises for anything the script does."""
         from . import scripts
         out, err = self.output_paths()
@@ -645,7 +647,8 @@ class Executor:
         self._running[task_id] = (None, pending)
         try:
             return scripts.run(script_path, bytes(payload), timeout, out, err, pending, self._kill,
-                               env, self._watch_script if self.runtime == "fork" else None)
+                               env, self._watch_script if self.runtime == "fork" else None,
+                               name=name)
         finally:
             self._running.pop(task_id, None)
 

@@ -4,6 +4,9 @@ The protocol a script follows (also in docs/cli.md):
 
 * it is run as ``python <script>`` (the worker's interpreter) in a fresh process, in its
   own process group, with the current directory set to an empty temporary directory;
+  the script is a copy of the cached blob under its own file name (``task.py``, as
+  submitted), alone in a directory of its own, so its tracebacks, ``__file__`` and
+  ``sys.argv[0]`` name it;
 * its task's payload arrives as JSON on **stdin** (read it all, e.g. ``json.load(sys.stdin)``);
 * its **result is the last line of its stdout that parses as JSON**; it may print anything
   before that line (progress, logs); everything it prints is kept for ``gpumesh logs``;
@@ -26,13 +29,15 @@ import tempfile
 import threading
 
 from ..limits import ERROR_TAIL_BYTES
-from ..protocol import timeout_message
+from ..protocol import script_name, timeout_message
 from . import procs, runner
 
 #: Variable set for script tasks (a script can tell it runs on the mesh).
 SCRIPT_ENV = "GPUMESH_SCRIPT"
 #: How much of the end of a script's stdout is searched for the result line.
 RESULT_SEARCH_BYTES = 16 * 2**20
+#: The file name of a script submitted as source, without a name of its own.
+DEFAULT_NAME = "script.py"
 
 
 def _tail(path: str, n: int) -> bytes:
@@ -76,9 +81,33 @@ def _error(kind: str, message: str, err_path: str, out_path: str | None = None, 
     return error
 
 
+def place(script_path: str, name: str | None, under: str | None) -> str:
+    """A copy of the cached script ``script_path`` named ``name`` (a file name as
+    :func:`~gpumesh.protocol.script_name` gives; anything else, or None, is
+    ``script.py``), alone in a new temporary directory under ``under``: run from there,
+    a traceback names the user's file (``.../task.py``, line 7) rather than the blob's
+    content hash, and ``sys.path[0]`` holds nothing else. A copy, not a link: a script
+    that writes to its own file cannot change the cache, which stays content-addressed."""
+    if not name or script_name(name) != name:
+        name = DEFAULT_NAME
+    where = tempfile.mkdtemp(prefix="gpumesh-src-", dir=under)
+    try:
+        target = os.path.join(where, name)
+        try:
+            shutil.copyfile(script_path, target)
+        except OSError:  # a name this file system refuses (reserved on Windows: CON, NUL...)
+            target = os.path.join(where, DEFAULT_NAME)
+            shutil.copyfile(script_path, target)
+    except BaseException:
+        shutil.rmtree(where, ignore_errors=True)
+        raise
+    return target
+
+
 def run(script_path: str, payload: bytes, timeout: float | None, out: str, err: str,
-        pending, kill, env: dict | None = None, watch=None):
-    """Run one script task; returns an ``executor.Outcome``. ``pending`` (the executor's
+        pending, kill, env: dict | None = None, watch=None, name: str | None = None):
+    """Run one script task; returns an ``executor.Outcome``. ``script_path``: the cached
+    script, run as a copy named ``name`` (see :func:`place`). ``pending`` (the executor's
     ``host.Pending``) gets the pid so ``kill(pending, why)`` (timeout, cancel) can kill the
     process group. ``watch(pid, running)``, if given, is told when the script starts and
     once it has ended (Executor._watch_script: it must not outlive the agent)."""
@@ -93,11 +122,18 @@ def run(script_path: str, payload: bytes, timeout: float | None, out: str, err: 
         child_env.update({str(k): str(v) for k, v in env.items()})
     # Beside the output files, in the worker's own directory: a worker killed mid-task
     # leaves nothing behind that the next worker's start does not remove (tempdirs).
-    workdir = tempfile.mkdtemp(prefix="gpumesh-script-", dir=os.path.dirname(out) or None)
+    under = os.path.dirname(out) or None
+    try:
+        script = place(script_path, name, under)
+    except OSError as e:
+        pending.started.set()
+        return Outcome("retry", {"kind": "host_died",
+                                 "message": f"could not copy the script to run it: {e}"})
+    workdir = tempfile.mkdtemp(prefix="gpumesh-script-", dir=under)
     try:
         with open(out, "ab") as fo, open(err, "ab") as fe:  # emptied by Executor.new_output
             try:
-                proc = subprocess.Popen([sys.executable, script_path], stdin=subprocess.PIPE,
+                proc = subprocess.Popen([sys.executable, script], stdin=subprocess.PIPE,
                                         stdout=fo, stderr=fe, cwd=workdir, env=child_env,
                                         **procs.group_kwargs())
             except OSError as e:
@@ -153,3 +189,4 @@ def run(script_path: str, payload: bytes, timeout: float | None, out: str, err: 
         return Outcome("ok", None, bytearray(line))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(os.path.dirname(script), ignore_errors=True)

@@ -63,6 +63,8 @@ async def submit(request: Request) -> Response:
         job_meta["result_format"] = v["result_format"]
     if v["isolation"] != "task":
         job_meta["isolation"] = v["isolation"]
+    if v["script"] is not None:  # (a script job's file name: its tasks run it so named)
+        job_meta["script"] = v["script"]
     if retry is not None:
         job_meta["retries"], job_meta["retry_on"] = retry
     # (no await since the look-up above: it still holds)

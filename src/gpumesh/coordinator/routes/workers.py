@@ -174,4 +174,6 @@ def _job_fields(job: Job) -> tuple[dict, dict]:
             "isolation": job.meta.get("isolation", "task")}
     if job.require.requires:  # built into a task environment if the worker lacks them
         tail["requires"] = list(job.require.requires)
+    if job.meta.get("script"):  # a script job's file name, as submitted
+        tail["script"] = job.meta["script"]
     return head, tail
