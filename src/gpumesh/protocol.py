@@ -85,7 +85,7 @@ Error codes: every refusal is ``{"error": code, "message": text}``::
     409 unsatisfiable       no alive worker can meet them -> Unsatisfiable (GPUMesh's, from RequestRejected)
     409 version_mismatch    the client runs another gpumesh version        -> VersionMismatch
     409 exists              that person already has a token
-    410 released            the job's results were already collected
+    410 released            the job was released (results collected, or given up on)
     413 too_large           the body is over the coordinator's limit       -> PayloadTooLarge
     500 internal            a bug; the coordinator logs it and keeps serving
     503 internal            a result the store could not write: nothing kept, still leased; post again
@@ -170,15 +170,13 @@ UI_JOB_RETRY = UI_JOB + "/retry"
 
 #: Every path template the coordinator serves (what it registers, as it registers it).
 TEMPLATES = frozenset({
-    HEALTH, OPENAPI, DIST_FILE, WORKERS, WORKER, WORKER_HEARTBEAT, WORKER_SESSION,
-    WORKER_LEASE, TASK_RESULT, TASKS_RESULTS, TASK_RELEASE, TASK_OUTPUT, HANDOFF, BLOB, JOBS, JOBS_RELEASE, JOBS_ALIVE,
-    JOB, JOB_RESULTS, JOB_LOGS, JOB_RELEASE, JOB_CANCEL, JOB_RETRY, TOKENS, TOKEN, METRICS,
-    UI, UI_SLASH, UI_STATIC, UI_LOGIN, UI_LOGOUT, UI_STATE, UI_JOB, UI_JOB_OUTPUT,
-    UI_JOB_CANCEL, UI_JOB_RETRY,
-})
+    HEALTH, OPENAPI, DIST_FILE, WORKERS, WORKER, WORKER_HEARTBEAT, WORKER_SESSION, WORKER_LEASE,
+    TASK_RESULT, TASKS_RESULTS, TASK_RELEASE, TASK_OUTPUT, HANDOFF, BLOB, JOBS, JOBS_RELEASE,
+    JOBS_ALIVE, JOB, JOB_RESULTS, JOB_LOGS, JOB_RELEASE, JOB_CANCEL, JOB_RETRY, TOKENS, TOKEN,
+    METRICS, UI, UI_SLASH, UI_STATIC, UI_LOGIN, UI_LOGOUT, UI_STATE, UI_JOB, UI_JOB_OUTPUT,
+    UI_JOB_CANCEL, UI_JOB_RETRY})
 
-#: Paths only a worker's token uses (a request of another gpumesh version there is a
-#: worker's, for the version refusal's wording).
+#: Paths only a worker's token uses (another version's request there is a worker's).
 WORKER_PREFIXES = (WORKERS, TASKS)
 
 
