@@ -244,7 +244,8 @@ def test_imap_with_return_exceptions_yields_failures_in_place(mesh2, tmp_path):
     train = accelerate(client)(user_code(tmp_path, SWEEP)["train"])
     got = dict(train.imap([{"lr": i} for i in range(15)], return_exceptions=True))
     assert sorted(got) == list(range(15))
-    assert [i for i, v in got.items() if isinstance(v, ValueError)] == [5, 13]
+    # (in completion order: item 13 may finish before item 5)
+    assert sorted(i for i, v in got.items() if isinstance(v, ValueError)) == [5, 13]
 
 
 FLAKY = """\
