@@ -76,7 +76,9 @@ def test_a_killed_callers_job_is_cancelled_and_released(tmp_path):
             caller.kill()  # SIGKILL: no cancel, no release from the caller
             caller.communicate(timeout=10)
         killed = time.monotonic()
-        wait_for(lambda: _job(m)["state"] == "cancelled", timeout=CALLER_TIMEOUT + 15)
+        jid, watcher = _job(m)["id"], m.client()
+        # Someone watching the job (gpumesh status reads its results) is not its caller.
+        wait_for(lambda: watcher.status(jid)["state"] == "cancelled", timeout=CALLER_TIMEOUT + 15)
         took = time.monotonic() - killed
         assert took < CALLER_TIMEOUT + 10, took  # (the sweeper looks every second)
         job = _job(m)
@@ -107,7 +109,9 @@ def test_a_caller_that_gave_up_during_an_outage_leaves_nothing_to_run(tmp_path):
         assert caller.returncode != 0 and b"MeshUnavailable" in err, err.decode()[-2000:]
         m.restart()
         started = _marks(marks)  # (the task running at the kill may still finish)
-        wait_for(lambda: _job(m)["state"] == "cancelled", timeout=CALLER_TIMEOUT + 15)
+        jid, watcher = _job(m)["id"], m.client()
+        assert watcher.status(jid)["waiting"].startswith("waiting for its caller")
+        wait_for(lambda: watcher.status(jid)["state"] == "cancelled", timeout=CALLER_TIMEOUT + 15)
         time.sleep(1.5)
         assert _marks(marks) <= started + 1 < 12  # no task started after the restart...
         assert _job(m)["released"] is True

@@ -170,7 +170,7 @@ def test_wait_on_a_function_job_gives_its_values_as_status_does(make_mesh):
     while not other.status(job_id)["released"]:
         assert time.monotonic() < deadline, "the job was never released"
         time.sleep(0.1)
-    with pytest.raises(RequestRejected, match="already collected") as e:
+    with pytest.raises(RequestRejected, match="results were released: collected by its caller") as e:
         other.wait(job_id, timeout=10)
     assert e.value.status == 410
 

@@ -374,7 +374,9 @@ class NativeBackend(Backend):
                         seen[idx] = 1
                         yield idx, ("error", lost)
                 break
-            params: dict = {"after": after, "wait": wait}
+            # caller=1: the waiting call polls (the coordinator hears it, .keepalive),
+            # unlike a status read by anyone else
+            params: dict = {"after": after, "wait": wait, "caller": 1}
             if handoff is not None:
                 params["handoff"] = 1
             if printer is not None:

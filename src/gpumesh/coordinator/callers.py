@@ -1,7 +1,8 @@
 """Whether the caller of each open function job is still there.
 
 A function job's results are for the program that submitted it and waits on them (a
-call, a ``.map``, an ``.imap``). Its long polls say it is there, and so does the
+call, a ``.map``, an ``.imap``). Its long polls say it is there (``caller=1``: a status
+read by anyone else, ``gpumesh status`` or ``mesh.wait``, does not), and so does the
 keepalive it sends while the job is open (``client/keepalive.py``: ``POST
 /v1/jobs/alive``, every quarter of ``CALLER_TIMEOUT_S`` or 30 s). A caller that stopped
 without saying so (killed, its machine gone, or one that gave up on an unreachable

@@ -38,7 +38,7 @@ def _errors(*codes: int) -> dict:
             401: "token missing or refused", 403: "the token's role may not do this, or the job "
             "is another person's (not_yours)",
             404: "unknown worker, job, task or blob", 409: "conflict (no_workers, missing_blob, "
-            "stale_lease, exists)", 410: "results already collected", 413: "body over the size limit",
+            "stale_lease, exists)", 410: "results released (collected, or let go)", 413: "body over the size limit",
             429: "locked out after too many refused tokens (see Retry-After)"}
     out = {}
     for c in (400, 401, 403, 429) + codes:
@@ -237,7 +237,10 @@ _DOC: dict[str, Any] = {
                                   "1: results kept as files are named by path (file), not sent"),
                            _query("closed", {"enum": ["0", "1"]},
                                   "1: answer at once (no long poll) if only workers closed by "
-                                  "their owners could run the job's pending tasks")],
+                                  "their owners could run the job's pending tasks"),
+                           _query("caller", {"enum": ["0", "1"]},
+                                  "1: this is the call waiting on the job (it is heard: "
+                                  "GPUMESH_CALLER_TIMEOUT); not for a status read")],
             "responses": {"200": _FRAMES_ANSWER, "204": {"description": "the caller went away"},
                           **_errors(404, 410)}}},
         protocol.JOB_LOGS: {"get": {

@@ -125,8 +125,11 @@ async def results(request: Request) -> Response:
         if row["state"] == "cancelled":  # e.g. its caller went unheard for too long (.callers)
             raise JobReleased(jid, f"job {jid} was cancelled and released; `gpumesh status "
                                    f"{jid}` says why")
-        raise JobReleased(jid, f"job {jid}'s results were already collected")
-    coord.callers.heard(coord, (jid,))
+        raise JobReleased(jid, f"job {jid}'s results were released: collected by its caller, "
+                               f"or let go (its caller gave up, or went unheard for the "
+                               f"coordinator's GPUMESH_CALLER_TIMEOUT)")
+    if request.query_params.get("caller") == "1":  # the waiting call, not a status read
+        coord.callers.heard(coord, (jid,))
     # closed=1: a caller that does not yet know its job waits on owner-closed workers only
     # (a submit that did not wait, an .imap) hears it at once, not after a long poll; it
     # then polls without it (else each poll would answer at once while they stay closed).
