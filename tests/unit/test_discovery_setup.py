@@ -235,3 +235,18 @@ def test_join_takes_the_saved_token_for_its_url_written_another_way(tmp_path):
     r = CliRunner().invoke(main, ["join", "https://127.0.0.1:9"], env=env)
     assert "no token" not in r.output, r.output
     assert r.exit_code == 1 and "'SHA256:nothex' is not SHA256:<64 hex digits>" in r.output, r.output
+
+
+def test_setup_worker_says_when_no_token_is_at_hand(tmp_path, monkeypatch):
+    # "saved" with neither $GPUMESH_TOKEN nor a saved token: the join line alone would stop
+    # at once with "no token"; the plan says what to set first (it used to claim the token
+    # would be taken from them)
+    monkeypatch.setenv("GPUMESH_CONFIG", str(tmp_path / "none.json"))
+    monkeypatch.delenv("GPUMESH_TOKEN", raising=False)
+    r = CliRunner().invoke(main, ["setup"], input="worker\nlan\nhttp://10.0.0.5:8000\nsaved\n")
+    assert r.exit_code == 0, r.output
+    assert "Token: none here yet" in r.output and "export GPUMESH_TOKEN=" in r.output
+    assert "taken from $GPUMESH_TOKEN" not in r.output
+    monkeypatch.setenv("GPUMESH_TOKEN", "t" * 32)
+    r = CliRunner().invoke(main, ["setup"], input="worker\nlan\nhttp://10.0.0.5:8000\nsaved\n")
+    assert "Token: taken from $GPUMESH_TOKEN or the saved config." in r.output

@@ -88,8 +88,11 @@ def join_plan(network: str, url: str | None = None, port: int = DEFAULT_PORT,
         notes.append("No URL: `gpumesh join` looks for the coordinator on the LAN and joins it "
                      "if exactly one is found.")
     env = {"GPUMESH_TOKEN": token} if token else {}
-    if not token:
+    if not token and (os.environ.get("GPUMESH_TOKEN") or config.load_saved().get("token")):
         notes.append("Token: taken from $GPUMESH_TOKEN or the saved config.")
+    elif not token:  # join would stop at once: "no token"
+        notes.append(f"Token: none here yet ($GPUMESH_TOKEN is unset and {config.config_path()} "
+                     f"holds none): export GPUMESH_TOKEN=<the coordinator's token> first.")
     return Plan(argv, env, notes)
 
 
