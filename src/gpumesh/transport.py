@@ -429,9 +429,12 @@ def check(resp: Response, url: str, token_sent: bool = True) -> None:
     if resp.status_code == 401 and not token_sent:
         raise AuthError(f"no token is configured for the coordinator at {url}, which wants one "
                         f"({resp.status_code}: {message}); {GIVE_TOKEN}")
-    if resp.status_code == 401 or (resp.status_code == 403 and code in ("", ErrorCode.FORBIDDEN)):
+    if resp.status_code == 401 or (resp.status_code == 403 and code == ""):
         raise AuthError(f"the coordinator at {url} refused the token ({resp.status_code}: {message}); "
                         "check --token / $GPUMESH_TOKEN")
+    if resp.status_code == 403 and code == ErrorCode.FORBIDDEN:  # a good token, another role's job
+        raise AuthError(f"the coordinator at {url} does not allow this: {message} (HTTP 403; "
+                        f"what a token may do is its role's: `gpumesh token list`)")
     if resp.status_code == 429 and code == ErrorCode.LOCKED_OUT:
         raise AuthError(f"the coordinator at {url} refused the token ({message}); "
                         "check --token / $GPUMESH_TOKEN")

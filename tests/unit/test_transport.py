@@ -130,3 +130,26 @@ def test_a_request_s_head_and_body_pieces_leave_in_one_write(body, joined):
     finally:
         a.close()
         b.close()
+
+
+def _refusal(status: int, code: str, message: str):
+    import json
+
+    from gpumesh.transport import Response, check
+    body = json.dumps({"error": code, "message": message}).encode()
+    with pytest.raises(Exception) as info:
+        check(Response(status, {"content-type": "application/json"}, body), "http://h:1")
+    return info.value
+
+
+def test_a_role_refusal_is_not_called_a_refused_token():
+    from gpumesh import AuthError
+    # a good token whose person may not do this: the token is not the thing to check
+    e = _refusal(403, "forbidden", "bob's token (view) cannot cancel jobs")
+    assert isinstance(e, AuthError)
+    assert str(e) == ("the coordinator at http://h:1 does not allow this: bob's token (view) "
+                      "cannot cancel jobs (HTTP 403; what a token may do is its role's: "
+                      "`gpumesh token list`)")
+    # a wrong token is
+    e = _refusal(401, "unauthorized", "the token was refused")
+    assert isinstance(e, AuthError) and "refused the token" in str(e) and "check --token" in str(e)
