@@ -182,12 +182,15 @@ def test_markup_in_job_names_and_hostnames_stays_text(mesh, page, tmp_path):
     assert page.eval_on_selector_all("#job img", "es => es.length") == 0
     time.sleep(1.5)  # a few polls: an onerror or script would have run by now
     assert page.dialogs == [] and page.errors == []
-    # nothing the page asked for was missing (its icon is its own, not a /favicon.ico that
-    # would answer 404 in the console at every load); the one refusal is the state asked
-    # for before signing in
+    # nothing the page asked for was missing; the one refusal is the state asked for
+    # before signing in
     assert [r for r in page.refused if r[0] != 401] == []
-    icon = httpx.get(f"{mesh.url}/ui/static/icon.svg", timeout=10)
+    # the page names its own icon (else the browser asks for /favicon.ico, a 404 in the
+    # console at every load) and it is served
+    href = page.get_attribute("link[rel=icon]", "href")
+    icon = httpx.get(f"{mesh.url}/{href}", timeout=10)
     assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
+    assert icon.content.startswith(b"<svg")
 
 
 def test_the_pool_and_a_job_fit_a_phone_screen(mesh, browser, tmp_path):

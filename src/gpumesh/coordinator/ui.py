@@ -69,7 +69,8 @@ JOB_LIST = 50
 #: Most bytes of each task's output the job page shows (the tail).
 OUTPUT_TAIL_BYTES = 64 * 1024
 COOKIE = "gpumesh_session"
-STATIC = {"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8"}
+STATIC = {"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8",
+          "icon.svg": "image/svg+xml"}  # (the page names its icon: no 404 for /favicon.ico)
 HEADERS = {
     "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
                                "img-src 'self'; connect-src 'self'; form-action 'self'; "
