@@ -152,8 +152,9 @@ class Transport:
                     return AuthError(
                         f"the coordinator at {self.url} no longer presents the certificate pinned "
                         f"as {self.fingerprint} ({e.verify_message}): it made a new one, or "
-                        "something is intercepting the connection. Check the fingerprint "
-                        "`gpumesh serve --tls` printed")
+                        "something is intercepting the connection. Pin a new fingerprint only "
+                        "if it is the one `gpumesh serve --tls` printed on the coordinator's "
+                        "machine")
                 return AuthError(
                     f"cannot verify the TLS certificate of {self.url} ({e.verify_message}); for a "
                     "coordinator started with --tls pass the fingerprint it printed "
@@ -485,7 +486,8 @@ def pinned_context(url: str, fingerprint: str) -> ssl.SSLContext:
     if got != want:
         raise AuthError(f"the coordinator at {url} presents certificate {got}, not the pinned "
                         f"{want}: it made a new one, or something is intercepting the connection. "
-                        "Check the fingerprint `gpumesh serve --tls` printed")
+                        "Pin the new one only if it is the one `gpumesh serve --tls` printed on "
+                        "the coordinator's machine (read there, not from this message)")
     ctx = ssl.create_default_context(cadata=ssl.DER_cert_to_PEM_cert(der))
     ctx.check_hostname = False  # the pin identifies the server, whatever name was dialled
     ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN  # a pinned CA-issued leaf anchors too
