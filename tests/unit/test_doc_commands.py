@@ -83,6 +83,10 @@ def problems(line: str) -> list[str]:
     command = main.commands.get(name)
     if command is None:
         return [f"{line!r}: there is no command `gpumesh {name}`"]
+    # a group's subcommand (`gpumesh token add NAME --role view`): its own options
+    while isinstance(command, click.Group) and rest and rest[0] in command.commands:
+        name = f"{name} {rest[0]}"
+        command, rest = command.commands[rest[0]], rest[1:]
     allowed = _options(command)
     return [f"{line!r}: `gpumesh {name}` has no option {word.split('=', 1)[0]}"
             for word in rest if word.startswith("--") and word.split("=", 1)[0] not in allowed]
@@ -107,6 +111,10 @@ error: the text of `gpumesh serve` output is not a command --nope
     assert problems(lines[0]) == []
     assert problems(lines[1]) == ["'gpumesh joinn URL': there is no command `gpumesh joinn`"]
     assert problems(lines[2]) == [f"{lines[2]!r}: `gpumesh doctor` has no option --jsn"]
+    # a subcommand's options are its own
+    assert problems("gpumesh token add NAME --role view --max-running 2") == []
+    assert problems("gpumesh token list --role view") == [
+        "'gpumesh token list --role view': `gpumesh token list` has no option --role"]
 
 
 @pytest.mark.parametrize("guide", GUIDES)
