@@ -15,6 +15,12 @@ of its duration.
 ``--idle S``: each timed call follows S seconds of idle (the after-idle row of
 ``run.py``), hop by hop.
 
+``--slowest K``: also list the K slowest calls (by the caller's wall time) hop by hop,
+each mark's time since the call began, so a rare long call shows which hop took it
+(the sporadic 0.1-0.5 s delays of docs/performance.md's "Open"). Wall time outside the
+traced hops (pickling before the submit, decoding after the answer) shows as the gap to
+``bench.end``.
+
 ``--isolation job``: the calls are ``isolation="job"`` ones, each a new job's first task
 (it takes a spare as a default call does; the slot lets its last job's process go).
 
@@ -85,6 +91,32 @@ def parse(path: Path, hops) -> list[dict[str, int]]:
         if calls and label not in calls[-1]:
             calls[-1][label] = int(ns)
     return [c for c in calls if all(h in c for h in hops)]
+
+
+def per_call(path: Path) -> list[list[tuple[str, int]]]:
+    """Every mark of each timed call, in order: [(label, ns since its bench.start)],
+    one list per ``bench.start`` ... ``bench.end`` of this script."""
+    calls: list[list[tuple[str, int]]] = []
+    start = 0
+    for line in path.read_text().splitlines():
+        ns, _pid, label = line.split(" ", 2)
+        if label == "bench.start":
+            calls.append([])
+            start = int(ns)
+        if calls:
+            calls[-1].append((label, int(ns) - start))
+    return calls
+
+
+def print_slowest(calls: list[list[tuple[str, int]]], k: int) -> None:
+    """The ``k`` longest calls, hop by hop: each mark with the ms since the previous."""
+    ends = [(dict(c).get("bench.end", 0), i) for i, c in enumerate(calls)]
+    for end, i in sorted(ends, reverse=True)[:k]:
+        print(f"\ncall {i}: {end / 1e6:.2f} ms")
+        prev = 0
+        for label, ns in calls[i]:
+            print(f"  {label:28s} +{(ns - prev) / 1e6:8.3f} ms")
+            prev = ns
 
 
 # ------------------------------------------------------------ CPU per task ----------
@@ -209,6 +241,8 @@ def main() -> int:
     ap.add_argument("--isolation", choices=(*ISOLATIONS, "both"), default="both",
                     help="with --cpu-per-task: the isolation mode(s) to measure (default "
                     "both); for the hop table, the calls' mode (default: task)")
+    ap.add_argument("--slowest", type=int, default=0, metavar="K",
+                    help="also list the K slowest calls hop by hop")
     ap.add_argument("--json", metavar="PATH", default=None,
                     help="with --cpu-per-task: also write the figures to PATH as JSON")
     opts = ap.parse_args()
@@ -231,6 +265,7 @@ def main() -> int:
     # Read at import by every gpumesh process: set before this one imports gpumesh.
     os.environ["GPUMESH_TRACE"] = str(trace)
     from gpumesh.tracing import CALL_HOPS as HOPS
+    from gpumesh.tracing import mark
 
     system = GPUMeshSystem(work)
     if opts.isolation != "both":  # (each call of isolation="job" is a new job's first task)
@@ -245,6 +280,7 @@ def main() -> int:
         for i in range(opts.calls):
             if opts.idle:
                 time.sleep(opts.idle)
+            mark("bench.start")
             t0 = time.perf_counter()
             if n is None:
                 ok = system.call(noop, i) == i
@@ -255,6 +291,8 @@ def main() -> int:
             if not ok:
                 raise SystemExit(f"call {i} returned a wrong value")
             walls.append(time.perf_counter() - t0)
+            mark("bench.end")
+        timeline = per_call(trace) if opts.slowest else []
         calls = parse(trace, ("caller.submit",) if n is not None else HOPS)
         if n is not None:
             HOPS = shared_hops(calls)
@@ -272,6 +310,8 @@ def main() -> int:
     total = sorted((c[HOPS[-1]] - c[HOPS[0]]) / 1e6 for c in calls)
     print(f"{'total (caller.submit -> caller.answered)':52s} {statistics.median(total):7.3f} "
           f"{total[int(len(total) * 0.9)]:7.3f}")
+    if opts.slowest:
+        print_slowest(timeline, opts.slowest)
     return 0
 
 
