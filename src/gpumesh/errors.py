@@ -11,7 +11,7 @@
     ├── Unsatisfiable              no alive worker (nor, with none alive, this machine) can
     │                              ever meet the call's hardware requirements
     ├── TaskFailed                 the task did not return a value
-    │   ├── RemoteError            the function raised an exception that could not travel
+    │   ├── RemoteError            the function raised an exception whose class could not travel
     │   │                          as itself (its type, message and traceback are kept)
     │   ├── TaskCrashed            the task's process died (signal, os._exit, segfault)
     │   ├── WorkerLost             every worker that tried the task went away
@@ -21,9 +21,10 @@
                                    up (also a RuntimeError; the message holds its log's end)
 
 An exception raised by *your* function is re-raised at the caller as itself (same type
-and message) whenever it can be pickled; gpumesh attaches the remote traceback as its
-``__cause__`` (a :class:`RemoteTraceback`). Only when that is impossible do you get a
-:class:`RemoteError`.
+and message, ``args`` and attributes), rebuilt without its ``__init__`` where pickle
+alone would fail (:mod:`gpumesh.portable`); gpumesh attaches the remote traceback as its
+``__cause__`` (a :class:`RemoteTraceback`). Only when its class cannot travel do you get
+a :class:`RemoteError`.
 
 Which exception a failed task becomes at the caller, by the ``kind`` of its error
 (:class:`gpumesh.protocol.FailureKind`), is :data:`gpumesh.protocol.FAILURE_EXCEPTIONS`;
@@ -106,7 +107,10 @@ class TaskFailed(MeshError):
 
 
 class RemoteError(TaskFailed):
-    """The function raised an exception that could not be sent back as itself.
+    """The function raised an exception that could not be sent back as itself: its class
+    cannot be pickled, or cannot be loaded here (a module only the worker has). Other
+    exceptions travel as themselves, rebuilt where pickle alone would fail
+    (:mod:`gpumesh.portable`).
 
     ``remote_type`` is the exception's qualified type name, ``remote_message`` its text and
     ``remote_traceback`` the formatted traceback from the worker.

@@ -235,6 +235,21 @@ def loads(data: Chunk) -> Any:
         return loads_on_cpu(stream, bufs, e)
 
 
+def dumps_exception(exc: BaseException) -> Payload | None:
+    """``exc`` as a payload that loads as an exception of its class, with its ``args``
+    and attributes: itself when pickle carries it, else a stand-in that rebuilds it
+    without calling its ``__init__`` (:mod:`gpumesh.portable`). None when it cannot travel
+    at all (its class cannot be pickled). Never raises."""
+    from .portable import portable_exception
+    travelling = portable_exception(exc, dumps, lambda p: loads(p.to_bytes()))
+    if travelling is None:
+        return None
+    try:
+        return dumps(travelling)
+    except Exception:  # noqa: BLE001 - it pickled a moment ago; the caller gets its type and text
+        return None
+
+
 # ---------------------------------------------------------------- frames ----------
 def frames_header(lengths: Sequence[int]) -> bytes:
     head = FRAMES_MAGIC + struct.pack("<I", len(lengths)) + struct.pack(f"<{len(lengths)}Q", *lengths)

@@ -126,6 +126,31 @@ def test_custom_exception_keeps_attributes(m):
     assert str(ei.value) == "too many" and ei.value.limit == 3
 
 
+def test_exceptions_pickle_cannot_rebuild_arrive_as_themselves(m):
+    """A class whose __init__ wants other arguments than its .args (pickle's rebuild
+    fails), and an attribute that cannot be pickled (left behind, and named)."""
+    import threading
+
+    class FieldError(ValueError):
+        def __init__(self, field, msg):
+            super().__init__(msg)
+            self.field = field
+            if field == "lock":
+                self.lock = threading.Lock()
+
+    @accelerate(m)
+    def check(field):
+        raise FieldError(field, f"{field} is wrong")
+
+    got = check.map(["age", "lock"], return_exceptions=True)
+    assert [type(e) for e in got] == [FieldError, FieldError], got
+    assert [e.args for e in got] == [("age is wrong",), ("lock is wrong",)]
+    assert [e.field for e in got] == ["age", "lock"] and not hasattr(got[1], "lock")
+    assert all(isinstance(e.__cause__, RemoteTraceback) for e in got)
+    if sys.version_info >= (3, 11):
+        assert "[gpumesh] not sent back, as it cannot be pickled: attribute 'lock'" in got[1].__notes__
+
+
 def test_map_first_failure_raises(m):
     @accelerate(m)
     def f(x):

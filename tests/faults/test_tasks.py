@@ -52,10 +52,8 @@ def _unpicklable_exception():
     import threading
 
     class Holder(Exception):
-        def __init__(self):
-            super().__init__("holds a lock")
-            self.lock = threading.Lock()
-    raise Holder()
+        guard = threading.Lock()  # its class cannot be pickled: it cannot travel
+    raise Holder("holds a lock")
 
 
 def _flood():

@@ -359,39 +359,63 @@ def test_custom_exception_keeps_type_message_and_attributes(client):
     assert isinstance(ei.value.__cause__, RemoteTraceback)
 
 
-def test_unpicklable_exception_arrives_as_remote_error(client):
+def test_exception_with_an_unpicklable_attribute_arrives_as_itself_without_it(client):
     class LockedError(Exception):
         def __init__(self, msg):
             super().__init__(msg)
             self.lock = threading.Lock()
+            self.retry_after = 30
 
     @accelerate(client)
     def f():
-        raise LockedError("cannot travel")
+        raise LockedError("cannot travel whole")
 
-    with pytest.raises(RemoteError) as ei:
+    with pytest.raises(LockedError) as ei:
         f()
     e = ei.value
-    assert isinstance(e, TaskFailed) and isinstance(e, MeshError)
-    assert "LockedError" in e.remote_type
-    assert e.remote_message == "cannot travel"
-    assert "LockedError" in str(e) and "cannot travel" in str(e)
-    assert "Traceback" in e.remote_traceback
+    assert e.args == ("cannot travel whole",) and e.retry_after == 30
+    assert not hasattr(e, "lock")
+    assert isinstance(e.__cause__, RemoteTraceback) and "Traceback" in e.__cause__.tb
+    if sys.version_info >= (3, 11):
+        assert "[gpumesh] not sent back, as it cannot be pickled: attribute 'lock'" in e.__notes__
 
 
-def test_exception_that_pickles_but_cannot_unpickle_arrives_as_remote_error(client):
+def test_exception_that_pickle_cannot_rebuild_arrives_as_itself(client):
+    """pickle rebuilds an exception by calling its class with .args: TwoArgs("left/right")
+    fails (a missing argument), at a multiprocessing pool's caller too. gpumesh rebuilds it
+    without calling __init__."""
     class TwoArgs(Exception):
         def __init__(self, a, b):
             super().__init__(f"{a}/{b}")
+            self.b = b
 
     @accelerate(client)
     def f():
         raise TwoArgs("left", "right")
 
+    with pytest.raises(TwoArgs) as ei:
+        f()
+    assert ei.value.args == ("left/right",) and ei.value.b == "right"
+    assert str(ei.value) == "left/right"
+
+
+def test_exception_whose_class_cannot_travel_arrives_as_remote_error(client):
+    @accelerate(client)
+    def f():
+        import threading
+
+        class GuardedError(Exception):
+            guard = threading.Lock()  # the class, shipped by value, cannot be pickled
+        raise GuardedError("cannot travel")
+
     with pytest.raises(RemoteError) as ei:
         f()
-    assert "TwoArgs" in ei.value.remote_type
-    assert ei.value.remote_message == "left/right"
+    e = ei.value
+    assert isinstance(e, TaskFailed) and isinstance(e, MeshError)
+    assert "GuardedError" in e.remote_type
+    assert e.remote_message == "cannot travel"
+    assert "GuardedError" in str(e) and "cannot travel" in str(e)
+    assert "Traceback" in e.remote_traceback
 
 
 def test_os_exit_is_task_crashed_and_worker_survives(client, shared_mesh):

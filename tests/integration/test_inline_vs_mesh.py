@@ -146,16 +146,26 @@ class LockedError(Exception):
     def __init__(self, msg):
         super().__init__(msg)
         import threading
+        self.code = 7
         self.lock = threading.Lock()
 
 
 class TwoArgs(Exception):
     def __init__(self, a, b):
         super().__init__(f"{a}/{b}")
+        self.a = a
 
 
 def raise_untravelled(which):
-    raise LockedError("cannot travel") if which == "lock" else TwoArgs("left", "right")
+    if which == "lock":
+        raise LockedError("half travels")
+    if which == "two-args":
+        raise TwoArgs("left", "right")
+    import threading
+
+    class GuardedError(Exception):  # its class cannot be pickled: it cannot travel at all
+        guard = threading.Lock()
+    raise GuardedError("cannot travel")
 
 
 def first(a, b=None):
@@ -186,11 +196,31 @@ def test_an_unpicklable_value_fails_the_same_on_both(client, monkeypatch, fn, ar
     assert remote == local == [1, 2]
 
 
-@pytest.mark.parametrize("which", ["lock", "two-args"])
-def test_an_exception_that_cannot_travel_fails_the_same_on_both(client, monkeypatch, which):
-    remote, local = both(monkeypatch, accelerate(client)(raise_untravelled), which)
+def test_an_exception_pickle_cannot_rebuild_arrives_as_itself_on_both(client, monkeypatch):
+    """A class whose __init__ takes other arguments than it gives super().__init__ (pickle
+    calls it again with .args, and fails) comes back as itself with its attributes."""
+    remote, local = both(monkeypatch, accelerate(client)(raise_untravelled), "two-args")
+    for e in (remote, local):
+        assert type(e) is TwoArgs and e.args == ("left/right",) and e.a == "left", e
+        assert str(e) == "left/right" and isinstance(e.__cause__, RemoteTraceback)
+
+
+def test_an_exception_with_an_unpicklable_attribute_arrives_without_it_on_both(client,
+                                                                              monkeypatch):
+    remote, local = both(monkeypatch, accelerate(client)(raise_untravelled), "lock")
+    for e in (remote, local):
+        assert type(e) is LockedError and e.args == ("half travels",) and e.code == 7, e
+        assert not hasattr(e, "lock")
+        if sys.version_info >= (3, 11):
+            assert ("[gpumesh] not sent back, as it cannot be pickled: attribute 'lock'"
+                    in e.__notes__)
+
+
+def test_an_exception_that_cannot_travel_fails_the_same_on_both(client, monkeypatch):
+    remote, local = both(monkeypatch, accelerate(client)(raise_untravelled), "guarded")
     _same_remote_error(remote, local)
-    assert local.remote_message == ("cannot travel" if which == "lock" else "left/right")
+    assert local.remote_message == "cannot travel"
+    assert local.remote_type.endswith("GuardedError")
 
 
 def test_an_unpicklable_argument_fails_the_same_on_both(client, monkeypatch):

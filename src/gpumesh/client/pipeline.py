@@ -30,8 +30,9 @@ What **cannot be pickled** fails here exactly as on a mesh (the spec: "either pa
 returns the identical value"; a call must not work only while the mesh is away): a
 function or argument raises the pickler's error before anything runs (naming the
 argument), a return value that cannot be pickled is a RemoteError "the return value (X)
-cannot be pickled: ...", an exception that cannot travel as itself a RemoteError naming
-its type and message. Strict results (JSON only) are not applied here: nothing crossed a
+cannot be pickled: ...", an exception travels as a worker's does (rebuilt where pickle
+alone fails, :mod:`gpumesh.portable`; a RemoteError naming its type and message when its
+class cannot be pickled). Strict results (JSON only) are not applied here: nothing crossed a
 trust boundary (see :mod:`gpumesh.strict`). ``.local()`` is a plain call and takes no
 part in any of this.
 """
@@ -357,8 +358,9 @@ def _copied(outcome: tuple) -> tuple:
     exception through one pickle round trip (one ``dumps``, one ``loads``: what the trip
     costs anyway, so checking that the value survives it costs nothing more). A value
     that cannot be pickled is the worker's ``result_unpicklable`` failure, with its
-    message; an exception that cannot travel as itself arrives as a RemoteError naming
-    its type (``("raised", None, ...)``); a value that cannot be unpickled raises what
+    message; an exception travels as :func:`gpumesh.wire.dumps_exception` sends it, or,
+    when it cannot travel, arrives as a RemoteError naming its type (``("raised", None,
+    ...)``); a value that cannot be unpickled raises what
     ``loads`` raised, as decoding a worker's result would."""
     from ..protocol import FailureKind
     from ..retries import type_name
@@ -377,9 +379,12 @@ def _copied(outcome: tuple) -> tuple:
             return ("error", e)
     if outcome[0] == "raised" and outcome[1] is not None:
         exc = outcome[1]
+        sent = wire.dumps_exception(exc)  # (as a worker sends it)
         try:
-            copy = wire.loads(_joined(wire.dumps(exc)))
+            copy = wire.loads(_joined(sent)) if sent is not None else None
         except Exception:  # noqa: BLE001 - as a worker's: cannot travel, a RemoteError says it
+            copy = None
+        if copy is None:
             return ("raised", None, type_name(type(exc)), *outcome[3:])
         return ("raised", copy, *outcome[2:])
     return outcome

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .. import portable
+
 # Compiled from source into a module that cannot be imported, so every engine's
 # cloudpickle ships it by value: workers need not have gpumesh installed.
 _TASK_SRC = '''
@@ -20,7 +22,8 @@ def run_task(fn, args, kwargs, timeout, local=False):
     message, traceback text) | ("exit", code) | ("timeout", seconds).
 
     On a worker (local=False) decorated calls inside the function run inline
-    (GPUMESH_IN_TASK) and an exception that cannot be pickled is sent as None. Here
+    (GPUMESH_IN_TASK) and an exception goes as portable_exception makes it (None: it
+    cannot travel). Here
     (local=True, the inline backend) the caller's environment is left alone, the
     exception is kept whatever it is, and Ctrl+C interrupts the call as it would any."""
     import os, threading, traceback
@@ -45,9 +48,11 @@ def run_task(fn, args, kwargs, timeout, local=False):
                         import cloudpickle as cp
                     except ImportError:
                         from ray import cloudpickle as cp
-                    cp.loads(cp.dumps(e))
+                    # itself, or a stand-in that loads as it (gpumesh.portable); None:
+                    # it cannot travel, the caller gets a RemoteError
+                    exc = portable_exception(e, cp.dumps, cp.loads)
                 except BaseException:
-                    exc = None  # cannot travel as itself: the caller gets a RemoteError
+                    exc = None
             e.__traceback__ = None
             box["r"] = ("raised", exc, type(e).__qualname__, str(e), tb)
         finally:
@@ -67,6 +72,7 @@ def run_task(fn, args, kwargs, timeout, local=False):
         return ("timeout", timeout)
     return box["r"]
 '''
-_ns: dict = {"__name__": "_gpumesh_engine_task"}
+# (portable_exception: gpumesh.portable's, copied by value along with run_task)
+_ns: dict = {"__name__": "_gpumesh_engine_task", **portable.by_value()}
 exec(compile(_TASK_SRC, "<gpumesh task wrapper>", "exec"), _ns)
 run_task: Callable = _ns["run_task"]

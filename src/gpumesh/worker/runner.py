@@ -207,10 +207,8 @@ def run_task(fn, data: socket.socket, result_format: str | None = None,
             reply({"status": "error", "error": describe_exception(e, FailureKind.EXIT)})
             return
         err = describe_exception(e, FailureKind.RAISED, own_frames=1)  # from the function's own frame
-        try:
-            payload = None if as_json else wire.dumps(e)  # strict callers never unpickle
-        except BaseException:  # noqa: BLE001 - the exception itself cannot travel
-            payload = None
+        # (strict callers never unpickle; None: it cannot travel, the caller gets its text)
+        payload = None if as_json else wire.dumps_exception(e)
         reply({"status": "error", "error": err}, payload)
         return
     if as_json:
