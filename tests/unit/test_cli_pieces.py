@@ -321,6 +321,14 @@ def test_status_names_what_the_function_raised():
     errors = [line.strip() for line in task_lines(view) if line.strip().startswith("error:")]
     assert errors == ["error: KeyError: 'missing 2'",
                       "error: the task ran longer than its timeout of 1s"]
+    # an error line is a message's end: the last line says where the rest is
+    view["id"] = "0123456789ab"
+    assert task_lines(dict(view, kind="function"))[-2:] == [
+        "", "  each failure's remote traceback: gpumesh status 0123456789ab --json"]
+    assert task_lines(dict(view, kind="script"))[-1] == (
+        "  whole output of each task, tracebacks included: gpumesh logs 0123456789ab")
+    done = {"id": "t2", "state": "done", "cost": 1.0, "worker_id": "w1", "result": 1}
+    assert "gpumesh" not in task_lines({"id": "0123456789ab", "tasks": [done]})[-1]
 
 
 def test_status_of_someone_elses_job_says_its_error_texts_are_withheld():

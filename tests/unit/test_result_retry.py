@@ -76,3 +76,28 @@ def test_a_single_result_is_posted_again_only_when_not_stored(make_agent, status
     frames = [json.dumps(protocol.ResultPost("ok").as_dict()).encode(), b"value"]
     assert agent._send_result(_grant("t3"), frames, 0) == (None, None)
     assert agent.http.posts == [["t3"]] * posts
+
+
+def test_an_error_of_the_worker_itself_hands_the_task_back_to_be_run_again(make_agent, monkeypatch,
+                                                                        tmp_path):
+    """Not the task's failure (here its gpumesh was uninstalled under it: the script
+    runner cannot be imported): the task is posted as ``retry`` with the reason, so the
+    coordinator runs it again elsewhere, and it is no longer held (a held task's lease is
+    renewed by every heartbeat: it would stay leased for ever)."""
+    agent = make_agent(refusals=0, status=0)
+    posted = []
+
+    def broken(*_a, **_kw):
+        raise ImportError("cannot import name 'scripts' from 'gpumesh.worker'")
+
+    monkeypatch.setattr(agent.executor, "run_script", broken)
+    monkeypatch.setattr(agent, "_function_blob", lambda fn: tmp_path / "script.py")
+    monkeypatch.setattr(agent.poster, "post", lambda task, outcome, slot: posted.append(
+        (task.task_id, outcome.status, outcome.error)) or (None, None))
+    grant = protocol.TaskGrant("t9", "lease-t9", "f" * 64, slot=0, kind="script")
+    agent._run_task(grant, memoryview(b"{}"), 0)
+    assert posted == [("t9", "retry", {
+        "kind": protocol.FailureKind.HOST_DIED,
+        "message": "the worker could not run it: ImportError: cannot import name 'scripts' "
+                   "from 'gpumesh.worker'"})]
+    assert "t9" not in agent._held  # heartbeats no longer renew its lease

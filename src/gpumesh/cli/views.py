@@ -61,6 +61,12 @@ def task_lines(view: dict, color: bool = False) -> list[str]:
                              f"(its message is shown to the job's owner only)")
             else:
                 lines.append(f"    error: {kind + ': ' if kind else ''}{err['message']}")
+    if any("message" in (t.get("error") or {}) for t in view.get("tasks", [])):
+        # (an error line is a message's last line; where it came from is elsewhere)
+        lines.append("")
+        lines.append(f"  whole output of each task, tracebacks included: gpumesh logs {view.get('id', 'JOB_ID')}"
+                     if view.get("kind") == "script" else
+                     f"  each failure's remote traceback: gpumesh status {view.get('id', 'JOB_ID')} --json")
     return lines
 
 

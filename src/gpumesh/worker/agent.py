@@ -549,8 +549,8 @@ class WorkerAgent(OwnerRules):
                                                     "message": f"could not fetch the function: {e}"})
                     else:
                         if held not in self._handing_back or self.executor.sent_ahead(held):
-                            outcome = self._run_one(task, path, args, slot,
-                                                    withdraw=held in self._handing_back)
+                            outcome = self._run_guarded(task, path, args, slot,
+                                                        withdraw=held in self._handing_back)
                 args = None  # a big one is shared memory: free it now, not after the post
                 self._slot_task.pop(slot, None)
                 why = self._handing_back.pop(held, None)
@@ -574,6 +574,21 @@ class WorkerAgent(OwnerRules):
     def _next_queued(self, slot: int | None):
         """The slot's next queued grant ``(task, args)``, or ``(None, None)``."""
         return (None, None) if self.poster is None else self.poster.next_queued(slot)
+
+    def _run_guarded(self, task: protocol.TaskGrant, path: Path, args, slot: int | None,
+                     withdraw: bool = False) -> Outcome:
+        """:meth:`_run_one`, with an error of this worker's own (not the task's: its
+        gpumesh removed or replaced under it, a full spool disk) made the task's outcome:
+        ``retry``, so the coordinator gives it to a worker again (up to its loss limit)
+        and reports why, instead of the task staying leased here, renewed by every
+        heartbeat, for ever."""
+        try:
+            return self._run_one(task, path, args, slot, withdraw)
+        except Exception as e:  # noqa: BLE001 - any of them: the task must not be left held
+            log.exception("slot %s could not run task %s", slot, task.task_id)
+            return Outcome("retry", {"kind": protocol.FailureKind.HOST_DIED,
+                                     "message": f"the worker could not run it: "
+                                                f"{type(e).__name__}: {e}"})
 
     def _run_one(self, task: protocol.TaskGrant, path: Path, args, slot: int | None,
                  withdraw: bool = False) -> Outcome:
