@@ -54,7 +54,7 @@ def test_n_grants_for_one_slot_come_in_index_order_as_leases_stored_in_one_write
                                      4: ("pending", 0, None), 5: ("pending", 0, None)}
     assert {coord.leases[g.task_id].lease_id for g in grants} == {g.lease_id for g in grants}
     assert w.leases == {g.task_id for g in grants}
-    assert coord.running_by_owner()[None] == 4
+    assert coord.running_by_owner()[None] == 1, "one runs; three are queued behind it"
     # fewer pending than asked: what there is, still in order
     assert [g.index for g in coord.grant_queued(w.id, 1, 4)] == [4, 5]
     assert coord.grant_queued(w.id, 1, 4) == []
@@ -181,3 +181,25 @@ def test_tasks_args_reads_many_tasks_at_once_and_names_unknown_ones(store, monke
     assert got == {"t4": (b"a4", None), "t0": (b"a0", None), "nope": (None, None),
                    "t2": (b"a2", None), "t1": (b"a1", None)}
     assert store.tasks_args([]) == {}
+
+
+def test_a_queued_grant_counts_as_running_and_uses_time_only_once_it_starts(coord, store, clock):
+    """Grants queued behind a slot's running task have not started: a person's running
+    tasks, a worker's, and the task time in usage (the metrics and the dashboard's people)
+    count a queued task from its slot's previous result, not from its grant."""
+    w = coord.register({"hostname": "h"}, None, 2)
+    submit(coord, "aaaa01", 3, isolation="task", owner="alice")
+    grants = coord.grant_queued(w.id, 0, 3)
+    assert [g.index for g in grants] == [0, 1, 2]
+    assert coord.running_by_owner() == {"alice": 1}
+    view = coord.worker_view(w)
+    assert view["running"] == 3 and view["busy_slots"] == [0]  # (its leases; one slot busy)
+    for g, ran in zip(grants, (2.0, 0.5, 0.25)):
+        clock.advance(ran)
+        coord.post_result(g.task_id, g.lease_id, "ok", None, b"r")
+    assert coord.running_by_owner() == {}
+    usage = store.usage(0)["alice"]
+    assert usage["tasks"] == 3
+    assert usage["cpu_s"] == pytest.approx(2.75), "2 + 0.5 + 0.25 s, not 2 + 2.5 + 2.75"
+    spans = store.task_times("aaaa01")
+    assert sorted(round(f - s, 6) for s, f in spans.values()) == [0.25, 0.5, 2.0]

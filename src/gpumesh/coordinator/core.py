@@ -410,9 +410,9 @@ class Coordinator(Journalled):
         return job is not None and job.owner not in self.max_running
 
     def running_by_owner(self) -> Counter[str | None]:
-        """Leased tasks per person (O(leases): at most the pool's slots, plus a few)."""
+        """Running tasks per person, not the grants queued behind them (O(leases))."""
         out: Counter[str | None] = Counter()
-        for lease in self.leases.values():
+        for lease in views.running_leases(self.leases.values()):
             job = self.jobs.get(lease.job_id)
             out[job.owner if job else None] += 1
         return out
@@ -534,18 +534,19 @@ class Coordinator(Journalled):
                     payload: Any) -> str | None:
         """Accept a worker's result under ``lease_id``; raises ``StaleLease`` otherwise.
         Returns the id of the worker that held the lease (None if it is gone).
-
         ``status``: ``ok`` (payload is the value), ``error`` (the function raised;
         payload is the pickled exception or None), ``retry`` (the worker could not run
         it; requeue without blaming the task)."""
         lease = self.leases.get(task_id)
         if lease is None or lease.lease_id != lease_id:
             raise StaleLease(task_id)
-        w = self.workers.get(lease.worker_id)
+        w, now = self.workers.get(lease.worker_id), self.clock()
+        cost, ran = self.task_cost.get(task_id, 1.0), views.ran_in_slot(w, lease, now)
         if w:
-            w.last_seen = self.clock()
+            w.last_seen = now
+            if lease.slot is not None:  # (its next queued grant starts now)
+                w.slot_free_at[lease.slot] = now
         state = "done" if status == "ok" else "failed"
-        cost = self.task_cost.get(task_id, 1.0)
         try:
             # The store first: when it cannot write the result (or the re-queue), nothing
             # here changed (the lease holds, so the worker's next post of it is accepted).
@@ -558,7 +559,7 @@ class Coordinator(Journalled):
                     return lease.worker_id if w and w.alive else None
             if status == "error" and requeue.retry_failed(self, lease, error):
                 return lease.worker_id if w and w.alive else None
-            self._finalize(lease.job_id, task_id, state, error, payload, worker_id=lease.worker_id)
+            self._finalize(lease.job_id, task_id, state, error, payload, lease.worker_id, ran)
         except (OSError, sqlite3.Error) as e:
             log.error("task %s: its result could not be stored (%s: %s); the task stays leased",
                       task_id, type(e).__name__, e)
@@ -567,11 +568,10 @@ class Coordinator(Journalled):
         if w:
             w.leases.discard(task_id)
         self._on_rollback(lambda: requeue.relet(self, lease))
-        now = self.clock()
         if status == "ok" and lease.slot is not None:
             job = self.jobs.get(lease.job_id)
             key = (lease.worker_id, lease.slot), (job.fn_hash if job else None) or ""
-            self._once_stored(lambda: self.stats.record(*key, now - lease.granted, cost, now))
+            self._once_stored(lambda: self.stats.record(*key, ran, cost, now))
         if self.on_result is not None:
             on_result = self.on_result
             self._once_stored(lambda: on_result(lease, state, now))
@@ -640,7 +640,7 @@ class Coordinator(Journalled):
             self.idle[wid] = (waiter[0], waiter[1] + 1, waiter[2] + [slot])
 
     def _finalize(self, job_id: str, task_id: str, state: str, error: dict[str, Any] | None,
-                  payload: Any, worker_id: str | None = None) -> None:
+                  payload: Any, worker_id: str | None = None, ran_s: float | None = None) -> None:
         job = self.jobs[job_id]
         if error is not None and worker_id:
             error.setdefault("worker", worker_id)
@@ -651,7 +651,7 @@ class Coordinator(Journalled):
             error["attempt"] = self.task_meta[task_id][1]  # ours, whatever the worker said
         last = job.n_final + 1 >= job.n_tasks and job.state == "active"
         # Stored before anything in memory changes: a write that raises leaves both as they were.
-        self.store.finish(task_id, state, job.next_seq, error, payload, job_id, job_finished=last)
+        self.store.finish(task_id, state, job.next_seq, error, payload, job_id, last, ran_s)
         counts = job.next_seq, job.n_final, job.state
         job.next_seq += 1
         job.n_final += 1

@@ -153,6 +153,9 @@ class Worker:
     wake: asyncio.Event | None = None
     slot_list: list[dict[str, Any]] = field(default_factory=list)  # [{"id", "kind", "gpu"?}]
     views: list[hardware.Slot] | None = None  # slot_views() cache; None when info changed
+    #: Per slot, when its last result came (coordinator clock): a grant queued behind the
+    #: slot's running task starts only then (gpumesh.coordinator.views.ran_in_slot).
+    slot_free_at: dict[int, float] = field(default_factory=dict)
 
     @property
     def hostname(self) -> str | None:

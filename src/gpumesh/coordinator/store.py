@@ -586,22 +586,26 @@ class Store:
                 [(t,) for t in task_ids])
 
     def finish(self, task_id: str, state: str, seq: int, error: dict[str, Any] | None,
-               result: Chunk | Incoming | None, job_id: str, job_finished: bool = False) -> None:
+               result: Chunk | Incoming | None, job_id: str, job_finished: bool = False,
+               ran_s: float | None = None) -> None:
         """Record a final result (value or failure). ``state`` is 'done', 'failed' or
         'cancelled'. ``result`` may be a finished :class:`Incoming` file (adopted).
         ``job_finished``: it is the job's last one; the job's state becomes 'finished' in
-        the same write. All or nothing: when it raises (``OSError`` writing the payload,
+        the same write. ``ran_s``: the seconds it ran, not counting a wait in its slot
+        behind another task (a queued grant): ``started`` becomes ``finished - ran_s``,
+        and :meth:`usage` counts only those seconds. All or nothing: when it raises (``OSError`` writing the payload,
         ``sqlite3.Error``) no row changed and no payload file of it is left."""
         inline, fname = (None, None)
         if result is not None:
             inline, fname = self._store_payload(f"results/{job_id}/{task_id}", result)
         try:
+            now = time.time()
             with self._tx() if job_finished else contextlib.nullcontext():
                 self.db.execute(
                     "UPDATE tasks SET state=?, seq=?, error=?, result=?, result_file=?, finished=?,"
-                    " lease_id=NULL WHERE id=?",
-                    (state, seq, json.dumps(error) if error else None, inline, fname, time.time(),
-                     task_id))
+                    " started=COALESCE(?, started), lease_id=NULL WHERE id=?",
+                    (state, seq, json.dumps(error) if error else None, inline, fname, now,
+                     None if ran_s is None else now - ran_s, task_id))
                 if job_finished:
                     self.set_job_state(job_id, "finished")
         except BaseException:

@@ -10,13 +10,40 @@ which the routes, the dashboard and the tests call; a results page reads
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .. import availability, hardware
-from .model import Job, Worker
+from .model import Job, Lease, Worker
 
 if TYPE_CHECKING:  # core imports this module: no import of core at run time
     from .core import Coordinator
+
+
+def running_leases(leases: Iterable[Lease]) -> list[Lease]:
+    """The leases whose tasks are running: in each worker slot the one granted first; the
+    others are queued behind it in that slot (``Coordinator.grant_queued``) and have not
+    started. A lease whose slot is unknown (recovered after a restart) counts as running."""
+    first: dict[tuple[str, int], Lease] = {}
+    out = []
+    for lease in leases:
+        if lease.slot is None:
+            out.append(lease)
+            continue
+        held = first.setdefault((lease.worker_id, lease.slot), lease)
+        if lease.granted < held.granted:
+            first[(lease.worker_id, lease.slot)] = lease
+    return out + list(first.values())
+
+
+def ran_in_slot(w: Worker | None, lease: Lease, now: float) -> float:
+    """Seconds the task of ``lease`` ran, its result coming at ``now`` (coordinator
+    clock): from its grant, or, for a grant queued behind another task in its slot, from
+    that slot's previous result (``Worker.slot_free_at``), not counting the wait."""
+    start = lease.granted
+    if w is not None and lease.slot is not None:
+        start = max(start, w.slot_free_at.get(lease.slot, start))
+    return max(0.0, now - start)
 
 
 def worker_view(coord: Coordinator, w: Worker) -> dict[str, Any]:
