@@ -565,8 +565,9 @@ class Executor:
             for fd in fds:
                 os.close(fd)
         info = json.loads(meta)
-        if pending.killed_for:
-            return self._killed_outcome(pending)
+        # A whole answer stands even if a kill came meanwhile: the function returned, and
+        # a task handed back for its owner (pause --now) must not run to completion twice
+        # (a cancelled job's coordinator refuses the post; a timeout never gets here).
         pending.answered = True
         self._preload(host, info.get("imports"), info.get("path"))
         handoff_file = info.get("handoff_file")

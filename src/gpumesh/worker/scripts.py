@@ -172,7 +172,7 @@ def run(script_path: str, payload: bytes, timeout: float | None, out: str, err: 
             procs.kill_tree(proc.pid)  # nothing the script started outlives its task
             if watch is not None:
                 watch(proc.pid, False)
-        if pending.killed_for:
+        if pending.killed_for and code != 0:  # (a script that had ended on its own stands)
             return Outcome("error", {"kind": pending.killed_for, "type": "Cancelled",
                                      "message": f"the task was {pending.killed_for}"})
         if code < 0:

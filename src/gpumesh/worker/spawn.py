@@ -394,9 +394,7 @@ class SpawnExecutor(Executor):
                                      "message": timeout_message(timeout)})
         except (EOFError, OSError):
             return self._lost(child, pending, None)
-        if pending.killed_for:
-            return self._killed_outcome(pending)
-        info = json.loads(meta)
+        info = json.loads(meta)  # (whole: it stands even if a kill came meanwhile, as forked)
         self._learn(child.fn_hash, info.get("imports"), info.get("path"))
         handoff_file = info.get("handoff_file")
         return Outcome(info["status"], info.get("error"), payload if payload else None,
