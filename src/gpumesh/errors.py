@@ -155,8 +155,9 @@ class TaskTimeout(MeshError, TimeoutError):
 class StartFailed(MeshError, RuntimeError):
     """``GPUMesh.start_coordinator`` or ``GPUMesh.add_worker`` started ``gpumesh serve``
     or ``join`` and it exited or did not come up in time (a port or data directory in use,
-    say); the message ends with the process's own words. Also a ``RuntimeError``, which
-    these raised before it existed."""
+    say); the message gives the process's own last words and ends with the path of its
+    log file, which is kept. Also a ``RuntimeError``, which these raised before it
+    existed."""
 
 
 class RemoteTraceback(Exception):

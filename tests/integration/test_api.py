@@ -701,6 +701,17 @@ def test_install_then_bare_accelerate(client, monkeypatch):
 
     assert where2.map([1, 2]) == [0, 1]
     assert where.mesh is client
+
+    from gpumesh import mesh  # bare @mesh too: the installed mesh, not the saved config
+
+    @mesh
+    def where3(x):
+        import os as _os
+        return x + 1, _os.getpid()
+
+    value, pid = where3(41)
+    assert value == 42 and pid != os.getpid()
+    assert where3.mesh is client
     with pytest.raises(TypeError):
         accelerate.install("http://127.0.0.1:1")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -87,6 +88,7 @@ def test_start_coordinator_on_a_locked_data_dir_raises_a_mesh_error(make_mesh, m
     from gpumesh import GPUMesh, MeshError, StartFailed
     m = make_mesh()
     monkeypatch.setenv("GPUMESH_CONFIG", str(m.root / "other-config.json"))
+    monkeypatch.setattr(tempfile, "tempdir", str(m.root))  # (its kept log: not in /tmp)
     with pytest.raises(MeshError) as e:
         GPUMesh.start_coordinator(port=free_port(), token=m.token, self_worker=False,
                                   data_dir=str(m.root / "data"))

@@ -49,7 +49,7 @@ def test_coordinator_serves_its_own_wheel_without_a_token(make_mesh):
     zf = zipfile.ZipFile(io.BytesIO(r.content))
     names = set(zf.namelist())
     info = f"gpumesh-{__version__}.dist-info"
-    assert {"gpumesh/__init__.py", "gpumesh/coordinator/dist.py", f"{info}/METADATA",
+    assert {"gpumesh/__init__.py", "gpumesh/coordinator/dist.py", "gpumesh/py.typed", f"{info}/METADATA",
             f"{info}/WHEEL", f"{info}/RECORD", f"{info}/entry_points.txt"} <= names
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
     # exactly the code this process runs

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -113,6 +114,8 @@ def test_start_coordinator_on_a_busy_port_fails_naming_it_and_starts_nothing(tmp
         # answer of the other is not taken for ours: ours fails to bind, and says so.
         from gpumesh.client import processes
         monkeypatch.setattr(processes, "_port_in_use", lambda host, port: None)
+        # (the failed start's log is kept: here, not in /tmp)
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
         with pytest.raises(StartFailed, match=rf"exited with code 1: .*port {other.port} is "
                                               r"already in use"):
             GPUMesh.start_coordinator(port=other.port, data_dir=str(tmp_path / "mine"),

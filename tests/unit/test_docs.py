@@ -126,3 +126,41 @@ def test_the_readme_docker_recipe_joins_the_coordinator_at_an_address_it_has():
     assert f"docker build -t {tag} ." in header
     assert "docker build -t gpumesh ." not in header
     assert f"image: ${{GPUMESH_IMAGE:-{tag}}}" in (ROOT / "docker-compose.yaml").read_text()
+
+
+def _help_texts():
+    """``(command path, help text)`` of ``gpumesh`` and every command and subcommand."""
+    import click
+
+    from gpumesh.cli import main
+
+    todo = [(("gpumesh",), main, None)]
+    while todo:
+        path, cmd, parent = todo.pop()
+        ctx = click.Context(cmd, info_name=path[-1], parent=parent)
+        yield " ".join(path), cmd.get_help(ctx)
+        if isinstance(cmd, click.Group):
+            todo += [((*path, name), sub, ctx) for name, sub in cmd.commands.items()]
+
+
+def test_the_cli_help_says_where_the_documents_it_names_are():
+    # An installed user has the wheel, which holds no docs/: a help text that names a
+    # document says it is in the source tree (and the sdist, which ships docs/:
+    # tests/integration/test_distribution.py), and the document exists.
+    named = 0
+    for command, text in _help_texts():
+        flat = " ".join(text.split())
+        for m in re.finditer(r"docs/[\w.-]+\.md", flat):
+            named += 1
+            assert (ROOT / m.group(0)).is_file(), (command, m.group(0))
+            assert "source tree" in flat[m.end():m.end() + 60], (command, flat[m.start():m.end() + 60])
+    assert named >= 2  # gpumesh --help (docs/cli.md) and join --help (docs/owner.md)
+
+
+def test_the_help_gives_the_data_dir_and_worker_toml_places_inline():
+    texts = dict(_help_texts())
+    serve, join = " ".join(texts["gpumesh serve"].split()), " ".join(texts["gpumesh join"].split())
+    for text in (serve, join):
+        assert "~/Library/Application Support/gpumesh" in text and "%LOCALAPPDATA%\\gpumesh" in text
+    assert "[default: ~/.gpumesh; on macOS" in serve
+    assert "~/.gpumesh/worker.toml" in join and "named as the flags with _ for -" in join

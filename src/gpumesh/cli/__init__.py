@@ -27,7 +27,9 @@ def main(verbose: int, log_json: bool, no_color: bool) -> None:
     """gpumesh: pool the CPUs and GPUs of a few machines into one compute mesh.
 
     Exit codes: 0 success, 1 failure (an error, a failed task, an unknown job),
-    2 usage error (a bad flag or argument). Full reference: docs/cli.md.
+    2 usage error (a bad flag or argument). Each command's flags: gpumesh COMMAND
+    --help. The full reference (every command, flag and environment variable) is
+    docs/cli.md in the gpumesh source tree and its sdist (not in the installed wheel).
     """
     from .. import logs
     from ..winplat import safe_streams

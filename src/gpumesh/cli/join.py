@@ -57,8 +57,12 @@ def join(url, token, slots, fingerprint, runtime, allow_installs, **owner_flags)
     Without URL, looks for coordinators on the LAN for a few seconds (mDNS, as
     `gpumesh radar` does) and joins the one found; several or none is an error.
 
-    What is shared, when, and when the machine's owner comes first: the flags below or
-    ~/.gpumesh/worker.toml (docs/owner.md); `gpumesh pause` / `resume` at any time."""
+    What is shared, when, and when the machine's owner comes first: the flags below, or
+    the same settings kept in ~/.gpumesh/worker.toml (on macOS in ~/Library/Application
+    Support/gpumesh, on Windows in %LOCALAPPDATA%\\gpumesh), named as the flags with _
+    for - (cpu_slots = 2, hours = ["mon-fri 19:00-23:30"]); a flag wins over the file,
+    which must be yours and writable by no one else. `gpumesh pause` / `resume` at any
+    time. More in docs/owner.md, in the gpumesh source tree and its sdist."""
     from ..worker.agent import WorkerAgent
     from ..worker.device import detect
     from ..worker.procs import choose_runtime

@@ -193,7 +193,9 @@ def _answers(url: str, fingerprint: str | None) -> bool:
               help="Token callers and workers must present [default: $GPUMESH_TOKEN, else the one the "
                    "saved config holds for this URL, else a new one].")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where jobs, tasks and results are stored [default: ~/.gpumesh; see docs/cli.md on macOS/Windows].")
+              help="Where jobs, tasks and results are stored [default: ~/.gpumesh; on macOS "
+                   "~/Library/Application Support/gpumesh, on Windows %LOCALAPPDATA%\\gpumesh, "
+                   "unless an older ~/.gpumesh there holds a job store].")
 @click.option("--no-self-worker", is_flag=True, help="Do not join this machine as a worker [default: it joins].")
 @click.option("--slots", type=click.IntRange(1, 1024), default=1, show_default=True,
               help="Tasks the self-worker runs at once.")

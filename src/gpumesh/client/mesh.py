@@ -416,27 +416,42 @@ class GPUMesh:
 
     @staticmethod
     def start_coordinator(port: int = 8000, token: str | None = None, host: str = "127.0.0.1",
-                          data_dir: str | None = None, self_worker: bool = True):
+                          data_dir: str | None = None, self_worker: bool = True,
+                          detach: bool = False):
         """Start ``gpumesh serve`` in a background process and return once it answers.
 
         Returns a :class:`~gpumesh.client.processes.CoordinatorHandle` (``.url``,
-        ``.token``, ``.stop()``; also a context manager). Without ``token``: the one this
-        process gave the coordinator at this URL before, else the one the saved config
-        holds for it (as ``gpumesh serve`` does), else a new one. The saved config is
-        never written (``serve --no-save-config``): callers of it pass its ``.url`` and
-        ``.token``. Raises :class:`~gpumesh.errors.StartFailed` (a ``MeshError`` and a
-        ``RuntimeError``) with the server's own message if it fails to start, and, naming
-        the port and starting nothing, when something already listens on it.
+        ``.token``, ``.stop()``, ``.process``, ``.log_path``; also a context manager that
+        stops it). Without ``token``: the one this process gave the coordinator at this
+        URL before, else the one the saved config holds for it (as ``gpumesh serve``
+        does), else a new one. The saved config is never written (``serve
+        --no-save-config``): callers of it pass its ``.url`` and ``.token``. Raises
+        :class:`~gpumesh.errors.StartFailed` (a ``MeshError`` and a ``RuntimeError``) with
+        the server's own message and its log file's path if it fails to start, and,
+        naming the port and starting nothing, when something already listens on it.
+
+        The coordinator (with its self-worker) is this program's: ``stop()``, the end of
+        a ``with`` block, or else this program's exit stops it. ``detach=True`` leaves it
+        running after the program ends (stop it by its PID, ``.process.pid``). Its output
+        goes to ``gpumesh-coordinator-*.log`` in the temporary directory (``$TMPDIR``,
+        else ``/tmp``; ``.log_path``), removed once it stopped cleanly and kept when it
+        failed, exited with an error or is detached.
         """
         from .processes import start_coordinator
         return start_coordinator(port=port, token=token, host=host, data_dir=data_dir,
-                                 self_worker=self_worker)
+                                 self_worker=self_worker, detach=detach)
 
     @staticmethod
-    def add_worker(url: str, token: str | None = None, slots: int = 1):
+    def add_worker(url: str, token: str | None = None, slots: int = 1, detach: bool = False):
         """Start ``gpumesh join url`` in a background process; returns the new worker's
-        description (a dict as in :meth:`workers`, with ``.stop()``) once registered.
-        Raises :class:`~gpumesh.errors.StartFailed` with the worker's own message if it
-        exits or does not register in time."""
+        description (a dict as in :meth:`workers`, with ``.stop()``, ``.process`` and
+        ``.log_path``; also a context manager that stops it) once registered. Raises
+        :class:`~gpumesh.errors.StartFailed` with the worker's own message and its log
+        file's path if it exits or does not register in time.
+
+        As for :meth:`start_coordinator`: stopped by ``stop()``, a ``with`` block's end or
+        this program's exit unless ``detach=True``; its output goes to
+        ``gpumesh-worker-*.log`` in the temporary directory, removed once it stopped
+        cleanly."""
         from .processes import add_worker
-        return add_worker(url, token=token, slots=slots)
+        return add_worker(url, token=token, slots=slots, detach=detach)

@@ -2,19 +2,38 @@
 
 Both run the real CLI (``python -m gpumesh serve|join``) so they behave exactly as the
 commands do; the token travels in the environment, never on the command line.
+
+They belong to the program that started them, as a Ray ``ray.init()`` cluster or a Dask
+``LocalCluster`` does: ``stop()``, the end of a ``with`` block, or else this program's
+exit (an :mod:`atexit` hook) stops them, workers first. ``detach=True`` keeps one running
+after the program ends (it is then stopped by its PID, ``handle.process.pid``). Python
+runs no atexit hook when the program is killed by a signal it does not handle (SIGKILL,
+SIGTERM without a handler) or leaves through ``os._exit``: processes started then are
+left running.
+
+Each one's output goes to a log file in the temporary directory
+(``tempfile.gettempdir()``: ``$TMPDIR``, else ``/tmp``), ``gpumesh-coordinator-*.log`` or
+``gpumesh-worker-*.log``, named by ``handle.log_path``. It is removed once the process
+stopped cleanly (exit code 0); it is kept, and named, when the process fails to start
+(in the :class:`~gpumesh.errors.StartFailed`), exits with an error or has to be killed,
+and while a detached process runs.
 """
 
 from __future__ import annotations
 
+import atexit
 import errno
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import TypeVar
 
 from .. import config, protocol
 from ..errors import MeshError, StartFailed
@@ -23,26 +42,49 @@ from ..transport import Transport
 START_TIMEOUT_S = 30.0
 #: The first line of ``gpumesh serve``'s banner, printed once it holds its port.
 LISTENING = "[OK] Coordinator listening on "
+#: The line ``gpumesh join`` prints once registered, with the worker's id.
+JOINED = re.compile(r"^\[worker\] joined mesh as (\S+)$", re.M)
 
 #: The token each coordinator this process started was given (by URL): started again
 #: without one, it keeps it (the saved config is not written for them).
 _tokens: dict[str, str] = {}
 
 
+#: The processes this program started and has not stopped, but for detached ones: the
+#: atexit hook stops them (newest first: workers before their coordinator).
+_owned: list[_Process] = []
+_owned_lock = threading.Lock()
+_hook_registered = False
+
+_P = TypeVar("_P", bound="_Process")
+
+
 class _Process:
-    def __init__(self, proc: subprocess.Popen, log_path: Path):
+    def __init__(self, proc: subprocess.Popen, log_path: Path, detach: bool = False):
         self.process = proc
         self.log_path = log_path
+        self.owner = os.getpid()  # (the process that started it)
+        self.detach = False
+        _own(self)
+        if detach:
+            self._detach()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Ctrl+C the process (it shuts down cleanly), then kill it if it lingers."""
+        """Ctrl+C the process (it shuts down cleanly), then kill it (and what it started)
+        if it lingers. Its log file is removed if it exited with code 0, else kept
+        (``log_path``)."""
+        self._end(timeout)
+        if self.process.returncode == 0:
+            _remove(self.log_path)
+
+    def _end(self, timeout: float = 10.0) -> None:
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
             try:
+                self.process.send_signal(signal.SIGINT)
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                _kill(self.process)
+        _disown(self)
 
     def log_tail(self, n: int = 4000) -> str:
         try:
@@ -50,40 +92,106 @@ class _Process:
         except OSError:
             return ""
 
+    def _failed(self, what: str) -> StartFailed:
+        """Stop the process if it still runs (keeping its log) and the StartFailed that
+        ends with its last output and names the log file."""
+        self._end()
+        return StartFailed(f"{what}: {self.log_tail()}\n(its whole log: {self.log_path})")
 
-class CoordinatorHandle(_Process):
-    """A running coordinator: ``url``, ``token``, ``stop()``; usable with ``with``."""
+    def _detach(self) -> None:
+        """Leave it running when this program exits (its log too)."""
+        self.detach = True
+        _disown(self)
 
-    def __init__(self, proc, log_path, url: str, token: str):
-        super().__init__(proc, log_path)
-        self.url, self.token = url, token
-
-    def __enter__(self) -> CoordinatorHandle:
+    def __enter__(self: _P) -> _P:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
-class WorkerHandle(dict, _Process):
-    """A worker's description (as in ``GPUMesh.workers()``) that can also ``stop()``."""
+def _own(p: _Process) -> None:
+    global _hook_registered
+    with _owned_lock:
+        _owned.append(p)
+        if not _hook_registered:
+            atexit.register(_stop_owned)
+            _hook_registered = True
 
-    def __init__(self, info: dict, proc, log_path):
+
+def _disown(p: _Process) -> None:
+    with _owned_lock:
+        for i, q in enumerate(_owned):
+            if q is p:  # (by identity: a WorkerHandle is a dict, equal to any like it)
+                del _owned[i]
+                break
+
+
+def _stop_owned() -> None:
+    """The atexit hook: stop what this program started and still runs, newest first.
+    (Not in a child this program forked, which inherits the list and the hook: those
+    processes are not its children.)"""
+    while True:
+        with _owned_lock:
+            if not _owned or _owned[-1].owner != os.getpid():
+                return
+            p = _owned[-1]
+        try:
+            p.stop()
+        except Exception:  # noqa: BLE001 - the others are still stopped
+            _disown(p)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc`` and its process group (a coordinator's self-worker with it)."""
+    try:
+        if os.name != "nt":
+            os.killpg(proc.pid, signal.SIGKILL)  # (its own group: start_new_session)
+        else:
+            proc.kill()
+    except OSError:
+        pass
+    proc.wait()
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+class CoordinatorHandle(_Process):
+    """A running coordinator: ``url``, ``token``, ``stop()``, ``process``, ``log_path``;
+    usable with ``with`` (stopped at its end)."""
+
+    def __init__(self, proc: subprocess.Popen, log_path: Path, url: str, token: str,
+                 detach: bool = False):
+        super().__init__(proc, log_path, detach)
+        self.url, self.token = url, token
+
+
+class WorkerHandle(dict, _Process):
+    """A worker's description (as in ``GPUMesh.workers()``) that can also ``stop()``;
+    ``process``, ``log_path``; usable with ``with`` (stopped at its end)."""
+
+    def __init__(self, info: dict, proc: subprocess.Popen, log_path: Path, detach: bool = False):
         dict.__init__(self, info)
-        _Process.__init__(self, proc, log_path)
+        _Process.__init__(self, proc, log_path, detach)
 
 
 def _spawn(args: list[str], env: dict, name: str) -> tuple[subprocess.Popen, Path]:
-    log_path = Path(tempfile.mkstemp(prefix=f"gpumesh-{name}-", suffix=".log")[1])
-    with open(log_path, "wb") as log:
+    fd, path = tempfile.mkstemp(prefix=f"gpumesh-{name}-", suffix=".log")
+    with open(fd, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "gpumesh", *args], env=env,
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
-    return proc, log_path
+    return proc, Path(path)
 
 
 def start_coordinator(port: int = 8000, token: str | None = None, host: str = "127.0.0.1",
-                      data_dir: str | None = None, self_worker: bool = True) -> CoordinatorHandle:
+                      data_dir: str | None = None, self_worker: bool = True,
+                      detach: bool = False) -> CoordinatorHandle:
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     # A restart keeps the token its workers joined with: the one this process gave it
     # before, else the one the saved config holds for this URL (as ``gpumesh serve``).
@@ -102,24 +210,31 @@ def start_coordinator(port: int = 8000, token: str | None = None, host: str = "1
     if busy:
         raise StartFailed(busy)
     proc, log_path = _spawn(args, dict(env, PYTHONUNBUFFERED="1"), "coordinator")
-    handle = CoordinatorHandle(proc, log_path, url, token)
+    handle = CoordinatorHandle(proc, log_path, url, token)  # (owned until it is up)
     probe = Transport(url, None)
     deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise StartFailed(f"the coordinator exited with code {proc.returncode}: {handle.log_tail()}")
-        # Ours answers only once it printed its banner (after it bound the port): a health
-        # answer before that comes from whoever took the port meanwhile.
-        if LISTENING in handle.log_tail(1 << 20):
-            try:
-                probe.request("GET", protocol.HEALTH, timeout=1)
-                _tokens[url] = token
-                return handle
-            except MeshError:
-                pass
-        time.sleep(0.05)
-    handle.stop()
-    raise StartFailed(f"the coordinator did not answer within {START_TIMEOUT_S:.0f}s: {handle.log_tail()}")
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise handle._failed(f"the coordinator exited with code {proc.returncode}")
+            # Ours answers only once it printed its banner (after it bound the port): a
+            # health answer before that comes from whoever took the port meanwhile.
+            if LISTENING in handle.log_tail(1 << 20):
+                try:
+                    probe.request("GET", protocol.HEALTH, timeout=1)
+                    _tokens[url] = token
+                    if detach:
+                        handle._detach()
+                    return handle
+                except MeshError:
+                    pass
+            time.sleep(0.05)
+    except BaseException:  # (Ctrl+C while waiting, say): nothing is left running
+        if proc.poll() is None:
+            _kill(proc)
+        _disown(handle)
+        raise
+    raise handle._failed(f"the coordinator did not answer within {START_TIMEOUT_S:.0f}s")
 
 
 def _port_in_use(host: str, port: int) -> str | None:
@@ -140,22 +255,34 @@ def _port_in_use(host: str, port: int) -> str | None:
     return None
 
 
-def add_worker(url: str, token: str | None = None, slots: int = 1) -> WorkerHandle:
+def add_worker(url: str, token: str | None = None, slots: int = 1,
+               detach: bool = False) -> WorkerHandle:
     ep = config.resolve(url, token)
     env = dict(os.environ)
     if ep.token:
         env["GPUMESH_TOKEN"] = ep.token
     http = Transport(ep.url, ep.token, fingerprint=ep.fingerprint)
-    before = {w["id"] for w in http.request("GET", protocol.WORKERS, timeout=10).json()}
-    proc, log_path = _spawn(["join", ep.url, "--slots", str(slots)], env, "worker")
+    http.request("GET", protocol.WORKERS, timeout=10)  # (a wrong URL or token: said now)
+    proc, log_path = _spawn(["join", ep.url, "--slots", str(slots)],
+                            dict(env, PYTHONUNBUFFERED="1"), "worker")
+    starting = _Process(proc, log_path)  # (owned until it registered)
     deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise StartFailed(f"the worker exited with code {proc.returncode}: "
-                               f"{Path(log_path).read_text(errors='replace')[-4000:]}")
-        for w in http.request("GET", protocol.WORKERS, timeout=10).json():
-            if w["id"] not in before and w.get("alive"):
-                return WorkerHandle(w, proc, log_path)
-        time.sleep(0.05)
-    proc.kill()
-    raise StartFailed(f"the worker did not register within {START_TIMEOUT_S:.0f}s")
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise starting._failed(f"the worker exited with code {proc.returncode}")
+            # Ours by the id it printed: not another worker that joined meanwhile (the
+            # self-worker of a coordinator started just before, say).
+            joined = JOINED.search(starting.log_tail(1 << 20))
+            if joined:
+                for w in http.request("GET", protocol.WORKERS, timeout=10).json():
+                    if w["id"] == joined.group(1) and w.get("alive"):
+                        _disown(starting)
+                        return WorkerHandle(w, proc, log_path, detach)
+            time.sleep(0.05)
+    except BaseException:  # (the coordinator stopped answering, Ctrl+C): nothing left running
+        if proc.poll() is None:
+            _kill(proc)
+        _disown(starting)
+        raise
+    raise starting._failed(f"the worker did not register within {START_TIMEOUT_S:.0f}s")

@@ -209,8 +209,11 @@ def _rebuild(fn: Callable, options: dict) -> RemoteFunction:
 class _DefaultMesh:
     """``from gpumesh import mesh``: a bare decorator and a lazily connected GPUMesh.
 
-    Connects on first use from ``$GPUMESH_URL``/``$GPUMESH_TOKEN``, else the saved config.
-    Attribute access (``mesh.workers()``) goes to that GPUMesh.
+    Once the program set a mesh with ``accelerate.install(m)``, that is ``m`` (as for a
+    bare ``@accelerate``), looked up at each call, so functions decorated before the
+    install use it too. Else it connects on first use from ``$GPUMESH_URL``/
+    ``$GPUMESH_TOKEN``, else the saved config. Attribute access (``mesh.workers()``) goes
+    to that GPUMesh.
     """
 
     def __init__(self) -> None:
@@ -218,6 +221,9 @@ class _DefaultMesh:
         self._lock = threading.Lock()
 
     def resolve(self) -> GPUMesh:
+        installed = accelerate._installed
+        if isinstance(installed, GPUMesh):
+            return installed
         with self._lock:
             if self._mesh is None:
                 self._mesh = GPUMesh()
@@ -234,7 +240,8 @@ class _DefaultMesh:
         return getattr(self.resolve(), name)
 
     def __repr__(self) -> str:
-        return "<gpumesh default mesh (from $GPUMESH_URL or ~/.gpumesh/config.json)>"
+        return ("<gpumesh default mesh (accelerate.install()'s, else from $GPUMESH_URL or "
+                "~/.gpumesh/config.json)>")
 
     def __reduce__(self):
         return (_default_mesh, ())
@@ -249,12 +256,16 @@ mesh = _DefaultMesh()
 
 class _Accelerate:
     """``accelerate``: ``@accelerate(mesh, timeout=..)``, ``@accelerate`` and
-    ``accelerate.install(mesh)`` (after which bare ``@accelerate`` uses that mesh)."""
+    ``accelerate.install(mesh)`` (after which bare ``@accelerate``, bare ``@mesh`` and
+    ``from gpumesh import mesh`` use that mesh)."""
 
     def __init__(self) -> None:
         self._installed: GPUMesh | _DefaultMesh | None = None
 
     def install(self, target: GPUMesh) -> None:
+        """Make ``target`` this program's mesh: bare ``@accelerate``, bare ``@mesh`` and
+        ``from gpumesh import mesh`` use it from now on, functions decorated earlier
+        included (``@accelerate(m)`` keeps its own ``m``)."""
         if not isinstance(target, (GPUMesh, _DefaultMesh)):
             raise TypeError(f"accelerate.install() needs a GPUMesh, got {type(target).__name__}")
         self._installed = target
