@@ -94,7 +94,8 @@ def test_detached_processes_outlive_the_script_and_keep_their_logs(tmp_path):
         _, err = script.communicate("\n", timeout=30)
         assert script.returncode == 0, err
         time.sleep(1)
-        assert all(alive(pid) for pid in pids), [p for p in pids if not alive(p)]
+        # (the coordinator and the worker; their children come and go: a join's benchmark)
+        assert all(alive(pid) for pid in pids[:2]), [p for p in pids[:2] if not alive(p)]
         logs = _logs(tmp_path)
         assert len(logs) == 2
         assert {n.split("-")[1] for n in logs} == {"coordinator", "worker"}
