@@ -55,10 +55,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .. import availability
-from ..limits import DAY_S
 from . import people, views
 from .auth import AuthRefused
 from .model import JobReleased, UnknownJob
+from .usage import UsageCache
 
 #: A dashboard session lasts this long (seconds) from sign-in.
 SESSION_TTL_S = 12 * 3600.0
@@ -79,9 +79,6 @@ HEADERS = {
     "referrer-policy": "no-referrer",
     "cache-control": "no-store",
 }
-#: Per-person usage (two queries over the day's and week's finished tasks) is recomputed at
-#: most this often (seconds), however many dashboards poll.
-USAGE_CACHE_S = 5.0
 
 
 @dataclass
@@ -104,16 +101,11 @@ def _refuse(status: int, code: str, message: str) -> JSONResponse:
     return _json({"error": code, "message": message}, status)
 
 
-def routes(coord, auth) -> list[Route]:
+def routes(coord, auth, usage: UsageCache) -> list[Route]:
     """The dashboard's routes for ``coord``, signing in through ``auth`` (the app's
-    :class:`~.auth.Authenticator`)."""
+    :class:`~.auth.Authenticator`); per-person usage from ``usage`` (the app's one
+    :class:`~.usage.UsageCache`, shared with ``/metrics``)."""
     sessions: OrderedDict[str, Session] = OrderedDict()
-    usage_cache: list = [0.0, None]  # [when, (day, week)]
-
-    def usage_now(now: float) -> tuple[dict, dict]:
-        if usage_cache[1] is None or now - usage_cache[0] > USAGE_CACHE_S:
-            usage_cache[:] = [now, (coord.store.usage(now - DAY_S), coord.store.usage(now - 7 * DAY_S))]
-        return usage_cache[1]
 
     def session_of(request: Request) -> Session | None:
         sid = request.cookies.get(COOKIE)
@@ -214,12 +206,13 @@ def routes(coord, auth) -> list[Route]:
 
     async def state(request: Request, s: Session) -> Response:
         now = time.time()
-        day, week = usage_now(now)
-        usage: dict[str, dict] = {}
+        windows = usage.windows()
+        day, week = windows["1d"], windows["7d"]
+        per: dict[str, dict] = {}
 
         def add(source: dict, field: str, pick=lambda v: v) -> None:
             for owner, v in source.items():  # None: jobs from before people, the admin's
-                u = usage.setdefault(owner or people.MAIN_PERSON, dict.fromkeys(
+                u = per.setdefault(owner or people.MAIN_PERSON, dict.fromkeys(
                     ("running", "queued", "gpu_hours_day", "gpu_hours_week", "cpu_hours_day",
                      "cpu_hours_week"), 0))
                 u[field] += pick(v)
@@ -228,7 +221,7 @@ def routes(coord, auth) -> list[Route]:
         for src, span in ((day, "day"), (week, "week")):
             add(src, f"gpu_hours_{span}", lambda v: v["gpu_s"] / 3600)
             add(src, f"cpu_hours_{span}", lambda v: v["cpu_s"] / 3600)
-        usage_rows = [{"person": name, **u} for name, u in sorted(usage.items())]
+        usage_rows = [{"person": name, **u} for name, u in sorted(per.items())]
         return _json({"me": {"name": s.who.name, "role": s.who.role, "csrf": s.csrf},
                       "workers": [_worker(coord, w) for w in coord.workers.values()],
                       "jobs": [_job_summary(coord, row) for row in coord.store.recent_jobs(JOB_LIST)],
