@@ -216,6 +216,33 @@ def test_a_big_jobs_tasks_and_output_page_through_and_filter_by_state(mesh, page
     assert page.dialogs == [] and page.errors == []
 
 
+def test_the_job_list_pages_to_older_jobs(mesh, page, tmp_path):
+    from gpumesh.coordinator import ui
+    admin = mesh.client(output=False)
+    script = tmp_path / "s.py"
+    script.write_text("import json, sys\nprint(json.dumps(json.load(sys.stdin)))\n")
+    made = [admin.submit(f"job {i}", script, [i]) for i in range(ui.JOB_LIST + 3)]
+    newest_first = made[::-1]
+    sign_in(page, mesh.url, mesh.token)
+
+    def listed():
+        return page.eval_on_selector_all("tr.job-row", "rs => rs.map(r => r.dataset.id)")
+    wait_for(lambda: listed() == newest_first[:ui.JOB_LIST], 15, "the newest page")
+    assert page.is_disabled("#jobs-prev") and page.text_content("#jobs-next") == "Older →"
+    page.click("#jobs-next")
+    wait_for(lambda: listed() == newest_first[ui.JOB_LIST:], 10, "the older jobs")
+    assert page.is_disabled("#jobs-next")
+    time.sleep(1.5)  # the page polls on: it stays on the older page
+    assert listed() == newest_first[ui.JOB_LIST:]
+    page.click(f"tr.job-row[data-id='{made[0]}'] a.job-link")  # an old job's page, and back
+    page.wait_for_selector(f"#job[data-id='{made[0]}']")
+    page.go_back()
+    wait_for(lambda: listed() == newest_first[ui.JOB_LIST:], 10, "the older page again")
+    page.click("#jobs-prev")
+    wait_for(lambda: listed() == newest_first[:ui.JOB_LIST], 10, "the newest again")
+    assert page.dialogs == [] and page.errors == []
+
+
 def test_markup_in_job_names_and_hostnames_stays_text(mesh, page, tmp_path):
     admin = mesh.client(output=False)
     script = tmp_path / "s.py"

@@ -418,10 +418,29 @@ class Store:
     def job_exists(self, job_id: str) -> bool:
         return self.db.execute("SELECT 1 FROM jobs WHERE id=?", (job_id,)).fetchone() is not None
 
-    def recent_job_ids(self, limit: int) -> list[str]:
-        """The ids of the ``limit`` newest jobs, newest first."""
-        rows = self.db.execute("SELECT id FROM jobs ORDER BY created DESC LIMIT ?", (limit,))
-        return [r[0] for r in rows.fetchall()]
+    def recent_job_ids(self, limit: int, before: tuple[float, str] | None = None,
+                       owner: str | None = None, state: str | None = None,
+                       unowned: bool = False) -> list[str]:
+        """The ids of the ``limit`` newest jobs, newest first (created, then id): only
+        those older than ``before`` (a job's ``(created, id)``: the next page after it),
+        ``owner``'s (with ``unowned``, also those with no owner: from before people) and
+        in ``state``."""
+        where, args = ["1"], []
+        if before is not None:
+            where.append("(created < ? OR (created = ? AND id < ?))")
+            args += [before[0], before[0], before[1]]
+        if owner is not None:
+            where.append("(owner = ? OR owner IS NULL)" if unowned else "owner = ?")
+            args.append(owner)
+        if state is not None:
+            where.append("state = ?")
+            args.append(state)
+        return [r[0] for r in self.db.execute(f"SELECT id FROM jobs WHERE {' AND '.join(where)}"
+                                              " ORDER BY created DESC, id DESC LIMIT ?", (*args, limit))]
+
+    def job_created(self, job_id: str) -> float | None:
+        row = self.db.execute("SELECT created FROM jobs WHERE id=?", (job_id,)).fetchone()
+        return None if row is None else row[0]
 
     def job_row(self, job_id: str) -> dict[str, Any] | None:
         row = self.db.execute(
@@ -722,9 +741,7 @@ class Store:
 
     def recent_jobs(self, limit: int) -> list[dict[str, Any]]:
         """The ``limit`` most recent jobs as :meth:`job_row` gives them, newest first."""
-        ids = [r[0] for r in self.db.execute(
-            "SELECT id FROM jobs ORDER BY created DESC LIMIT ?", (limit,))]
-        return [row for i in ids if (row := self.job_row(i)) is not None]
+        return [row for i in self.recent_job_ids(limit) if (row := self.job_row(i)) is not None]
 
     def task_state_counts(self) -> dict[str, int]:
         """How many tasks the store holds in each state (one pass over the tasks kept)."""

@@ -10,7 +10,8 @@ Routes (same port and TLS as the API)::
     GET  /ui/static/{file}        app.js, app.css
     POST /ui/login                {"token": ...} -> session cookie + {"name","role","csrf"}
     POST /ui/logout
-    GET  /ui/api/state            pool, recent jobs, per-person usage, who you are
+    GET  /ui/api/state            pool, recent jobs, per-person usage, who you are;
+                                  ?before=JOB_ID: the next (older) page of jobs
     GET  /ui/api/jobs/{id}        one job: its counts and one page of its tasks (state,
                                   worker, duration, attempts): ?state=all|STATE&after=INDEX&limit=N
     GET  /ui/api/jobs/{id}/output what its tasks printed (owner or admin): ?after=INDEX
@@ -66,15 +67,15 @@ from .. import availability
 from . import people, views
 from .auth import AuthRefused
 from .model import HTTPError, JobReleased, UnknownJob
-from .routes.base import query_float
-from .schemas import bad
+from .routes.base import query_choice, query_float
+from .routes.jobs import listed_job_ids
 from .usage import UsageCache
 
 #: A dashboard session lasts this long (seconds) from sign-in.
 SESSION_TTL_S = 12 * 3600.0
 #: Most sessions kept; the oldest are forgotten first.
 MAX_SESSIONS = 10_000
-#: Most jobs the job list shows.
+#: Most jobs one page of the job list shows (older ones: ``?before=`` its last job).
 JOB_LIST = 50
 #: Most bytes of each task's output the job page shows (the tail).
 OUTPUT_TAIL_BYTES = 64 * 1024
@@ -242,9 +243,14 @@ def routes(coord, auth, usage: UsageCache) -> list[Route]:
             add(src, f"gpu_hours_{span}", lambda v: v["gpu_s"] / 3600)
             add(src, f"cpu_hours_{span}", lambda v: v["cpu_s"] / 3600)
         usage_rows = [{"person": name, **u} for name, u in sorted(per.items())]
+        # ?before=JOB_ID (&owner=, &state=): an older page of the list, as GET /v1/jobs
+        rows = [row for jid in listed_job_ids(request, coord, JOB_LIST + 1)
+                if (row := coord.store.job_row(jid)) is not None]
         return _json({"me": {"name": s.who.name, "role": s.who.role, "csrf": s.csrf},
                       "workers": [_worker(coord, w) for w in coord.workers.values()],
-                      "jobs": [_job_summary(coord, row) for row in coord.store.recent_jobs(JOB_LIST)],
+                      "jobs": [_job_summary(coord, row) for row in rows[:JOB_LIST]],
+                      # the cursor of the next (older) page of jobs; None: no older job
+                      "jobs_next": rows[JOB_LIST - 1]["id"] if len(rows) > JOB_LIST else None,
                       "people": usage_rows, "queue_depth": len(coord.queue), "now": now})
 
     async def job(request: Request, s: Session) -> Response:
@@ -252,9 +258,7 @@ def routes(coord, auth, usage: UsageCache) -> list[Route]:
         row = coord.store.job_row(jid)
         if row is None:
             raise UnknownJob(jid)
-        which = request.query_params.get("state", "all")
-        if which not in TASK_FILTERS:
-            raise bad(f"query parameter 'state' must be one of {', '.join(TASK_FILTERS)}")
+        which = query_choice(request, "state", TASK_FILTERS, "all")
         after = int(query_float(request, "after", -1, -1, 1e15))
         limit = int(query_float(request, "limit", TASK_PAGE, 1, TASK_PAGE_MAX))
         view = _job_summary(coord, row)

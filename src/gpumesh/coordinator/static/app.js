@@ -17,6 +17,7 @@ const TASK_STATES = ["pending", "leased", "done", "failed", "cancelled"];
 let taskFilter = "all";
 let taskCursors = [-1];
 let outputCursors = [-1];
+let jobCursors = [""];  // the job list's pages: "" the newest, then ?before= a job id
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -164,7 +165,8 @@ function poolPage(s) {
         el("td", {}, state(j.state)),
         el("td", {}, bar(j.counts, j.n_tasks)),
         el("td", { class: "progress" }, finalOf(j.counts) + "/" + j.n_tasks))))
-      ) : el("p", { class: "muted" }, "No jobs yet."));
+      ) : el("p", { class: "muted" }, jobCursors.length > 1 ? "No older jobs." : "No jobs yet."),
+    pager("jobs", jobCursors, s.jobs_next, c => { jobCursors = c; }, ["← Newer", "Older →"]));
   return [workers, ppl, jobs];
 }
 
@@ -270,13 +272,13 @@ function jobPage(j, out) {
 
 // Previous / next buttons of a paged list: `cursors` are the pages gone through (the
 // last is shown), `next` the cursor of the page after it (null: this is the last).
-function pager(name, cursors, next, set) {
+function pager(name, cursors, next, set, labels = ["← Previous", "Next →"]) {
   if (cursors.length === 1 && (next === null || next === undefined)) return null;
   const prev = el("button", { type: "button", id: name + "-prev", disabled: cursors.length === 1 },
-                  "← Previous");
+                  labels[0]);
   prev.addEventListener("click", () => { set(cursors.slice(0, -1)); tick(); });
   const more = el("button", { type: "button", id: name + "-next",
-                              disabled: next === null || next === undefined }, "Next →");
+                              disabled: next === null || next === undefined }, labels[1]);
   more.addEventListener("click", () => { set([...cursors, next]); tick(); });
   return el("div", { class: "actions pager" }, prev, more);
 }
@@ -289,7 +291,8 @@ async function tick() {
   const view = document.getElementById("view");
   const m = location.hash.match(/^#\/job\/([0-9a-f]{4,64})$/);
   try {
-    const s = await api(BASE + "/ui/api/state");
+    const older = jobCursors[jobCursors.length - 1];
+    const s = await api(BASE + "/ui/api/state" + (older && !m ? "?before=" + older : ""));
     me = s.me; csrf = s.me.csrf;
     document.getElementById("me").textContent = me.name + " (" + me.role + ")";
     document.getElementById("signout").hidden = false;
@@ -309,6 +312,7 @@ async function tick() {
     }
   } catch (e) {
     if (e.message === "signed out") return;
+    if (!m && jobCursors.length > 1) jobCursors = [""];  // (its cursor job was purged: the newest again)
     replace(view, el("p", { class: "error", role: "alert" }, e.message));
   }
   timer = setTimeout(tick, POLL_MS);
