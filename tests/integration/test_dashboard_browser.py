@@ -159,6 +159,90 @@ def test_sign_in_watch_a_job_open_a_traceback_and_cancel(mesh, page, tmp_path):
     assert page.dialogs == [] and page.errors == []
 
 
+def _paged(x):
+    if x % 5 == 0:
+        print(f"printed {x}")
+    if x in (3, 117):
+        raise ValueError(f"no {x}")
+    return x
+
+
+def test_a_big_jobs_tasks_and_output_page_through_and_filter_by_state(mesh, page):
+    from gpumesh import accelerate
+    from gpumesh.coordinator import ui
+    admin = mesh.client(output=False)
+    n = ui.TASK_PAGE + 30
+    accelerate(admin)(_paged).map(range(n), return_exceptions=True)
+    (job,) = [j["id"] for j in admin.jobs() if j["n_tasks"] == n]
+    sign_in(page, mesh.url, mesh.token)
+    page.goto(f"{mesh.url}/ui#/job/{job}")
+    page.wait_for_selector("#tasks-next")
+
+    def indexes():
+        return [int(i) for i in page.eval_on_selector_all(
+            "tr.task-row", "rs => rs.map(r => r.dataset.index)")]
+    assert indexes() == list(range(ui.TASK_PAGE))  # one page, not the whole job
+    assert page.text_content("#tasks-shown") == f"Showing {ui.TASK_PAGE} (#0–#{ui.TASK_PAGE - 1}) of {n}"
+    assert page.is_disabled("#tasks-prev")
+    page.click("#tasks-next")
+    wait_for(lambda: indexes() == list(range(ui.TASK_PAGE, n)), 10, "the second page")
+    assert page.is_disabled("#tasks-next")
+    time.sleep(1.5)  # the page polls on: it stays on the page it was sent to
+    assert indexes() == list(range(ui.TASK_PAGE, n))
+    page.click("#tasks-prev")
+    wait_for(lambda: indexes() == list(range(ui.TASK_PAGE)), 10, "the first page again")
+
+    # the state buttons carry the counts; one picks the failed tasks only
+    labels = page.eval_on_selector_all("#task-filters button", "bs => bs.map(b => b.textContent)")
+    assert labels == [f"all {n}", f"done {n - 2}", "failed 2"]
+    page.click("#task-filters button[data-filter=failed]")
+    wait_for(lambda: indexes() == [3, 117], 10, "the failed tasks")
+    assert page.locator("tr.task-row[data-state=failed]").count() == 2
+    assert page.locator("#tasks-next").count() == 0  # (one page: no pager)
+    page.click("#task-filters button[data-filter=all]")
+    wait_for(lambda: indexes() == list(range(ui.TASK_PAGE)), 10, "every task again")
+
+    # the output of the tasks that printed, a page at a time
+    printers = [i for i in range(n) if i % 5 == 0]
+
+    def printed():
+        return [int(h[1:]) for h in page.eval_on_selector_all("#output h3", "hs => hs.map(h => h.textContent)")]
+    wait_for(lambda: printed() == printers[:ui.OUTPUT_PAGE], 10, "the first output page")
+    assert page.text_content("#output-count") == f" ({len(printers)} tasks printed)"
+    page.click("#output-next")
+    wait_for(lambda: printed() == printers[ui.OUTPUT_PAGE:], 10, "the second output page")
+    assert "printed 125" in page.text_content("#output")
+    shot(page, "dashboard-big-job.png")
+    assert page.dialogs == [] and page.errors == []
+
+
+def test_the_job_list_pages_to_older_jobs(mesh, page, tmp_path):
+    from gpumesh.coordinator import ui
+    admin = mesh.client(output=False)
+    script = tmp_path / "s.py"
+    script.write_text("import json, sys\nprint(json.dumps(json.load(sys.stdin)))\n")
+    made = [admin.submit(f"job {i}", script, [i]) for i in range(ui.JOB_LIST + 3)]
+    newest_first = made[::-1]
+    sign_in(page, mesh.url, mesh.token)
+
+    def listed():
+        return page.eval_on_selector_all("tr.job-row", "rs => rs.map(r => r.dataset.id)")
+    wait_for(lambda: listed() == newest_first[:ui.JOB_LIST], 15, "the newest page")
+    assert page.is_disabled("#jobs-prev") and page.text_content("#jobs-next") == "Older →"
+    page.click("#jobs-next")
+    wait_for(lambda: listed() == newest_first[ui.JOB_LIST:], 10, "the older jobs")
+    assert page.is_disabled("#jobs-next")
+    time.sleep(1.5)  # the page polls on: it stays on the older page
+    assert listed() == newest_first[ui.JOB_LIST:]
+    page.click(f"tr.job-row[data-id='{made[0]}'] a.job-link")  # an old job's page, and back
+    page.wait_for_selector(f"#job[data-id='{made[0]}']")
+    page.go_back()
+    wait_for(lambda: listed() == newest_first[ui.JOB_LIST:], 10, "the older page again")
+    page.click("#jobs-prev")
+    wait_for(lambda: listed() == newest_first[:ui.JOB_LIST], 10, "the newest again")
+    assert page.dialogs == [] and page.errors == []
+
+
 def test_markup_in_job_names_and_hostnames_stays_text(mesh, page, tmp_path):
     admin = mesh.client(output=False)
     script = tmp_path / "s.py"

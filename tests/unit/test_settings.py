@@ -46,10 +46,11 @@ def test_values_are_the_ones_the_code_always_had():
 
 def test_the_modules_that_used_twins_now_use_the_one_value():
     from gpumesh import packages
-    from gpumesh.coordinator import metrics, ui
+    from gpumesh.coordinator import metrics, usage
     from gpumesh.worker import device
     assert packages.MAX_PACKAGES is limits.MAX_PACKAGES
-    assert metrics.DAY_S is ui.DAY_S is limits.DAY_S and metrics.MiB == device.MiB == limits.MiB
+    # (the dashboard's and the metrics' usage windows: coordinator/usage.py, their one owner)
+    assert usage.DAY_S is limits.DAY_S and metrics.MiB == device.MiB == limits.MiB
 
 
 def test_unknown_and_non_setting_variables_are_refused_by_setting():

@@ -22,16 +22,22 @@ def _mesh(url, token):
 @endpoint_options
 @click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True,
               help="How many of the most recent jobs to list.")
+@click.option("--before", metavar="JOB_ID",
+              help="Only jobs older than this one: the next page after a listing whose last "
+                   "job it is [default: from the newest].")
+@click.option("--owner", metavar="NAME", help="Only this person's jobs [default: everyone's].")
+@click.option("--state", type=click.Choice(["active", "finished", "cancelled"]),
+              help="Only jobs in this state [default: any].")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
 @one_line_errors
-def jobs(url, token, limit, as_json):
+def jobs(url, token, limit, before, owner, state, as_json):
     """Recent jobs, newest first."""
-    found = _mesh(url, token).jobs(limit=limit)
+    found = _mesh(url, token).jobs(limit=limit, before=before, owner=owner, state=state)
     if as_json:
         click.echo(json.dumps(found, indent=2))
         return
     if not found:
-        click.echo("no jobs yet")
+        click.echo("no older jobs" if before else "no jobs" if owner or state else "no jobs yet")
         return
     rows = [(j["id"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j["created"])),
              j["state"], plural(j["n_tasks"], "task"), counts_line(j["counts"]), j.get("owner") or "-", j["name"])
@@ -40,6 +46,10 @@ def jobs(url, token, limit, as_json):
     widths = [max(len(r[k]) for r in [header, *rows]) for k in range(len(header) - 1)]
     for r in [header, *rows]:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    if len(found) == limit:  # (a full page: there may be older ones)
+        same = "".join(f" --{k} {v}" for k, v in (("limit", limit if limit != 20 else None),
+                                                   ("owner", owner), ("state", state)) if v)
+        click.echo(f"older: gpumesh jobs --before {found[-1]['id']}{same}", err=True)
 
 
 def plural(n: int, noun: str) -> str:

@@ -154,9 +154,16 @@ class GPUMesh:
         """
         return self.http.request("GET", protocol.WORKERS, timeout=10).json()
 
-    def jobs(self, limit: int = 20) -> list[dict]:
-        """The most recent jobs, newest first: ``id, name, kind, state, n_tasks, counts``."""
-        return self.http.request("GET", protocol.JOBS, params={"limit": limit}, timeout=10).json()
+    def jobs(self, limit: int = 20, before: str | None = None, owner: str | None = None,
+             state: str | None = None) -> list[dict]:
+        """The most recent jobs, newest first: ``id, name, kind, state, n_tasks, counts``.
+        ``before``: a job id, for the jobs older than it (the next page: pass the last id
+        of a page; a page shorter than ``limit`` is the last); ``owner``: one person's
+        jobs only; ``state``: ``active``, ``finished`` or ``cancelled`` only."""
+        params: dict = {"limit": limit}
+        params.update({k: v for k, v in (("before", before), ("owner", owner), ("state", state))
+                       if v is not None})
+        return self.http.request("GET", protocol.JOBS, params=params, timeout=10).json()
 
     def status(self, job_id: str) -> dict:
         """One job: ``id, name, kind, state, n_tasks, counts`` (tasks per state),

@@ -124,8 +124,10 @@ def create_app(coord: Coordinator, token: str, *, worker_token: str | None = Non
     eps = ordered()
     routes = [Route(ep.path, endpoint(ep), methods=list(ep.methods)) for ep in eps]
     from . import metrics, ui  # leaves: GET /metrics, the dashboard at /ui
-    routes.append(metrics.route(coord, auth, metrics_token))
-    routes.extend(ui.routes(coord, auth))
+    from .usage import UsageCache
+    usage = UsageCache(coord.store)  # per-person usage: one cached value for both
+    routes.append(metrics.route(coord, auth, usage, metrics_token))
+    routes.extend(ui.routes(coord, auth, usage))
     del metrics_token
 
     @asynccontextmanager

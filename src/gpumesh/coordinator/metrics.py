@@ -29,14 +29,16 @@ with a scrape config and Grafana panels)::
 ``gpumesh_tasks`` counts rows with one ``GROUP BY`` over the tasks the store still keeps
 (retention bounds it): a scrape every 15 s costs milliseconds for tens of thousands of
 tasks. Per-person seconds are gauges over a rolling window, not counters: purged jobs
-leave the window.
+leave the window. They come from the app's one :class:`~.usage.UsageCache`, the one
+the dashboard's People table reads: the query that reads every task finished in the
+week runs at most once per ``USAGE_CACHE_S`` for both, so a figure may be that many
+seconds old.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import time
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
@@ -46,10 +48,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .. import availability
-from ..limits import DAY_S, MiB
+from ..limits import MiB
 from .._version import __version__
 from . import people
 from .auth import AuthRefused
+from .usage import UsageCache
 
 #: Buckets (seconds) for the two latency histograms: from a warm lease on loopback to a
 #: long queue or a long task.
@@ -60,8 +63,8 @@ LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 1
 class _Pool:
     """A prometheus-client collector that reads the coordinator at each scrape."""
 
-    def __init__(self, coord):
-        self.coord = coord
+    def __init__(self, coord, usage: UsageCache):
+        self.coord, self.usage = coord, usage
 
     def describe(self):
         return []  # computed per scrape; no fixed list to check at registration
@@ -137,9 +140,8 @@ class _Pool:
         used = GaugeMetricFamily("gpumesh_person_task_seconds",
                                  "Task seconds of attempts finished in the window, per person",
                                  labels=["person", "device", "window"])
-        now = time.time()
-        for window, span in (("1d", DAY_S), ("7d", 7 * DAY_S)):
-            for owner, u in sorted(coord.store.usage(now - span).items(), key=lambda kv: str(kv[0])):
+        for window, by_owner in self.usage.windows().items():
+            for owner, u in sorted(by_owner.items(), key=lambda kv: str(kv[0])):
                 for device in ("cpu", "gpu"):
                     used.add_metric([owner or people.MAIN_PERSON, device, window], u[f"{device}_s"])
         yield used
@@ -148,10 +150,10 @@ class _Pool:
 class Metrics:
     """The registry of one coordinator's metrics, hooked into ``coord``."""
 
-    def __init__(self, coord):
+    def __init__(self, coord, usage: UsageCache):
         self.coord = coord
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Pool(coord))
+        self.registry.register(_Pool(coord, usage))
         self.lease_wait = Histogram("gpumesh_lease_wait_seconds",
                                     "From a job's submit to each of its tasks' first lease",
                                     buckets=LATENCY_BUCKETS, registry=self.registry)
@@ -180,11 +182,12 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-def route(coord, auth, metrics_token: str | None = None) -> Route:
+def route(coord, auth, usage: UsageCache, metrics_token: str | None = None) -> Route:
     """The ``GET /metrics`` route. ``auth``: the app's :class:`~.auth.Authenticator`;
     ``metrics_token``: a token that may read this route and nothing else (only its
-    SHA-256 is kept)."""
-    metrics = Metrics(coord)
+    SHA-256 is kept); ``usage``: the app's :class:`~.usage.UsageCache` (the dashboard's
+    too)."""
+    metrics = Metrics(coord, usage)
     scrape_digest = hashlib.sha256(metrics_token.encode("utf-8")).digest() if metrics_token else None
 
     async def endpoint(request: Request) -> Response:

@@ -216,8 +216,16 @@ _DOC: dict[str, Any] = {
                                    **_errors(409, 413)}},
             "get": {"operationId": "listJobs",
                     "parameters": [_query("limit", {"type": "integer", "minimum": 1, "maximum": 1000},
-                                          "most jobs to list")],
-                    "responses": {"200": {"description": "jobs, newest first", **_json({"type": "array"})},
+                                          "most jobs to list"),
+                                   _query("before", {"type": "string", "pattern": HEX_ID},
+                                          "a job id: list the jobs older than it (the next page "
+                                          "after a page whose last job it is)"),
+                                   _query("owner", {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$"},
+                                          "only this person's jobs (admin: also those from before people)"),
+                                   _query("state", {"enum": ["active", "finished", "cancelled"]},
+                                          "only jobs in this state")],
+                    "responses": {"200": {"description": "jobs, newest first; a page shorter than "
+                                                         "limit is the last", **_json({"type": "array"})},
                                   **_errors()}},
         },
         protocol.JOB: {"get": {

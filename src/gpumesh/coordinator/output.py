@@ -12,12 +12,20 @@ Each chunk is
   which callers read by cursor together with results (one long-poll wakes for either).
   A caller that falls behind the ring is told how many chunks it missed instead of
   stalling the tasks.
+
+It also knows which tasks of a job printed anything (:meth:`OutputHub.printed`), so the
+dashboard's output panel visits those tasks only, not every task of a big job: the ones
+it saw print, and, once per job and process, those with a log on disk from before a
+restart (their indexes looked up in the store). One entry per task that printed, kept
+until the job's logs are deleted.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,12 +60,18 @@ class OutputHub:
         self.dir = Path(log_dir)
         self._jobs: dict[str, _JobOutput] = {}
         self._sizes: dict[tuple[str, str, str], int] = {}
+        self._printed: dict[str, dict[str, int]] = {}  # job -> {task id: index} that printed
+        self._read_dir: set[str] = set()  # jobs whose log directory _printed includes
 
     def append(self, job_id: str, task_id: str, index: int, worker: str, stream: str,
                data: bytes, attempt: int = 1) -> None:
         if not data or stream not in STREAMS:
             return
         self._to_file(job_id, task_id, stream, data, attempt)
+        if index >= 0:
+            self._printed.setdefault(job_id, {})[task_id] = index
+        else:  # (an index the caller did not know: the next read looks it up)
+            self._read_dir.discard(job_id)
         out = self._jobs.setdefault(job_id, _JobOutput())
         out.ring.append(Chunk(out.next_seq, task_id, index, stream, worker, data))
         out.next_seq += 1
@@ -109,9 +123,30 @@ class OutputHub:
         except OSError:
             return b""
 
+    def printed(self, job_id: str, indexes: Callable[[list[str]], dict[str, int]]) -> dict[str, int]:
+        """``{task_id: index}`` of the job's tasks that printed anything (and have it on
+        disk). The first call for a job also reads its log directory once, for output
+        written before this process started; ``indexes`` maps those task ids to their
+        indexes (the store's). Later calls cost nothing: :meth:`append` keeps it."""
+        known = self._printed.setdefault(job_id, {})
+        if job_id not in self._read_dir:
+            try:
+                with os.scandir(self.dir / job_id) as entries:
+                    names = {e.name.split(".", 1)[0] for e in entries}
+            except OSError:
+                names = set()
+            unknown = [t for t in names if t not in known]
+            if unknown:
+                known.update(indexes(unknown))
+            self._read_dir.add(job_id)
+        return known
+
     def forget(self, job_id: str, files: bool = False) -> None:
-        """Drop a job's live ring (and with ``files`` its logs on disk)."""
+        """Drop a job's live ring (and with ``files`` its logs on disk and the record of
+        which tasks printed)."""
         self._jobs.pop(job_id, None)
         if files:
             shutil.rmtree(self.dir / job_id, ignore_errors=True)
+            self._printed.pop(job_id, None)
+            self._read_dir.discard(job_id)
             self._sizes = {k: v for k, v in self._sizes.items() if k[0] != job_id}

@@ -418,10 +418,29 @@ class Store:
     def job_exists(self, job_id: str) -> bool:
         return self.db.execute("SELECT 1 FROM jobs WHERE id=?", (job_id,)).fetchone() is not None
 
-    def recent_job_ids(self, limit: int) -> list[str]:
-        """The ids of the ``limit`` newest jobs, newest first."""
-        rows = self.db.execute("SELECT id FROM jobs ORDER BY created DESC LIMIT ?", (limit,))
-        return [r[0] for r in rows.fetchall()]
+    def recent_job_ids(self, limit: int, before: tuple[float, str] | None = None,
+                       owner: str | None = None, state: str | None = None,
+                       unowned: bool = False) -> list[str]:
+        """The ids of the ``limit`` newest jobs, newest first (created, then id): only
+        those older than ``before`` (a job's ``(created, id)``: the next page after it),
+        ``owner``'s (with ``unowned``, also those with no owner: from before people) and
+        in ``state``."""
+        where, args = ["1"], []
+        if before is not None:
+            where.append("(created < ? OR (created = ? AND id < ?))")
+            args += [before[0], before[0], before[1]]
+        if owner is not None:
+            where.append("(owner = ? OR owner IS NULL)" if unowned else "owner = ?")
+            args.append(owner)
+        if state is not None:
+            where.append("state = ?")
+            args.append(state)
+        return [r[0] for r in self.db.execute(f"SELECT id FROM jobs WHERE {' AND '.join(where)}"
+                                              " ORDER BY created DESC, id DESC LIMIT ?", (*args, limit))]
+
+    def job_created(self, job_id: str) -> float | None:
+        row = self.db.execute("SELECT created FROM jobs WHERE id=?", (job_id,)).fetchone()
+        return None if row is None else row[0]
 
     def job_row(self, job_id: str) -> dict[str, Any] | None:
         row = self.db.execute(
@@ -677,13 +696,31 @@ class Store:
             yield FinalTask(tid, idx, state, seq, wid, json.loads(err) if err else None,
                             res, rfile, size)
 
-    def task_rows(self, job_id: str) -> list[dict[str, Any]]:
-        rows = self.db.execute(
-            "SELECT id, idx, state, attempts, worker_id, error, cost, history FROM tasks"
-            " WHERE job_id=? ORDER BY idx", (job_id,)).fetchall()
-        keys = ("id", "index", "state", "attempts", "worker_id", "error", "cost", "history")
+    def task_rows(self, job_id: str, ids: list[str] | None = None) -> list[dict[str, Any]]:
+        """The job's tasks (``ids``: only those), in index order."""
+        if ids is None:
+            return self._task_dicts("job_id=? ORDER BY idx", (job_id,))
         out = []
-        for r in rows:
+        for k in range(0, len(ids), ARGS_PER_QUERY):
+            part = ids[k:k + ARGS_PER_QUERY]
+            out += self._task_dicts(f"job_id=? AND id IN ({','.join('?' * len(part))})", (job_id, *part))
+        return sorted(out, key=lambda d: d["index"])
+
+    def task_page(self, job_id: str, after: int, limit: int, state: str | None = None) -> list[dict[str, Any]]:
+        """Up to ``limit`` of the job's tasks with an index above ``after`` (in ``state``
+        only, if given), in index order, as :meth:`task_rows` with ``started`` and
+        ``finished``: a page of a big job through its ``(job_id, idx)`` key."""
+        return self._task_dicts("job_id=? AND idx>?" + (" AND state=?" if state else "") +
+                                " ORDER BY idx LIMIT ?",
+                                (job_id, after, *((state,) if state else ()), limit), times=True)
+
+    def _task_dicts(self, where: str, params: tuple[Any, ...], times: bool = False) -> list[dict[str, Any]]:
+        keys = ("id", "index", "state", "attempts", "worker_id", "error", "cost", "history",
+                *(("started", "finished") if times else ()))
+        out = []
+        for r in self.db.execute(f"SELECT id, idx, state, attempts, worker_id, error, cost, history"
+                                 f"{', started, finished' if times else ''} FROM tasks WHERE {where}",
+                                 params).fetchall():
             d = dict(zip(keys, r))
             d["error"] = json.loads(d["error"]) if d["error"] else None
             d["history"] = _history(d["history"])  # earlier attempts, oldest first
@@ -708,14 +745,7 @@ class Store:
 
     def recent_jobs(self, limit: int) -> list[dict[str, Any]]:
         """The ``limit`` most recent jobs as :meth:`job_row` gives them, newest first."""
-        ids = [r[0] for r in self.db.execute(
-            "SELECT id FROM jobs ORDER BY created DESC LIMIT ?", (limit,))]
-        return [row for i in ids if (row := self.job_row(i)) is not None]
-
-    def task_times(self, job_id: str) -> dict[str, tuple[float | None, float | None]]:
-        """``{task_id: (started, finished)}`` (epoch seconds; None when not yet)."""
-        return {tid: (st, fin) for tid, st, fin in self.db.execute(
-            "SELECT id, started, finished FROM tasks WHERE job_id=?", (job_id,))}
+        return [row for i in self.recent_job_ids(limit) if (row := self.job_row(i)) is not None]
 
     def task_state_counts(self) -> dict[str, int]:
         """How many tasks the store holds in each state (one pass over the tasks kept)."""

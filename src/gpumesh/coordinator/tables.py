@@ -61,6 +61,9 @@ MIGRATIONS = [("jobs", "finished", "REAL"), ("tasks", "history", "TEXT"),
               ("tasks", "started", "REAL"),   # when its current attempt was leased
               ("tasks", "gpu", "INTEGER")]    # 1 when that attempt ran on a GPU slot
 
+#: ``jobs_created`` is the order job listings page in (``GET /v1/jobs?before=``, the
+#: dashboard's older jobs): one entry per job, written once at its submit.
+#:
 #: Every index on ``tasks`` is written by each lease and result of a task: an entry moved
 #: or added, and its page in the commit. So ``tasks`` keeps only the ones a request reads
 #: through: its ``id`` and ``(job_id, idx)`` keys (the schema's) and ``tasks_seq`` (a
@@ -74,6 +77,7 @@ MIGRATIONS = [("jobs", "finished", "REAL"), ("tasks", "history", "TEXT"),
 INDEXES = """
 CREATE INDEX IF NOT EXISTS tasks_seq ON tasks (job_id, seq) WHERE seq IS NOT NULL;
 CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished) WHERE finished IS NOT NULL;
+CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created, id);
 DROP INDEX IF EXISTS tasks_open;
 DROP INDEX IF EXISTS tasks_finished;
 """

@@ -10,9 +10,11 @@ Routes (same port and TLS as the API)::
     GET  /ui/static/{file}        app.js, app.css
     POST /ui/login                {"token": ...} -> session cookie + {"name","role","csrf"}
     POST /ui/logout
-    GET  /ui/api/state            pool, recent jobs, per-person usage, who you are
-    GET  /ui/api/jobs/{id}        one job: tasks with state, worker, duration, attempts
-    GET  /ui/api/jobs/{id}/output what its tasks printed (owner or admin)
+    GET  /ui/api/state            pool, recent jobs, per-person usage, who you are;
+                                  ?before=JOB_ID: the next (older) page of jobs
+    GET  /ui/api/jobs/{id}        one job: its counts and one page of its tasks (state,
+                                  worker, duration, attempts): ?state=all|STATE&after=INDEX&limit=N
+    GET  /ui/api/jobs/{id}/output what its tasks printed (owner or admin): ?after=INDEX
     POST /ui/api/jobs/{id}/cancel (owner or admin; X-CSRF-Token)
     POST /ui/api/jobs/{id}/retry  (owner or admin; X-CSRF-Token)
 
@@ -33,6 +35,12 @@ cross-site form cannot send.
 string (job names, hostnames, output, error text) is ever parsed as HTML. A
 ``Content-Security-Policy`` of ``'self'`` refuses inline script as a second line.
 
+**Big jobs.** The page polls every second, so a poll reads a bounded part of a job:
+its counts (one ``GROUP BY``), one page of :data:`TASK_PAGE` tasks through the
+``(job_id, idx)`` key (``next_after`` is the next page's cursor), and the output of at
+most :data:`OUTPUT_PAGE` of the tasks that printed (:meth:`.output.OutputHub.printed`
+knows which), never every task of the job.
+
 **Who sees what.** Everyone signed in sees the pool, the job list (names, owners, states)
 and per-person usage; a job's error texts, tracebacks and output only its owner or an
 admin (as the API). A ``view`` session has no cancel or retry; a ``worker`` token cannot
@@ -41,6 +49,7 @@ sign in.
 
 from __future__ import annotations
 
+import heapq
 import hmac
 import json
 import secrets
@@ -55,19 +64,29 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .. import availability
-from ..limits import DAY_S
 from . import people, views
 from .auth import AuthRefused
-from .model import JobReleased, UnknownJob
+from .model import HTTPError, JobReleased, UnknownJob
+from .routes.base import query_choice, query_float
+from .routes.jobs import listed_job_ids
+from .usage import UsageCache
 
 #: A dashboard session lasts this long (seconds) from sign-in.
 SESSION_TTL_S = 12 * 3600.0
 #: Most sessions kept; the oldest are forgotten first.
 MAX_SESSIONS = 10_000
-#: Most jobs the job list shows.
+#: Most jobs one page of the job list shows (older ones: ``?before=`` its last job).
 JOB_LIST = 50
 #: Most bytes of each task's output the job page shows (the tail).
 OUTPUT_TAIL_BYTES = 64 * 1024
+#: Tasks in one page of a job's task list (``?limit=`` up to ``TASK_PAGE_MAX``): a poll of
+#: a 20,000-task job reads one page, not every task.
+TASK_PAGE = 100
+TASK_PAGE_MAX = 500
+#: What ``?state=`` may pick on a job's page: every task, or those in one state.
+TASK_FILTERS = ("all", "pending", "leased", "done", "failed", "cancelled")
+#: Tasks whose output one answer of ``/output`` carries (only tasks that printed count).
+OUTPUT_PAGE = 20
 COOKIE = "gpumesh_session"
 STATIC = {"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8",
           "icon.svg": "image/svg+xml"}  # (the page names its icon: no 404 for /favicon.ico)
@@ -79,9 +98,6 @@ HEADERS = {
     "referrer-policy": "no-referrer",
     "cache-control": "no-store",
 }
-#: Per-person usage (two queries over the day's and week's finished tasks) is recomputed at
-#: most this often (seconds), however many dashboards poll.
-USAGE_CACHE_S = 5.0
 
 
 @dataclass
@@ -104,16 +120,11 @@ def _refuse(status: int, code: str, message: str) -> JSONResponse:
     return _json({"error": code, "message": message}, status)
 
 
-def routes(coord, auth) -> list[Route]:
+def routes(coord, auth, usage: UsageCache) -> list[Route]:
     """The dashboard's routes for ``coord``, signing in through ``auth`` (the app's
-    :class:`~.auth.Authenticator`)."""
+    :class:`~.auth.Authenticator`); per-person usage from ``usage`` (the app's one
+    :class:`~.usage.UsageCache`, shared with ``/metrics``)."""
     sessions: OrderedDict[str, Session] = OrderedDict()
-    usage_cache: list = [0.0, None]  # [when, (day, week)]
-
-    def usage_now(now: float) -> tuple[dict, dict]:
-        if usage_cache[1] is None or now - usage_cache[0] > USAGE_CACHE_S:
-            usage_cache[:] = [now, (coord.store.usage(now - DAY_S), coord.store.usage(now - 7 * DAY_S))]
-        return usage_cache[1]
 
     def session_of(request: Request) -> Session | None:
         sid = request.cookies.get(COOKIE)
@@ -160,6 +171,8 @@ def routes(coord, auth) -> list[Route]:
                 return await fn(request, s)
             except UnknownJob as e:
                 return _refuse(404, "unknown_job", f"no such job {e}")
+            except HTTPError as e:  # a query parameter out of bounds (400)
+                return _refuse(e.status, e.code, e.message)
         return endpoint
 
     async def page(request: Request) -> Response:
@@ -214,12 +227,13 @@ def routes(coord, auth) -> list[Route]:
 
     async def state(request: Request, s: Session) -> Response:
         now = time.time()
-        day, week = usage_now(now)
-        usage: dict[str, dict] = {}
+        windows = usage.windows()
+        day, week = windows["1d"], windows["7d"]
+        per: dict[str, dict] = {}
 
         def add(source: dict, field: str, pick=lambda v: v) -> None:
             for owner, v in source.items():  # None: jobs from before people, the admin's
-                u = usage.setdefault(owner or people.MAIN_PERSON, dict.fromkeys(
+                u = per.setdefault(owner or people.MAIN_PERSON, dict.fromkeys(
                     ("running", "queued", "gpu_hours_day", "gpu_hours_week", "cpu_hours_day",
                      "cpu_hours_week"), 0))
                 u[field] += pick(v)
@@ -228,10 +242,15 @@ def routes(coord, auth) -> list[Route]:
         for src, span in ((day, "day"), (week, "week")):
             add(src, f"gpu_hours_{span}", lambda v: v["gpu_s"] / 3600)
             add(src, f"cpu_hours_{span}", lambda v: v["cpu_s"] / 3600)
-        usage_rows = [{"person": name, **u} for name, u in sorted(usage.items())]
+        usage_rows = [{"person": name, **u} for name, u in sorted(per.items())]
+        # ?before=JOB_ID (&owner=, &state=): an older page of the list, as GET /v1/jobs
+        rows = [row for jid in listed_job_ids(request, coord, JOB_LIST + 1)
+                if (row := coord.store.job_row(jid)) is not None]
         return _json({"me": {"name": s.who.name, "role": s.who.role, "csrf": s.csrf},
                       "workers": [_worker(coord, w) for w in coord.workers.values()],
-                      "jobs": [_job_summary(coord, row) for row in coord.store.recent_jobs(JOB_LIST)],
+                      "jobs": [_job_summary(coord, row) for row in rows[:JOB_LIST]],
+                      # the cursor of the next (older) page of jobs; None: no older job
+                      "jobs_next": rows[JOB_LIST - 1]["id"] if len(rows) > JOB_LIST else None,
                       "people": usage_rows, "queue_depth": len(coord.queue), "now": now})
 
     async def job(request: Request, s: Session) -> Response:
@@ -239,13 +258,18 @@ def routes(coord, auth) -> list[Route]:
         row = coord.store.job_row(jid)
         if row is None:
             raise UnknownJob(jid)
+        which = query_choice(request, "state", TASK_FILTERS, "all")
+        after = int(query_float(request, "after", -1, -1, 1e15))
+        limit = int(query_float(request, "limit", TASK_PAGE, 1, TASK_PAGE_MAX))
         view = _job_summary(coord, row)
         mine = s.who.may_touch(row.get("owner"))
-        times = coord.store.task_times(jid)
         hosts = {w.id: w.info.get("hostname", "") for w in coord.workers.values()}
+        state = None if which == "all" else which
+        rows = [] if state and not view["counts"].get(state) else \
+            coord.store.task_page(jid, after, limit + 1, state)
         tasks = []
-        for t in coord.store.task_rows(jid):
-            started, finished = times.get(t["id"], (None, None))
+        for t in rows[:limit]:
+            started, finished = t["started"], t["finished"]
             err = t["error"] if mine else people.error_outline(t["error"])
             tasks.append({"id": t["id"], "index": t["index"], "state": t["state"],
                           "attempts": t["attempts"], "worker": t["worker_id"],
@@ -253,7 +277,10 @@ def routes(coord, auth) -> list[Route]:
                           "duration_s": (finished or time.time()) - started
                           if started and t["state"] != "pending" else None,
                           "error": err})
-        view.update(tasks=tasks, may_read=mine, may_act=mine and s.who.role in people.SUBMIT)
+        # next_after: the cursor of the next page (this one's last index), None at the end
+        view.update(tasks=tasks, page={"state": which, "after": after, "limit": limit,
+                                       "next_after": tasks[-1]["index"] if len(rows) > limit else None},
+                    may_read=mine, may_act=mine and s.who.role in people.SUBMIT)
         return _json(view)
 
     async def output(request: Request, s: Session) -> Response:
@@ -263,8 +290,13 @@ def routes(coord, auth) -> list[Route]:
             raise UnknownJob(jid)
         if not s.who.may_touch(row.get("owner")):
             return _refuse(403, "not_yours", f"job {jid} belongs to {row.get('owner') or 'admin'}")
+        after = int(query_float(request, "after", -1, -1, 1e15))
+        # only the tasks that printed: the hub knows which (not a walk over every task)
+        printed = coord.output.printed(jid, lambda ids: {
+            t["id"]: t["index"] for t in coord.store.task_rows(jid, ids)})
+        page = heapq.nsmallest(OUTPUT_PAGE + 1, ((i, t) for t, i in printed.items() if i > after))
         out = []
-        for t in coord.store.task_rows(jid):
+        for t in coord.store.task_rows(jid, [tid for _, tid in page[:OUTPUT_PAGE]]):
             # every attempt's (a task retried, crashed and re-run, or handed back printed
             # once per run), the last part of each
             attempts = [a for a in views.attempt_logs(coord, jid, t, tail=OUTPUT_TAIL_BYTES)
@@ -272,7 +304,8 @@ def routes(coord, auth) -> list[Route]:
             if attempts:
                 out.append({"index": t["index"], "id": t["id"], "attempts": t["attempts"],
                             "runs": attempts})
-        return _json({"job_id": jid, "tasks": out})
+        return _json({"job_id": jid, "tasks": out, "printed": len(printed), "after": after,
+                      "next_after": page[OUTPUT_PAGE - 1][0] if len(page) > OUTPUT_PAGE else None})
 
     def acting(name: str, act):
         async def fn(request: Request, s: Session) -> Response:

@@ -111,7 +111,8 @@ class EngineMesh(GPUMesh, metaclass=abc.ABCMeta):
         raise EngineCannotExpress(f"{what}() is a native-mesh feature; on {self.engine} use the "
                                   f"engine's own dashboard")
 
-    def jobs(self, limit: int = 20):
+    def jobs(self, limit: int = 20, before: str | None = None, owner: str | None = None,
+             state: str | None = None):
         self._native_only("jobs")
 
     def status(self, job_id: str):

@@ -193,6 +193,16 @@ def query_float(request: Request, name: str, default: float, lo: float, hi: floa
     return v
 
 
+def query_choice(request: Request, name: str, choices: tuple[str, ...], default: str | None) -> str | None:
+    """Query parameter ``name``, one of ``choices`` (``default`` when absent); 400 otherwise."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if raw not in choices:
+        raise bad(f"query parameter {name!r} must be one of {', '.join(choices)}, not {raw[:40]!r}")
+    return raw
+
+
 def owned(request: Request, jid: str, action: str) -> None:
     """Refuse (403 ``not_yours``) unless the caller may ``action`` job ``jid``;
     404 for an unknown job."""

@@ -21,8 +21,8 @@ from ..core import Coordinator
 from ..model import HTTPError, JobReleased, UnknownJob
 from ..schemas import ALIVE_JOBS, JOB_SUBMIT, RELEASE_JOBS, bad, check_id
 from ..store import Incoming
-from .base import (ctx, maps_locked, not_yours, owned, path_id, query_float, route,
-                   until_disconnect, who_of)
+from .base import (ctx, maps_locked, not_yours, owned, path_id, query_choice, query_float,
+                   route, until_disconnect, who_of)
 
 
 @route(protocol.JOBS, ["POST"], action="submit jobs", hot=True)
@@ -88,12 +88,38 @@ async def submit(request: Request) -> Response:
     return results_page(coord, waited, -1, out_after, info, v["handoff"], maps_locked(request))
 
 
+#: What ``GET /v1/jobs?state=`` may pick.
+JOB_STATES = ("active", "finished", "cancelled")
+
+
 @route(protocol.JOBS, ["GET"], action="list jobs", roles=people.READ)
 async def list_jobs(request: Request) -> Response:
     coord = ctx(request).coord
     limit = int(query_float(request, "limit", 20, 1, 1000))
     return JSONResponse([job_view(coord, jid, with_tasks=False)
-                         for jid in coord.store.recent_job_ids(limit)])
+                         for jid in listed_job_ids(request, coord, limit)])
+
+
+def listed_job_ids(request: Request, coord: Coordinator, limit: int) -> list[str]:
+    """The ``limit`` newest jobs' ids that a listing's query picks: ``before=JOB_ID``
+    (the next page: jobs older than that one, the last of the page before), ``owner=NAME``
+    (``admin``: also the jobs from before people), ``state=active|finished|cancelled``.
+    400 for a malformed parameter or a ``before`` job this coordinator does not hold."""
+    q = request.query_params
+    before = None
+    if "before" in q:
+        jid = check_id(q["before"], "query parameter 'before': job id")
+        found = coord.store.job_created(jid)
+        if found is None:
+            raise bad(f"query parameter 'before': no job {jid} here (it may have been purged)")
+        before = (found, jid)
+    owner = q.get("owner")
+    if owner is not None and not people.NAME_RE.match(owner):
+        raise bad(f"query parameter 'owner' must be a person's name (1 to 64 letters, digits "
+                  f"and . _ @ -), not {owner[:80]!r}")
+    state = query_choice(request, "state", JOB_STATES, None)
+    return coord.store.recent_job_ids(limit, before=before, owner=owner, state=state,
+                                      unowned=owner == people.MAIN_PERSON)
 
 
 @route(protocol.JOB, ["GET"], action="read job status", roles=people.READ)

@@ -10,6 +10,14 @@ let csrf = "";
 let me = null;
 let timer = null;
 let openErrors = new Set();   // task ids whose error details are shown
+// A job page shows one page of its tasks (and of its output) at a time: a big job is
+// never sent whole. Each list keeps the cursors of the pages it went through; the last
+// is the one shown ("after" index, -1 for the first page).
+const TASK_STATES = ["pending", "leased", "done", "failed", "cancelled"];
+let taskFilter = "all";
+let taskCursors = [-1];
+let outputCursors = [-1];
+let jobCursors = [""];  // the job list's pages: "" the newest, then ?before= a job id
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -157,7 +165,8 @@ function poolPage(s) {
         el("td", {}, state(j.state)),
         el("td", {}, bar(j.counts, j.n_tasks)),
         el("td", { class: "progress" }, finalOf(j.counts) + "/" + j.n_tasks))))
-      ) : el("p", { class: "muted" }, "No jobs yet."));
+      ) : el("p", { class: "muted" }, jobCursors.length > 1 ? "No older jobs." : "No jobs yet."),
+    pager("jobs", jobCursors, s.jobs_next, c => { jobCursors = c; }, ["← Newer", "Older →"]));
   return [workers, ppl, jobs];
 }
 
@@ -224,11 +233,29 @@ function jobPage(j, out) {
     head.appendChild(buttons);
   }
   head.appendChild(el("p", { id: "action-message", class: "muted", role: "status" }));
-  const tasks = el("section", { id: "tasks" }, el("h2", {}, "Tasks"),
+  // which tasks: all, or those in one state (each button with its count)
+  const filters = el("div", { id: "task-filters", class: "actions" },
+    ["all", ...TASK_STATES].filter(k => k === "all" || k === taskFilter || (j.counts[k] || 0) > 0)
+      .map(k => {
+        const b = el("button", { type: "button", class: "filter" + (k === taskFilter ? " active" : ""),
+                                 "data-filter": k, "aria-pressed": k === taskFilter ? "true" : "false" },
+                     k + " " + (k === "all" ? j.n_tasks : (j.counts[k] || 0)));
+        b.addEventListener("click", () => { taskFilter = k; taskCursors = [-1]; tick(); });
+        return b;
+      }));
+  const shown = j.tasks.length ? "#" + j.tasks[0].index + "–#" + j.tasks[j.tasks.length - 1].index
+                               : "none";
+  const tasks = el("section", { id: "tasks" }, el("h2", {}, "Tasks"), filters,
+    el("p", { id: "tasks-shown", class: "muted" }, "Showing " + j.tasks.length + " (" + shown + ") of " +
+       (taskFilter === "all" ? j.n_tasks : (j.counts[taskFilter] || 0)) +
+       (taskFilter === "all" ? "" : " " + taskFilter)),
     el("table", {}, el("thead", {}, el("tr", {}, ["Task", "State", "Worker", "Duration",
         "Attempts", "Error"].map(h => el("th", {}, h)))),
-      el("tbody", {}, j.tasks.map(t => taskRow(t, j.may_read)))));
-  const output = el("section", { id: "output" }, el("h2", {}, "Output"),
+      el("tbody", {}, j.tasks.map(t => taskRow(t, j.may_read)))),
+    pager("tasks", taskCursors, j.page.next_after, c => { taskCursors = c; }));
+  const output = el("section", { id: "output" },
+    el("h2", {}, "Output", out && out.printed ? el("span", { id: "output-count", class: "muted" },
+       " (" + out.printed + " task" + (out.printed === 1 ? "" : "s") + " printed)") : null),
     !j.may_read ? el("p", { class: "muted" }, "Output is for the job's owner.")
       : (out && out.tasks.length) ? out.tasks.map(t => [
           el("h3", { class: "muted" }, "#" + t.index),
@@ -238,8 +265,22 @@ function jobPage(j, out) {
               (r.hostname || r.worker || "?") + ": " + (r.ended || "?")) : null,
             r.stdout ? el("pre", { class: "stdout" }, r.stdout) : null,
             r.stderr ? el("pre", { class: "stderr" }, r.stderr) : null])])
-      : el("p", { class: "muted" }, "Nothing printed yet."));
+      : el("p", { class: "muted" }, "Nothing printed yet."),
+    out ? pager("output", outputCursors, out.next_after, c => { outputCursors = c; }) : null);
   return [el("p", {}, el("a", { href: "#/" }, "← pool and jobs")), head, tasks, output];
+}
+
+// Previous / next buttons of a paged list: `cursors` are the pages gone through (the
+// last is shown), `next` the cursor of the page after it (null: this is the last).
+function pager(name, cursors, next, set, labels = ["← Previous", "Next →"]) {
+  if (cursors.length === 1 && (next === null || next === undefined)) return null;
+  const prev = el("button", { type: "button", id: name + "-prev", disabled: cursors.length === 1 },
+                  labels[0]);
+  prev.addEventListener("click", () => { set(cursors.slice(0, -1)); tick(); });
+  const more = el("button", { type: "button", id: name + "-next",
+                              disabled: next === null || next === undefined }, labels[1]);
+  more.addEventListener("click", () => { set([...cursors, next]); tick(); });
+  return el("div", { class: "actions pager" }, prev, more);
 }
 
 // ------------------------------------------------------------------ loop -------------
@@ -250,14 +291,18 @@ async function tick() {
   const view = document.getElementById("view");
   const m = location.hash.match(/^#\/job\/([0-9a-f]{4,64})$/);
   try {
-    const s = await api(BASE + "/ui/api/state");
+    const older = jobCursors[jobCursors.length - 1];
+    const s = await api(BASE + "/ui/api/state" + (older && !m ? "?before=" + older : ""));
     me = s.me; csrf = s.me.csrf;
     document.getElementById("me").textContent = me.name + " (" + me.role + ")";
     document.getElementById("signout").hidden = false;
     document.getElementById("signin").hidden = true;
     if (m) {
-      const j = await api(BASE + "/ui/api/jobs/" + m[1]);
-      const out = j.may_read ? await api(BASE + "/ui/api/jobs/" + m[1] + "/output") : null;
+      const at = c => c[c.length - 1];
+      const j = await api(BASE + "/ui/api/jobs/" + m[1] + "?state=" + taskFilter +
+                          "&after=" + at(taskCursors));
+      const out = j.may_read ? await api(BASE + "/ui/api/jobs/" + m[1] + "/output?after=" +
+                                         at(outputCursors)) : null;
       const msg = document.getElementById("action-message");
       const keep = msg ? msg.textContent : "";
       replace(view, jobPage(j, out));
@@ -267,12 +312,17 @@ async function tick() {
     }
   } catch (e) {
     if (e.message === "signed out") return;
+    if (!m && jobCursors.length > 1) jobCursors = [""];  // (its cursor job was purged: the newest again)
     replace(view, el("p", { class: "error", role: "alert" }, e.message));
   }
   timer = setTimeout(tick, POLL_MS);
 }
 
-function route() { openErrors = new Set(); tick(); }
+function route() {
+  openErrors = new Set();
+  taskFilter = "all"; taskCursors = [-1]; outputCursors = [-1];
+  tick();
+}
 
 document.addEventListener("DOMContentLoaded", () => {
   document.getElementById("signin").addEventListener("submit", signin);
