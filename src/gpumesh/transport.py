@@ -434,8 +434,8 @@ def check(resp: Response, url: str, token_sent: bool = True) -> None:
         raise AuthError(f"the coordinator at {url} refused the token ({resp.status_code}: {message}); "
                         "check --token / $GPUMESH_TOKEN")
     if resp.status_code == 403 and code == ErrorCode.FORBIDDEN:  # a good token, another role's job
-        raise AuthError(f"the coordinator at {url} does not allow this: {message} (HTTP 403; "
-                        f"what a token may do is its role's: `gpumesh token list`)")
+        # (the coordinator's text names the action and who can give a token that may)
+        raise AuthError(f"the coordinator at {url} does not allow this: {message} (HTTP 403)")
     if resp.status_code == 429 and code == ErrorCode.LOCKED_OUT:
         raise AuthError(f"the coordinator at {url} refused the token ({message}); "
                         "check --token / $GPUMESH_TOKEN")

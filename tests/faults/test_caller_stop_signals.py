@@ -3,6 +3,7 @@ and the caller still ends by that signal; a program's own handler is left in cha
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -95,7 +96,7 @@ def test_a_stop_signal_cancels_the_callers_job_and_ends_it_by_the_signal(fault_m
     (job,) = m.client(output=False).jobs()
     # one line says so, as Ctrl+C's does
     assert (f"[gpumesh] {signal.Signals(sig).name}: job {job['id']} cancelled on the mesh; "
-            f"its tasks stop there\n") in err.decode(), err.decode()
+            f"its 1 unfinished task(s) stop there\n") in err.decode(), err.decode()
     _assert_cancelled_not_finished(m, started, finished)
 
 
@@ -160,3 +161,93 @@ def test_the_default_disposition_is_back_after_a_call(tmp_path):
                          preexec_fn=default_signals)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["[True,"] + ["True,"] * 5 + ["True]", "3"]
+
+
+def _on_a_pty(argv: list[str], env: dict, until: bytes, sig: int, timeout: float = 60,
+              ready=lambda: True) -> tuple[int, bytes]:
+    """Run ``argv`` with a pseudo-terminal as its stdin, stdout and stderr (as a user's
+    shell would), send it ``sig`` once its output holds ``until`` and ``ready()``;
+    ``(exit status, everything it wrote)``."""
+    import pty
+    import select
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(argv, env=env, stdin=slave, stdout=slave, stderr=slave,
+                            preexec_fn=default_signals, close_fds=True)
+    os.close(slave)
+    out, sent = b"", False
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if not sent and until in out and ready():
+                proc.send_signal(sig)
+                sent = True
+            readable, _, _ = select.select([master], [], [], 0.2)
+            if readable:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: every writer closed the pty
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            elif proc.poll() is not None and sent:
+                break
+        assert sent, f"never saw {until!r}: {out.decode(errors='replace')}"
+        return proc.wait(timeout=15), out
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+HIDE, SHOW = b"\x1b[?25l", b"\x1b[?25h"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_stop_signal_gives_the_terminal_its_cursor_back(fault_mesh, tmp_path, sig):
+    # The .map progress bar hides the cursor while it draws; a caller ended by SIGTERM
+    # or SIGHUP shows it again, as Ctrl+C's unwinding does, before it ends by the signal.
+    # The tasks: the first 3 end at once, the rest wait: the notice counts only those.
+    m = fault_mesh(workers=1, slots=4)
+    script = tmp_path / "bar.py"
+    script.write_text(textwrap.dedent(f"""
+        from gpumesh import GPUMesh, accelerate
+        m = GPUMesh({m.url!r}, token={m.token!r}, output=False)
+
+        @accelerate(m)
+        def work(i):
+            import time
+            if i >= 3:
+                time.sleep(60)
+            return i
+
+        work.map(range(2000))
+    """))
+    def three_done():
+        jobs = m.client(output=False).jobs()
+        return bool(jobs) and jobs[0]["counts"].get("done") == 3
+    status, out = _on_a_pty([sys.executable, str(script)], dict(m.env), HIDE, sig, ready=three_done)
+    text = out.decode(errors="replace")
+    assert status == -sig, text
+    assert out.rfind(SHOW) > out.rfind(HIDE), text  # the cursor is shown after its last hiding
+    (job,) = m.client(output=False).jobs()
+    line = (f"[gpumesh] {signal.Signals(sig).name}: job {job['id']} cancelled on the mesh; its "
+            f"1997 unfinished task(s) stop there (3 of 2000 had already ended)")
+    assert line in text, text
+    assert text.rfind(line) > out.decode(errors="replace").rfind(SHOW.decode())  # below the bar
+    assert job["counts"] == {"done": 3, "cancelled": 1997}, job
+
+
+def test_a_stop_signal_to_submit_wait_gives_the_cursor_back(fault_mesh, tmp_path):
+    # gpumesh submit --wait waits on no job of its own process (the script job runs on,
+    # detached), but its bar hides the cursor all the same
+    m = fault_mesh(workers=1)
+    script = tmp_path / "task.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    payloads = tmp_path / "payloads.json"
+    payloads.write_text("[1, 2, 3]")
+    status, out = _on_a_pty([sys.executable, "-m", "gpumesh", "submit", str(script), "--payloads",
+                             str(payloads), "--wait"], dict(m.env), HIDE, signal.SIGTERM)
+    assert status == -signal.SIGTERM, out.decode(errors="replace")
+    assert out.rfind(SHOW) > out.rfind(HIDE), out.decode(errors="replace")

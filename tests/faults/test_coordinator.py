@@ -79,12 +79,51 @@ def test_keyboard_interrupt_in_the_caller_kills_remote_tasks(fault_mesh, tmp_pat
     # one line says what became of the job (the traceback says only where the caller was)
     said = [line for line in caller.stderr.read().decode().splitlines() if "interrupted" in line]
     assert len(said) == 1 and said[0].startswith("[gpumesh] interrupted: job "), said
-    assert said[0].endswith("cancelled on the mesh; its 4 task(s) stop there"), said
+    assert said[0].endswith("cancelled on the mesh; its 4 unfinished task(s) stop there"), said
     pids = _pids(marker)
     wait_for(lambda: not any(alive(p) for p in pids), 2.0, "the remote tasks to end after Ctrl+C")
     # nothing else of that job runs afterwards
     time.sleep(0.5)
     assert len(_pids(marker)) == 2
+
+
+def test_keyboard_interrupt_counts_only_the_tasks_it_stopped(fault_mesh, tmp_path):
+    # 3 of the 6 tasks end at once: the notice says 3 stop, not "its 6 task(s)"
+    m = fault_mesh(workers=1, slots=3)
+    marker = tmp_path / "pids"
+    script = tmp_path / "caller.py"
+    script.write_text(textwrap.dedent(f"""
+        from gpumesh import GPUMesh, accelerate
+        m = GPUMesh({m.url!r}, token={m.token!r}, output=False)
+
+        @accelerate(m)
+        def some_hang(i):
+            import os, time
+            if i % 2:
+                with open({str(marker)!r}, "a") as fh:
+                    fh.write(f"{{os.getpid()}}\\n")
+                time.sleep(100)
+            return i
+
+        some_hang.map(range(6))
+    """))
+    caller = subprocess.Popen([sys.executable, str(script)], env=dict(m.env), stderr=subprocess.PIPE,
+                              preexec_fn=default_signals)
+    try:
+        wait_for(lambda: len(_pids(marker)) == 3, 20, "the three hanging tasks to start")
+        (job,) = m.client(output=False).jobs()
+        assert job["counts"] == {"done": 3, "leased": 3}, job
+        caller.send_signal(signal.SIGINT)
+        caller.wait(10)
+    finally:
+        if caller.poll() is None:
+            caller.kill()
+            caller.wait()
+    said = [line for line in caller.stderr.read().decode().splitlines() if "interrupted" in line]
+    assert said == [f"[gpumesh] interrupted: job {job['id']} cancelled on the mesh; its 3 "
+                    f"unfinished task(s) stop there (3 of 6 had already ended)"], said
+    (job,) = m.client(output=False).jobs()
+    assert job["counts"] == {"done": 3, "cancelled": 3}, job
 
 
 def test_cancel_a_job_from_python_and_the_cli(fault_mesh, tmp_path):

@@ -84,14 +84,31 @@ def test_serve_restarts_on_a_data_dir_whose_holder_was_killed(make_mesh):
 
 def test_start_coordinator_on_a_locked_data_dir_raises_a_mesh_error(make_mesh, monkeypatch):
     """GPUMesh.start_coordinator failing is a MeshError (StartFailed, still a RuntimeError)
-    that keeps serve's own words; a second coordinator never answers in its place."""
+    in Python's words: the parameter data_dir=, not serve's --data-dir; nothing is started,
+    and a second coordinator never answers in its place."""
     from gpumesh import GPUMesh, MeshError, StartFailed
     m = make_mesh()
     monkeypatch.setenv("GPUMESH_CONFIG", str(m.root / "other-config.json"))
     monkeypatch.setattr(tempfile, "tempdir", str(m.root))  # (its kept log: not in /tmp)
+    port = free_port()
     with pytest.raises(MeshError) as e:
-        GPUMesh.start_coordinator(port=free_port(), token=m.token, self_worker=False,
+        GPUMesh.start_coordinator(port=port, token=m.token, self_worker=False,
                                   data_dir=str(m.root / "data"))
     assert type(e.value) is StartFailed and isinstance(e.value, RuntimeError)
-    assert "the coordinator exited with code 1" in str(e.value)
-    assert f"the data directory {m.root / 'data'} is in use by another coordinator" in str(e.value)
+    assert str(e.value) == (f"the data directory {m.root / 'data'} is in use by another "
+                            f"coordinator (process {m.coordinator.p.pid}); stop it first, or "
+                            f"pass data_dir= with another directory; nothing was started")
+    with pytest.raises(httpx.ConnectError):  # it never listened
+        httpx.get(f"http://127.0.0.1:{port}/v1/health", timeout=2)
+
+
+def test_start_coordinators_other_refusals_name_its_parameters():
+    # what serve says if it exits anyway (it checks again, and more): its flags as the
+    # parameters of start_coordinator
+    from gpumesh.client.processes import as_parameters
+    assert as_parameters("Error: cannot write to the data directory /x (Permission denied); "
+                         "pass --data-dir with a writable directory") == (
+        "Error: cannot write to the data directory /x (Permission denied); pass data_dir= "
+        "with a writable directory")
+    assert as_parameters("drop --no-self-worker, or pass --port 80 --host h --tls") == (
+        "drop self_worker=False, or pass port= 80 host= h --tls")

@@ -220,3 +220,55 @@ print(json.dumps({{"file": p["file"], "rows": len(rows), "sum_a": sum(int(r["a"]
     frame = mesh.results_to_dataframe(status)                   # a status view works too
     assert frame[["index", "state", "file", "rows", "sum_a"]].to_dict("records") == [
         {"index": 0, "state": "done", "file": "data.csv", "rows": 3, "sum_a": 9}]
+
+
+def sweep_point(i):
+    if i in (13, 57):
+        raise ValueError(f"bad point {i}")
+    if i == 5:
+        print("hello from point 5")
+    return i
+
+
+def test_a_big_jobs_status_lists_its_failures_by_item_and_logs_only_what_printed(make_mesh):
+    from gpumesh import accelerate
+    from gpumesh.cli.jobs import SUMMARY_ABOVE_TASKS
+    m = make_mesh(workers=1, slots=4)
+    mesh = m.client(output=False)
+    n = SUMMARY_ABOVE_TASKS + 20
+    got = accelerate(mesh)(sweep_point).map(range(n), return_exceptions=True)
+    assert [type(v).__name__ for v in got if not isinstance(v, int)] == ["ValueError"] * 2
+    (job,) = mesh.jobs(limit=1)
+    jid = job["id"]
+    ids = {t["index"]: t["id"] for t in mesh.status(jid)["tasks"]}
+
+    # above SUMMARY_ABOVE_TASKS tasks: the failed ones, each with its item, and how to see all
+    r = cli(m, "status", jid)
+    assert r.returncode == 1, r.stderr
+    lines = r.stdout.splitlines()
+    tasks = [ln for ln in lines if " task " in ln and ln.startswith("  ")]
+    assert [ln.split("  worker=")[0] for ln in tasks] == [
+        f"  ✗ task {ids[i]} [failed]  cost=1.0" for i in (13, 57)], lines
+    assert [ln.rsplit("  ", 1)[1] for ln in tasks] == ["item=13", "item=57"]
+    assert "    error: ValueError: bad point 13" in lines
+    assert lines[-1] == (f"  listed: the 2 failed of {n} tasks; every task: gpumesh status {jid} --all, "
+                         f"or one state: --state STATE (pending, leased, done, failed, cancelled)")
+    assert len(r.stdout) < 2000
+
+    # --all: every task, in item order; --state: only those
+    every = [ln for ln in cli(m, "status", jid, "--all").stdout.splitlines() if " task " in ln]
+    assert [ln.rsplit("item=", 1)[1] for ln in every] == [str(i) for i in range(n)]
+    done = [ln for ln in cli(m, "status", jid, "--state", "done").stdout.splitlines() if " task " in ln]
+    assert len(done) == n - 2 and all("[done]" in ln for ln in done)
+    assert "item=13" not in "".join(done)
+    j = json.loads(cli(m, "status", jid, "--state", "failed", "--json").stdout)
+    assert [(t["index"], t["state"]) for t in j["tasks"]] == [(13, "failed"), (57, "failed")]
+    assert "(no task is cancelled)" in cli(m, "status", jid, "--state", "cancelled").stdout
+
+    # logs: only the task that printed, and one line for the rest
+    r = cli(m, "logs", jid)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [f"=== task {ids[5]} (#5, done)", "hello from point 5",
+                                     f"({n - 1} of {n} task(s) printed nothing; not shown)"]
+    r = cli(m, "logs", jid, "--task", ids[6])
+    assert r.stdout.splitlines() == [f"(task {ids[6]} (#6, done) printed nothing)"]

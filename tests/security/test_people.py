@@ -185,6 +185,38 @@ def test_a_view_token_cannot_submit_or_upload_and_sees_no_error_text(app):
                                   "error": {"type": "ValueError"}}]
 
 
+def test_each_role_refusal_names_the_users_action_and_who_can_help(app):
+    # a side request (the caller's handoff probe, its blob check) is refused as the step
+    # the user took; `gpumesh token list` is never the advice: only an admin may run it
+    c, _, _ = app
+    vic, alice = add(c, "vic", "view"), add(c, "alice")
+    ask_submit = ("that needs a submit token: ask whoever holds the main token for one "
+                  "(they run `gpumesh token add NAME --role submit`)")
+    ask_worker = ("that needs a worker token: ask whoever holds the main token for one "
+                  "(they run `gpumesh token add NAME --role worker`)")
+    admins = "only the main token (or an admin's) may: ask whoever holds the main token"
+    for method, path, who, said in [
+            ("GET", "/v1/handoff", vic, f"vic's token (view) cannot submit jobs; {ask_submit}"),
+            ("HEAD", "/v1/blobs/" + "0" * 64, vic, f"vic's token (view) cannot submit jobs; {ask_submit}"),
+            ("POST", "/v1/jobs", vic, f"vic's token (view) cannot submit jobs; {ask_submit}"),
+            ("POST", "/v1/jobs/abcd1234/cancel", vic, f"vic's token (view) cannot cancel jobs; {ask_submit}"),
+            ("POST", "/v1/workers", vic, f"vic's token (view) cannot join as a worker; {ask_worker}"),
+            ("POST", "/v1/workers", alice, f"alice's token (submit) cannot join as a worker; {ask_worker}"),
+            ("POST", "/v1/workers/abcd1234/lease", alice,
+             f"alice's token (submit) cannot act as a worker; {ask_worker}"),
+            ("GET", "/v1/tokens", vic, f"vic's token (view) cannot list tokens; {admins}"),
+            ("GET", "/v1/tokens", alice, f"alice's token (submit) cannot list tokens; {admins}")]:
+        r = c.request(method, path, headers=bearer(who), **({"json": {}} if method == "POST" else {}))
+        assert r.status_code == 403, (method, path, r.text)
+        if method != "HEAD":
+            assert r.json() == {"error": "forbidden", "message": said}, (method, path)
+
+
+def test_every_route_that_needs_a_token_names_its_action():
+    from gpumesh.coordinator.routes import ENDPOINTS
+    assert [(ep.path, ep.methods) for ep in ENDPOINTS if ep.auth_required and not ep.action] == []
+
+
 def test_the_worker_token_is_still_only_a_worker_and_the_main_token_an_admin(app):
     c, _, _ = app
     r = c.get("/v1/jobs", headers=bearer(WORKER))
@@ -234,6 +266,10 @@ def test_tokens_survive_a_restart_and_an_old_database_gains_owners(tmp_path):
 
 
 # ---------------------------------------------------------------- the CLI, for real --
+def twice(x):
+    return 2 * x
+
+
 def cli(mesh, *args, token=TOKEN):
     env = dict(mesh.env, GPUMESH_URL=mesh.url, GPUMESH_TOKEN=token)
     return subprocess.run([sys.executable, "-m", "gpumesh", *args], env=env, capture_output=True,
@@ -286,6 +322,24 @@ def test_token_commands_against_a_live_coordinator(make_mesh, tmp_path):
         assert r.returncode == 1 and "cannot cancel" in r.stderr
         r = cli(m, "submit", str(script), "--payloads", str(payloads), token=vic)
         assert r.returncode == 1 and "cannot submit" in r.stderr
+        # joining with it is refused as joining, in one line (no traceback), and the
+        # advice is someone who can help, not a command this token may not run
+        r = cli(m, "join", m.url, "--slots", "1", token=vic)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.strip().splitlines()[-1] == (
+            f"Error: the coordinator at {m.url} does not allow this: vic's token (view) cannot "
+            f"join as a worker; that needs a worker token: ask whoever holds the main token for "
+            f"one (they run `gpumesh token add NAME --role worker`) (HTTP 403)")
+        # a .map with it: refused as submitting (not as its handoff probe, a side request)
+        from gpumesh import AuthError, GPUMesh, accelerate
+        viewer = GPUMesh(m.url, token=vic, output=False)
+        with pytest.raises(AuthError) as refused:
+            accelerate(viewer)(twice).map([1, 2])
+        assert str(refused.value) == (
+            f"the coordinator at {m.url} does not allow this: vic's token (view) cannot submit "
+            f"jobs; that needs a submit token: ask whoever holds the main token for one (they "
+            f"run `gpumesh token add NAME --role submit`) (HTTP 403)")
+        viewer.close()
         # revoked: refused within a second, no restart
         r = cli(m, "token", "revoke", "alice")
         assert r.returncode == 0 and "revoked alice" in r.stdout

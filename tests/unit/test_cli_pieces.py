@@ -404,3 +404,20 @@ def test_a_bad_flag_value_is_a_usage_error(args, names, tmp_path):
     assert r.exit_code == 2, r.output
     assert names in r.output
     assert "HTTP" not in r.output and "Traceback" not in r.output
+
+
+def test_a_cancelled_jobs_notice_counts_what_it_stopped():
+    # one wording for Ctrl+C, SIGTERM and SIGHUP: the coordinator's count of tasks it
+    # cancelled, not the job's size (those already ended did not stop)
+    from gpumesh.client.stopsignals import answer_count, cancelled_text
+    from gpumesh.transport import Response
+    assert (cancelled_text("47d76918ea0a", 1820, 2000) == "job 47d76918ea0a cancelled on the mesh; "
+            "its 1820 unfinished task(s) stop there (180 of 2000 had already ended)")
+    assert (cancelled_text("j", 4, 4) == "job j cancelled on the mesh; its 4 unfinished task(s) "
+            "stop there")
+    assert cancelled_text("j", None, 4) == "job j cancelled on the mesh; its unfinished tasks stop there"
+    assert cancelled_text("j", 0, 4) == ("job j: every task had already ended on the mesh; nothing "
+                                         "was left to cancel")
+    assert answer_count(Response(200, {}, b'{"cancelled": 7, "state": "cancelled"}')) == 7
+    assert answer_count(Response(200, {}, b'{"state": "finished"}')) is None
+    assert answer_count(Response(200, {}, b"not json")) is None

@@ -145,11 +145,13 @@ def _refusal(status: int, code: str, message: str):
 def test_a_role_refusal_is_not_called_a_refused_token():
     from gpumesh import AuthError
     # a good token whose person may not do this: the token is not the thing to check
-    e = _refusal(403, "forbidden", "bob's token (view) cannot cancel jobs")
+    e = _refusal(403, "forbidden", "bob's token (view) cannot cancel jobs; ask whoever holds "
+                                   "the main token")
     assert isinstance(e, AuthError)
+    # (the coordinator's text says who can help: never `gpumesh token list`, which only an
+    # admin may run, and an admin is never refused for its role)
     assert str(e) == ("the coordinator at http://h:1 does not allow this: bob's token (view) "
-                      "cannot cancel jobs (HTTP 403; what a token may do is its role's: "
-                      "`gpumesh token list`)")
+                      "cannot cancel jobs; ask whoever holds the main token (HTTP 403)")
     # a wrong token is
     e = _refusal(401, "unauthorized", "the token was refused")
     assert isinstance(e, AuthError) and "refused the token" in str(e) and "check --token" in str(e)

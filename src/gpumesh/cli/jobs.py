@@ -57,16 +57,38 @@ def plural(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
+#: Above this many tasks ``status`` lists only the failed ones (at most
+#: :data:`SUMMARY_FAILED_SHOWN`) and says how to see the rest: a 20,000-task sweep's
+#: every task is a megabyte of text.
+SUMMARY_ABOVE_TASKS = 100
+SUMMARY_FAILED_SHOWN = 20
+#: A task's states, as ``status --state`` takes them (``pending``: queued; ``leased``: running).
+TASK_STATES = ("pending", "leased", "done", "failed", "cancelled")
+
+
 @click.command()
 @job_id_argument
 @endpoint_options
+@click.option("--state", "states", multiple=True, type=click.Choice(TASK_STATES),
+              help="Only the tasks in this state; repeat for more (e.g. --state failed "
+                   "--state cancelled). With --json too [default: every state].")
+@click.option("--all", "show_all", is_flag=True,
+              help=f"Every task, however many [default: above {SUMMARY_ABOVE_TASKS} tasks, "
+                   f"only the first {SUMMARY_FAILED_SHOWN} failed ones, and how to see the rest].")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
 @one_line_errors
-def status(job_id, url, token, as_json):
-    """State of one job and each task with its result. Exit code 1 if the job failed or
-    is unknown."""
+def status(job_id, url, token, states, show_all, as_json):
+    """State of one job and each task with its result (for a job of more than one task,
+    item=N: its index in the .map or payload list). Exit code 1 if the job failed or is
+    unknown."""
     from ..client.jobview import jsonable
     view = _mesh(url, token).status(job_id)
+    n_tasks = view.get("n_tasks", len(view.get("tasks", [])))
+    footer: list[str] = []
+    if states:
+        view["tasks"] = [t for t in view.get("tasks", []) if t["state"] in states]
+    elif not as_json and not show_all and n_tasks > SUMMARY_ABOVE_TASKS:
+        view["tasks"], footer = _summary(view, n_tasks)
     if as_json:
         click.echo(json.dumps(jsonable(view), indent=2, ensure_ascii=False))
     else:
@@ -82,10 +104,31 @@ def status(job_id, url, token, as_json):
             click.echo(f"  Waiting: {view['waiting'].removeprefix('waiting: ')}")
         if view.get("preempted"):
             click.echo(f"  Preempted: {view['preempted']} (handed back by a worker's owner; run again)")
-        for line in task_lines(view, color_enabled()):
+        if states and not view["tasks"]:
+            click.echo(f"  (no task is {' or '.join(states)})")
+        for line in task_lines(view, color_enabled(), items=n_tasks > 1):
+            click.echo(line)
+        for line in footer:
             click.echo(line)
     if view["counts"].get("failed"):
         raise SystemExit(1)
+
+
+def _summary(view: dict, n_tasks: int) -> tuple[list[dict], list[str]]:
+    """The tasks a big job's ``status`` lists by default (its first failed ones), and the
+    lines that say what was left out and how to see it."""
+    failed = [t for t in view.get("tasks", []) if t["state"] == "failed"]
+    shown = failed[:SUMMARY_FAILED_SHOWN]
+    job = view.get("id", "JOB_ID")
+    if not failed:
+        what = f"  {n_tasks} tasks, none failed: not listed"
+    elif len(shown) < len(failed):
+        what = (f"  listed: the first {len(shown)} of the {len(failed)} failed tasks "
+                f"(all of them: gpumesh status {job} --state failed)")
+    else:
+        what = f"  listed: the {len(failed)} failed of {n_tasks} tasks"
+    return shown, ["", f"{what}; every task: gpumesh status {job} --all, or one state: "
+                       f"--state STATE ({', '.join(TASK_STATES)})"]
 
 
 @click.command()
@@ -115,14 +158,20 @@ def cancel(job_id, url, token, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
 @one_line_errors
 def logs(job_id, task_id, url, token, as_json):
-    """What each task of a job printed to stdout and stderr."""
+    """What each task of a job printed to stdout and stderr (in text, only the tasks that
+    printed something; one line counts the others). Each stream keeps its first 8 MiB per
+    attempt."""
     tasks = _mesh(url, token).logs(job_id, task_id)
     if as_json:
         click.echo(json.dumps(tasks, indent=2))
         return
+    silent = 0
     for t in tasks:
-        click.echo(f"=== task {t['id']} (#{t['index']}, {t['state']})")
         attempts = t.get("attempts") or [t]
+        if not any(a.get("stdout") or a.get("stderr") for a in attempts):
+            silent += 1
+            continue
+        click.echo(f"=== task {t['id']} (#{t['index']}, {t['state']})")
         for a in attempts:
             if len(attempts) > 1:  # retried or handed back: each attempt's output apart
                 click.echo(f"--- attempt {a['attempt']} on {where_ran(a)}: {a.get('ended') or '?'}")
@@ -131,3 +180,10 @@ def logs(job_id, task_id, url, token, as_json):
             if a["stderr"]:
                 click.echo("--- stderr")
                 click.echo(a["stderr"], nl=not a["stderr"].endswith("\n"))
+    if silent:
+        if silent == len(tasks) == 1:
+            t = tasks[0]
+            click.echo(f"(task {t['id']} (#{t['index']}, {t['state']}) printed nothing)")
+        else:
+            click.echo(f"({silent} of {len(tasks)} task(s) printed nothing"
+                       + (")" if silent == len(tasks) else "; not shown)"))

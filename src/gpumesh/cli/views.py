@@ -30,9 +30,12 @@ def where_ran(attempt: dict) -> str:
     return who
 
 
-def task_lines(view: dict, color: bool = False) -> list[str]:
+def task_lines(view: dict, color: bool = False, items: bool = False) -> list[str]:
     """One job's tasks (a ``GPUMesh.status`` view) as the spec shows them:
-    ``✓ task ID [done]  cost=1.0  worker=W``, then ``result: {...}`` (or ``error: ...``)."""
+    ``✓ task ID [done]  cost=1.0  worker=W``, then ``result: {...}`` (or ``error: ...``).
+    ``items``: end each task's line with ``item=N``, its index in the ``.map`` (or
+    payload list) that made it (``status`` of a job of more than one task: which point of
+    a sweep failed; ``submit --wait`` keeps the spec's line)."""
     from ..client.jobview import result_text
     lines = []
     for t in view.get("tasks", []):
@@ -41,7 +44,8 @@ def task_lines(view: dict, color: bool = False) -> list[str]:
             mark = click.style(mark, fg=fg)
         lines.append(f"  {mark} task {t['id']} [{t['state']}]  cost={t['cost']}  "
                      f"worker={t['worker_id'] or '-'}"
-                     + (f"  attempts={t['attempts']}" if (t.get("attempts") or 0) > 1 else ""))
+                     + (f"  attempts={t['attempts']}" if (t.get("attempts") or 0) > 1 else "")
+                     + (f"  item={t['index']}" if items and t.get("index") is not None else ""))
         for h in t.get("history") or ():  # attempts that ended without a result
             who = where_ran(h)
             err = h.get("error") or {}

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 from .. import config, hardware, limits, protocol, versions
+from ..errors import AuthError
 from ..handoff import Handoff
 from ..limits import PROBE_CACHE_S, PROBE_DOWN_CACHE_S, PROBE_TIMEOUT_S
 from ..transport import Transport, Unreachable
@@ -127,8 +128,8 @@ class GPUMesh:
         if self._handoff is _UNPROBED:
             try:
                 self._handoff = Handoff.probe(self.http)
-            except Unreachable:  # the call itself will say so; asked again next time
-                return None
+            except (Unreachable, AuthError):  # the call itself will say so (what it was
+                return None                     # refused: "submit jobs"); asked again next time
         return cast("Handoff | None", self._handoff)  # (probed by now)
 
     def close(self) -> None:

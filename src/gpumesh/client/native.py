@@ -50,7 +50,7 @@ from ..transport import Unreachable
 from . import calls as _calls
 from .console import OutputPrinter
 from .pipeline import STARTED, Backend, Fallback, Job, backoff, notice
-from .stopsignals import outstanding
+from .stopsignals import answer_count, cancelled_text, outstanding
 
 log = logging.getLogger("gpumesh.client")
 
@@ -85,7 +85,7 @@ class NativeBackend(Backend):
         collected = accepted = interrupted = False
         try:
             mesh._start_keepalive()  # the coordinator cancels a job whose caller goes quiet
-            with outstanding(mesh, job_id):  # SIGTERM/SIGHUP now cancel it too (.stopsignals)
+            with outstanding(mesh, job_id, job.n):  # SIGTERM/SIGHUP now cancel it too (.stopsignals)
                 # Decided once: another thread may announce the mesh meanwhile.
                 waits = self._waits(job)
                 try:
@@ -109,12 +109,12 @@ class NativeBackend(Backend):
             if printer is not None:
                 printer.flush()
             if not collected:  # Ctrl+C, a task failure, a lost coordinator, a closed iterator
-                cancelled = self.cancel_quietly(job_id)
+                cancelled, stopped = self._cancel(job_id)
                 if interrupted and accepted:  # (the traceback says only where the caller was)
-                    notice(f"interrupted: job {job_id} " + (
-                        f"cancelled on the mesh; its {job.n} task(s) stop there" if cancelled else
-                        f"could not be cancelled (the coordinator did not answer): "
-                        f"`gpumesh cancel {job_id}`"), once=False)
+                    notice("interrupted: " + (
+                        cancelled_text(job_id, stopped, job.n) if cancelled else
+                        f"job {job_id} could not be cancelled (the coordinator did not "
+                        f"answer): `gpumesh cancel {job_id}`"), once=False)
                 if accepted:  # and free its stored arguments and results: nobody will read them
                     self._release(job_id)
 
@@ -398,12 +398,17 @@ class NativeBackend(Backend):
     def cancel_quietly(self, job_id: str) -> bool:
         """Cancel ``job_id``; False (logged at debug level) if that failed: the error that
         ended the call matters more."""
+        return self._cancel(job_id)[0]
+
+    def _cancel(self, job_id: str) -> tuple[bool, int | None]:
+        """:meth:`cancel_quietly`, and how many tasks the coordinator says it stopped
+        (None: it did not say)."""
         try:
-            self.mesh.http.request("POST", protocol.job_cancel(job_id), timeout=5)
+            resp = self.mesh.http.request("POST", protocol.job_cancel(job_id), timeout=5)
         except Exception as e:  # noqa: BLE001 - the original error matters more
             log.debug("cancel of %s failed: %s", job_id, e)
-            return False
-        return True
+            return False, None
+        return True, answer_count(resp)
 
 
 class Retrying(Exception):

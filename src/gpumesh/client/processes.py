@@ -1,7 +1,11 @@
 """Starting a coordinator or a worker from Python, as background processes.
 
 Both run the real CLI (``python -m gpumesh serve|join``) so they behave exactly as the
-commands do; the token travels in the environment, never on the command line.
+commands do; the token travels in the environment, never on the command line. What
+would stop ``serve`` at once (its port taken, its data directory held by another
+coordinator) is checked here first, and a :class:`~gpumesh.errors.StartFailed` names the
+function's parameters (``port=``, ``data_dir=``), not the flags ``serve`` would; the
+text of a ``serve`` that exits anyway has its flags put as those parameters too.
 
 They belong to the program that started them, as a Ray ``ray.init()`` cluster or a Dask
 ``LocalCluster`` does: ``stop()``, the end of a ``with`` block, or else this program's
@@ -32,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -92,11 +97,11 @@ class _Process:
         except OSError:
             return ""
 
-    def _failed(self, what: str) -> StartFailed:
+    def _failed(self, what: str, words: Callable[[str], str] = str) -> StartFailed:
         """Stop the process if it still runs (keeping its log) and the StartFailed that
-        ends with its last output and names the log file."""
+        ends with its last output (as ``words`` puts it) and names the log file."""
         self._end()
-        return StartFailed(f"{what}: {self.log_tail()}\n(its whole log: {self.log_path})")
+        return StartFailed(f"{what}: {words(self.log_tail())}\n(its whole log: {self.log_path})")
 
     def _detach(self) -> None:
         """Leave it running when this program exits (its log too)."""
@@ -206,7 +211,7 @@ def start_coordinator(port: int = 8000, token: str | None = None, host: str = "1
         args.append("--no-self-worker")
     # A port someone already listens on: say so now, starting nothing. (Else the health
     # probe below could be answered by that other coordinator while ours fails to bind.)
-    busy = _port_in_use(host, port)
+    busy = _port_in_use(host, port) or _data_dir_in_use(data_dir)
     if busy:
         raise StartFailed(busy)
     proc, log_path = _spawn(args, dict(env, PYTHONUNBUFFERED="1"), "coordinator")
@@ -216,7 +221,8 @@ def start_coordinator(port: int = 8000, token: str | None = None, host: str = "1
     try:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise handle._failed(f"the coordinator exited with code {proc.returncode}")
+                raise handle._failed(f"the coordinator exited with code {proc.returncode}",
+                                      as_parameters)
             # Ours answers only once it printed its banner (after it bound the port): a
             # health answer before that comes from whoever took the port meanwhile.
             if LISTENING in handle.log_tail(1 << 20):
@@ -235,6 +241,27 @@ def start_coordinator(port: int = 8000, token: str | None = None, host: str = "1
         _disown(handle)
         raise
     raise handle._failed(f"the coordinator did not answer within {START_TIMEOUT_S:.0f}s")
+
+
+#: ``serve``'s flags that ``start_coordinator`` sets, as its caller names them.
+_PARAMETERS = {"--data-dir": "data_dir=", "--port": "port=", "--host": "host=",
+               "--no-self-worker": "self_worker=False"}
+
+
+def as_parameters(text: str) -> str:
+    """``serve``'s words for its caller in Python: each flag ``start_coordinator`` sets
+    becomes its parameter (``pass --data-dir with ...`` -> ``pass data_dir= with ...``)."""
+    import re
+    return re.sub("|".join(re.escape(f) + r"\b" for f in _PARAMETERS),
+                  lambda m: _PARAMETERS[m.group(0)], text)
+
+
+def _data_dir_in_use(data_dir: str | None) -> str | None:
+    """The StartFailed text when a coordinator holds ``data_dir`` (None: serve's default,
+    ``~/.gpumesh``), else None."""
+    from ..coordinator.datalock import held_by_another
+    held = held_by_another(Path(data_dir or config.home_dir()).expanduser(), "data_dir=")
+    return None if held is None else f"{held}; nothing was started"
 
 
 def _port_in_use(host: str, port: int) -> str | None:

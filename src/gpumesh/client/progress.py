@@ -5,6 +5,11 @@ a Jupyter kernel (:class:`NotebookBar`, one output updated in place); never in a
 a log file. ``GPUMESH_PROGRESS=0`` turns bars off, ``GPUMESH_PROGRESS=1`` forces them
 on. ``.map`` shows its bar only once the batch has taken longer than :data:`DELAY_S`, so
 short calls stay quiet.
+
+A terminal bar hides the cursor while it draws. :meth:`Progress.close` shows it again, and
+so does a SIGTERM or SIGHUP that ends the process while a bar is up (the bar registers
+:meth:`Progress.abandon` with :func:`.stopsignals.at_stop`): the user's shell keeps its
+cursor however the caller ended.
 """
 
 from __future__ import annotations
@@ -17,12 +22,15 @@ import time
 from typing import Any
 
 from .. import limits
+from . import stopsignals
 
 #: A batch shows its bar once it has run this long (seconds).
 DELAY_S = 1.0
 #: A notebook bar is redrawn at most this often (seconds): each redraw is a message to
 #: the front end, and a batch of 10,000 fast tasks must not send 10,000 of them.
 NOTEBOOK_REFRESH_S = 0.5
+#: What a terminal bar writes (rich's ``show_cursor``) to show the cursor it hid.
+SHOW_CURSOR = "\x1b[?25h"
 
 
 def in_notebook() -> bool:
@@ -94,13 +102,17 @@ class Progress:
         self.done = 0  # final tasks, whatever their outcome
         self.failed = self.cancelled = 0
         self.started = time.monotonic() if started is None else started
-        self._lock = threading.Lock()
+        # reentrant: abandon() runs in a signal handler, maybe inside update() in this thread
+        self._lock = threading.RLock()
         self._bar: Any = None  # a rich Progress or a NotebookBar, made when first shown
         self._task: Any = None
         self._closed = False
         self._console = console
         self._timer: threading.Timer | None = None
+        self._unregister: Any = None
         if self.enabled:
+            if self._console is None and not in_notebook():  # a terminal's cursor to give back
+                self._unregister = stopsignals.at_stop(self.abandon)
             if delay <= 0:
                 self._show()
             else:
@@ -159,14 +171,39 @@ class Progress:
 
     def close(self) -> None:
         with self._lock:
-            self._closed = True
-            if self._timer is not None:
-                self._timer.cancel()
-            if self._bar is not None:
-                try:
-                    self._bar.stop()
-                except Exception:  # noqa: BLE001 - the console went away
-                    pass
+            self._stop()
+        if self._unregister is not None:
+            self._unregister()
+            self._unregister = None
+
+    def _stop(self) -> None:
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._bar is not None:
+            try:
+                self._bar.stop()  # (rich's: shows the cursor again)
+            except Exception:  # noqa: BLE001 - the console went away
+                pass
+
+    def abandon(self) -> None:
+        """Take the bar down from a stop signal's handler (:mod:`.stopsignals`), cursor
+        shown, without waiting long for a lock another thread holds (the timer drawing it
+        for the first time): the process is about to end."""
+        got = self._lock.acquire(timeout=1.0)
+        try:
+            shown = self._bar is not None
+            self._stop()
+        finally:
+            if got:
+                self._lock.release()
+        if shown:
+            # Again, past rich: a signal that came while rich was drawing (inside its
+            # console's buffer) leaves what stop() wrote in that buffer, never flushed.
+            stream = getattr(sys.stderr, "rich_proxied_file", sys.stderr)  # (its redirect)
+            if stream.isatty():
+                stream.write(SHOW_CURSOR)
+                stream.flush()
 
     def __enter__(self) -> "Progress":
         return self

@@ -10,6 +10,17 @@ lets go of its stored payloads), then puts the default back and sends the signal
 so the process still ends *by that signal* (SIGTERM: status -15, shell ``$?`` 143;
 SIGHUP: -1, 129) as its parent expects. Nothing is swallowed.
 
+Before that it runs the clean-ups registered with :func:`at_stop`: a progress bar on a
+terminal (:mod:`.progress`) has hidden the cursor, and a process ended by the default
+action would leave the user's shell without one (Ctrl+C unwinds, and the bar's own
+``close`` shows it again). A shown bar holds the handler as a job does, so ``gpumesh
+submit --wait`` (no job waited on here) restores the cursor too.
+
+:func:`cancelled_text` words what became of a cancelled job, for this handler and for
+Ctrl+C's notice (:meth:`~gpumesh.client.native.NativeBackend.run`) alike: the number of
+tasks the coordinator says it cancelled, not the job's size (those already ended are not
+"stopped").
+
 The rules (Python runs signal handlers in the main thread only, and a program's own
 choice about a signal is its own):
 
@@ -18,7 +29,7 @@ choice about a signal is its own):
   program that installed its own handler, or ignores the signal (``nohup`` ignores
   SIGHUP), keeps it: its handler decides (one that raises, e.g. ``sys.exit``, unwinds
   the call, which then cancels its job as Ctrl+C does). SIGHUP exists only where the
-  platform has it (not on Windows).
+  platform has it (not on Windows). "Job" below stands for a clean-up too.
 * Jobs waited on from other threads are registered too, and cancelled by the handler
   whenever it is installed (a main thread also waiting on the mesh). A program whose
   only callers are other threads keeps the default disposition: Python cannot install a
@@ -27,7 +38,7 @@ choice about a signal is its own):
 Peers differ: Ray sets its SIGTERM handler with a plain ``signal.signal`` (replacing
 whatever was there, for good); Dask's client sets none and relies on its scheduler
 forgetting the futures of a client that went away. Here nothing is replaced, the
-handler exists only while a job is outstanding, and the exit status stays the
+handler exists only while a job is outstanding (or a bar shown), and the exit status stays the
 conventional one.
 """
 
@@ -40,7 +51,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import protocol
@@ -55,27 +66,60 @@ STOP_SIGNALS: tuple[int, ...] = tuple(getattr(signal, name) for name in ("SIGTER
                                       if hasattr(signal, name))
 
 _jobs: dict[str, Any] = {}  # job id -> the mesh it runs on (dict ops are atomic: no lock)
-_main_jobs = 0  # how many of them the main thread registered (only it touches this)
+_totals: dict[str, int] = {}  # job id -> its number of tasks
+_cleanups: dict[int, Callable[[], None]] = {}  # at_stop's, by registration
+_main_holds = 0  # how many jobs and clean-ups the main thread registered (only it touches this)
 _installed: set[int] = set()  # the signals whose handler is ours now
 
 
+def _hold() -> bool:
+    """Count a registration; from the main thread, install the handler. Returns whether it
+    counted (pass that to :func:`_unhold`)."""
+    global _main_holds
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    _main_holds += 1
+    _install()
+    return True
+
+
+def _unhold(counted: bool) -> None:
+    global _main_holds
+    if not counted or threading.current_thread() is not threading.main_thread():
+        return  # (released from another thread: the handler stays, harmless, until the next)
+    _main_holds -= 1
+    if _main_holds == 0:
+        _uninstall()
+
+
 @contextlib.contextmanager
-def outstanding(mesh: Any, job_id: str) -> Iterator[None]:
-    """Register ``job_id`` (on ``mesh``) as waited on for the body of the ``with``."""
-    global _main_jobs
-    main = threading.current_thread() is threading.main_thread()
+def outstanding(mesh: Any, job_id: str, total: int | None = None) -> Iterator[None]:
+    """Register ``job_id`` (on ``mesh``; ``total`` tasks) as waited on for the body of the
+    ``with``."""
     _jobs[job_id] = mesh
-    if main:
-        _main_jobs += 1
-        _install()
+    if total is not None:
+        _totals[job_id] = total
+    counted = _hold()
     try:
         yield
     finally:
         _jobs.pop(job_id, None)
-        if main:
-            _main_jobs -= 1
-            if _main_jobs == 0:
-                _uninstall()
+        _totals.pop(job_id, None)
+        _unhold(counted)
+
+
+def at_stop(cleanup: Callable[[], None]) -> Callable[[], None]:
+    """Run ``cleanup`` (from the signal handler, in the main thread, before any job is
+    cancelled) if a stop signal ends the process; returns the function that unregisters
+    it. ``cleanup`` must not block for long, and what it raises is ignored."""
+    key = id(cleanup)
+    _cleanups[key] = cleanup
+    counted = _hold()
+
+    def done() -> None:
+        if _cleanups.pop(key, None) is not None:
+            _unhold(counted)
+    return done
 
 
 def waited_on(mesh: Any) -> list[str]:
@@ -110,6 +154,11 @@ def _uninstall() -> None:
 
 def _on_stop(signum: int, frame: Any) -> None:
     try:
+        for cleanup in list(_cleanups.values()):
+            try:
+                cleanup()
+            except Exception as e:  # noqa: BLE001 - the process ends by the signal all the same
+                log.debug("stop signal: clean-up %r failed: %s", cleanup, e)
         cancel_all(dict(_jobs), why=signal.Signals(signum).name)
     finally:
         # The default action, as if this handler had never been there: the process ends
@@ -147,14 +196,39 @@ def cancel_all(jobs: dict[str, Any], budget_s: float = CANCEL_BUDGET_S, why: str
                 if left <= 0:
                     return
                 try:
-                    http.request("POST", path, json=body, timeout=min(left, 3.0))
+                    resp = http.request("POST", path, json=body, timeout=min(left, 3.0))
                 except Exception as e:  # noqa: BLE001 - best effort: the process ends anyway
                     log.debug("stop signal: %s on %s failed: %s", path, mesh.url, e)
                     continue
                 if cancelled is not None:
-                    _say(f"{why}: job {cancelled} cancelled on the mesh; its tasks stop there")
+                    _say(f"{why}: {cancelled_text(cancelled, answer_count(resp), _totals.get(cancelled))}")
         finally:
             http.close()
+
+
+def answer_count(resp: Any) -> int | None:
+    """How many tasks a cancel answer (``{"cancelled": n, ...}``) says it stopped; None
+    when it does not say."""
+    try:
+        n = resp.json().get("cancelled")
+    except Exception:  # noqa: BLE001 - not JSON, not a dict: unknown
+        return None
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+def cancelled_text(job_id: str, stopped: int | None, total: int | None = None) -> str:
+    """What became of ``job_id`` once its cancel was answered: ``stopped`` tasks (the
+    answer's count; None: unknown) of ``total`` (None: unknown) did not get to end.
+    E.g. ``job 47d76918ea0a cancelled on the mesh; its 1820 unfinished task(s) stop there
+    (180 of 2000 had already ended)``. The one wording of it (Ctrl+C, SIGTERM, SIGHUP)."""
+    if stopped is None:
+        return f"job {job_id} cancelled on the mesh; its unfinished tasks stop there"
+    if stopped == 0:
+        return f"job {job_id}: every task had already ended on the mesh; nothing was left to cancel"
+    text = f"job {job_id} cancelled on the mesh; its {stopped} unfinished task(s) stop there"
+    if total is not None and total > stopped:
+        text += f" ({total - stopped} of {total} had already ended)"
+    return text
 
 
 def _say(text: str) -> None:
@@ -162,7 +236,10 @@ def _say(text: str) -> None:
     lock may be held by the very code the signal interrupted), never raising (stderr
     may be mid-write, or closed)."""
     try:
-        sys.stderr.write(f"[gpumesh] {text}\n")
-        sys.stderr.flush()
+        # (not into a progress bar's redirect of stderr, which a signal that came while it
+        # drew may leave unflushed: to the stream behind it)
+        stream = getattr(sys.stderr, "rich_proxied_file", sys.stderr)
+        stream.write(f"[gpumesh] {text}\n")
+        stream.flush()
     except Exception:  # noqa: BLE001 - the process ends by the signal all the same
         pass

@@ -27,24 +27,41 @@ LOCK_NAME = "coordinator.lock"
 
 class DataDirLocked(Exception):
     """Another process holds the data directory. ``pid`` is its process id (None if it
-    could not be read); the message says what to do."""
+    could not be read); the message says what to do, naming ``option``: how the one who
+    started this coordinator picks another directory (``serve``'s ``--data-dir``; from
+    Python, ``start_coordinator``'s ``data_dir=``)."""
 
-    def __init__(self, data_dir: Path, pid: int | None):
+    def __init__(self, data_dir: Path, pid: int | None, option: str = "--data-dir"):
         self.data_dir, self.pid = data_dir, pid
         who = f"process {pid}" if pid else "another process"
         super().__init__(
             f"the data directory {data_dir} is in use by another coordinator ({who}); "
-            f"stop it first, or pass --data-dir with another directory")
+            f"stop it first, or pass {option} with another directory")
 
 
-def acquire(data_dir: Path) -> oslock.FileLock:
+def acquire(data_dir: Path, option: str = "--data-dir") -> oslock.FileLock:
     """Lock ``data_dir`` (which must exist) for this process; the lock lasts until it
     is released or the process ends.
 
-    Raises :class:`DataDirLocked` if another process holds it, ``OSError`` if the lock
-    file cannot be created or opened.
+    Raises :class:`DataDirLocked` (its text naming ``option``) if another process holds
+    it, ``OSError`` if the lock file cannot be created or opened.
     """
     try:
         return oslock.acquire(Path(data_dir) / LOCK_NAME)
     except oslock.Held as e:
-        raise DataDirLocked(Path(data_dir), e.pid) from None
+        raise DataDirLocked(Path(data_dir), e.pid, option) from None
+
+
+def held_by_another(data_dir: Path, option: str = "--data-dir") -> DataDirLocked | None:
+    """Whether a coordinator holds ``data_dir`` now: its :class:`DataDirLocked` (not
+    raised), else None. Locks and releases at once; creates nothing where no
+    coordinator ever ran (no lock file)."""
+    if not (Path(data_dir) / LOCK_NAME).exists():
+        return None
+    try:
+        acquire(data_dir, option).release()
+    except DataDirLocked as e:
+        return e
+    except OSError:  # (unreadable: serve itself says why)
+        return None
+    return None

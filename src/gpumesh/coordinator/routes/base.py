@@ -83,7 +83,9 @@ def route(path: str, methods: list[str], auth_required: bool = True, worker: boo
           action: str = "", roles: frozenset[str] | None = None,
           hot: bool = False) -> Callable[[Handler], Handler]:
     """Register the decorated handler at ``path``. ``roles`` default: callers who may
-    submit, or with ``worker`` the worker token (and admins). Routes that need no token
+    submit, or with ``worker`` the worker token (and admins). ``action``: what a refused
+    token could not do, as the user would name their own step ("submit jobs", "join as a
+    worker"); every route that needs a token has one (a test checks). Routes that need no token
     answer every gpumesh version (a caller learns ours from health, and the wheel is how
     another version gets this one); the others refuse other versions."""
     def deco(fn: Handler) -> Handler:
@@ -124,12 +126,26 @@ async def _admit(request: Request, ep: Endpoint) -> None:
     client = request.client.host if request.client else None
     who = await ctx(request).auth.identity(client, request.headers)
     if who.role not in ep.allowed:
-        if who.role == people.ROLE_WORKER:
-            raise HTTPError(403, ErrorCode.FORBIDDEN, f"the worker token cannot {ep.action or 'do this'}; "
-                                              "this needs the main token")
-        raise HTTPError(403, ErrorCode.FORBIDDEN, f"{who.name}'s token ({who.role}) cannot "
-                                          f"{ep.action or 'do this'}")
+        raise HTTPError(403, ErrorCode.FORBIDDEN, refusal(who, ep))
     request.scope["gpumesh.who"] = who
+
+
+def refusal(who: people.Identity, ep: Endpoint) -> str:
+    """The 403 text for ``who``, whose role may not call ``ep``: what they tried (the
+    route's ``action``, worded as the user's own step: a caller's side request such as
+    the handoff probe says "submit jobs") and who can give them a token that may. Never
+    ``gpumesh token list``: only the main token (or an admin's) may run it, and an admin
+    is never refused here."""
+    if who.role == people.ROLE_WORKER:
+        return f"the worker token cannot {ep.action}; this needs the main token"
+    allowed = ep.allowed
+    needed = next((r for r in (people.ROLE_SUBMIT, people.ROLE_WORKER) if r in allowed), None)
+    if needed is None:  # admin's work
+        how = "only the main token (or an admin's) may: ask whoever holds the main token"
+    else:
+        how = (f"that needs a {needed} token: ask whoever holds the main token for one "
+               f"(they run `gpumesh token add NAME --role {needed}`)")
+    return f"{who.name}'s token ({who.role}) cannot {ep.action}; {how}"
 
 
 def error(status: int, code: str, message: str, headers: dict | None = None) -> JSONResponse:

@@ -58,7 +58,7 @@ def read_batch(meta: dict, n_frames: int) -> protocol.ResultBatch:
     return batch
 
 
-@route(protocol.TASKS_RESULTS, ["POST"], worker=True, hot=True)
+@route(protocol.TASKS_RESULTS, ["POST"], worker=True, hot=True, action="act as a worker")
 async def results(request: Request) -> Response:
     tracing.mark("coordinator.result")
     coord = ctx(request).coord

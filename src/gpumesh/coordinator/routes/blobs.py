@@ -18,7 +18,8 @@ from ..schemas import bad, is_sha256
 from .base import ctx, error, route
 
 
-@route(protocol.HANDOFF, ["GET"], roles=people.CALLER_AND_WORKER)
+@route(protocol.HANDOFF, ["GET"], roles=people.CALLER_AND_WORKER,
+       action="submit jobs")  # (a caller's probe before its first submit; a worker's after joining)
 async def handoff_dirs(request: Request) -> Response:
     """Where a sender on this machine may leave payload files, and where the store's
     payload files are (see :mod:`gpumesh.handoff`)."""
@@ -35,7 +36,8 @@ def _blob_name(request: Request) -> str:
     return h
 
 
-@route(protocol.BLOB, ["HEAD", "GET"], roles=people.CALLER_AND_WORKER)
+@route(protocol.BLOB, ["HEAD", "GET"], roles=people.CALLER_AND_WORKER,
+       action="submit jobs")  # (a caller asks before it uploads its function)
 async def get_blob(request: Request) -> Response:
     h = _blob_name(request)
     path = ctx(request).coord.store.blob_file(h)

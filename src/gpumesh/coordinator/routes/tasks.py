@@ -20,7 +20,7 @@ from .base import ctx, lease_of, maps_locked, path_id, route
 from .workers import lease_response
 
 
-@route(protocol.TASK_RESULT, ["POST"], worker=True, hot=True)
+@route(protocol.TASK_RESULT, ["POST"], worker=True, hot=True, action="act as a worker")
 async def result(request: Request) -> Response:
     tracing.mark("coordinator.result")
     coord = ctx(request).coord
@@ -58,7 +58,7 @@ async def result(request: Request) -> Response:
                           maps_locked(request))
 
 
-@route(protocol.TASK_RELEASE, ["POST"], worker=True)
+@route(protocol.TASK_RELEASE, ["POST"], worker=True, action="act as a worker")
 async def hand_back(request: Request) -> Response:
     """The worker hands a running task back (its owner's rules): re-queued as
     preempted, the attempt not counted; fenced by the lease like a result."""
@@ -69,7 +69,7 @@ async def hand_back(request: Request) -> Response:
     return JSONResponse({"requeued": True})
 
 
-@route(protocol.TASK_OUTPUT, ["POST"], worker=True)
+@route(protocol.TASK_OUTPUT, ["POST"], worker=True, action="act as a worker")
 async def task_output(request: Request) -> Response:
     tid = path_id(request, "tid", "task id")
     lease_id = lease_of(request)

@@ -41,7 +41,7 @@ async def list_workers(request: Request) -> Response:
     return JSONResponse([coord.worker_view(w) for w in coord.workers.values()])
 
 
-@route(protocol.WORKERS, ["POST"], worker=True)
+@route(protocol.WORKERS, ["POST"], worker=True, action="join as a worker")
 async def register(request: Request) -> Response:
     v = REGISTRATION.read(await json_body(request))
     info = _info(v, _INFO)
@@ -51,7 +51,7 @@ async def register(request: Request) -> Response:
                          "version": __version__, "features": list(FEATURES)})
 
 
-@route(protocol.WORKER_HEARTBEAT, ["POST"], worker=True)
+@route(protocol.WORKER_HEARTBEAT, ["POST"], worker=True, action="act as a worker")
 async def heartbeat(request: Request) -> Response:
     wid = path_id(request, "wid", "worker id")
     v = HEARTBEAT.read(await json_body(request))
@@ -74,7 +74,7 @@ def _wake_waiting_callers(coord: Coordinator) -> None:
             job.notify()
 
 
-@route(protocol.WORKER_SESSION, ["GET"], worker=True)
+@route(protocol.WORKER_SESSION, ["GET"], worker=True, action="act as a worker")
 async def session(request: Request) -> Response:
     """The worker's pulse: an open response that only ends when either side goes.
     A worker process that dies closes its sockets at once, so its tasks are re-queued
@@ -104,13 +104,13 @@ async def session(request: Request) -> Response:
     return StreamingResponse(pulse(), media_type="text/plain")
 
 
-@route(protocol.WORKER, ["DELETE"], worker=True)
+@route(protocol.WORKER, ["DELETE"], worker=True, action="act as a worker")
 async def deregister(request: Request) -> Response:
     wid = path_id(request, "wid", "worker id")
     return JSONResponse({"requeued": ctx(request).coord.deregister(wid)})
 
 
-@route(protocol.WORKER_LEASE, ["POST"], worker=True, hot=True)
+@route(protocol.WORKER_LEASE, ["POST"], worker=True, hot=True, action="act as a worker")
 async def lease(request: Request) -> Response:
     coord = ctx(request).coord
     wid = path_id(request, "wid", "worker id")
