@@ -106,13 +106,18 @@ def test_detached_processes_outlive_the_script_and_keep_their_logs(tmp_path):
         wait_for(lambda: not any(alive(pid) for pid in pids), 20, "the detached processes to stop")
 
 
-def test_handles_are_context_managers_that_stop_and_remove_their_logs(tmp_path, monkeypatch):
+def _in_this_process(tmp_path: Path, monkeypatch) -> None:
+    """This test process as SCRIPT's would be: its own home and temporary directory."""
     env = _env(tmp_path)
     for name in ("HOME", "GPUMESH_CONFIG"):
         monkeypatch.setenv(name, env[name])
     for name in ("GPUMESH_URL", "GPUMESH_TOKEN", "GPUMESH_LOCAL", "GPUMESH_HOST"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+
+
+def test_handles_are_context_managers_that_stop_and_remove_their_logs(tmp_path, monkeypatch):
+    _in_this_process(tmp_path, monkeypatch)
     with GPUMesh.start_coordinator(port=free_port(), self_worker=False) as c:
         with GPUMesh.add_worker(c.url, token=c.token) as w:
             assert isinstance(w, dict) and w["alive"] is True
@@ -130,12 +135,7 @@ def test_handles_are_context_managers_that_stop_and_remove_their_logs(tmp_path, 
 
 
 def test_a_failed_start_keeps_its_log_and_names_it(tmp_path, monkeypatch):
-    env = _env(tmp_path)
-    for name in ("HOME", "GPUMESH_CONFIG"):
-        monkeypatch.setenv(name, env[name])
-    for name in ("GPUMESH_URL", "GPUMESH_TOKEN", "GPUMESH_LOCAL", "GPUMESH_HOST"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    _in_this_process(tmp_path, monkeypatch)
     # A port taken after the check (a race): serve itself fails to bind and says so.
     monkeypatch.setattr(processes, "_port_in_use", lambda host, port: None)
     with socket.socket() as taken:
