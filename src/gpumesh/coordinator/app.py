@@ -74,7 +74,7 @@ from starlette.routing import Match, Route
 from starlette.types import Receive, Scope, Send
 
 from ..limits import HANDOFF_TTL_S, PURGE_INTERVAL_S, RETENTION_S, SWEEP_INTERVAL_S
-from . import dist, people
+from . import diskfull, dist, people
 from .auth import Authenticator, AuthRefused
 from .bodies import FRAMES, Part, frames_response  # noqa: F401  (the app's body helpers)
 from .core import Coordinator
@@ -193,5 +193,6 @@ async def _sweeper(coord: Coordinator) -> None:
                 last_purge = now
                 coord.purge(now - RETENTION_S)
                 coord.store.sweep_handoff(now - HANDOFF_TTL_S)
-        except Exception:
-            log.exception("sweep failed")
+        except Exception as e:
+            if not diskfull.note(coord.store.full, e):  # (a full disk: logged once per spell)
+                log.exception("sweep failed")

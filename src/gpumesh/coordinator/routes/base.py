@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import sqlite3
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,10 +27,10 @@ from starlette.responses import JSONResponse, Response
 from ... import handoff, protocol, versions
 from ..._version import __version__
 from ...protocol import ErrorCode
-from .. import bodies, dist, people
+from .. import bodies, diskfull, dist, people
 from ..auth import Authenticator, AuthRefused
 from ..core import Coordinator
-from ..model import CoordinatorError, HTTPError, UnknownJob
+from ..model import CoordinatorError, HTTPError, NotStored, UnknownJob
 from ..schemas import bad, check_id
 
 log = logging.getLogger("gpumesh.coordinator")
@@ -109,6 +110,12 @@ def endpoint(ep: Endpoint) -> Handler:
             return await ep.handler(request)
         except (CoordinatorError, AuthRefused):
             raise  # answered by the app's exception handlers
+        except (OSError, sqlite3.Error) as e:
+            store = ctx(request).coord.store
+            if not diskfull.note(store.full, e):  # (logged once per spell)
+                log.exception("error handling %s %s", request.method, request.url.path)
+                return error(500, ErrorCode.INTERNAL, "internal error; see the coordinator log")
+            raise NotStored(e, store.dir) from None  # nothing changed: 503, send it again later
         except Exception:  # a bug must not take the coordinator down
             log.exception("error handling %s %s", request.method, request.url.path)
             return error(500, ErrorCode.INTERNAL, "internal error; see the coordinator log")
