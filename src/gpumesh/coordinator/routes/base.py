@@ -182,8 +182,10 @@ def path_id(request: Request, name: str, what: str) -> str:
 
 def lease_of(request: Request) -> str:
     """The ``?lease=`` a task route is fenced by (400 unless an id)."""
-    lease_id = request.query_params.get("lease", "")
-    check_id(lease_id or "-", "lease id")
+    lease_id = request.query_params.get("lease")
+    if not lease_id:
+        raise bad("query parameter 'lease' is missing: the lease id the task was granted under")
+    check_id(lease_id, "lease id")
     return lease_id
 
 
