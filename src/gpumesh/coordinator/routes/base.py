@@ -106,7 +106,12 @@ def endpoint(ep: Endpoint) -> Handler:
     async def run(request: Request) -> Response:
         try:
             if ep.auth_required:
-                await _admit(request, ep)
+                try:
+                    await _admit(request, ep)
+                except (CoordinatorError, AuthRefused):
+                    if has_body(request):  # refused before its body was read: see CLOSE
+                        request.scope[CLOSE] = True
+                    raise
             return await ep.handler(request)
         except (CoordinatorError, AuthRefused):
             raise  # answered by the app's exception handlers
@@ -124,6 +129,27 @@ def endpoint(ep: Endpoint) -> Handler:
                 bodies.discard_incoming(request)
     run.__name__ = ep.handler.__name__
     return run
+
+
+#: ``request.scope`` key: its answer ends the connection (``Connection: close``). Set when
+#: a request is refused at the gate (no token, a wrong one, another role's or version's)
+#: before its body was read: kept open, the connection would wait for that body (or for
+#: the next request) for as long as the client pleased, a file descriptor each.
+CLOSE = "gpumesh.close"
+
+
+def has_body(request: Request) -> bool:
+    """Whether the request says a body follows its head."""
+    h = request.headers
+    return "transfer-encoding" in h or h.get("content-length", "0").strip() not in ("", "0")
+
+
+def closing(request: Request, headers: dict | None = None) -> dict | None:
+    """``headers`` with ``Connection: close`` added when the request's answer should end
+    its connection (:data:`CLOSE`)."""
+    if not request.scope.get(CLOSE):
+        return headers
+    return {**(headers or {}), "connection": "close"}
 
 
 async def _admit(request: Request, ep: Endpoint) -> None:
