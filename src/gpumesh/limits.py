@@ -393,6 +393,13 @@ MAX_FORWARDED_HOPS = _const("MAX_FORWARDED_HOPS", 32, "count",
 REQUEST_HEAD_TIMEOUT_S: float = _env(
     "REQUEST_HEAD_TIMEOUT_S", "GPUMESH_HEAD_TIMEOUT", SECONDS, "30", "s", "`serve`",
     "time a connection has to send a complete request head before it is closed")
+REQUEST_BODY_IDLE_S: float = _env(
+    "REQUEST_BODY_IDLE_S", "GPUMESH_BODY_TIMEOUT", SECONDS, "60", "s", "`serve`",
+    "time a request body may send no bytes before its connection is closed")
+MAX_CONNECTIONS: int = _env(
+    "MAX_CONNECTIONS", "GPUMESH_MAX_CONNECTIONS", _number("connections", integer=True), "0",
+    "connections", "`serve`", "open connections at most; one more is closed at once "
+    "(0: half the process's open-file limit)")
 MAX_JSON_BODY_BYTES: int = _env(
     "MAX_JSON_BODY_BYTES", "GPUMESH_MAX_JSON_KB", _number("KiB", 1024, integer=True), "1024",
     "KiB", "`serve`", "largest JSON request body (register, heartbeat, lease)", unit="bytes")

@@ -88,7 +88,7 @@ Error codes: every refusal is ``{"error": code, "message": text}``::
     410 released            the job was released (results collected, or given up on)
     413 too_large           the body is over the coordinator's limit       -> PayloadTooLarge
     500 internal            a bug; the coordinator logs it and keeps serving
-    503 internal            a result the store could not write: nothing kept, still leased; post again
+    503 internal            the store could not write (a full disk: names its data dir): nothing kept; send again
     503 dist_unavailable    the coordinator cannot build its wheel
     (any other 4xx code)                                                   -> RequestRejected
 

@@ -9,6 +9,7 @@ test checks it for the result.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -209,6 +210,31 @@ def test_a_wrong_handoff_directory_falls_back_to_http(mesh, tmp_path):
         assert float(out[0]) == 3.0 and origin(out) == "bytearray"
     finally:
         client.close()
+
+
+def test_a_handoff_file_that_cannot_be_written_sends_that_calls_bytes_over_http(mesh, monkeypatch):
+    """A full disk under the handoff directory (ENOSPC halfway through a map's arguments)
+    does not fail the call: its arguments go in the body, the files written before are
+    gone, and the next call hands off again."""
+    client = mesh.client(output=False)
+    real, n = Handoff.write, [0]
+
+    def write(self, chunks):
+        n[0] += 1
+        if n[0] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, chunks)
+    monkeypatch.setattr(Handoff, "write", write)
+    f = accelerate(client)(inc_and_say)
+    try:
+        many = f.map([np.full(N, i, np.float32) for i in range(3)])
+        assert client.handoff is not None, "handing off stays on"
+        out, arg_origin = f(np.ones(N, np.float32))
+    finally:
+        client.close()
+    assert [float(v[0]) for v, _ in many] == [1.0, 2.0, 3.0]
+    assert float(out[0]) == 2.0 and arg_origin == "mmap" and n[0] == 3
+    wait_for(lambda: leftovers(mesh) == [], 5, lambda: leftovers(mesh))
 
 
 # ---------------------------------------------------------------- the HTTP side -------

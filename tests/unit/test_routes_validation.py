@@ -136,8 +136,12 @@ def test_result_meta_and_hand_back_and_output_validation(api):
     head = wire.pack_frames([json.dumps({"status": "ok"}).encode()])[0]
     assert api.refusal("POST", path, 400, "bad_request", content=b"".join(bytes(c) for c in head)) \
         == "an ok result needs a payload frame"
-    assert api.refusal("POST", protocol.task_result("abcd1234"), 400, "bad_request",
-                       content=b"") == "lease id '-' is not a valid id"
+    missing = "query parameter 'lease' is missing: the lease id the task was granted under"
+    for route in (protocol.task_result, protocol.task_output, protocol.task_release):
+        assert api.refusal("POST", route("deadbeef"), 400, "bad_request", content=b"") == missing
+        assert api.refusal("POST", route("deadbeef") + "?lease=", 400, "bad_request", content=b"") == missing
+    assert api.refusal("POST", protocol.task_result("abcd1234") + "?lease=no!", 400, "bad_request",
+                       content=b"") == "lease id 'no!' is not a valid id"
     back = protocol.task_release("abcd1234") + "?lease=beef"
     assert api.refusal("POST", back, 400, "bad_request", json={"reason": "a\nb"}) \
         == "field 'reason' must be a printable line of at most 200 characters"
@@ -221,3 +225,19 @@ def test_one_past_a_described_bound_is_refused_naming_the_field(api, body, path,
     extra = {"name": "bob"} if body is schemas.NEW_TOKEN else {}
     message = api.refusal("POST", path, 400, "bad_request", json={field: f.hi + 1, **extra})
     assert message.startswith(f"field {field!r} must be between {f.lo} and {f.hi}")
+
+
+def test_json_bodies_are_read_whatever_their_content_type_on_every_json_route(api):
+    """One rule for the API's JSON routes (register, heartbeat, lease, hand-back, tokens,
+    release): the body is JSON whatever the Content-Type says, as curl's ``-d`` sends it.
+    Every such route needs a bearer token, which a browser does not attach to a
+    cross-site request without asking first, so a form's ``text/plain`` post cannot act
+    for anyone; only the dashboard's cookie-based sign-in refuses other types (415)."""
+    plain = {"content-type": "text/plain"}
+    r = api.call("POST", "/v1/workers", content=json.dumps({"hostname": "w", "slots": 1}), headers=plain)
+    assert r.status_code == 200, r.text
+    wid = r.json()["id"]
+    r = api.call("POST", protocol.worker_heartbeat(wid), content=json.dumps({"running": []}), headers=plain)
+    assert r.status_code == 200, r.text
+    r = api.call("POST", "/ui/login", token=None, content=json.dumps({"token": "x"}), headers=plain)
+    assert r.status_code == 415

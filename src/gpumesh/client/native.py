@@ -186,20 +186,30 @@ class NativeBackend(Backend):
         frames: list = [json.dumps(meta).encode()]
         if submit.fn_inline:
             frames.append(fn_payload)
+        handed = None
         if handoff is not None and any(worth_it(a.size) for a in args):
             # Same machine: big arguments go as files the coordinator renames into its
             # store (gpumesh.handoff) and their frames stay empty.
-            files, sizes = {}, {}
-            for a in args:
-                if worth_it(a.size):
-                    written.append(handoff.write(a.chunks))
-                    files[str(len(frames) - 1)] = written[-1]
-                    sizes[str(len(frames) - 1)] = a.size
-                    a = b""
-                frames.append(a)
-            frames[0] = json.dumps(handoff_meta(meta, files, sizes)).encode()
-        else:
-            frames.extend(args)
+            handed, files, sizes = list(frames), {}, {}
+            try:
+                for a in args:
+                    if worth_it(a.size):
+                        written.append(handoff.write(a.chunks))
+                        files[str(len(handed) - 1)] = written[-1]
+                        sizes[str(len(handed) - 1)] = a.size
+                        a = b""
+                    handed.append(a)
+            except OSError as e:
+                # Its directory is full (or not writable now): this call's bytes go over
+                # HTTP instead, as when the coordinator cannot find a handoff file.
+                log.warning("could not write a handoff file (%s); sending the arguments over HTTP", e)
+                for name in written:
+                    handoff.discard(name)
+                written.clear()
+                handed = None
+            else:
+                handed[0] = json.dumps(handoff_meta(meta, files, sizes)).encode()
+        frames = handed if handed is not None else frames + list(args)
         chunks, size = wire.pack_frames(frames)
         deadline = time.monotonic() + CALLER_RECONNECT_S
         attempt = 0

@@ -74,13 +74,13 @@ from starlette.routing import Match, Route
 from starlette.types import Receive, Scope, Send
 
 from ..limits import HANDOFF_TTL_S, PURGE_INTERVAL_S, RETENTION_S, SWEEP_INTERVAL_S
-from . import dist, people
+from . import diskfull, dist, people
 from .auth import Authenticator, AuthRefused
 from .bodies import FRAMES, Part, frames_response  # noqa: F401  (the app's body helpers)
 from .core import Coordinator
 from .model import CoordinatorError, HTTPError  # noqa: F401
 from .routes import Context, endpoint
-from .routes.base import error, ordered
+from .routes.base import closing, error, ordered
 from .routes.meta import bad_method, not_found
 
 log = logging.getLogger("gpumesh.coordinator")
@@ -89,13 +89,13 @@ log = logging.getLogger("gpumesh.coordinator")
 async def _refused(request: Request, exc: Exception) -> Response:
     """Every :class:`CoordinatorError` a route raises, answered the one way."""
     assert isinstance(exc, CoordinatorError)
-    return error(exc.status, exc.code, exc.message)
+    return error(exc.status, exc.code, exc.message, closing(request))
 
 
 async def _auth_refused(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, AuthRefused)
     headers = {"retry-after": str(int(exc.retry_after) + 1)} if exc.retry_after else None
-    return error(exc.status, exc.code, exc.message, headers)
+    return error(exc.status, exc.code, exc.message, closing(request, headers))
 
 
 def create_app(coord: Coordinator, token: str, *, worker_token: str | None = None,
@@ -195,5 +195,6 @@ async def _sweeper(coord: Coordinator) -> None:
                 last_purge = now
                 coord.purge(now - RETENTION_S)
                 coord.store.sweep_handoff(now - HANDOFF_TTL_S)
-        except Exception:
-            log.exception("sweep failed")
+        except Exception as e:
+            if not diskfull.note(coord.store.full, e):  # (a full disk: logged once per spell)
+                log.exception("sweep failed")

@@ -23,10 +23,12 @@ the restart are not held: those workers finish them and post their results.
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from ..limits import CALLER_TIMEOUT_S
+from .diskfull import note
 
 if TYPE_CHECKING:  # core imports this module: no import of core at run time
     from .core import Coordinator
@@ -90,15 +92,21 @@ class Callers:
                 del self.last[jid]
                 self.held.discard(jid)
             elif now - seen > self.timeout:
+                why = (f"its caller was not heard from for {now - seen:.0f}s "
+                       f"(GPUMESH_CALLER_TIMEOUT={self.timeout:g}s on the coordinator)")
+                try:
+                    if job.state == "active":
+                        n = coord.cancel(jid, reason=f"the job was cancelled: {why}")
+                        log.warning("job %s cancelled (%d task(s) not finished): %s", jid, n, why)
+                    else:
+                        log.info("job %s released: %s", jid, why)
+                    coord.release(jid)
+                except (OSError, sqlite3.Error) as e:  # the store cannot write: the next check tries again
+                    if not note(coord.store.full, e):
+                        log.error("job %s: could not be cancelled or released now (%s: %s)",
+                                  jid, type(e).__name__, e)
+                    continue
                 del self.last[jid]
                 self.held.discard(jid)
                 expired.append(jid)
-                why = (f"its caller was not heard from for {now - seen:.0f}s "
-                       f"(GPUMESH_CALLER_TIMEOUT={self.timeout:g}s on the coordinator)")
-                if job.state == "active":
-                    n = coord.cancel(jid, reason=f"the job was cancelled: {why}")
-                    log.warning("job %s cancelled (%d task(s) not finished): %s", jid, n, why)
-                else:
-                    log.info("job %s released: %s", jid, why)
-                coord.release(jid)
         return expired

@@ -40,7 +40,7 @@ from typing import Any
 
 from .. import availability, hardware
 from ..limits import HEARTBEAT_INTERVAL_S, MAX_ATTEMPTS, WORKER_TTL_S  # noqa: F401 (MAX_ATTEMPTS: core's own)
-from . import callers, placement, placing, recovery, requeue, views
+from . import callers, diskfull, jobops, placement, placing, recovery, requeue, views
 from .model import (CoordinatorError, Grant, Job, JobReleased, Lease, NoWorkers,  # noqa: F401
                     ResultNotStored, StaleLease, UnknownJob, UnknownWorker, Unsatisfiable, Worker)
 from .journal import Journalled
@@ -83,6 +83,7 @@ class Coordinator(Journalled):
         self.task_cost: dict[str, float] = {}  # open task id -> cost, for jobs whose costs vary
         self.retried: dict[str, int] = {}  # open task id -> re-runs after a retry_on exception
         self.preempted_runs: dict[str, int] = {}  # open task id -> attempts handed back
+        self.unrequeued: dict[str, tuple[str, str]] = {}  # task id -> (lease id, why): see requeue_soon
         self.stats = placement.SlotStats()
         #: module -> workers a recent job found without it (``gpumesh doctor`` shows them)
         self.lacking: dict[str, set[str]] = {}
@@ -175,7 +176,7 @@ class Coordinator(Journalled):
             forgotten = [tid for tid in w.leases
                          if tid not in held and (sent := self.leases[tid].delivered) is not None
                          and now - sent > 2 * HEARTBEAT_INTERVAL_S] if not receiving else []
-            self._requeue(forgotten, reason="the worker no longer reported it")
+            requeue.requeue_soon(self, forgotten, reason="the worker no longer reported it")
             cancel = [tid for tid in held if tid not in w.leases]
         return {"cancel": cancel}
 
@@ -189,7 +190,7 @@ class Coordinator(Journalled):
         if waiter and not waiter[0].done():
             waiter[0].set_result([])
         n = len(w.leases)
-        self._requeue(list(w.leases), reason=reason)
+        requeue.requeue_soon(self, list(w.leases), reason=reason)
         log.info("worker %s gone (%s); %d task(s) re-queued", wid, reason, n)
         # A caller waiting on a job that no alive worker can run any more (the pool is
         # empty, or the only GPU box went while CPU workers stay) hears of it now: its
@@ -255,7 +256,8 @@ class Coordinator(Journalled):
                 self.stats.forget_worker(w.id)
         if now - self.started > WORKER_TTL_S:
             orphans = [tid for tid, lease in self.leases.items() if lease.worker_id not in self.workers]
-            self._requeue(orphans, reason="its worker did not come back after a restart")
+            requeue.requeue_soon(self, orphans, reason="its worker did not come back after a restart")
+        requeue.requeue_stalled(self)
         self.callers.expire(self)
 
     # ------------------------------------------------------------ leasing --------
@@ -282,8 +284,8 @@ class Coordinator(Journalled):
             # The long-poll was abandoned (its connection dropped). Tasks granted in the
             # same instant would be stranded on a worker that never saw them.
             if fut.done() and not fut.cancelled() and fut.result():
-                self._requeue([g.task_id for g in fut.result()],
-                              reason="the lease response was not delivered")
+                requeue.requeue_soon(self, [g.task_id for g in fut.result()],
+                                     reason="the lease response was not delivered")
             raise
         finally:
             timer.cancel()
@@ -452,7 +454,7 @@ class Coordinator(Journalled):
 
     def _answer_poll(self, fut: asyncio.Future[list[Grant]], grants: list[Grant]) -> None:
         if fut.done():  # (its worker left meanwhile: nobody takes these)
-            self._requeue([g.task_id for g in grants], reason="the lease response was not delivered")
+            requeue.requeue_soon(self, [g.task_id for g in grants], reason="the lease response was not delivered")
         else:
             fut.set_result(grants)
 
@@ -561,9 +563,10 @@ class Coordinator(Journalled):
                 return lease.worker_id if w and w.alive else None
             self._finalize(lease.job_id, task_id, state, error, payload, lease.worker_id, ran)
         except (OSError, sqlite3.Error) as e:
-            log.error("task %s: its result could not be stored (%s: %s); the task stays leased",
-                      task_id, type(e).__name__, e)
-            raise ResultNotStored(task_id, e) from e
+            if not diskfull.note(self.store.full, e):
+                log.error("task %s: its result could not be stored (%s: %s); the task stays leased",
+                          task_id, type(e).__name__, e)
+            raise ResultNotStored(task_id, e, data_dir=self.store.dir) from e
         del self.leases[task_id]
         if w:
             w.leases.discard(task_id)
@@ -591,12 +594,17 @@ class Coordinator(Journalled):
         w = self.workers.get(lease.worker_id)
         host = (w.info.get("hostname") if w else None) or lease.worker_id
         idx, attempts = self.task_meta[task_id]
-        self.output.append(lease.job_id, task_id, idx, host, "stderr",
-                           f"[gpumesh: attempt {attempts} on {host} ended here, preempted "
-                           f"({reason}); the task runs again]\n".encode(), attempts)
+        # The store first: when it cannot write, the lease holds and nothing is noted.
+        self._requeue([task_id], reason=f"preempted: {reason}", preempted=True)
         log.info("task %s handed back by worker %s (%s); re-queued as preempted",
                  task_id, lease.worker_id, reason)
-        self._requeue([task_id], reason=f"preempted: {reason}", preempted=True)
+        try:
+            self.output.append(lease.job_id, task_id, idx, host, "stderr",
+                               f"[gpumesh: attempt {attempts} on {host} ended here, preempted "
+                               f"({reason}); the task runs again]\n".encode(), attempts)
+        except OSError as e:  # (a note in its log: the hand-back stands without it)
+            if not diskfull.note(self.store.full, e):
+                log.warning("task %s: its log's note of the hand-back not written: %s", task_id, e)
 
     def waiting_reason(self, job_id: str) -> str | None:
         """Why the job's pending tasks wait although workers that could run them are
@@ -617,7 +625,7 @@ class Coordinator(Journalled):
             else:
                 lost.append(tid)
         if lost:
-            self._requeue(lost, reason="the lease answer did not reach the worker")
+            requeue.requeue_soon(self, lost, reason="the lease answer did not reach the worker")
 
     def grant_now(self, wid: str, slots: int, slot: int | None = None) -> list[Grant]:
         """Grant up to ``slots`` tasks to ``wid`` without waiting (``[]`` if none);
@@ -675,67 +683,12 @@ class Coordinator(Journalled):
 
     def cancel(self, job_id: str, reason: str = "the job was cancelled") -> int:
         """Cancel every task of a job that is not final yet (``reason``: each one's error
-        message). Returns how many."""
-        job = self.job(job_id)
-        pending = self.queue.drop_job(job_id)
-        leased = [tid for tid, lease in self.leases.items() if lease.job_id == job_id]
-        # Newest lease first: a slot's queued grants were leased after the task it runs,
-        # so the worker drops them before it kills that task; else the killed task's
-        # slot could start its next queued grant before that grant's cancel line came.
-        for tid in reversed(leased):
-            lease = self.leases.pop(tid)
-            w = self.workers.get(lease.worker_id)
-            if w:
-                w.leases.discard(tid)
-                w.push(f"cancel {tid}")  # now, not at the next heartbeat
-        rows: list[tuple[str, str, int, dict[str, Any] | None]] = []
-        for tid in pending + leased:
-            rows.append((tid, "cancelled", job.next_seq,
-                         {"kind": "cancelled", "type": "Cancelled", "message": reason}))
-            job.next_seq += 1
-            job.n_final += 1
-            self.task_meta.pop(tid, None)
-            self.task_cost.pop(tid, None)
-            self.retried.pop(tid, None)
-            self.preempted_runs.pop(tid, None)
-        job.avoid.clear()
-        self.store.finish_many(rows)
-        if job.state == "active":
-            job.state = "cancelled"
-            self.store.set_job_state(job_id, "cancelled")
-        job.notify()
-        return len(rows)
+        message). Returns how many. All or nothing (see :func:`.jobops.cancel`)."""
+        return jobops.cancel(self, job_id, reason)
 
     def retry(self, job_id: str) -> int:
-        """Re-queue every failed task of ``job_id`` (their old results and errors are
-        dropped; the failed attempt stays in the history as a re-run, not a loss). Returns how many. Raises ``UnknownJob`` for an unknown job and
-        ``JobReleased`` when its arguments were already released (nothing to re-run)."""
-        job = self.jobs.get(job_id)
-        if job is None:
-            if self.store.job_exists(job_id):
-                raise JobReleased(job_id)
-            raise UnknownJob(job_id)
-        if job.kind == "function":
-            # Its caller collects (or, after a failure, has given up on) its results: a
-            # re-run would compute values nobody receives. Call the function again instead.
-            raise JobReleased(job_id)
-        failed = self.store.failed_tasks(job_id)
-        if not failed:
-            return 0
-        ids = [tid for tid, _ in failed]
-        hosts = {w.id: w.hostname for w in self.workers.values() if w.hostname}
-        attempts = self.store.retry_tasks(job_id, ids, hosts)
-        job.n_final -= len(ids)
-        job.state = "active"
-        costs = {t["id"]: t["cost"] for t in self.store.task_rows(job_id)} if job.costs_vary else {}
-        for tid, idx in failed:
-            self.task_meta[tid] = (idx, attempts.get(tid, 0))
-            self.retried[tid] = self.retried.get(tid, 0) + 1  # a re-run: not a loss
-            if costs.get(tid, 1.0) != 1.0:
-                self.task_cost[tid] = costs[tid]
-        self.queue.add(job_id, ids, lane=job.lane, owner=job.owner)
-        self._wake_idle()
-        return len(ids)
+        """Re-queue every failed task of ``job_id`` (see :func:`.jobops.retry`)."""
+        return jobops.retry(self, job_id)
 
     async def wait_results(self, job_id: str, after: int, wait: float, out_after: int | None = None) -> Job:
         """Return once ``job_id`` has a result with ``seq > after`` (or, when ``out_after``

@@ -14,6 +14,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 
+from .diskfull import note
 from .store import Store
 
 log = logging.getLogger("gpumesh.coordinator")
@@ -60,8 +61,9 @@ class Journalled:
             if e is raised:
                 self._run_after(after)
                 raise
-            log.error("a commit failed (%s: %s); %d change(s) to memory undone",
-                      type(e).__name__, e, len(undo))
+            if not note(self.store.full, e):  # (a full disk: logged once per spell)
+                log.error("a commit failed (%s: %s); %d change(s) to memory undone",
+                          type(e).__name__, e, len(undo))
             for fn in reversed(undo):
                 fn()
             raise

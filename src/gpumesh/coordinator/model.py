@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .. import hardware
 from ..protocol import ErrorCode
-from . import placement
+from . import diskfull, placement
 
 
 class CoordinatorError(Exception):
@@ -103,23 +104,44 @@ class JobReleased(CoordinatorError):
                 "submit it again")
 
 
-class ResultNotStored(CoordinatorError):
-    """The store could not write a result (a full disk, an I/O error): nothing of it
-    was accepted, the task stays leased, and the same post may be sent again."""
+class NotStored(CoordinatorError):
+    """The store could not write what a request asked for (its disk is full, an I/O
+    error): nothing of the request was kept or changed, and the same request may be sent
+    again later (503: a worker does so after a backoff). ``data_dir``: the store's
+    directory, which a full disk's message names."""
 
     status, code = 503, ErrorCode.INTERNAL
 
-    def __init__(self, task_id: str, cause: BaseException, more: int = 0):
-        super().__init__(task_id)
-        self.task_id, self.cause, self.more = task_id, cause, more
+    def __init__(self, cause: BaseException, data_dir: Path | None = None):
+        super().__init__(str(cause))
+        self.cause, self.data_dir = cause, data_dir
+
+    @property
+    def why(self) -> str:
+        if self.data_dir is not None and diskfull.is_full(self.cause):
+            return diskfull.what_full(self.data_dir)
+        return f"the store could not write ({type(self.cause).__name__}: {str(self.cause)[:200]})"
 
     @property
     def message(self) -> str:
-        why = f"{type(self.cause).__name__}: {str(self.cause)[:200]}"
+        return f"{self.why}: nothing of this request was stored or changed; send it again later"
+
+
+class ResultNotStored(NotStored):
+    """A result the store could not write: nothing of it was accepted, the task stays
+    leased, and the same post may be sent again."""
+
+    def __init__(self, task_id: str, cause: BaseException, more: int = 0,
+                 data_dir: Path | None = None):
+        super().__init__(cause, data_dir)
+        self.task_id, self.more = task_id, more
+
+    @property
+    def message(self) -> str:
         if self.more:  # a batch's commit
             return (f"the results of task {self.task_id} and {self.more} more could not be "
-                    f"stored ({why}); the tasks are still leased: post the results again")
-        return (f"the result of task {self.task_id} could not be stored ({why}); the task is "
+                    f"stored: {self.why}; the tasks are still leased: post the results again")
+        return (f"the result of task {self.task_id} could not be stored: {self.why}; the task is "
                 "still leased: post the result again")
 
 

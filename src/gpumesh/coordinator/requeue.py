@@ -10,13 +10,14 @@ store is written first, and each change to memory registers its undoing.
 from __future__ import annotations
 
 import logging
+import sqlite3
 from typing import TYPE_CHECKING, Any
 
 from ..errors import TaskCrashed
 from ..limits import MAX_ATTEMPTS
 from ..protocol import FailureKind
 from ..retries import type_name
-from . import placing, views
+from . import diskfull, placing, views
 from .model import Job, Lease
 
 if TYPE_CHECKING:
@@ -83,6 +84,38 @@ def requeue(coord: Coordinator, task_ids: list[str], reason: str, error: dict[st
             lease_ended(coord, lease, False)  # (final: no attempt of it is counted again)
         if back:
             coord._once_stored(coord._wake_idle)
+
+
+def requeue_soon(coord: Coordinator, task_ids: list[str], reason: str) -> None:
+    """:func:`requeue`, for what must not fail with it (a heartbeat, a worker found gone,
+    a lease answer that broke off, the sweep): when the store cannot write it (a full
+    disk), nothing changed, the leases hold, and each sweep tries again
+    (:func:`requeue_stalled`) until one can."""
+    try:
+        requeue(coord, task_ids, reason)
+    except (OSError, sqlite3.Error) as e:
+        if not diskfull.note(coord.store.full, e):
+            log.error("%d task(s) could not be re-queued now (%s: %s); the sweep tries again",
+                      len(task_ids), type(e).__name__, e)
+        for tid in task_ids:
+            lease = coord.leases.get(tid)
+            if lease is not None:
+                coord.unrequeued.setdefault(tid, (lease.lease_id, reason))
+
+
+def requeue_stalled(coord: Coordinator) -> None:
+    """Re-queue again what :func:`requeue_soon` could not (each lease only while it is
+    the one that was to end)."""
+    if not coord.unrequeued:
+        return
+    todo, coord.unrequeued = coord.unrequeued, {}
+    by_reason: dict[str, list[str]] = {}
+    for tid, (lease_id, reason) in todo.items():
+        lease = coord.leases.get(tid)
+        if lease is not None and lease.lease_id == lease_id:
+            by_reason.setdefault(reason, []).append(tid)
+    for reason, tids in by_reason.items():
+        requeue_soon(coord, tids, reason)
 
 
 def lease_ended(coord: Coordinator, lease: Lease, preempted: bool) -> None:

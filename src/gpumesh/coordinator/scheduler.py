@@ -145,6 +145,10 @@ class RunQueue(Generic[L]):
         return list(q)
 
     # -- looking ------------------------------------------------------------------------
+    def tasks(self, job_id: str) -> list[str]:
+        """The pending tasks of ``job_id``, in line order (nothing is removed)."""
+        return list(self._jobs.get(job_id) or ())
+
     def pending(self, job_id: str) -> int:
         q = self._jobs.get(job_id)
         return len(q) if q else 0

@@ -17,7 +17,7 @@ from typing import Any
 
 import uvicorn
 
-from ..limits import REQUEST_HEAD_TIMEOUT_S
+from ..limits import MAX_CONNECTIONS, REQUEST_BODY_IDLE_S, REQUEST_HEAD_TIMEOUT_S
 from .app import create_app
 from .auth import Authenticator, is_loopback
 from .bodies import SMALL_BODY_BYTES
@@ -54,22 +54,57 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def max_connections() -> int:
+    """Open connections the coordinator keeps at most (``GPUMESH_MAX_CONNECTIONS``; 0:
+    half the open-file limit, so that sockets never take the descriptors its store,
+    payload files and logs need)."""
+    if MAX_CONNECTIONS:
+        return MAX_CONNECTIONS
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 4096
+    return 65536 if soft == resource.RLIM_INFINITY or soft <= 0 else max(16, soft // 2)
+
+
+#: When a connection over the cap was last logged (one line a minute at most).
+_over_cap_logged = [-1e9]
+
+
 def _head_timeout_protocol():
-    """uvicorn's httptools protocol with a deadline on request heads: a connection that
-    has not sent a complete request line and headers within REQUEST_HEAD_TIMEOUT_S of
-    opening (or of beginning its next request) is closed. Slow clients never block
-    others (everything is asynchronous); this only stops them holding sockets forever.
-    None when httptools is missing (uvicorn's h11 protocol is used as it is)."""
+    """uvicorn's httptools protocol with deadlines on requests: a connection that has not
+    sent a complete request line and headers within REQUEST_HEAD_TIMEOUT_S of opening
+    (or of beginning its next request), or whose request body then sends nothing for
+    REQUEST_BODY_IDLE_S, is closed. A connection opened while :func:`max_connections`
+    are open takes the place of the one that has waited longest for a request head (a
+    silent or half-sent one): a request under way, or a client's idle keep-alive
+    connection, is never cut; with none waiting, the new
+    connection is closed at once. A real client sends its head as it connects, so a
+    flood of silent sockets does not keep it out. Slow clients
+    never block others (everything is asynchronous); this only stops them holding
+    sockets, and with them the process's file descriptors, for long. None when
+    httptools is missing (uvicorn's h11 protocol is used as it is)."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:
         return None
+    cap = max_connections()
+    #: Connections waiting for a request head, the longest-waiting first.
+    waiting: dict[Any, None] = {}
 
     class HeadTimeoutProtocol(HttpToolsProtocol):
         _head_timer = None
+        #: When the request's body last sent bytes (its head, at first); None while a
+        #: head is awaited. One timer watches both: the body's deadline moves with each
+        #: piece, and is checked only when the timer fires (nothing per piece but this).
+        _body_at: float | None = None
 
         def _arm_head_timer(self) -> None:
             self._cancel_head_timer()
+            self._body_at = None
+            waiting.pop(self, None)
+            waiting[self] = None
             self._head_timer = self.loop.call_later(REQUEST_HEAD_TIMEOUT_S, self._head_timed_out)
 
         def _cancel_head_timer(self) -> None:
@@ -79,12 +114,33 @@ def _head_timeout_protocol():
 
         def _head_timed_out(self) -> None:
             self._head_timer = None
-            if not self.transport.is_closing():
-                self.transport.close()
+            if self.transport.is_closing():
+                return
+            if self._body_at is not None:
+                idle = self.loop.time() - self._body_at
+                # (reading paused: the app is behind, not the client)
+                if idle < REQUEST_BODY_IDLE_S or self.flow.read_paused:
+                    self._head_timer = self.loop.call_later(
+                        max(REQUEST_BODY_IDLE_S - idle, 1.0), self._head_timed_out)
+                    return
+            self.transport.close()
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             self.transport = _HeadWithBody(self.transport)  # type: ignore[assignment]  # wraps it
+            if len(self.connections) > cap:
+                now = self.loop.time()
+                if now - _over_cap_logged[0] > 60:
+                    _over_cap_logged[0] = now
+                    log.warning("%d connections are open (GPUMESH_MAX_CONNECTIONS=%d): each new one "
+                                "replaces the one longest without a request", len(self.connections) - 1, cap)
+                if not waiting:
+                    self.transport.close()
+                    return
+                oldest = next(iter(waiting))
+                del waiting[oldest]
+                oldest._cancel_head_timer()
+                oldest.transport.close()
             self._arm_head_timer()
 
         def on_message_begin(self) -> None:
@@ -92,14 +148,24 @@ def _head_timeout_protocol():
             self._arm_head_timer()
 
         def on_headers_complete(self) -> None:
-            self._cancel_head_timer()
+            waiting.pop(self, None)
+            self._body_at = self.loop.time()  # (the head's timer watches the body from here)
             super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            self._body_at = self.loop.time()
+            super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            self._cancel_head_timer()
+            super().on_message_complete()
 
         def on_response_complete(self) -> None:
             self.transport.flush()  # type: ignore[attr-defined]  # (_HeadWithBody's) a response without body writes (HEAD) sends its head now
             super().on_response_complete()
 
         def connection_lost(self, exc) -> None:
+            waiting.pop(self, None)
             self._cancel_head_timer()
             super().connection_lost(exc)
 

@@ -43,6 +43,7 @@ from .. import limits
 from ..limits import INLINE_BLOB_BYTES
 from ..wire import Chunk
 from .checkpoint import JOURNAL_SIZE_LIMIT, Checkpointer
+from .diskfull import Spell
 from .reaper import Reaper
 from .tables import INDEXES, MIGRATIONS, SCHEMA, UNRELEASED_JOBS
 
@@ -161,6 +162,8 @@ class Store:
     def __init__(self, data_dir: Path):
         self.dir = Path(data_dir)
         self.blob_dir = self.dir / "blobs"
+        #: Whether its writes fail for lack of space now (see :mod:`.diskfull`).
+        self.full = Spell(self.dir)
         self.blob_dir.mkdir(parents=True, exist_ok=True)
         self.incoming_dir = self.blob_dir / "incoming"
         # What a crash left mid-upload: no row can point there (adopted files are renamed
@@ -249,6 +252,8 @@ class Store:
             if self.db.in_transaction:
                 self.db.execute("ROLLBACK")
             raise
+        if self.full.since is not None:
+            self.full.cleared()
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import sqlite3
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,10 +27,10 @@ from starlette.responses import JSONResponse, Response
 from ... import handoff, protocol, versions
 from ..._version import __version__
 from ...protocol import ErrorCode
-from .. import bodies, dist, people
+from .. import bodies, diskfull, dist, people
 from ..auth import Authenticator, AuthRefused
 from ..core import Coordinator
-from ..model import CoordinatorError, HTTPError, UnknownJob
+from ..model import CoordinatorError, HTTPError, NotStored, UnknownJob
 from ..schemas import bad, check_id
 
 log = logging.getLogger("gpumesh.coordinator")
@@ -107,10 +108,21 @@ def endpoint(ep: Endpoint) -> Handler:
     async def run(request: Request) -> Response:
         try:
             if ep.auth_required:
-                await _admit(request, ep)
+                try:
+                    await _admit(request, ep)
+                except (CoordinatorError, AuthRefused):
+                    if has_body(request):  # refused before its body was read: see CLOSE
+                        request.scope[CLOSE] = True
+                    raise
             return await ep.handler(request)
         except (CoordinatorError, AuthRefused):
             raise  # answered by the app's exception handlers
+        except (OSError, sqlite3.Error) as e:
+            store = ctx(request).coord.store
+            if not diskfull.note(store.full, e):  # (logged once per spell)
+                log.exception("error handling %s %s", request.method, request.url.path)
+                return error(500, ErrorCode.INTERNAL, "internal error; see the coordinator log")
+            raise NotStored(e, store.dir) from None  # nothing changed: 503, send it again later
         except Exception:  # a bug must not take the coordinator down
             log.exception("error handling %s %s", request.method, request.url.path)
             return error(500, ErrorCode.INTERNAL, "internal error; see the coordinator log")
@@ -119,6 +131,27 @@ def endpoint(ep: Endpoint) -> Handler:
                 bodies.discard_incoming(request)
     run.__name__ = ep.handler.__name__
     return run
+
+
+#: ``request.scope`` key: its answer ends the connection (``Connection: close``). Set when
+#: a request is refused at the gate (no token, a wrong one, another role's or version's)
+#: before its body was read: kept open, the connection would wait for that body (or for
+#: the next request) for as long as the client pleased, a file descriptor each.
+CLOSE = "gpumesh.close"
+
+
+def has_body(request: Request) -> bool:
+    """Whether the request says a body follows its head."""
+    h = request.headers
+    return "transfer-encoding" in h or h.get("content-length", "0").strip() not in ("", "0")
+
+
+def closing(request: Request, headers: dict | None = None) -> dict | None:
+    """``headers`` with ``Connection: close`` added when the request's answer should end
+    its connection (:data:`CLOSE`)."""
+    if not request.scope.get(CLOSE):
+        return headers
+    return {**(headers or {}), "connection": "close"}
 
 
 async def _admit(request: Request, ep: Endpoint) -> None:
@@ -191,8 +224,10 @@ def path_id(request: Request, name: str, what: str) -> str:
 
 def lease_of(request: Request) -> str:
     """The ``?lease=`` a task route is fenced by (400 unless an id)."""
-    lease_id = request.query_params.get("lease", "")
-    check_id(lease_id or "-", "lease id")
+    lease_id = request.query_params.get("lease")
+    if not lease_id:
+        raise bad("query parameter 'lease' is missing: the lease id the task was granted under")
+    check_id(lease_id, "lease id")
     return lease_id
 
 

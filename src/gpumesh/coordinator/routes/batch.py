@@ -88,7 +88,8 @@ async def results(request: Request) -> Response:
     except (OSError, sqlite3.Error) as e:
         # The commit failed: memory is as stored again (every lease of the batch holds,
         # its grants' tasks are pending), so the worker's next post of it is accepted.
-        raise ResultNotStored(batch.results[0].task_id, e, len(batch.results) - 1) from e
+        raise ResultNotStored(batch.results[0].task_id, e, len(batch.results) - 1,
+                              data_dir=coord.store.dir) from e
     tracing.mark("coordinator.result_stored")
     if coord.woke_callers:
         # A caller waits for one of these results: its answer leaves first, this

@@ -50,7 +50,7 @@ async def result(request: Request) -> Response:
                 grants = coord.grant_now(wid, 1, None if slot is None else int(slot))
     except (OSError, sqlite3.Error) as e:
         # The commit failed: memory is as stored again (the lease holds, no grant was made).
-        raise ResultNotStored(tid, e) from e
+        raise ResultNotStored(tid, e, data_dir=coord.store.dir) from e
     tracing.mark("coordinator.result_stored")
     if coord.woke_callers:
         await asyncio.sleep(0)  # the waiting caller's answer first (see routes/batch.py)
