@@ -10,6 +10,7 @@ import sqlite3
 import pytest
 
 from gpumesh.coordinator.core import Coordinator, StaleLease
+from gpumesh.coordinator.usage import task_time
 
 from ..conftest import FakeClock
 
@@ -198,7 +199,7 @@ def test_a_queued_grant_counts_as_running_and_uses_time_only_once_it_starts(coor
         clock.advance(ran)
         coord.post_result(g.task_id, g.lease_id, "ok", None, b"r")
     assert coord.running_by_owner() == {}
-    usage = store.usage(0)["alice"]
+    usage = task_time(store, 0)["alice"]
     assert usage["tasks"] == 3
     assert usage["cpu_s"] == pytest.approx(2.75), "2 + 0.5 + 0.25 s, not 2 + 2.5 + 2.75"
     rows = store.task_page("aaaa01", -1, 10)

@@ -6,7 +6,8 @@ function blob looked up once."""
 
 from __future__ import annotations
 
-from gpumesh.coordinator.store import USAGE_CLOCK_SLACK_S, Store
+from gpumesh.coordinator.store import Store
+from gpumesh.coordinator.usage import USAGE_CLOCK_SLACK_S, task_time
 
 
 def _job(store: Store, job_id: str, n: int, owner: str | None = None) -> list[str]:
@@ -74,7 +75,7 @@ def test_usage_counts_the_tasks_finished_in_the_window_whatever_their_job_state(
     store.db.execute("UPDATE jobs SET state='finished', finished=? WHERE id='step'",
                      (since - USAGE_CLOCK_SLACK_S / 2,))
     store.db.execute("UPDATE tasks SET gpu=1 WHERE id=?", (live[0],))
-    got = store.usage(since)
+    got = task_time(store, since)
     assert got == {"ann": {"gpu_s": 0.0, "cpu_s": 30.0, "tasks": 1},
                    "bob": {"gpu_s": 20.0, "cpu_s": 35.0, "tasks": 2}}
     # the same figures as a scan of every task finished in the window
@@ -96,7 +97,7 @@ def test_usage_reads_jobs_first_not_every_task(tmp_path):
     _job(store, "j1", 2, owner="ann")
     ran: list[str] = []
     store.db.set_trace_callback(ran.append)  # (the statement with its values bound)
-    store.usage(0.0)
+    task_time(store, 0.0)
     store.db.set_trace_callback(None)
     [query] = [q for q in ran if "FROM jobs" in q]
     plan = [r[3] for r in store.db.execute("EXPLAIN QUERY PLAN " + query)]

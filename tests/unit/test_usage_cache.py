@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpumesh.coordinator import usage as usage_module
 from gpumesh.coordinator.usage import USAGE_CACHE_S, UsageCache
 from gpumesh.limits import DAY_S
 
@@ -22,7 +23,8 @@ class CountingStore:
         return {"alice": {"gpu_s": 7200.0, "cpu_s": 1800.0 * len(self.asked), "tasks": 1}}
 
 
-def test_the_windows_are_recomputed_only_when_older_than_the_cache_age():
+def test_the_windows_are_recomputed_only_when_older_than_the_cache_age(monkeypatch):
+    monkeypatch.setattr(usage_module, "task_time", lambda store, since: store.usage(since))
     store, now = CountingStore(), [1_000_000.0]
     cache = UsageCache(store, clock=lambda: now[0])
     first = cache.windows()
@@ -51,7 +53,7 @@ def test_the_dashboard_and_metrics_read_one_cached_usage(api, monkeypatch):
         asked.append(since)
         return {"alice": {"gpu_s": 7200.0, "cpu_s": 900.0, "tasks": 2},
                 None: {"gpu_s": 0.0, "cpu_s": 36.0, "tasks": 1}}
-    monkeypatch.setattr(api.store, "usage", usage)
+    monkeypatch.setattr(usage_module, "task_time", lambda store, since: usage(since))
     assert api.client.post("/ui/login", json={"token": MAIN}).status_code == 200
     people = {p["person"]: p for p in api.client.get("/ui/api/state").json()["people"]}
     assert len(asked) == 2  # the day's and the week's, once

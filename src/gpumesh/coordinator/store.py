@@ -146,10 +146,6 @@ class FinalTask:
     result_size: int
 
 
-#: How much earlier than a usage window's start a job may have finished and still be
-#: read for it (:meth:`Store.usage`): a wall clock stepped back between a task's finish
-#: and its job's.
-USAGE_CLOCK_SLACK_S = 3600.0
 
 #: Task ids per ``IN (...)`` query: well under SQLite's smallest limit on a statement's
 #: parameters (999 before SQLite 3.32).
@@ -763,30 +759,6 @@ class Store:
         return dict(self.db.execute(
             f"SELECT id, owner FROM jobs WHERE id IN ({','.join('?' * len(job_ids))})", job_ids))
 
-    def usage(self, since: float) -> dict[str, dict[str, float]]:
-        """Seconds of task time per person (``None``: jobs from before people) for attempts
-        that finished at or after ``since`` (epoch seconds): ``{owner: {"gpu_s", "cpu_s",
-        "tasks"}}``. Counts each task's last attempt (the one that produced its result).
-        Meant for a metrics scrape or a dashboard refresh, not the request path.
-
-        It reads the tasks of the jobs that were still running at ``since``: a job's
-        ``finished`` is written after (in the same commit as, or later than) the last of
-        its tasks', so a task finished in the window belongs to a job unfinished or
-        finished in the window too. ``USAGE_CLOCK_SLACK_S`` of slack keeps that true
-        across a wall clock stepped back; the tasks' own test stays exact. ``CROSS JOIN``
-        keeps SQLite to that order (jobs, then each one's tasks by the ``(job_id, idx)``
-        key); it could otherwise choose to scan every task."""
-        out: dict[str, Any] = {}
-        for owner, gpu, secs, n in self.db.execute(
-                "SELECT j.owner, COALESCE(t.gpu, 0), SUM(t.finished - t.started), COUNT(*)"
-                " FROM jobs j CROSS JOIN tasks t ON t.job_id = j.id"
-                " WHERE (j.finished IS NULL OR j.finished >= ?)"
-                " AND t.finished >= ? AND t.started IS NOT NULL AND t.finished >= t.started"
-                " GROUP BY j.owner, COALESCE(t.gpu, 0)", (since - USAGE_CLOCK_SLACK_S, since)):
-            d = out.setdefault(owner, {"gpu_s": 0.0, "cpu_s": 0.0, "tasks": 0})
-            d["gpu_s" if gpu else "cpu_s"] += float(secs or 0.0)
-            d["tasks"] += n
-        return out
 
 def _history(text: str | None) -> list[dict[str, Any]]:
     """A task's history column: one JSON object per line (lines that do not parse are

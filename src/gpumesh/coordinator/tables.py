@@ -69,7 +69,7 @@ MIGRATIONS = [("jobs", "finished", "REAL"), ("tasks", "history", "TEXT"),
 #: through: its ``id`` and ``(job_id, idx)`` keys (the schema's) and ``tasks_seq`` (a
 #: caller's results page). Start-up and the usage figures, which read open or recently
 #: finished tasks, find them through their jobs instead (:meth:`Store.open_tasks`,
-#: :meth:`Store.usage`); the indexes they used before, ``tasks_open`` (on ``state``) and
+#: :func:`.usage.task_time`); the indexes they used before, ``tasks_open`` (on ``state``) and
 #: ``tasks_finished``, took 4 of the 5 index entries a task's lease and result write
 #: (the lease moved its ``state`` entry, the result removed it and added a ``finished``
 #: one; ``tasks_seq`` gets the fifth: docs/performance.md, "Tenth session"), and are
