@@ -340,6 +340,9 @@ ERROR_TAIL_BYTES = _const("ERROR_TAIL_BYTES", 4096, "bytes",
                           "stdout) travels with its error")
 
 # --- worker --------------------------------------------------------------------------
+MAX_SLOTS = _const("MAX_SLOTS", 1024, "count",
+                   "most CPU slots one worker offers (`join --cpu-slots`, `serve --slots`, "
+                   "`GPUMesh.add_worker(slots=)`)")
 MAX_WARM_FUNCTIONS = _const("MAX_WARM_FUNCTIONS", 4, "count",
                             "warm per-function processes a worker keeps (least recently used "
                             "beyond this exit)")

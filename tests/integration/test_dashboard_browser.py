@@ -184,6 +184,8 @@ def test_a_big_jobs_tasks_and_output_page_through_and_filter_by_state(mesh, page
     assert indexes() == list(range(ui.TASK_PAGE))  # one page, not the whole job
     assert page.text_content("#tasks-shown") == f"Showing {ui.TASK_PAGE} (#0–#{ui.TASK_PAGE - 1}) of {n}"
     assert page.is_disabled("#tasks-prev")
+    # a .map's failed tasks are not re-run from here (its results are its caller's)
+    assert page.locator("#cancel-btn, #retry-btn").count() == 0
     page.click("#tasks-next")
     wait_for(lambda: indexes() == list(range(ui.TASK_PAGE, n)), 10, "the second page")
     assert page.is_disabled("#tasks-next")

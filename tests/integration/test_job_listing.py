@@ -76,6 +76,12 @@ def test_jobs_page_by_before_and_filter_by_owner_and_state(make_mesh, tmp_path):
     assert r.exit_code == 0 and r.stdout.strip() == "no older jobs"
     r = CliRunner().invoke(main, ["jobs", "--state", "done"], env=env)
     assert r.exit_code == 2 and "'done' is not one of" in r.stderr
+    r = CliRunner().invoke(main, ["jobs", "--before", "xyz"], env=env)  # not an id: usage, no request
+    assert r.exit_code == 2 and "Invalid value for '--before'" in r.stderr and "HTTP" not in r.stderr
+    r = CliRunner().invoke(main, ["jobs", "--before", "0123456789ab"], env=env)
+    assert r.exit_code == 1 and r.stderr.strip() == (
+        "Error: --before 0123456789ab: no such job on this coordinator (it may have been "
+        "purged, or never existed): start from the newest with `gpumesh jobs`")
 
     # the dashboard's list: JOB_LIST at a time, then the older ones
     more = [admin.submit(f"more{i}", script, [i]) for i in range(ui.JOB_LIST - 5)]

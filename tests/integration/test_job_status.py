@@ -264,6 +264,9 @@ def test_a_big_jobs_status_lists_its_failures_by_item_and_logs_only_what_printed
     j = json.loads(cli(m, "status", jid, "--state", "failed", "--json").stdout)
     assert [(t["index"], t["state"]) for t in j["tasks"]] == [(13, "failed"), (57, "failed")]
     assert "(no task is cancelled)" in cli(m, "status", jid, "--state", "cancelled").stdout
+    r = cli(m, "status", jid, "--all", "--state", "failed")  # one would do nothing: usage error
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip() == "Error: --all lists every task and --state only some: drop one"
 
     # logs: only the task that printed, and one line for the rest
     r = cli(m, "logs", jid)

@@ -151,15 +151,54 @@ def test_a_failed_start_keeps_its_log_and_names_it(tmp_path, monkeypatch):
     assert f"port {port} is already in use" in log.read_text()
     assert f"port {port} is already in use" in message
     assert not any(getattr(p, "log_path", None) == log for p in processes._owned)
-    # a worker that exits at once (no slot at all): the same
+    # a worker that exits at once (its owner's rules file is wrong): the same
+    rules = tmp_path / "home" / ".gpumesh" / "worker.toml"
+    rules.parent.mkdir(parents=True, exist_ok=True)
+    rules.write_text('hours = "whenever"\n')
     with GPUMesh.start_coordinator(port=free_port(), self_worker=False) as c:
         with pytest.raises(StartFailed) as e:
-            GPUMesh.add_worker(c.url, token=c.token, slots=0)
+            GPUMesh.add_worker(c.url, token=c.token)
     (worker_log,) = (tmp_path / "tmp").glob("gpumesh-worker-*.log")
     message = str(e.value)
     assert message.startswith("the worker exited with code 2: ")
     assert message.endswith(f"(its whole log: {worker_log})")
-    assert "leaves this worker no slot" in worker_log.read_text()
-    assert "leaves this worker no slot" in message
+    assert "hours" in worker_log.read_text() and "hours" in message
+    assert "Usage: gpumesh" not in message
     # the coordinator that stopped cleanly left no log; the two that failed are kept
     assert _logs(tmp_path) == sorted([log.name, worker_log.name])
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda: GPUMesh.start_coordinator(port=70000), ValueError,
+     "port= must be a whole number from 1 to 65535, got 70000"),
+    (lambda: GPUMesh.start_coordinator(port="8000"), TypeError, "port= must be a whole number"),
+    (lambda: GPUMesh.add_worker("http://127.0.0.1:9", token="t" * 32, slots=0), ValueError,
+     "slots= must be a whole number from 1 to 1024, got 0"),
+    (lambda: GPUMesh.add_worker("http://127.0.0.1:9", token="t" * 32, slots=True), TypeError,
+     "slots= must be a whole number"),
+])
+def test_a_wrong_argument_is_refused_before_anything_starts(tmp_path, monkeypatch, call, error, words):
+    _in_this_process(tmp_path, monkeypatch)
+    with pytest.raises(error, match=words):
+        call()
+    assert _logs(tmp_path) == [] and not processes._owned
+
+
+def test_a_worker_for_a_coordinator_that_refuses_or_is_gone_is_a_start_failure(tmp_path, monkeypatch):
+    """In the words of add_worker's parameters (token=), not join's flags, as StartFailed."""
+    _in_this_process(tmp_path, monkeypatch)
+    with GPUMesh.start_coordinator(port=free_port(), self_worker=False) as c:
+        with pytest.raises(StartFailed) as e:
+            GPUMesh.add_worker(c.url, token="x" * 32)
+        assert str(e.value).startswith("no worker was started: ")
+        assert "token=" in str(e.value) and "--token" not in str(e.value)
+    with pytest.raises(StartFailed, match="no worker was started: cannot reach the coordinator"):
+        GPUMesh.add_worker(f"http://127.0.0.1:{free_port()}", token="x" * 32)
+    assert _logs(tmp_path) == []
+
+
+def test_a_commands_usage_lines_and_flags_are_put_in_python_words():
+    text = ("Usage: gpumesh join [OPTIONS] [URL]\nTry 'gpumesh join --help' for help.\n\n"
+            "Error: --cpu-slots 0 leaves this worker no slot; check --token")
+    assert processes.as_parameters(text, processes._JOIN_PARAMETERS) == (
+        "\nError: slots= 0 leaves this worker no slot; check token=")

@@ -66,6 +66,21 @@ def _task_id(ctx: click.Context, param: click.Parameter, value: str | None) -> s
         raise click.BadParameter(str(e)) from None
 
 
+def _before(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    from ..client.paths import check_id
+    try:
+        return None if value is None else check_id(value, "job id", "`gpumesh jobs`")
+    except ValueError as e:  # as a bad JOB_ID: a usage error, before any request
+        raise click.BadParameter(str(e)) from None
+
+
+def before_option(fn):
+    """``--before JOB_ID`` of ``gpumesh jobs``; not the shape of a job id: a usage error."""
+    return click.option("--before", metavar="JOB_ID", callback=_before,
+                        help="Only jobs older than this one: the next page after a listing "
+                             "whose last job it is [default: from the newest].")(fn)
+
+
 def job_id_argument(fn):
     """The ``JOB_ID`` argument; one that cannot be a job id is a usage error (exit 2)."""
     return click.argument("job_id", callback=_job_id)(fn)

@@ -7,8 +7,8 @@ import time
 
 import click
 
-from .common import (endpoint_options, job_id_argument, one_line_errors, resolve_endpoint,
-                     task_id_option)
+from .common import (before_option, endpoint_options, fail, job_id_argument, one_line_errors,
+                     resolve_endpoint, task_id_option)
 from .views import color_enabled, counts_dict, counts_line, task_lines, where_ran
 
 
@@ -22,9 +22,7 @@ def _mesh(url, token):
 @endpoint_options
 @click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True,
               help="How many of the most recent jobs to list.")
-@click.option("--before", metavar="JOB_ID",
-              help="Only jobs older than this one: the next page after a listing whose last "
-                   "job it is [default: from the newest].")
+@before_option
 @click.option("--owner", metavar="NAME", help="Only this person's jobs [default: everyone's].")
 @click.option("--state", type=click.Choice(["active", "finished", "cancelled"]),
               help="Only jobs in this state [default: any].")
@@ -32,7 +30,15 @@ def _mesh(url, token):
 @one_line_errors
 def jobs(url, token, limit, before, owner, state, as_json):
     """Recent jobs, newest first."""
-    found = _mesh(url, token).jobs(limit=limit, before=before, owner=owner, state=state)
+    from ..errors import RequestRejected
+    try:
+        found = _mesh(url, token).jobs(limit=limit, before=before, owner=owner, state=state)
+    except RequestRejected as e:
+        if before is None or getattr(e, "status", None) != 400 or "'before'" not in str(e):
+            raise
+        # (the API's words name its query parameter; the user gave a flag)
+        fail(f"--before {before}: no such job on this coordinator (it may have been purged, "
+             f"or never existed): start from the newest with `gpumesh jobs`")
     if as_json:
         click.echo(json.dumps(found, indent=2))
         return
@@ -82,6 +88,8 @@ def status(job_id, url, token, states, show_all, as_json):
     item=N: its index in the .map or payload list). Exit code 1 if the job failed or is
     unknown."""
     from ..client.jobview import jsonable
+    if show_all and states:
+        fail("--all lists every task and --state only some: drop one", code=2)
     view = _mesh(url, token).status(job_id)
     n_tasks = view.get("n_tasks", len(view.get("tasks", [])))
     footer: list[str] = []

@@ -36,7 +36,7 @@ def _exit_with_parent() -> None:
 @click.option("--token", default=None, metavar="TOKEN",
               help="The coordinator's main or worker token [default: $GPUMESH_WORKER_TOKEN, "
                    "then $GPUMESH_TOKEN, else the saved config].")
-@click.option("--cpu-slots", "--slots", "slots", type=click.IntRange(0, 1024), default=None,
+@click.option("--cpu-slots", "--slots", "slots", type=click.IntRange(0, limits.MAX_SLOTS), default=None,
               help="CPU tasks this worker runs at once, besides one task per GPU "
                    "(--slots is the same option) [default: 1].")
 @click.option("--fingerprint", default=None, metavar="SHA256:HEX",

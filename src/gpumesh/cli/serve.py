@@ -197,7 +197,7 @@ def _answers(url: str, fingerprint: str | None) -> bool:
                    "~/Library/Application Support/gpumesh, on Windows %LOCALAPPDATA%\\gpumesh, "
                    "unless an older ~/.gpumesh there holds a job store].")
 @click.option("--no-self-worker", is_flag=True, help="Do not join this machine as a worker [default: it joins].")
-@click.option("--slots", type=click.IntRange(1, 1024), default=1, show_default=True,
+@click.option("--slots", type=click.IntRange(1, limits.MAX_SLOTS), default=1, show_default=True,
               help="Tasks the self-worker runs at once.")
 @click.option("--worker-token", default=None, metavar="TOKEN",
               help="A second token that may only act as a worker (register, lease, post results), "

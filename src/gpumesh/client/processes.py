@@ -197,6 +197,7 @@ def _spawn(args: list[str], env: dict, name: str) -> tuple[subprocess.Popen, Pat
 def start_coordinator(port: int = 8000, token: str | None = None, host: str = "127.0.0.1",
                       data_dir: str | None = None, self_worker: bool = True,
                       detach: bool = False) -> CoordinatorHandle:
+    _check_int("port", port, 1, 65535)
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     # A restart keeps the token its workers joined with: the one this process gave it
     # before, else the one the saved config holds for this URL (as ``gpumesh serve``).
@@ -246,14 +247,30 @@ def start_coordinator(port: int = 8000, token: str | None = None, host: str = "1
 #: ``serve``'s flags that ``start_coordinator`` sets, as its caller names them.
 _PARAMETERS = {"--data-dir": "data_dir=", "--port": "port=", "--host": "host=",
                "--no-self-worker": "self_worker=False"}
+#: ``join``'s flags that ``add_worker`` sets, and the token's, as its caller names them.
+_JOIN_PARAMETERS = {"--cpu-slots": "slots=", "--slots": "slots=", "--token": "token="}
+#: The lines of a command's usage error that speak of its command line (``Usage: gpumesh
+#: serve [OPTIONS]``, ``Try 'gpumesh serve --help' for help.``): not a Python caller's.
+_USAGE_LINE = re.compile(r"^(Usage: gpumesh |Try 'gpumesh ).*$\n?", re.M)
 
 
-def as_parameters(text: str) -> str:
-    """``serve``'s words for its caller in Python: each flag ``start_coordinator`` sets
-    becomes its parameter (``pass --data-dir with ...`` -> ``pass data_dir= with ...``)."""
-    import re
-    return re.sub("|".join(re.escape(f) + r"\b" for f in _PARAMETERS),
-                  lambda m: _PARAMETERS[m.group(0)], text)
+def as_parameters(text: str, flags: dict[str, str] = _PARAMETERS) -> str:
+    """A command's words for its caller in Python: each of ``flags`` (``serve``'s, by
+    default) becomes the function's parameter (``pass --data-dir with ...`` -> ``pass
+    data_dir= with ...``), and its usage lines go."""
+    text = _USAGE_LINE.sub("", text)
+    return re.sub("|".join(re.escape(f) + r"\b" for f in flags), lambda m: flags[m.group(0)], text)
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> int:
+    """``value`` as the whole number ``name=`` must be, from ``low`` to ``high``; raises
+    ValueError (TypeError for another type) naming the parameter, before anything starts."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}= must be a whole number from {low} to {high}, "
+                        f"got {type(value).__name__} {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{name}= must be a whole number from {low} to {high}, got {value}")
+    return value
 
 
 def _data_dir_in_use(data_dir: str | None) -> str | None:
@@ -284,12 +301,17 @@ def _port_in_use(host: str, port: int) -> str | None:
 
 def add_worker(url: str, token: str | None = None, slots: int = 1,
                detach: bool = False) -> WorkerHandle:
+    from ..limits import MAX_SLOTS
+    _check_int("slots", slots, 1, MAX_SLOTS)
     ep = config.resolve(url, token)
     env = dict(os.environ)
     if ep.token:
         env["GPUMESH_TOKEN"] = ep.token
     http = Transport(ep.url, ep.token, fingerprint=ep.fingerprint)
-    http.request("GET", protocol.WORKERS, timeout=10)  # (a wrong URL or token: said now)
+    try:
+        http.request("GET", protocol.WORKERS, timeout=10)  # (a wrong URL or token: said now)
+    except MeshError as e:
+        raise StartFailed(f"no worker was started: {as_parameters(str(e), _JOIN_PARAMETERS)}") from e
     proc, log_path = _spawn(["join", ep.url, "--slots", str(slots)],
                             dict(env, PYTHONUNBUFFERED="1"), "worker")
     starting = _Process(proc, log_path)  # (owned until it registered)
@@ -297,7 +319,8 @@ def add_worker(url: str, token: str | None = None, slots: int = 1,
     try:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise starting._failed(f"the worker exited with code {proc.returncode}")
+                raise starting._failed(f"the worker exited with code {proc.returncode}",
+                                       lambda text: as_parameters(text, _JOIN_PARAMETERS))
             # Ours by the id it printed: not another worker that joined meanwhile (the
             # self-worker of a coordinator started just before, say).
             joined = JOINED.search(starting.log_tail(1 << 20))

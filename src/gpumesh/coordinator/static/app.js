@@ -225,7 +225,8 @@ function jobPage(j, out) {
       c.addEventListener("click", () => act(j.id, "cancel"));
       buttons.appendChild(c);
     }
-    if ((j.counts.failed || 0) > 0) {
+    // (a function call's or .map's results belong to its caller: only a script job re-runs)
+    if (j.kind === "script" && (j.counts.failed || 0) > 0) {
       const r = el("button", { type: "button", id: "retry-btn" }, "Retry failed tasks");
       r.addEventListener("click", () => act(j.id, "retry"));
       buttons.appendChild(r);
