@@ -446,6 +446,9 @@ def test_sys_exit_is_task_failed_not_system_exit(client):
         leave()
     assert not isinstance(ei.value, SystemExit)
     assert "sys.exit(3)" in str(ei.value)
+    # its remote traceback starts in the function, as a raised exception's does
+    tb = ei.value.remote_traceback
+    assert "in leave" in tb and "sys.exit(3)" in tb and "runner.py" not in tb, tb
 
 
 def test_unpicklable_result_is_remote_error(client):

@@ -197,14 +197,14 @@ def run_task(fn, data: socket.socket, result_format: str | None = None,
         added_path = [p for p in sys.path if p not in loaded_path and isinstance(p, str)][:16]
     except BaseException as e:  # noqa: BLE001
         if isinstance(e, SystemExit):
-            err = describe_exception(e, FailureKind.EXIT)
+            err = describe_exception(e, FailureKind.EXIT, own_frames=1)  # (from the function's frame)
             err["message"] = f"the task called sys.exit({e.code!r})"
             reply({"status": "error", "error": err})
             return
         if not isinstance(e, Exception):
             # KeyboardInterrupt, GeneratorExit...: re-raised at the caller they would look
             # like the caller's own Ctrl+C. They arrive as a RemoteError naming them.
-            reply({"status": "error", "error": describe_exception(e, FailureKind.EXIT)})
+            reply({"status": "error", "error": describe_exception(e, FailureKind.EXIT, own_frames=1)})
             return
         err = describe_exception(e, FailureKind.RAISED, own_frames=1)  # from the function's own frame
         # (strict callers never unpickle; None: it cannot travel, the caller gets its text)
