@@ -148,7 +148,10 @@ def test_a_task_only_a_paused_worker_could_still_run_waits_for_it_and_says_so(ma
 
     mesh = make_mesh(workers=0)
     has_it = _worker(mesh, "has-it", module_dir)
-    wid = re.search(r"joined mesh as ([0-9a-f]+)", has_it.output()).group(1)
+    # (registered before it prints so: wait for the line)
+    joined = wait_for(lambda: re.search(r"joined mesh as ([0-9a-f]+)", has_it.output()), 10,
+                      "the worker's joined line")
+    wid = joined.group(1)
     _worker(mesh, "lacks-it")
 
     def owner(*args: str) -> None:
