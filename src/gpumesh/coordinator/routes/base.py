@@ -117,13 +117,11 @@ def endpoint(ep: Endpoint) -> Handler:
             return await ep.handler(request)
         except (CoordinatorError, AuthRefused):
             raise  # answered by the app's exception handlers
-        except (OSError, sqlite3.Error) as e:
-            store = ctx(request).coord.store
-            if not diskfull.note(store.full, e):  # (logged once per spell)
-                log.exception("error handling %s %s", request.method, request.url.path)
-                return error(500, ErrorCode.INTERNAL, "internal error; see the coordinator log")
-            raise NotStored(e, store.dir) from None  # nothing changed: 503, send it again later
-        except Exception:  # a bug must not take the coordinator down
+        except Exception as e:  # a bug must not take the coordinator down
+            if isinstance(e, (OSError, sqlite3.Error)):
+                store = ctx(request).coord.store
+                if diskfull.note(store.full, e):  # (logged once per spell)
+                    raise NotStored(e, store.dir) from None  # nothing changed: 503, again later
             log.exception("error handling %s %s", request.method, request.url.path)
             return error(500, ErrorCode.INTERNAL, "internal error; see the coordinator log")
         finally:  # payload files of the body that were not stored: gone
