@@ -16,8 +16,10 @@ Routing does not guess from them which module a distribution provides (``sklearn
 from __future__ import annotations
 
 import re
+import sys
 import time
 from collections.abc import Mapping
+from types import TracebackType
 
 # What a worker reports and what the coordinator and the caller accept are the same
 # limits, so they live in limits.py.
@@ -70,6 +72,72 @@ class Inventory:
             return None
         self.current = now
         return now
+
+
+#: Top-level modules a traceback passes through that say nothing about versions: the
+#: unpicklers themselves and gpumesh.
+_NOT_THIRD_PARTY = frozenset({"gpumesh", "cloudpickle", "pickle", "copyreg", "_pickle"})
+
+
+def traceback_packages(tb: TracebackType | None) -> dict[str, str]:
+    """``{normalised distribution name: version}`` installed here for the third-party
+    modules whose code ran in the frames of ``tb`` (the standard library, the unpicklers
+    and gpumesh left out), in the order they first appear. Used to say which versions to
+    compare when a pickle made by one machine fails to load on another."""
+    from importlib import metadata
+    tops: list[str] = []
+    while tb is not None:
+        top = str(tb.tb_frame.f_globals.get("__name__") or "").partition(".")[0]
+        if top and top not in tops and top not in _NOT_THIRD_PARTY \
+                and top not in sys.stdlib_module_names and top != "__main__":
+            tops.append(top)
+        tb = tb.tb_next
+    if not tops:
+        return {}
+    out: dict[str, str] = {}
+    providers = _providers()
+    for top in tops:
+        for dist in providers.get(top, ()):
+            try:
+                out.setdefault(normalise(dist), metadata.version(dist))
+            except metadata.PackageNotFoundError:
+                continue
+    return out
+
+
+def _providers() -> dict[str, list[str]]:
+    """``{top-level module: [distribution names]}`` of what is installed: as
+    ``importlib.metadata.packages_distributions`` on 3.11+, which also reads a wheel's file
+    list where it has no ``top_level.txt`` (3.10's reads only that file, and most wheels
+    made today have none)."""
+    from importlib import metadata
+    out: dict[str, list[str]] = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if not name:
+            continue
+        tops = (dist.read_text("top_level.txt") or "").split()
+        if not tops:
+            tops = list(dict.fromkeys(
+                f.parts[0].removesuffix(".py") for f in dist.files or ()
+                if f.parts and not f.parts[0].endswith((".dist-info", ".egg-info", ".pth"))
+                and (len(f.parts) > 1 or f.parts[0].endswith(".py"))))
+        for top in tops:
+            out.setdefault(top, []).append(name)
+    return out
+
+
+def version_of(module: str) -> str | None:
+    """The installed version of the distribution that provides the top-level package of
+    ``module`` (``numpy._core.numeric`` -> numpy's), None when none is known."""
+    from importlib import metadata
+    top = module.partition(".")[0]
+    for dist in _providers().get(top, ()):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def check(value, field: str = "packages") -> dict[str, str]:

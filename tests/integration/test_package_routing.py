@@ -111,6 +111,36 @@ def test_no_worker_has_the_module_names_it_and_the_workers(make_mesh):
                                   "with ModuleNotFoundError")
 
 
+def test_a_value_of_a_module_only_the_worker_has_says_this_machine_lacks_it(make_mesh, tmp_path):
+    # The other direction: the task runs, and its value holds an object of a module the
+    # worker has and the caller lacks. The caller's error says so, not "a worker lacks it".
+    d = tmp_path / "worker-only"
+    d.mkdir()
+    (d / "gm_worker_side_only.py").write_text("class Point:\n    def __init__(self, x):\n"
+                                            "        self.x = x\n")
+    mesh = make_mesh(workers=0)
+    _worker(mesh, "has-it", d)
+    (wid,) = [w["id"] for w in mesh.workers()]
+    m = mesh.client()
+
+    @accelerate(m)
+    def make_point(i):
+        import gm_worker_side_only
+        return gm_worker_side_only.Point(i)
+
+    with pytest.raises(ModuleNotFoundError) as e:
+        make_point.map([1, 2])
+    assert e.value.name == "gm_worker_side_only"
+    text = "\n".join(getattr(e.value, "__notes__", [])) or str(e.value.__cause__)
+    assert "on worker" in text and wid in text
+    assert "the task returned, but this process (Python " in text
+    assert "this machine lacks the module 'gm_worker_side_only'" in text
+    assert "the batch's other tasks were cancelled" in text
+    # The worker is not blamed: it still takes the job's work, and lacks nothing.
+    assert [w.get("lacks") for w in mesh.workers()] == [None]
+    assert accelerate(m)(lambda: 7)() == 7
+
+
 def test_inventory_reports_a_change_only_when_due(monkeypatch):
     now = [0.0]
     state = [{"a": "1"}]

@@ -6,6 +6,7 @@ gpumesh installed from the coordinator's own wheel (the way a second machine get
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import shutil
@@ -128,3 +129,21 @@ def test_by_value_call_goes_to_the_worker_of_the_callers_python(skewed):
         assert pythons == sorted([version, platform.python_version()])
     finally:
         mesh.procs[-1].stop()
+
+
+@pytest.mark.timeout(600)
+def test_code_made_by_a_worker_of_another_python_names_both_versions(skewed):
+    # The other direction: a function shipped by reference runs on any Python, and what it
+    # returns may hold code made there (contextmanager's inner function, by value).
+    mesh, version = skewed
+    m = mesh.client()
+    make = accelerate(m)(contextlib.contextmanager)
+    try:
+        got = make(os.getcwd)
+    except Exception as e:  # noqa: BLE001 - whatever this Python's unpickler raised
+        text = "\n".join(getattr(e, "__notes__", [])) or str(e.__cause__)
+        assert f"this process (Python {platform.python_version()}) could not rebuild" in text
+        assert f"the worker runs Python {version}" in text
+        assert "loads only on the Python minor version that made it" in text
+    else:  # these two minor versions build code objects alike: it arrived
+        assert callable(got)

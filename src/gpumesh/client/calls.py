@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import linecache
+import platform
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -16,6 +17,7 @@ from typing import Any
 from .. import wire
 from ..errors import RemoteTraceback, TaskFailed, TaskTimeout
 from ..protocol import FailureKind, ResultItem, failure_exception, timeout_message
+from ..versions import python_minor
 
 #: Keys of a ``.map`` item that are scheduling hints, not arguments (spec: "a payload's
 #: gpu_memory_mb hint"; ``cost`` weighs a task for the scheduler). Removed before the
@@ -134,9 +136,13 @@ def where(item: ResultItem, call: Call | None = None, n: int = 1, name: str | No
 
 
 def decode_result(item: ResultItem, payload: memoryview | None, strict: bool = False, *,
-                  call: Call | None = None, n: int = 1, hint: str = "", name: str | None = None) -> Any:
+                  call: Call | None = None, n: int = 1, hint: str = "", name: str | None = None,
+                  about_worker: Callable[[str], Mapping | None] | None = None) -> Any:
     """A result of a coordinator's results page and its payload frame (None: none) -> the
-    value, or raise what the task raised.
+    value, or raise what the task raised. A value that cannot be unpickled here raises
+    what unpickling raised (``ModuleNotFoundError``, ``TypeError``...), with a note that
+    says where the task ran and why (``about_worker``: looks a worker up by id for that
+    note; see :func:`_not_rebuilt`).
 
     ``strict``: the payload is JSON (see :mod:`gpumesh.strict`) and nothing is unpickled;
     a payload that is not JSON raises :class:`~gpumesh.errors.TaskFailed`. ``call``
@@ -152,8 +158,63 @@ def decode_result(item: ResultItem, payload: memoryview | None, strict: bool = F
             except NotJSON as e:
                 raise TaskFailed(f"{e} (task {item.task_id} on worker {item.worker})",
                                  item.task_id, item.worker) from None
-        return wire.loads(payload)  # type: ignore[arg-type]  # (a done result has one)
+        try:
+            return wire.loads(payload)  # type: ignore[arg-type]  # (a done result has one)
+        except Exception as e:  # noqa: BLE001 - said where and why, then raised as itself
+            _not_rebuilt(e, item, where(item, call, n, name), hint, about_worker)
+            raise
     raise failure(item, None if strict else payload, call=call, n=n, hint=hint, name=name)
+
+
+def _not_rebuilt(exc: Exception, item: ResultItem, place: str, hint: str,
+                 about_worker: Callable[[str], Mapping | None] | None) -> None:
+    """Say on ``exc`` (raised here while unpickling ``item``'s value) that the task did
+    return, where it ran, and the likely reason this process cannot rebuild what it
+    returned: a module missing here, another version of a package on the worker, or
+    code made inside the task on a worker of another Python minor version.
+    ``about_worker(worker id)``: the worker as ``GET /v1/workers`` lists it, or None.
+    The text is a note on 3.11+, the exception's cause before (as :func:`failure`)."""
+    from .. import packages
+    worker = (about_worker(item.worker) if about_worker and item.worker else None) or {}
+    theirs: Mapping = worker.get("packages") or {}
+    lines = [f"[gpumesh] {place}: the task returned, but this process (Python "
+             f"{platform.python_version()}) could not rebuild its value; it is not run again"]
+    name = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
+    mine_py, their_py = python_minor(), python_minor(worker.get("python") or "?")
+    if name:
+        top = name.partition(".")[0]
+        have = packages.version_of(top)
+        if have is None:
+            lines.append(f"[gpumesh] this machine lacks the module {name!r} that the returned "
+                         f"objects need: install it here, or return plain types (numbers, "
+                         f"str, lists, dicts, NumPy arrays)")
+        else:
+            other = theirs.get(packages.normalise(top))
+            lines.append(f"[gpumesh] this machine has {top} {have} but not {name}: the worker "
+                         f"made it with {top} {other or 'of another version'}; install the same "
+                         f"version on both")
+    elif their_py and their_py != mine_py:
+        lines.append(f"[gpumesh] the worker runs Python {worker.get('python')}: a function, "
+                     f"lambda or class made inside the task loads only on the Python minor "
+                     f"version that made it; return plain data, or call from Python "
+                     f"{their_py}")
+    else:
+        differ = [f"{dist} {mine} here, {theirs[dist]} on the worker"
+                  for dist, mine in packages.traceback_packages(exc.__traceback__).items()
+                  if theirs.get(dist) not in (None, mine)]
+        if differ:
+            lines.append("[gpumesh] versions differ: " + "; ".join(differ)
+                         + ": install the same versions on both")
+    if hint:
+        lines.append(f"[gpumesh] {hint}")
+    text = "\n".join(lines)
+    if sys.version_info >= (3, 11):
+        exc.add_note(text)
+    else:
+        cause = RemoteTraceback(text + "\n")
+        _located(cause, cause, item, {})
+        exc.__cause__ = cause
+
 
 
 def failure(item: ResultItem, payload: memoryview | None, *, call: Call | None = None, n: int = 1,

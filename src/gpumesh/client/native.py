@@ -39,8 +39,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import availability, hardware, protocol, retries, tracing, versions, wire
-from ..errors import (MeshUnavailable, RequestRejected, TaskTimeout, Unsatisfiable, WireError,
-                      WorkerLost)
+from ..errors import (MeshError, MeshUnavailable, RequestRejected, TaskTimeout, Unsatisfiable,
+                      WireError, WorkerLost)
 from ..handoff import Handoff, worth_it
 from ..limits import (CALLER_RECONNECT_S, INLINE_FUNCTION_BYTES, LONG_POLL_S, NO_WORKER_WAIT_S,
                       RELEASE_ATTEMPTS, RELEASE_BATCH_MAX, RELEASE_BATCH_S)
@@ -77,6 +77,12 @@ class NativeBackend(Backend):
 
     def unreachable_why(self) -> str:
         return f"the coordinator at {self.mesh.url} is unreachable"
+
+    def about_worker(self, worker_id: str) -> dict | None:
+        try:  # (only when a value could not be rebuilt: never on a call's path)
+            return next((w for w in self.mesh.workers() if w.get("id") == worker_id), None)
+        except MeshError:
+            return None
 
     def run(self, job: Job) -> Iterator[Any]:
         mesh = self.mesh

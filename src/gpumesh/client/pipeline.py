@@ -208,6 +208,11 @@ class Backend(abc.ABC):
     def unreachable_why(self) -> str:
         return f"{self.where} is unreachable"
 
+    def about_worker(self, worker_id: str) -> dict | None:
+        """The worker ``worker_id`` as ``GET /v1/workers`` lists it (``python``,
+        ``packages``...), for an error's words; None when unknown or not asked."""
+        return None
+
     @abc.abstractmethod
     def run(self, job: Job) -> Iterator[Any]:
         """Yield :data:`STARTED` once the calls are under way, then ``(index, outcome)``
@@ -219,19 +224,18 @@ class Backend(abc.ABC):
         when the calls were stored nowhere and may run here."""
 
 
-def decode(outcome: tuple, index: int, job: Job, where: str, hint: str, local: bool = False) -> Any:
-    """An outcome -> its value, or raise the exception that stands for it (``local``: it
-    ran in this process)."""
+def decode(outcome: tuple, index: int, job: Job, backend: Backend, hint: str) -> Any:
+    """An outcome of ``backend`` -> its value, or raise the exception that stands for it."""
     __tracebackhide__ = True  # (IPython shows the user's frames, not gpumesh's)
     kind = outcome[0]
     if kind == "result":
         _, item, payload, strict = outcome
         return _calls.decode_result(item, payload, strict, call=job.calls[index], n=job.n,
-                                    hint=hint, name=job.qualname)
+                                    hint=hint, name=job.qualname, about_worker=backend.about_worker)
     if kind == "error":
         raise outcome[1]
-    return _calls.outcome_value(outcome, index, where, job.calls[index], job.n, hint, job.qualname,
-                                local=local)
+    return _calls.outcome_value(outcome, index, backend.where, job.calls[index], job.n, hint,
+                                job.qualname, local=backend is INLINE)
 
 
 def route(mesh: Any, job: Job) -> Backend:
@@ -289,7 +293,7 @@ def run(mesh: Any, job: Job, handle: dict | None = None,
         failed = cancelled = got = 0
         for index, outcome in runner:
             try:
-                value = decode(outcome, index, job, backend.where, hint, backend is INLINE)
+                value = decode(outcome, index, job, backend, hint)
             except Exception as e:  # noqa: BLE001 - what the task raised
                 if not job.return_exceptions:
                     raise
