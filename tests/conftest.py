@@ -254,10 +254,10 @@ def default_signals() -> None:
 class Proc:
     """A gpumesh CLI process with its output in a log file."""
 
-    def __init__(self, args: list[str], env: dict, log: Path):
+    def __init__(self, args: list[str], env: dict, log: Path, cwd: Path | None = None):
         self.args, self.log = args, log
         with open(log, "ab") as fh:
-            self.p = subprocess.Popen([sys.executable, "-m", "gpumesh", *args], env=env,
+            self.p = subprocess.Popen([sys.executable, "-m", "gpumesh", *args], env=env, cwd=cwd,
                                       stdout=fh, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, start_new_session=True,
                                       preexec_fn=default_signals)  # (stop() sends SIGINT)

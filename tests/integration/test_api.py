@@ -815,3 +815,23 @@ def test_mesh_and_decorated_function_pickle_without_token(client):
     assert client.token.encode() not in pickle.dumps(client)
     assert client.token.encode() not in cloudpickle.dumps(f)
     assert pickle.loads(pickle.dumps(client)).url == client.url
+
+
+def test_a_task_runs_in_the_workers_directory_with_the_workers_environment(make_mesh, tmp_path,
+                                                                           monkeypatch):
+    # README: "A task runs in the worker's working directory with the worker's environment
+    # variables (those `gpumesh join` started with), not the caller's".
+    from ..conftest import Proc
+    lender = tmp_path / "lender-dir"
+    lender.mkdir()
+    mesh = make_mesh(workers=0)
+    proc = Proc(["join", mesh.url], dict(mesh.env, GM_WHOSE="the worker's"),
+                mesh.root / "worker-elsewhere.log", cwd=lender)
+    mesh.procs.append(proc)
+    mesh.wait_alive(1, proc)
+    monkeypatch.setenv("GM_WHOSE", "the caller's")
+
+    def where_and_whose():
+        return os.getcwd(), os.environ.get("GM_WHOSE")
+
+    assert accelerate(mesh.client())(where_and_whose)() == (str(lender), "the worker's")
