@@ -1,0 +1,124 @@
+"""Why a call's function or arguments did not load on this worker, in words that point
+at the cause: usually the caller and the worker run different versions of a package.
+
+Two cases are told apart here, in the task process, where the failure happened:
+
+* a *version gap*: unpickling (or an import) asked for ``numpy._core.numeric`` and this
+  worker's ``numpy`` is installed but has no such submodule (numpy 1.x has
+  ``numpy.core``; the caller pickled with 2.x). Python says ``ModuleNotFoundError``, but
+  the worker does not lack numpy: it has another version (:func:`version_gap`);
+* any other failure while loading: the package's own code raised (pandas 2's
+  ``StringDtype.__init__`` given a pandas 3 pickle's arguments). The packages whose
+  frames are in the traceback are the ones whose versions to compare
+  (:func:`traceback_packages`).
+
+Only called on a failure: the metadata reads (a few ms, more with many packages
+installed) are never on a task's path.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from types import TracebackType
+
+#: Top-level modules whose frames say nothing about which package failed: the loading
+#: machinery itself (pickle, cloudpickle, importlib, gpumesh) and the user's script.
+MACHINERY = frozenset({"gpumesh", "cloudpickle", "pickle", "_pickle", "copyreg",
+                       "importlib", "_frozen_importlib", "_frozen_importlib_external",
+                       "__main__", "builtins"})
+#: Most packages one failure names (a deep traceback through many libraries stays short).
+MAX_NAMED = 5
+
+
+def distribution_version(top: str) -> tuple[str, str] | None:
+    """``(distribution name, version)`` of the installed distribution that provides the
+    top-level module ``top`` (``sklearn`` -> ``("scikit-learn", "1.4.2")``), or None
+    when none does (a module of the user's own, a stdlib one). Never raises."""
+    from importlib import metadata
+    try:  # the common case, name == module (numpy, pandas): one metadata read
+        return top, metadata.version(top)
+    except Exception:  # noqa: BLE001 - PackageNotFoundError, or broken metadata
+        pass
+    try:  # (reads every distribution's file list: slow, but only on a failure)
+        names = metadata.packages_distributions().get(top) or []
+    except Exception:  # noqa: BLE001
+        names = []
+    for name in names:
+        try:
+            return name, metadata.version(name)
+        except Exception:  # noqa: BLE001
+            continue
+    return None
+
+
+def version_gap(exc: BaseException) -> tuple[str, str] | None:
+    """``(package, this worker's version)`` when ``exc`` is a ModuleNotFoundError for a
+    submodule of a package this worker does have (``numpy._core.numeric`` with numpy
+    1.26 installed): not a package this worker lacks, but another version of it than the
+    one that wrote the pickle (or the code) asked for. None otherwise, also when the
+    package has no distribution to name. Never raises."""
+    name = getattr(exc, "name", None)
+    if not isinstance(exc, ModuleNotFoundError) or not isinstance(name, str) or "." not in name:
+        return None
+    top = name.partition(".")[0]
+    if not _importable(top):
+        return None  # the package itself is missing: a module this worker lacks
+    found = distribution_version(top)
+    return (found[0], found[1]) if found else None
+
+
+def _importable(top: str) -> bool:
+    if top in sys.modules:
+        return True
+    import importlib.util
+    try:
+        return importlib.util.find_spec(top) is not None  # (a top-level name: imports nothing)
+    except (ImportError, ValueError):
+        return False
+
+
+def traceback_packages(tb: TracebackType | None) -> list[tuple[str, str]]:
+    """``[(distribution, version)]`` of the installed third-party packages whose code is
+    in the frames of ``tb``, in order of first appearance, at most :data:`MAX_NAMED`:
+    the standard library, the loading machinery (:data:`MACHINERY`) and modules that no
+    distribution provides are left out."""
+    stdlib = getattr(sys, "stdlib_module_names", frozenset())
+    seen, out = set(), []
+    for frame, _ in traceback.walk_tb(tb):
+        name = frame.f_globals.get("__name__")
+        if not isinstance(name, str):
+            continue
+        top = name.partition(".")[0]
+        if top in seen or top in stdlib or top in MACHINERY:
+            continue
+        seen.add(top)
+        found = distribution_version(top)
+        if found is not None and found not in out:
+            out.append(found)
+            if len(out) >= MAX_NAMED:
+                break
+    return out
+
+
+def describe(err: dict, exc: BaseException, what: str) -> dict:
+    """``err`` (a :func:`gpumesh.worker.runner.describe_exception` of ``exc``, kind
+    ``unpickle``) with its message saying that it was raised while loading ``what``
+    ("the call's arguments", "the function") on this worker, before the function ran,
+    and naming this worker's versions of the packages involved: the package of a
+    :func:`version_gap` (``err["package"]`` and ``err["package_version"]``, which
+    ``describe_exception`` sets), else those of :func:`traceback_packages`. Never raises."""
+    gap = (err["package"], err["package_version"]) if "package" in err else None
+    try:
+        named = [] if gap else traceback_packages(exc.__traceback__)
+    except Exception:  # noqa: BLE001 - the failure itself must still be reported
+        named = []
+    message = f"{err.get('message', '')} (raised while loading {what} on the worker, before the function ran"
+    if gap:
+        message += (f"; this worker has {gap[0]} {gap[1]}, which has no {err.get('module')}: the "
+                    f"caller's {gap[0]} is likely another version")
+    elif named:
+        message += ("; this worker has " + ", ".join(f"{n} {v}" for n, v in named)
+                    + ": compare with the caller's versions")
+    err["message"] = message + ")"
+    return err
