@@ -52,6 +52,27 @@ def installed() -> dict[str, str]:
     return dict(sorted(out.items())[:MAX_PACKAGES])
 
 
+def module_distribution(top: str) -> tuple[str, str] | None:
+    """``(distribution name, version)`` of the installed distribution that provides the
+    top-level module ``top`` (``sklearn`` -> ``("scikit-learn", "1.4.2")``), or None
+    when none does (a module of the user's own, a stdlib one). Never raises."""
+    from importlib import metadata
+    try:  # the common case, name == module (numpy, pandas): one metadata read
+        return top, metadata.version(top)
+    except Exception:  # noqa: BLE001 - PackageNotFoundError, or broken metadata
+        pass
+    try:  # (reads every distribution's file list: slow, but only on a failure)
+        names = metadata.packages_distributions().get(top) or []
+    except Exception:  # noqa: BLE001
+        names = []
+    for name in names:
+        try:
+            return name, metadata.version(name)
+        except Exception:  # noqa: BLE001
+            continue
+    return None
+
+
 class Inventory:
     """What is installed, looked at again at most every ``rescan_s`` seconds."""
 

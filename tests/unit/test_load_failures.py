@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from gpumesh import wire
+from gpumesh import packages, wire
 from gpumesh.protocol import TaskGrant
 from gpumesh.worker import loadfail, procs, runner
 from gpumesh.worker.executor import Executor
@@ -148,5 +148,5 @@ def test_traceback_packages_leave_out_the_machinery_and_the_standard_library(ver
         json.loads("{")
     except ValueError as e:
         assert loadfail.traceback_packages(e.__traceback__) == []
-    assert loadfail.distribution_version(PKG) == ("gmverpkg", "2.0")
-    assert loadfail.distribution_version("gm_absent_pkg") is None
+    assert packages.module_distribution(PKG) == ("gmverpkg", "2.0")
+    assert packages.module_distribution("gm_absent_pkg") is None

@@ -22,6 +22,8 @@ import sys
 import traceback
 from types import TracebackType
 
+from .. import packages
+
 #: Top-level modules whose frames say nothing about which package failed: the loading
 #: machinery itself (pickle, cloudpickle, importlib, gpumesh) and the user's script.
 MACHINERY = frozenset({"gpumesh", "cloudpickle", "pickle", "_pickle", "copyreg",
@@ -29,27 +31,6 @@ MACHINERY = frozenset({"gpumesh", "cloudpickle", "pickle", "_pickle", "copyreg",
                        "__main__", "builtins"})
 #: Most packages one failure names (a deep traceback through many libraries stays short).
 MAX_NAMED = 5
-
-
-def distribution_version(top: str) -> tuple[str, str] | None:
-    """``(distribution name, version)`` of the installed distribution that provides the
-    top-level module ``top`` (``sklearn`` -> ``("scikit-learn", "1.4.2")``), or None
-    when none does (a module of the user's own, a stdlib one). Never raises."""
-    from importlib import metadata
-    try:  # the common case, name == module (numpy, pandas): one metadata read
-        return top, metadata.version(top)
-    except Exception:  # noqa: BLE001 - PackageNotFoundError, or broken metadata
-        pass
-    try:  # (reads every distribution's file list: slow, but only on a failure)
-        names = metadata.packages_distributions().get(top) or []
-    except Exception:  # noqa: BLE001
-        names = []
-    for name in names:
-        try:
-            return name, metadata.version(name)
-        except Exception:  # noqa: BLE001
-            continue
-    return None
 
 
 def version_gap(exc: BaseException) -> tuple[str, str] | None:
@@ -64,7 +45,7 @@ def version_gap(exc: BaseException) -> tuple[str, str] | None:
     top = name.partition(".")[0]
     if not _importable(top):
         return None  # the package itself is missing: a module this worker lacks
-    found = distribution_version(top)
+    found = packages.module_distribution(top)
     return (found[0], found[1]) if found else None
 
 
@@ -93,7 +74,7 @@ def traceback_packages(tb: TracebackType | None) -> list[tuple[str, str]]:
         if top in seen or top in stdlib or top in MACHINERY:
             continue
         seen.add(top)
-        found = distribution_version(top)
+        found = packages.module_distribution(top)
         if found is not None and found not in out:
             out.append(found)
             if len(out) >= MAX_NAMED:
