@@ -185,8 +185,9 @@ def cannot_provide(coord: Coordinator, lease: Lease, error: dict[str, Any]) -> d
     job's ``requires=`` (its environment did not build there: a Python too old for a
     version asked for, say). Kept off the job like a worker without a module
     (:func:`keep_off`); the final error names each worker that could not, and why."""
-    message = error.get("message") if isinstance(error.get("message"), str) else "it failed"
-    return keep_off(coord, lease, error, f"could not provide requires=: {message[:2000]}",
+    message = error.get("message")
+    reason = message[:2000] if isinstance(message, str) else "it failed"
+    return keep_off(coord, lease, error, f"could not provide requires=: {reason}",
                     lambda job: dict(error, message=views.unable_message(coord, job)))
 
 

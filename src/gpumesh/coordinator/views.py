@@ -161,9 +161,13 @@ def missing_module_message(coord: Coordinator, job: Job, module: str) -> str:
     names the module and each worker that lacks it (host, id, Python); a worker whose
     version of the module's package has no such module (a version gap) is named with
     that version, and then the error says what to do about versions instead."""
-    lacking, gaps = [], []
+    lacking: list[tuple[str, None]] = []
+    gaps: list[tuple[str, tuple[str, str]]] = []
     for wid, gap in sorted(job.lacking[module].items()):
-        (lacking if gap is None else gaps).append((_who(coord, wid), gap))
+        if gap is None:
+            lacking.append((_who(coord, wid), None))
+        else:
+            gaps.append((_who(coord, wid), gap))
     absent = (f"{', '.join(who for who, _ in lacking)} lack{'s' if len(lacking) == 1 else ''} it"
               if lacking else "")
     if not gaps:

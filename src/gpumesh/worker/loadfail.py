@@ -64,7 +64,7 @@ def traceback_packages(tb: TracebackType | None) -> list[tuple[str, str]]:
     in the frames of ``tb``, in order of first appearance, at most :data:`MAX_NAMED`:
     the standard library, the loading machinery (:data:`MACHINERY`) and modules that no
     distribution provides are left out."""
-    stdlib = getattr(sys, "stdlib_module_names", frozenset())
+    stdlib: frozenset[str] = getattr(sys, "stdlib_module_names", frozenset())
     seen, out = set(), []
     for frame, _ in traceback.walk_tb(tb):
         name = frame.f_globals.get("__name__")
