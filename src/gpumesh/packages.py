@@ -54,6 +54,27 @@ def installed() -> dict[str, str]:
     return dict(sorted(out.items())[:MAX_PACKAGES])
 
 
+def module_distribution(top: str) -> tuple[str, str] | None:
+    """``(distribution name, version)`` of the installed distribution that provides the
+    top-level module ``top`` (``sklearn`` -> ``("scikit-learn", "1.4.2")``), or None
+    when none does (a module of the user's own, a stdlib one). Never raises."""
+    from importlib import metadata
+    try:  # the common case, name == module (numpy, pandas): one metadata read
+        return top, metadata.version(top)
+    except Exception:  # noqa: BLE001 - PackageNotFoundError, or broken metadata
+        pass
+    try:  # (reads every distribution's file list: slow, but only on a failure)
+        names = _providers().get(top) or []
+    except Exception:  # noqa: BLE001
+        names = []
+    for name in names:
+        try:
+            return name, metadata.version(name)
+        except Exception:  # noqa: BLE001
+            continue
+    return None
+
+
 class Inventory:
     """What is installed, looked at again at most every ``rescan_s`` seconds."""
 
@@ -74,34 +95,32 @@ class Inventory:
         return now
 
 
-#: Top-level modules a traceback passes through that say nothing about versions: the
-#: unpicklers themselves and gpumesh.
-_NOT_THIRD_PARTY = frozenset({"gpumesh", "cloudpickle", "pickle", "copyreg", "_pickle"})
+#: Top-level modules whose frames say nothing about which package failed: the loading
+#: machinery itself (pickle, cloudpickle, importlib, gpumesh) and the user's script.
+MACHINERY = frozenset({"gpumesh", "cloudpickle", "pickle", "_pickle", "copyreg",
+                       "importlib", "_frozen_importlib", "_frozen_importlib_external",
+                       "__main__", "builtins"})
 
 
-def traceback_packages(tb: TracebackType | None) -> dict[str, str]:
-    """``{normalised distribution name: version}`` installed here for the third-party
-    modules whose code ran in the frames of ``tb`` (the standard library, the unpicklers
-    and gpumesh left out), in the order they first appear. Used to say which versions to
-    compare when a pickle made by one machine fails to load on another."""
-    from importlib import metadata
-    tops: list[str] = []
-    while tb is not None:
-        top = str(tb.tb_frame.f_globals.get("__name__") or "").partition(".")[0]
-        if top and top not in tops and top not in _NOT_THIRD_PARTY \
-                and top not in sys.stdlib_module_names and top != "__main__":
-            tops.append(top)
-        tb = tb.tb_next
-    if not tops:
-        return {}
+def traceback_packages(tb: TracebackType | None, limit: int = 5) -> dict[str, str]:
+    """``{distribution: version}`` of the installed third-party packages whose code is in
+    the frames of ``tb``, in order of first appearance, at most ``limit``: the standard
+    library, the loading machinery (:data:`MACHINERY`) and modules that no distribution
+    provides are left out. Says which versions to compare when a pickle made on one
+    machine fails to load on another. Only for failures: it reads package metadata."""
+    stdlib: frozenset[str] = getattr(sys, "stdlib_module_names", frozenset())
+    seen: set[str] = set()
     out: dict[str, str] = {}
-    providers = _providers()
-    for top in tops:
-        for dist in providers.get(top, ()):
-            try:
-                out.setdefault(normalise(dist), metadata.version(dist))
-            except metadata.PackageNotFoundError:
-                continue
+    while tb is not None and len(out) < limit:
+        name = tb.tb_frame.f_globals.get("__name__")
+        tb = tb.tb_next
+        top = name.partition(".")[0] if isinstance(name, str) else ""
+        if not top or top in seen or top in stdlib or top in MACHINERY:
+            continue
+        seen.add(top)
+        found = module_distribution(top)
+        if found is not None:
+            out.setdefault(found[0], found[1])
     return out
 
 
@@ -130,14 +149,8 @@ def _providers() -> dict[str, list[str]]:
 def version_of(module: str) -> str | None:
     """The installed version of the distribution that provides the top-level package of
     ``module`` (``numpy._core.numeric`` -> numpy's), None when none is known."""
-    from importlib import metadata
-    top = module.partition(".")[0]
-    for dist in _providers().get(top, ()):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
+    found = module_distribution(module.partition(".")[0])
+    return found[1] if found else None
 
 
 def check(value, field: str = "packages") -> dict[str, str]:

@@ -93,8 +93,8 @@ Error codes: every refusal is ``{"error": code, "message": text}``::
     (any other 4xx code)                                                   -> RequestRejected
 
 Failure kinds: a failed task's error is ``{"kind", "type", "message", ...}`` (also
-``traceback``, ``stderr_tail``, ``code``, ``module``, ``worker``, ``hostname``, ``attempt``
-where known); what the caller raises is :data:`FAILURE_EXCEPTIONS`::
+``traceback``, ``stderr_tail``, ``code``, ``module``, ``package``, ``package_version``,
+``worker``, ``hostname``, ``attempt`` where known); what the caller raises is :data:`FAILURE_EXCEPTIONS`::
 
     raised              the function raised          -> its own exception (else RemoteError)
     unpickle            function or arguments do not load on the worker       -> RemoteError
@@ -105,7 +105,7 @@ where known); what the caller raises is :data:`FAILURE_EXCEPTIONS`::
     crashed             its process died (signal, os._exit, segfault)         -> TaskCrashed
     cancelled           the job was cancelled                                 -> Cancelled
     script              a script exited non-zero or printed no JSON line      -> TaskFailed
-    requires            the worker cannot provide the job's requires=         -> TaskFailed
+    requires            no able worker can provide the job's requires=        -> TaskFailed
     missing_module      (coordinator) no able worker has the module   -> ModuleNotFoundError
     lost                (coordinator) it lost its worker too often            -> WorkerLost
     host_died           retry: the function's host died or could not start (re-queued)

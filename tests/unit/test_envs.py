@@ -53,3 +53,53 @@ def test_a_failed_build_leaves_nothing_behind(tmp_path):
         cache.acquire(["six"])
     assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []
     assert cache._in_use == {}
+
+
+#: What uv 0.5 prints when a requirement needs a newer Python: the reason comes first,
+#: then lines that say nothing of it.
+UV_NO_SOLUTION = """\
+Using Python 3.10.13 environment at: /usr/bin/python3
+Resolved 0 packages in 12ms
+  x No solution found when resolving dependencies:
+  `-> Because the current Python version (3.10.13) does not satisfy Python>=3.11 and all
+      versions of pandas>=3 depend on Python>=3.11, we can conclude that pandas>=3 cannot be used.
+      And because you require pandas>=3, we can conclude that your requirements are
+      unsatisfiable.
+
+      hint: Pre-releases are available for `pandas` in the requested range
+Downloading a
+Downloading b
+Downloading c
+Downloading d
+Downloading e
+Downloading f
+"""
+
+
+def _fake_uv(tmp_path, output: str):
+    uv = tmp_path / "uv"
+    uv.write_text(f"#!/bin/sh\ncat >&2 <<'OUT'\n{output}OUT\nexit 1\n")
+    uv.chmod(0o755)
+    return str(uv)
+
+
+def test_a_failed_build_keeps_the_lines_of_uvs_reason_in_order(tmp_path):
+    cache = EnvCache(tmp_path / "envs", cap_bytes=10**9, uv=_fake_uv(tmp_path, UV_NO_SOLUTION))
+    with pytest.raises(InstallError) as e:
+        cache.acquire(["pandas>=3"])
+    assert str(e.value) == (
+        "uv could not install ['pandas>=3']: Using Python 3.10.13 environment at: "
+        "/usr/bin/python3 / x No solution found when resolving dependencies: / `-> Because "
+        "the current Python version (3.10.13) does not satisfy Python>=3.11 and all / "
+        "versions of pandas>=3 depend on Python>=3.11, we can conclude that pandas>=3 cannot "
+        "be used. / And because you require pandas>=3, we can conclude that your requirements "
+        "are / unsatisfiable. / hint: Pre-releases are available for `pandas` in the requested range")
+
+
+def test_uvs_output_without_a_reason_keeps_its_last_lines_and_a_long_one_is_cut():
+    from gpumesh.worker import envs
+    lines = [f"line {i}" for i in range(10)]
+    assert envs.uv_reason("\n".join(lines)) == " / ".join(lines[-envs.TAIL_LINES:])
+    long = "\n".join(f"because {i} " + "x" * 100 for i in range(40))
+    got = envs.uv_reason(long)
+    assert len(got) == envs.MAX_REASON_CHARS and got.startswith("because 0 ") and got.endswith("...")

@@ -411,6 +411,7 @@ def pool_checks(workers: list[dict], url: str) -> list[Check]:
                         "" if set(by_version) == {__version__} else
                         f"on each of the others: {install_command(url)}"))
     checks += _module_checks(workers)
+    checks += _version_gap_checks(workers)
     reported = [w for w in workers if isinstance(w.get("packages"), dict)]
     if len(reported) < 2:
         return checks
@@ -474,6 +475,39 @@ def _module_checks(workers: list[dict]) -> list[Check]:
                      + "their tasks ran on the other workers; install the package that "
                      "provides each module on these workers to use them too")
     return [Check("pool modules", "warn", ". ".join(details), "; ".join(fixes))]
+
+
+def _version_gap_checks(workers: list[dict]) -> list[Check]:
+    """The ``pool versions`` check: modules recent jobs needed (to unpickle a call's
+    arguments, mostly) that some workers' versions of their package do not have, with
+    this machine's version of each package beside the workers'. Not modules the workers
+    lack: the callers and the workers run different versions of the package."""
+    gaps: dict[tuple[str, str], list[str]] = {}
+    for w in workers:
+        for gap in w.get("version_gaps") or ():
+            if isinstance(gap, dict):
+                key = (str(gap.get("module")), str(gap.get("package")))
+                gaps.setdefault(key, []).append(f"{gap.get('version')} on {_who(w)}")
+    if not gaps:
+        return []
+    from importlib import metadata
+    items = []
+    for (module, package), where in sorted(gaps.items())[:POOL_LIST]:
+        try:
+            here = f"; {metadata.version(package)} here"
+        except Exception:  # noqa: BLE001 - not installed here, or broken metadata
+            here = ""
+        items.append(f"{module} is not in {package} {', '.join(where)}{here}")
+    more = f" and {len(gaps) - POOL_LIST} more" if len(gaps) > POOL_LIST else ""
+    packages_named = sorted({p for _, p in gaps})
+    return [Check("pool versions", "warn",
+                  "recent calls needed modules that the workers' versions of their packages "
+                  "do not have: " + "; ".join(items) + more,
+                  f"the callers run another version of {', '.join(packages_named)} than these "
+                  "workers (their tasks ran on workers whose version had the module, where "
+                  "there were any); install the same version on the callers and the workers, "
+                  "or call with requires= naming the callers' version on workers joined with "
+                  "--allow-installs")]
 
 
 @click.command()

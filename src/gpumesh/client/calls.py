@@ -237,6 +237,13 @@ def failure(item: ResultItem, payload: memoryview | None, *, call: Call | None =
         # Someone cancelled the job (gpumesh cancel, .cancel()): return_exceptions would
         # not have run its items, so the hint of a batch stopped by a failure is wrong here.
         hint = ""
+    if kind == FailureKind.MISSING_MODULE and isinstance(err.get("package"), str):
+        # A version gap (the workers have the package, in another version): this
+        # process's version is the other half of the comparison.
+        from ..packages import module_distribution
+        mine = module_distribution(err["package"])
+        if mine is not None:
+            message += f"; this caller has {mine[0]} {mine[1]}"
     tail = f" ({place})" + (f"; {hint}" if hint else "")
     if err.get("stderr_tail") and kind != "raised":
         tail += "\n--- last lines the task wrote to stderr ---\n" + err["stderr_tail"].rstrip()

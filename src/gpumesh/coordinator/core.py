@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import availability, hardware
+from ..protocol import FailureKind
 from ..limits import HEARTBEAT_INTERVAL_S, MAX_ATTEMPTS, WORKER_TTL_S  # noqa: F401 (MAX_ATTEMPTS: core's own)
 from . import callers, diskfull, jobops, placement, placing, recovery, requeue, views
 from .model import (CoordinatorError, Grant, Job, JobReleased, Lease, NoWorkers,  # noqa: F401
@@ -85,8 +86,10 @@ class Coordinator(Journalled):
         self.preempted_runs: dict[str, int] = {}  # open task id -> attempts handed back
         self.unrequeued: dict[str, tuple[str, str]] = {}  # task id -> (lease id, why): see requeue_soon
         self.stats = placement.SlotStats()
-        #: module -> workers a recent job found without it (``gpumesh doctor`` shows them)
-        self.lacking: dict[str, set[str]] = {}
+        #: module -> {worker: None, or (package, the worker's version)} a recent job found
+        #: without it: the worker lacks it, or its version of the package has no such
+        #: submodule (``gpumesh doctor`` shows both, in those words)
+        self.lacking: dict[str, dict[str, tuple[str, str] | None]] = {}
         self._sessions = 0
         self.closing = False  # set by begin_shutdown()
         self.output = OutputHub(store.dir / "logs")
@@ -153,10 +156,11 @@ class Coordinator(Journalled):
             news = "packages" in info  # something was installed: give its jobs another try
             if news:
                 for job in self.jobs.values():
+                    job.unable.pop(wid, None)
                     for ws in job.lacking.values():
-                        ws.discard(wid)
+                        ws.pop(wid, None)
                 for ws in self.lacking.values():
-                    ws.discard(wid)
+                    ws.pop(wid, None)
             for g in (w.info.get("gpus") or ()) if free else ():  # a waiting task may fit now
                 new = free.get(g.get("index"))
                 if new is not None and new != g.get("memory_free_mb"):
@@ -558,6 +562,10 @@ class Coordinator(Journalled):
             if status == "error" and isinstance(error, dict) and isinstance(error.get("module"), str):
                 error = requeue.missing_module(self, lease, error)
                 if error is None:  # tried again on a worker that may have it
+                    return lease.worker_id if w and w.alive else None
+            elif status == "error" and isinstance(error, dict) and error.get("kind") == FailureKind.REQUIRES:
+                error = requeue.cannot_provide(self, lease, error)
+                if error is None:  # tried again on a worker that may build it (or has it)
                     return lease.worker_id if w and w.alive else None
             if status == "error" and requeue.retry_failed(self, lease, error):
                 return lease.worker_id if w and w.alive else None

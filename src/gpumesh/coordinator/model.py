@@ -233,12 +233,18 @@ class Job:
     lane: hardware.Requirements = field(default_factory=hardware.Requirements)
     owner: str | None = None  # the person who submitted it (None: from before people)
     submitted: float = 0.0  # coordinator clock when it was submitted (or recovered)
-    #: module -> workers whose run of this job failed with ModuleNotFoundError for it;
-    #: none of the job's tasks is granted to them again (see coordinator.requeue.missing_module).
-    lacking: dict[str, set[str]] = field(default_factory=dict)
+    #: module -> {worker: None, or ``(package, version)``} for the workers whose run of
+    #: this job failed with ModuleNotFoundError for it: None when the worker lacks it,
+    #: the package and the worker's version of it when that version has no such submodule
+    #: (a version gap; see coordinator.requeue.missing_module).
+    lacking: dict[str, dict[str, tuple[str, str] | None]] = field(default_factory=dict)
+    #: worker id -> why it cannot run this job's tasks (a module it lacks, another
+    #: version of a package, a requires= it could not build), in words that follow its
+    #: name; none of the job's tasks is granted to it again (see coordinator.requeue.keep_off).
+    unable: dict[str, str] = field(default_factory=dict)
 
     def excludes(self, worker_id: str) -> bool:
-        return any(worker_id in ws for ws in self.lacking.values())
+        return worker_id in self.unable
     #: open task id -> workers whose run of it raised a retry_on exception (run it elsewhere)
     avoid: dict[str, set[str]] = field(default_factory=dict)
 

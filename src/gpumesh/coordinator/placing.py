@@ -98,8 +98,8 @@ def choose(coord: Coordinator, job_id: str, q: deque[str], slot: hardware.Slot,
     job = coord.jobs.get(job_id)
     if job is None:
         return 0
-    if job.lacking and job.excludes(slot.worker):
-        return None  # it lacks a module this job's function needs
+    if job.unable and job.excludes(slot.worker):
+        return None  # it cannot run this job's tasks (a module it lacks, a failed build)
     if not job.vram_mb and not job.costs_vary and not job.avoid:
         return 0  # the common case: FIFO
     candidates = []

@@ -1,7 +1,7 @@
 """How a lease ends other than by a stored result: its task re-queued (its worker was
 lost, handed it back, or asked to retry), re-run on another worker (its process crashed,
-a ``retry_on`` exception, a module missing there), or failed as lost after
-``MAX_ATTEMPTS`` losses.
+a ``retry_on`` exception, a module missing there, a ``requires=`` it could not build), or
+failed as lost after ``MAX_ATTEMPTS`` losses.
 
 Each is all or nothing, also inside a commit that fails later (:mod:`.journal`): the
 store is written first, and each change to memory registers its undoing.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import TaskCrashed
@@ -148,32 +149,73 @@ def relet(coord: Coordinator, lease: Lease) -> None:
 
 
 def missing_module(coord: Coordinator, lease: Lease, error: dict[str, Any]) -> dict[str, Any] | None:
-    """The task failed on ``lease``'s worker with ModuleNotFoundError: none of the job's
-    tasks goes to that worker again. If another alive worker could run it, re-queue it
-    there and return None; otherwise return the task's final error, which names the
-    module and the workers that lack it."""
+    """The task failed on ``lease``'s worker with ModuleNotFoundError: the worker lacks
+    the module, or (the error names a ``package``) has another version of its package,
+    without it. Either way it is kept off the job (:func:`keep_off`); the task's final
+    error, when no other worker could run it, names the module and each worker's case."""
+    module = error["module"][:200]
+    gap = _version_gap(error)
+    job = coord.jobs.get(lease.job_id)
+    if job is not None:
+        job.lacking.setdefault(module, {})[lease.worker_id] = gap
+    coord.lacking.setdefault(module, {})[lease.worker_id] = gap
+    while len(coord.lacking) > MAX_LACKING_MODULES:  # the oldest module first
+        del coord.lacking[next(iter(coord.lacking))]
+    # A version gap is still kept off the job and tried elsewhere, like a missing module:
+    # in a mixed pool another worker may well have the caller's version (which is what a
+    # pickle of numpy 2 needs), and this worker will not grow it by trying again.
+    why = (f"has {gap[0]} {gap[1]}, which has no module {module!r}" if gap
+           else f"has no module {module!r}")
+    return keep_off(coord, lease, error, why, lambda job: dict(
+        error, kind=FailureKind.MISSING_MODULE,
+        message=views.missing_module_message(coord, job, module)))
+
+
+def _version_gap(error: dict[str, Any]) -> tuple[str, str] | None:
+    """``(package, version)`` of a worker's error whose module is a submodule of a package
+    it has, in another version (gpumesh.worker.loadfail); None when it lacks the module."""
+    package, version = error.get("package"), error.get("package_version")
+    if isinstance(package, str) and package and isinstance(version, str):
+        return package[:200], version[:100]
+    return None
+
+
+def cannot_provide(coord: Coordinator, lease: Lease, error: dict[str, Any]) -> dict[str, Any] | None:
+    """The task failed on ``lease``'s worker because the worker could not provide the
+    job's ``requires=`` (its environment did not build there: a Python too old for a
+    version asked for, say). Kept off the job like a worker without a module
+    (:func:`keep_off`); the final error names each worker that could not, and why."""
+    message = error.get("message")
+    reason = message[:2000] if isinstance(message, str) else "it failed"
+    return keep_off(coord, lease, error, f"could not provide requires=: {reason}",
+                    lambda job: dict(error, message=views.unable_message(coord, job)))
+
+
+def keep_off(coord: Coordinator, lease: Lease, error: dict[str, Any], why: str,
+             final: Callable[[Job], dict[str, Any]]) -> dict[str, Any] | None:
+    """The task cannot run on ``lease``'s worker for a reason every task of its job
+    shares (``why``, in words that follow the worker's name: a module it lacks, a
+    requires= it could not build): none of the job's tasks goes to that worker again
+    (until it reports new packages). If another alive worker could run it, re-queue it
+    there (not a loss: the attempt goes into its history) and return None; otherwise
+    return ``final(job)``, the task's final error."""
     job = coord.jobs.get(lease.job_id)
     if job is None:
         return error
-    module = error["module"][:200]
-    job.lacking.setdefault(module, set()).add(lease.worker_id)
-    coord.lacking.setdefault(module, set()).add(lease.worker_id)
-    while len(coord.lacking) > MAX_LACKING_MODULES:  # the oldest module first
-        del coord.lacking[next(iter(coord.lacking))]
+    job.unable[lease.worker_id] = why
     others = [w for w in coord.alive_workers() if not job.excludes(w.id)
               and any(placing.runs(job.lane, s) for s in w.slot_views())]
-    if others:
-        log.info("task %s: worker %s has no module %r; trying it on another worker",
-                 lease.task_id, lease.worker_id, module)
-        # Not a loss (like a retry_on re-run): the attempt goes into the task's history.
-        rerun(coord, lease, f"no module {module!r} on this worker", error)
-        if views.closed_for(coord, job.id):
-            # Only workers their owners closed (paused, outside hours) may run it now: the
-            # waiting caller hears so at once (its results page says why), not after its
-            # long poll.
-            job.notify()
-        return None
-    return dict(error, kind="missing_module", message=views.missing_module_message(coord, job, module))
+    if not others:
+        return final(job)
+    log.info("task %s: worker %s %s; trying it on another worker",
+             lease.task_id, lease.worker_id, why[:300])
+    rerun(coord, lease, f"this worker {why}", error)
+    if views.closed_for(coord, job.id):
+        # Only workers their owners closed (paused, outside hours) may run it now: the
+        # waiting caller hears so at once (its results page says why), not after its
+        # long poll.
+        job.notify()
+    return None
 
 
 def retry_failed(coord: Coordinator, lease: Lease, error: dict[str, Any] | None) -> bool:

@@ -49,9 +49,13 @@ def ran_in_slot(w: Worker | None, lease: Lease, now: float) -> float:
 def worker_view(coord: Coordinator, w: Worker) -> dict[str, Any]:
     """A worker as ``GET /v1/workers`` lists it."""
     d = dict(w.info)
-    lacks = sorted(m for m, ws in coord.lacking.items() if w.id in ws)
+    lacks = sorted(m for m, ws in coord.lacking.items() if w.id in ws and ws[w.id] is None)
     if lacks:  # modules recent jobs needed and did not find here
         d["lacks"] = lacks
+    gaps = [{"module": m, "package": gap[0], "version": gap[1]}
+            for m, ws in sorted(coord.lacking.items()) if (gap := ws.get(w.id)) is not None]
+    if gaps:  # ... and did not find in this worker's version of their package
+        d["version_gaps"] = gaps
     d.update(id=w.id, alive=w.alive, slots=w.slots, running=len(w.leases), slot_list=w.slot_list,
              busy_slots=sorted({lease.slot for tid in w.leases
                                 if (lease := coord.leases.get(tid)) is not None
@@ -154,15 +158,43 @@ def unsatisfiable_message(coord: Coordinator, req: hardware.Requirements, hint: 
 
 def missing_module_message(coord: Coordinator, job: Job, module: str) -> str:
     """The final error of a task whose ``module`` no worker that could run ``job`` has:
-    names the module and each worker that lacks it (host, id, Python)."""
-    lacking = []
-    for wid in sorted(job.lacking[module]):
-        w = coord.workers.get(wid)
-        name = w.info.get("hostname", "?") if w else "?"
-        lacking.append(f"{name} ({wid}, Python {w.info.get('python', '?') if w else '?'})")
-    return (f"No module named {module!r} on any worker that could run this task: "
-            f"{', '.join(lacking)} lack{'s' if len(lacking) == 1 else ''} it; install it "
-            f"there (or join a worker that has it) and call again")
+    names the module and each worker that lacks it (host, id, Python); a worker whose
+    version of the module's package has no such module (a version gap) is named with
+    that version, and then the error says what to do about versions instead."""
+    lacking: list[tuple[str, None]] = []
+    gaps: list[tuple[str, tuple[str, str]]] = []
+    for wid, gap in sorted(job.lacking[module].items()):
+        if gap is None:
+            lacking.append((_who(coord, wid), None))
+        else:
+            gaps.append((_who(coord, wid), gap))
+    absent = (f"{', '.join(who for who, _ in lacking)} lack{'s' if len(lacking) == 1 else ''} it"
+              if lacking else "")
+    if not gaps:
+        return (f"No module named {module!r} on any worker that could run this task: {absent}; "
+                f"install it there (or join a worker that has it) and call again")
+    package = gaps[0][1][0]
+    have = "; ".join([f"{who} has {gap[0]} {gap[1]}" for who, gap in gaps] + ([absent] if absent else []))
+    return (f"No module named {module!r} in the version of {package} on any worker that could "
+            f"run this task ({have}): the caller's {package} is likely another version, one "
+            f"that has it. Install the same {package} version on the caller and the workers, or "
+            f"call with requires=[\"{package}==<the caller's version>\"] "
+            f"on workers joined with --allow-installs")
+
+
+def unable_message(coord: Coordinator, job: Job) -> str:
+    """The final error of a task that no alive worker able to run ``job`` can run: names
+    each worker kept off it (host, id, Python) and why (:attr:`Job.unable`)."""
+    why = "; ".join(f"{_who(coord, wid)} {reason}" for wid, reason in sorted(job.unable.items()))
+    return (f"no alive worker could run this task: {why}; join a worker that can (for "
+            f"requires=, one whose Python the packages support), or change what the call needs")
+
+
+def _who(coord: Coordinator, wid: str) -> str:
+    """A worker as a final error names it: host, id and Python."""
+    w = coord.workers.get(wid)
+    return (f"{w.info.get('hostname', '?') if w else '?'} ({wid}, "
+            f"Python {w.info.get('python', '?') if w else '?'})")
 
 
 def attempt_logs(coord: Coordinator, job_id: str, task: dict[str, Any],

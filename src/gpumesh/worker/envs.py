@@ -45,8 +45,31 @@ BUILD_TIMEOUT_S = 1800.0
 WAIT_POLL_S = 0.25
 
 
+#: Most characters of uv's output an :class:`InstallError` carries.
+MAX_REASON_CHARS = 1500
+#: Words of the lines of uv's output that carry why it failed: its resolver's
+#: explanation ("Because the current Python version (3.10.13) does not satisfy
+#: Python>=3.11 and ... we can conclude that ..."), its "No solution found" and hints.
+REASON_WORDS = ("python", "because", "not satisfy", "no solution", "unsatisfiable", "hint",
+                "error")
+#: Lines of uv's output kept when none carries those words (its last ones).
+TAIL_LINES = 6
+
+
 class InstallError(Exception):
     """An environment could not be built; the message ends with uv's own words."""
+
+
+def uv_reason(output: str) -> str:
+    """The lines of uv's failed ``output`` that say why, in their order, joined by
+    `` / ``, at most :data:`MAX_REASON_CHARS` (the first, which carry the cause, kept):
+    those with one of :data:`REASON_WORDS`, else the last :data:`TAIL_LINES`. Keeping
+    only the last lines lost the reason, which uv prints first (the Python version a
+    package needs, say), and kept its download progress."""
+    lines = [ln.strip() for ln in output.strip().splitlines() if ln.strip()]
+    kept = [ln for ln in lines if any(w in ln.lower() for w in REASON_WORDS)] or lines[-TAIL_LINES:]
+    text = " / ".join(kept)
+    return text if len(text) <= MAX_REASON_CHARS else text[:MAX_REASON_CHARS - 3] + "..."
 
 
 def find_uv() -> str | None:
@@ -164,8 +187,7 @@ class EnvCache:
             raise InstallError(f"could not build the environment for {requires}: {e}") from None
         if r.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)
-            tail = (r.stderr or r.stdout).strip().splitlines()[-6:]
-            raise InstallError(f"uv could not install {requires}: " + " / ".join(tail))
+            raise InstallError(f"uv could not install {requires}: " + uv_reason(r.stderr or r.stdout))
         size = _size(tmp)
         (tmp / "requires.json").write_text(json.dumps({"requires": requires, "bytes": size}))
         shutil.rmtree(final, ignore_errors=True)  # a half-made one from a crash

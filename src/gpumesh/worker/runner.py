@@ -95,7 +95,23 @@ def describe_exception(exc: BaseException, kind: str, own_frames: int = 0) -> di
     if isinstance(exc, ModuleNotFoundError) and isinstance(exc.name, str) and exc.name:
         # A module this worker lacks: the coordinator tries the task on another worker.
         out["module"] = exc.name[:200]
+        from gpumesh.worker import loadfail  # (only on this failure: off every task's path)
+        gap = loadfail.version_gap(exc)
+        if gap is not None:
+            # Not lacking after all: it has the package, in another version than the one
+            # the pickle or the code needs. The coordinator words it so (and still tries
+            # another worker: one may have the matching version).
+            out["package"], out["package_version"] = gap[0][:200], gap[1][:100]
     return out
+
+
+def describe_load_failure(exc: BaseException, what: str) -> dict:
+    """:func:`describe_exception` (kind ``unpickle``) of a failure to load ``what`` ("the
+    call's arguments", "the function") on this worker: its message says so, and names
+    this worker's versions of the packages involved (gpumesh.worker.loadfail), since a
+    pickle from another version of a package is the usual cause."""
+    from gpumesh.worker import loadfail
+    return loadfail.describe(describe_exception(exc, FailureKind.UNPICKLE), exc, what)
 
 
 def _safe_str(exc: BaseException) -> str:
@@ -182,7 +198,7 @@ def run_task(fn, data: socket.socket, result_format: str | None = None,
             finally:
                 ref.release()  # (the map outlives its descriptor)
     except BaseException as e:  # noqa: BLE001 - any unpickling failure is the task's error
-        reply({"status": "error", "error": describe_exception(e, FailureKind.UNPICKLE)})
+        reply({"status": "error", "error": describe_load_failure(e, "the call's arguments")})
         return
     try:
         value = fn(*args, **kwargs)
@@ -292,7 +308,7 @@ def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None)
         if not callable(fn):
             raise TypeError(f"the job's function is a {type(fn).__name__}, not callable")
     except BaseException as e:  # noqa: BLE001
-        send_msg(ctrl, {"op": "load_error", "error": describe_exception(e, FailureKind.UNPICKLE)})
+        send_msg(ctrl, {"op": "load_error", "error": describe_load_failure(e, "the function")})
         return
     send_msg(ctrl, {"op": "ready"})
     # Children write to files, and what they print should leave at each line (it is

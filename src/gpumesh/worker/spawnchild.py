@@ -137,7 +137,7 @@ def main() -> int:
             try:
                 fn = _load(msg)
             except BaseException as e:  # noqa: BLE001 - any failure is the job's error
-                _send(sock, {"op": "load_error", "error": runner.describe_exception(e, "unpickle")})
+                _send(sock, {"op": "load_error", "error": runner.describe_load_failure(e, "the function")})
                 return 0
             _send(sock, {"op": "ready"})
         elif op == "preload":
