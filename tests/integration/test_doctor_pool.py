@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from gpumesh._version import __version__
 from gpumesh.cli import main
+from gpumesh.cli import doctor
 from gpumesh.cli.doctor import pool_checks
 
 from ..conftest import Proc
@@ -20,7 +21,8 @@ def _w(wid, host, python, version=__version__, packages=None):
             "packages": packages if packages is not None else {"cloudpickle": "3.1.1"}}
 
 
-def test_pool_checks_name_the_workers_that_differ():
+def test_pool_checks_name_the_workers_that_differ(monkeypatch):
+    monkeypatch.setattr(doctor, "installed", lambda: {"cloudpickle": "3.1.1"})
     here = platform.python_version()
     other = "3.99.0"
     checks = {c.name: c for c in pool_checks(
@@ -40,6 +42,26 @@ def test_pool_checks_name_the_workers_that_differ():
     same = {c.name: c.status for c in pool_checks(
         [_w("a1a1", "a", here), _w("b2b2", "b", here)], "http://x:1")}
     assert same == {"pool python": "ok", "pool gpumesh": "ok", "pool packages": "ok"}
+
+
+def test_pool_packages_lead_with_what_pickles_carry_and_compare_this_machine(monkeypatch):
+    monkeypatch.setattr(doctor, "installed", lambda: {"numpy": "2.5.5", "pip": "1", "zzz": "1"})
+    here = platform.python_version()
+    a = {"aaa": "1", "numpy": "1.26.4", "pip": "24.0", "setuptools": "1", "cloudpickle": "3.0.0"}
+    b = {"aaa": "2", "numpy": "1.26.4", "pip": "25.1", "setuptools": "2", "cloudpickle": "3.1.3"}
+    checks = {c.name: c for c in pool_checks([_w("a1a1", "a", here, packages=a),
+                                              _w("b2b2", "b", here, packages=b)], "http://x:1")}
+    detail = checks["pool packages"].detail
+    # cloudpickle first, then numpy (the same on both workers, another version here); the
+    # installers (pip, setuptools) are left out, whatever their versions.
+    assert detail == ("in different versions: cloudpickle 3.0.0/3.1.3, numpy 1.26.4 (here 2.5.5), "
+                      "aaa 1/2")
+    # A pool that differs only in its installers is the same pool.
+    same = {**a, "aaa": "1", "cloudpickle": "3.0.0", "numpy": "2.5.5"}
+    checks = {c.name: c for c in pool_checks([_w("a1a1", "a", here, packages=same),
+                                              _w("b2b2", "b", here, packages=dict(same, pip="9"))],
+                                             "http://x:1")}
+    assert checks["pool packages"].status == "ok"
 
 
 def test_doctor_on_a_pool_where_one_worker_has_an_extra_package(make_mesh, tmp_path):

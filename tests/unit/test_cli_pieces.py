@@ -373,6 +373,18 @@ def test_workers_table_shows_each_workers_slots():
     ]
 
 
+def test_workers_table_names_pythons_only_in_a_pool_of_several():
+    from gpumesh.cli.pool import format_workers
+    a = {"id": "a" * 12, "hostname": "a", "alive": True, "score": 2.0, "slots": 1, "python": "3.10.13"}
+    b = {"id": "b" * 12, "hostname": "b", "alive": True, "score": 1.0, "slots": 1, "python": "3.12.1"}
+    gone = {"id": "c" * 12, "hostname": "c", "alive": False, "score": 0.5, "slots": 1, "python": "3.9.0"}
+    rows = format_workers([a, b, gone]).splitlines()[3:]
+    assert [r.rsplit("  ", 1)[1] for r in rows] == ["python 3.10", "python 3.12", "python 3.9"]
+    # one Python among the alive ones (a dead worker of another does not count): no column
+    rows = format_workers([a, dict(b, python="3.10.2"), gone]).splitlines()[3:]
+    assert not any("python" in r for r in rows)
+
+
 def test_submit_with_a_missing_payloads_file_is_a_usage_error_like_a_missing_script(tmp_path):
     # Both are arguments naming a file that is not there: exit 2 before anything is sent
     # (the payloads file was read later, an error with exit code 1).

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 import click
 
 from .. import config, limits, protocol
+from ..packages import installed
 from .._version import __version__
 from ..limits import CLOCK_SKEW_FAIL_S, CLOCK_SKEW_WARN_S, CONNECT_TIMEOUT_S
 from .common import endpoint_options, given_url
@@ -380,6 +381,16 @@ def _coordinator(url: str | None, token: str | None, fingerprint: str | None = N
 
 #: Packages named per pool check at most (the rest are counted).
 POOL_LIST = 8
+#: Installers' own distributions: a difference in them never changes what a task sees.
+POOL_IGNORED = frozenset({"pip", "setuptools", "wheel"})
+#: Named first when they differ: the packages whose objects most often travel in pickles
+#: (cloudpickle itself first: every machine should have the same one).
+POOL_FIRST = ("cloudpickle", "numpy", "pandas", "torch", "pyarrow", "scipy", "scikit-learn",
+              "jax", "polars", "xarray")
+
+
+def _pool_order(name: str) -> tuple[int, str]:
+    return (POOL_FIRST.index(name) if name in POOL_FIRST else len(POOL_FIRST), name)
 
 
 def _who(w: dict) -> str:
@@ -415,15 +426,18 @@ def pool_checks(workers: list[dict], url: str) -> list[Check]:
     reported = [w for w in workers if isinstance(w.get("packages"), dict)]
     if len(reported) < 2:
         return checks
-    names = set().union(*(w["packages"] for w in reported))
+    names = set().union(*(w["packages"] for w in reported)) - POOL_IGNORED
+    mine = installed()
     partial, versions = [], []
-    for name in sorted(names):
+    for name in sorted(names, key=_pool_order):
         have = [w for w in reported if name in w["packages"]]
+        theirs = {w["packages"][name] for w in have}
+        here_too = f" (here {mine[name]})" if name in mine and {mine[name]} != theirs else ""
         if len(have) < len(reported):
             partial.append(f"{name} ({len(have)} of {len(reported)}: "
                            f"{', '.join(_who(w) for w in have)})")
-        elif len({w["packages"][name] for w in have}) > 1:
-            versions.append(f"{name} " + "/".join(sorted({w['packages'][name] for w in have})))
+        elif len(theirs) > 1 or here_too:
+            versions.append(f"{name} " + "/".join(sorted(theirs)) + here_too)
     if not partial and not versions:
         checks.append(Check("pool packages", "ok", f"the {len(reported)} workers have the same "
                             f"{len(names)} Python packages"))
@@ -435,7 +449,7 @@ def pool_checks(workers: list[dict], url: str) -> list[Check]:
     if versions:
         parts.append(f"in different versions: {', '.join(versions[:POOL_LIST])}"
                      + (f" and {len(versions) - POOL_LIST} more" if len(versions) > POOL_LIST else ""))
-    checks.append(Check("pool packages", "warn", ". ".join(parts),
+    checks.append(Check("pool packages", "warn", "; ".join(parts),
                         "a task whose function imports a package some workers lack runs on those "
                         "that have it (tried there after a ModuleNotFoundError); install what your "
                         "functions import on every worker"))

@@ -7,6 +7,7 @@ import json
 import click
 
 from ..availability import labels
+from ..hardware import python_minor
 from .common import endpoint_options, one_line_errors, resolve_endpoint
 
 RULE = "  " + "-" * 54
@@ -27,10 +28,14 @@ def slots_text(w: dict) -> str:
 def format_workers(workers: list[dict]) -> str:
     """The spec's table: kind, short id, host, score, state; one line per worker, then
     what the owner's rules close (``[paused: owner]``, ``[hot 83C]``...), its slots
-    (:func:`slots_text`) and ``installs`` for a worker joined with --allow-installs."""
+    (:func:`slots_text`), ``installs`` for a worker joined with --allow-installs and, in a
+    pool of several Python minor versions, each worker's (``python 3.10``)."""
     if not workers:
         return "\n  WORKERS\n" + RULE + "\n  (no workers connected: run `gpumesh join URL --token ...`)"
     lines = ["", "  WORKERS", RULE]
+    # A pool of several Python minor versions names each worker's: code shipped by value
+    # runs only on the caller's (README, "Python"), so it says where such calls can go.
+    mixed = len({python_minor(w.get("python")) for w in workers if w.get("alive")}) > 1
     for w in sorted(workers, key=lambda w: (not w.get("alive"), -float(w.get("score") or 0))):
         kind = str(w.get("device") or "CPU")[:4]
         state = "alive" if w.get("alive") else "dead"
@@ -39,7 +44,8 @@ def format_workers(workers: list[dict]) -> str:
         owner = "".join(f" [{label}]" for label in labels(w)) if w.get("alive") else ""
         lines.append(f"  {kind:<4} {str(w.get('id', ''))[:8]:<10}  {str(w.get('hostname', '?'))[:16]:<16}  "
                      f"score={shown} [{state}]{owner}  {slots_text(w)}"
-                     + ("  installs" if w.get("allow_installs") else ""))
+                     + ("  installs" if w.get("allow_installs") else "")
+                     + (f"  python {python_minor(w.get('python')) or '?'}" if mixed else ""))
     return "\n".join(lines)
 
 
