@@ -453,8 +453,12 @@ def pool_devices(workers: Iterable[Mapping]) -> list[dict]:
     return out
 
 
-def describe_pool(workers: Iterable[Mapping]) -> str:
-    """What the alive workers offer, one clause per worker, for error messages."""
+def describe_pool(workers: Iterable[Mapping], python: bool = False,
+                  requires: tuple[str, ...] = ()) -> str:
+    """What the alive workers offer, one clause per worker, for error messages; with
+    ``python``, each one's Python version, and with ``requires`` (PEP 508 strings),
+    whether it has them (or lacks which), or builds them (``allows installs``)."""
+    from .packages import unmet
     parts = []
     for w in workers:
         if not w.get("alive", True):
@@ -471,8 +475,13 @@ def describe_pool(workers: Iterable[Mapping]) -> str:
                 items.append("Apple GPU (mps)")
             else:
                 items.append(f"CPU {s.name}")
+        software = f"; Python {w.get('python') or '?'}" if python else ""
+        if requires:
+            missing = unmet(requires, w.get("packages") or {})
+            software += ("; allows installs" if w.get("allow_installs") else
+                         f"; lacks {', '.join(missing)}" if missing else f"; has {', '.join(requires)}")
         parts.append(f"{w.get('hostname') or w.get('id', '?')} [{', '.join(items) or 'no slots'}; "
-                     f"{w.get('cores', '?')} cores, {w.get('ram_mb', '?')} MiB RAM]")
+                     f"{w.get('cores', '?')} cores, {w.get('ram_mb', '?')} MiB RAM{software}]")
     if not parts:
         return "the pool has no alive worker"
     return f"the pool has {len(parts)} alive worker(s): " + "; ".join(parts)

@@ -256,6 +256,19 @@ def test_pool_devices_and_description():
     assert hw.describe_pool([]) == "the pool has no alive worker"
 
 
+def test_the_pool_described_for_a_call_with_a_python_and_requires():
+    # The refusal of a call whose requirements no single worker meets names what each has.
+    base = {"alive": True, "cpu": "EPYC", "cores": 2, "ram_mb": 24105, "slots": 1}
+    workers = [dict(base, id="a", hostname="old", python="3.10.13", packages={"numpy": "2.2.6"}),
+               dict(base, id="b", hostname="same", python="3.12.1", packages={"numpy": "1.26.4"}),
+               dict(base, id="c", hostname="builder", python="3.13.0", allow_installs=True)]
+    text = hw.describe_pool(workers, python=True, requires=("numpy>=2",))
+    assert text == ("the pool has 3 alive worker(s): "
+                    "old [CPU EPYC; 2 cores, 24105 MiB RAM; Python 3.10.13; has numpy>=2]; "
+                    "same [CPU EPYC; 2 cores, 24105 MiB RAM; Python 3.12.1; lacks numpy>=2]; "
+                    "builder [CPU EPYC; 2 cores, 24105 MiB RAM; Python 3.13.0; allows installs]")
+
+
 # ---------------------------------------------------------------- validation ---------
 
 def test_check_slot_list():

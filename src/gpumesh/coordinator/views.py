@@ -153,7 +153,8 @@ def unsatisfiable_message(coord: Coordinator, req: hardware.Requirements, hint: 
     if hint:
         wants = (wants + ", " if wants else "") + f"gpu_memory_mb={hardware.format_mib(hint)}"
     pool = [coord.worker_view(w) for w in coord.alive_workers()]
-    return f"no alive worker can ever run this job ({wants}); {hardware.describe_pool(pool)}"
+    return (f"no alive worker can ever run this job ({wants}); "
+            f"{hardware.describe_pool(pool, bool(req.python), tuple(req.requires or ()))}")
 
 
 def missing_module_message(coord: Coordinator, job: Job, module: str) -> str:
