@@ -19,6 +19,7 @@ import threading
 import time
 
 from gpumesh import WorkerLost, accelerate
+from gpumesh.versions import python_minor
 
 from ..conftest import Proc
 from ..conftest import wait_for
@@ -163,10 +164,14 @@ def test_call_ends_when_the_only_worker_that_can_run_it_dies(fault_mesh, tmp_pat
     th.join(45)
     assert not th.is_alive(), "the gpu= call still waits with no GPU worker alive"
     assert type(box.get("e")) is WorkerLost, box
-    assert "no worker that can run its tasks has been alive" in str(box["e"]), box["e"]
+    # Both say what the job needs: the GPU, and the caller's Python (the function, defined
+    # here, travels by value).
+    needs = f"gpu='cuda', Python {python_minor()} (code shipped by value)"
+    assert f"no worker that can run its tasks [{needs}] has been alive" in str(box["e"]), box["e"]
     assert m.alive() == 1  # the CPU worker was there all along
     stderr = capfd.readouterr().err
-    assert "can run job" in stderr and "(for up to 3s)" in stderr, stderr
+    assert "can run job" in stderr and f"(they need {needs})" in stderr, stderr
+    assert "(for up to 3s)" in stderr, stderr
 
 
 def test_map_with_return_exceptions_gets_worker_lost_in_each_unfinished_place(fault_mesh, tmp_path):

@@ -144,6 +144,7 @@ class NativeBackend(Backend):
             # Bytecode travels: only workers of this Python minor version can load it safely.
             require = dataclasses.replace(require or hardware.Requirements(),
                                           python=versions.python_minor())
+        job.sent_require = require
         inline = fn_hash not in mesh._known_blobs and fn_payload.size <= INLINE_FUNCTION_BYTES
         if fn_hash not in mesh._known_blobs and not inline:
             self.upload_blob(fn_hash, fn_payload)
@@ -312,9 +313,11 @@ class NativeBackend(Backend):
                 if page.workers_able == 0:
                     alone_since = alone_since or time.monotonic()
                     if page.workers_alive:  # e.g. the only GPU box went, CPUs remain
-                        nobody = "no worker that can run its tasks"
+                        needs = job.sent_require.describe() if job.sent_require else ""
+                        nobody = "no worker that can run its tasks" + (f" [{needs}]" if needs else "")
                         notice(f"no live worker in the mesh at {mesh.url} can run job {job_id}'s "
-                               f"tasks; waiting for one to (re)join (for up to {alone_limit:g}s)")
+                               f"tasks" + (f" (they need {needs})" if needs else "")
+                               + f"; waiting for one to (re)join (for up to {alone_limit:g}s)")
                     elif not page.results:
                         nobody = "no worker"
                         notice(f"no live worker in the mesh at {mesh.url}; job {job_id} is "

@@ -160,6 +160,9 @@ class Job:
     streaming: bool = False
     #: Set by a backend that stores the job somewhere (the native coordinator's job id).
     job_id: str | None = None
+    #: What the native backend asked of workers: ``require`` plus, when code travels by
+    #: value, the caller's Python (its notices say it when no alive worker can run the job).
+    sent_require: hardware.Requirements | None = None
     #: The call that made this batch, as its errors' advice names it ("distribute()");
     #: None: ".map()", or ".imap()" when streaming.
     entry: str | None = None
