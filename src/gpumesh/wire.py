@@ -94,16 +94,16 @@ class Payload:
         return b"".join(self.chunks)
 
 
-def _by_value_names() -> list[bytes]:
+def _by_value_names() -> tuple[bytes, ...]:
     """The names of the modules registered with ``cloudpickle.register_pickle_by_value``
     (by the caller, or :mod:`gpumesh.localcode`), encoded as a pickle stream writes them:
     a stream of the C pickler that mentions one may refer to such a module by reference,
     and only cloudpickle knows to send it by value."""
     cp = sys.modules.get("cloudpickle")
     if cp is None:  # not imported yet: nothing can have been registered with it
-        return []
+        return ()
     registry = getattr(getattr(cp, "cloudpickle", None), "_PICKLE_BY_VALUE_MODULES", None)
-    return [name.encode() for name in registry] if registry else []
+    return tuple(name.encode() for name in registry) if registry else ()
 
 
 _CODE_PICKLER: type | None = None
@@ -176,8 +176,9 @@ def dumps(obj: Any, *, code: bool = False) -> Payload:
             stream = pickle.dumps(obj, protocol=PROTOCOL, buffer_callback=keep)
         except Exception:  # noqa: BLE001 - lambdas, local classes...: cloudpickle below
             stream = None
+        names = _by_value_names() if stream is not None else ()
         if stream is not None and (b"__main__" in stream
-                                   or any(name in stream for name in _by_value_names())):
+                                   or (names and any(name in stream for name in names))):
             # By reference to the caller's __main__, or (maybe: a name found anywhere in
             # the stream counts) to a module registered by value: the worker has no such
             # thing. A false alarm only costs the cloudpickle pass.
