@@ -459,6 +459,10 @@ _use("GPUMESH_PROGRESS", _tristate, None, "on a terminal or in a notebook", "",
      "callers, `submit --wait`", "`0`: progress bars off; `1`: forced on")
 _use("GPUMESH_LOCAL", _on_if("1"), False, "unset", "", "callers",
      "`1`: run every call in this process")
+_use("GPUMESH_SHIP_LOCAL", _off_if("0"), True, "`1`", "", "callers",
+     "`0`: do not send the caller's own modules (not installed, not the standard library) "
+     "with its functions by value; they go by reference, and workers must have them "
+     "(gpumesh/localcode.py)")
 _use("GPUMESH_STRICT_RESULTS", _on_if("1"), False, "unset", "", "callers",
      "`1`: accept only JSON results, never unpickle")
 _use("GPUMESH_SYNC", _choice("NORMAL", "FULL"), "NORMAL", "`NORMAL`", "", "`serve`",

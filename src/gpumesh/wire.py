@@ -94,14 +94,16 @@ class Payload:
         return b"".join(self.chunks)
 
 
-def _by_value_modules() -> bool:
-    """Whether the caller registered modules with ``cloudpickle.register_pickle_by_value``:
-    then only cloudpickle knows what must travel by value."""
+def _by_value_names() -> tuple[bytes, ...]:
+    """The names of the modules registered with ``cloudpickle.register_pickle_by_value``
+    (by the caller, or :mod:`gpumesh.localcode`), encoded as a pickle stream writes them:
+    a stream of the C pickler that mentions one may refer to such a module by reference,
+    and only cloudpickle knows to send it by value."""
     cp = sys.modules.get("cloudpickle")
     if cp is None:  # not imported yet: nothing can have been registered with it
-        return False
+        return ()
     registry = getattr(getattr(cp, "cloudpickle", None), "_PICKLE_BY_VALUE_MODULES", None)
-    return bool(registry)
+    return tuple(name.encode() for name in registry) if registry else ()
 
 
 _CODE_PICKLER: type | None = None
@@ -151,8 +153,10 @@ def dumps(obj: Any, *, code: bool = False) -> Payload:
 
     Plain data goes through the C pickler (several times faster than cloudpickle). Whenever
     the result would refer to something that only exists on this side - a function,
-    class or object defined in ``__main__`` or a notebook cell, a lambda, a closure - it
-    is redone with cloudpickle, which ships such things by value. ``code=True`` (function
+    class or object defined in ``__main__`` or a notebook cell, a lambda, a closure, or in
+    a module registered by value (the caller's own modules: :mod:`gpumesh.localcode`;
+    found by its name in the stream) - it is redone with cloudpickle, which ships such
+    things by value. ``code=True`` (function
     blobs) always uses cloudpickle.
     Raises whatever the pickler raises for an unpicklable object (``TypeError``,
     ``pickle.PicklingError``...).
@@ -167,13 +171,18 @@ def dumps(obj: Any, *, code: bool = False) -> Payload:
         return False
 
     stream = None
-    if not code and not _by_value_modules():
+    if not code:
         try:
             stream = pickle.dumps(obj, protocol=PROTOCOL, buffer_callback=keep)
         except Exception:  # noqa: BLE001 - lambdas, local classes...: cloudpickle below
             stream = None
-        if stream is not None and b"__main__" in stream:
-            stream = None  # by-reference to the caller's __main__: the worker has no such thing
+        names = _by_value_names() if stream is not None else ()
+        if stream is not None and (b"__main__" in stream
+                                   or (names and any(name in stream for name in names))):
+            # By reference to the caller's __main__, or (maybe: a name found anywhere in
+            # the stream counts) to a module registered by value: the worker has no such
+            # thing. A false alarm only costs the cloudpickle pass.
+            stream = None
         if stream is None:
             buffers.clear()
     by_value = False

@@ -147,3 +147,29 @@ def test_code_made_by_a_worker_of_another_python_names_both_versions(skewed):
         assert "loads only on the Python minor version that made it" in text
     else:  # these two minor versions build code objects alike: it arrived
         assert callable(got)
+
+
+@pytest.mark.timeout(600)
+def test_a_function_of_the_callers_own_module_goes_by_value_so_only_to_its_python(
+        skewed, tmp_path, monkeypatch):
+    # gpumesh.localcode sends a module that is the caller's own code (here: a file in a
+    # directory only this process has on sys.path) by value: bytecode, so this Python only.
+    mesh, version = skewed
+    name = "gm_local_only_here"
+    (tmp_path / f"{name}.py").write_text("def add_one(x):\n    return x + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    import importlib
+    mod = importlib.import_module(name)
+    try:
+        m = mesh.client()
+        with pytest.raises(Unsatisfiable) as e:
+            accelerate(m)(mod.add_one)(1)
+        assert "ships code by value" in str(e.value) and f"Python {version}" in str(e.value)
+        mesh.add_worker()  # this interpreter's Python: it runs there
+        try:
+            assert accelerate(m)(mod.add_one).map([1, 2, 3]) == [2, 3, 4]
+        finally:
+            mesh.procs[-1].stop()
+    finally:
+        sys.modules.pop(name, None)

@@ -6,6 +6,8 @@
         route: GPUMESH_LOCAL=1 ──────────────────────────────► inline backend
                backend.check(job)   refuses what it cannot express (EngineCannotExpress)
                backend.reachable()  no ─► check_local (Unsatisfiable?) ─► inline backend
+        localcode.ship()   the caller's own modules (not installed, not the standard
+                           library) are registered to be pickled by value
         backend.run(job)   yields STARTED once the calls are under way, then
                            (index, outcome) as each finishes; raises Fallback before
                            STARTED when nothing was stored (no live worker) ─► inline
@@ -52,7 +54,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .. import hardware, limits, wire
+from .. import hardware, limits, localcode, wire
 from ..errors import Cancelled, Unsatisfiable
 from . import calls as _calls
 from .progress import Progress
@@ -271,6 +273,7 @@ def run(mesh: Any, job: Job, handle: dict | None = None,
     started = time.monotonic()  # the batch's start: the bar's delay, rate and ETA count from here
     if backend is None:
         backend = route(mesh, job)
+    localcode.ship()  # the caller's own modules travel by value in what backend.run pickles
     runner = backend.run(job)
     try:
         first = next(runner)

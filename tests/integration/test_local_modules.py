@@ -1,0 +1,126 @@
+"""The caller's own modules travel with its functions (gpumesh.localcode): a user's script
+run as ``python main.py`` next to ``helper.py`` and a package ``mypkg/``, which the workers
+cannot import (their working directory and PYTHONPATH are elsewhere), gets the right
+values; with ``GPUMESH_SHIP_LOCAL=0`` it gets the ModuleNotFoundError naming ``helper``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+RUN_TIMEOUT_S = 120
+
+HELPER = """\
+class Point:
+    def __init__(self, x):
+        self.x = x
+
+    def __eq__(self, other):
+        return isinstance(other, Point) and other.x == self.x
+
+
+def preprocess(p):
+    return p.x * 10
+"""
+
+MAIN = """\
+import json
+import os
+import sys
+
+from gpumesh import mesh
+
+from helper import Point, preprocess
+from mypkg import maths
+
+@mesh
+def f(x):
+    return preprocess(Point(x)) + maths.triple(x), os.getcwd()
+
+@mesh
+def make_point(x):
+    return Point(x + 1)
+
+value, cwd = f(2)
+mapped = f.map([1, 2, 3])
+p = make_point(4)
+print(json.dumps({
+    "value": value,
+    "mapped": [v for v, _ in mapped],
+    "cwds": sorted({cwd} | {c for _, c in mapped}),
+    "point_x": p.x,
+    "isinstance": isinstance(p, Point),
+    "here": os.getcwd(),
+}))
+"""
+
+
+def _project(tmp_path: Path) -> Path:
+    proj = tmp_path / "proj"
+    (proj / "mypkg").mkdir(parents=True)
+    (proj / "helper.py").write_text(HELPER)
+    (proj / "mypkg" / "__init__.py").write_text("")
+    (proj / "mypkg" / "maths.py").write_text("def triple(x):\n    return 3 * x\n")
+    (proj / "main.py").write_text(MAIN)
+    return proj
+
+
+def _run(proj: Path, mesh, tmp_path: Path, **extra: str) -> subprocess.CompletedProcess:
+    home = tmp_path / f"home-{len(list(tmp_path.glob('home-*')))}"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMESH_")}
+    env.update(HOME=str(home), GPUMESH_CONFIG=str(home / "config.json"), GPUMESH_DISCOVERY="0",
+               PYTHONUNBUFFERED="1", GPUMESH_URL=mesh.url, GPUMESH_TOKEN=mesh.token, **extra)
+    return subprocess.run([sys.executable, "main.py"], env=env, cwd=proj, capture_output=True,
+                          text=True, timeout=RUN_TIMEOUT_S, stdin=subprocess.DEVNULL)
+
+
+def test_a_scripts_own_modules_travel_with_its_functions(make_mesh, tmp_path):
+    mesh = make_mesh(workers=2)
+    proj = _project(tmp_path)
+    # the workers cannot import the project's modules
+    for d in [os.getcwd(), *mesh.env.get("PYTHONPATH", "").split(os.pathsep)]:
+        assert d and not (Path(d) / "helper.py").exists() and not (Path(d) / "mypkg").exists()
+    r = _run(proj, mesh, tmp_path)
+    report = f"exit {r.returncode}\n--- stdout\n{r.stdout}\n--- stderr\n{r.stderr}"
+    assert r.returncode == 0, report
+    assert "connected to coordinator" in r.stderr, report
+    assert "running locally" not in r.stderr, report
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["value"] == 2 * 10 + 3 * 2
+    assert got["mapped"] == [13, 26, 39]
+    assert got["point_x"] == 5
+    assert got["isinstance"] is True  # the caller's own class, not a copy of it
+    assert str(proj) not in got["cwds"] and got["here"] == str(proj)  # ran on the workers
+
+
+def test_with_ship_local_0_the_worker_lacks_the_module(make_mesh, tmp_path):
+    mesh = make_mesh(workers=1)
+    proj = _project(tmp_path)
+    r = _run(proj, mesh, tmp_path, GPUMESH_SHIP_LOCAL="0")
+    assert r.returncode != 0, r.stdout
+    assert "ModuleNotFoundError: No module named 'helper' on any worker" in r.stderr, r.stderr
+
+
+def test_an_import_inside_the_function_body_still_needs_the_module_on_the_worker(make_mesh,
+                                                                                tmp_path):
+    mesh = make_mesh(workers=1)
+    proj = _project(tmp_path)
+    (proj / "main.py").write_text(textwrap.dedent("""\
+        import helper  # loaded here, so it is sent; but the body imports it by name
+        from gpumesh import mesh
+
+        @mesh
+        def f(x):
+            import helper as h
+            return h.preprocess(h.Point(x))
+
+        print(f(1))
+        """))
+    r = _run(proj, mesh, tmp_path)
+    assert r.returncode != 0, r.stdout
+    assert "ModuleNotFoundError: No module named 'helper' on any worker" in r.stderr, r.stderr
