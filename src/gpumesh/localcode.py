@@ -10,9 +10,10 @@ and classes travel with the job.
 A top-level module (or package) loaded in ``sys.modules`` is the caller's own code
 (:func:`is_local`) when its file is Python source (a ``.py`` file, or a package whose
 ``__init__`` is one) that lies outside the standard library, outside every site-packages or
-dist-packages directory and outside the interpreter's prefixes, and no installed
-distribution provides its top-level name (an editable install, ``pip install -e .``, stays
-by reference: workers can install it and ``gpumesh doctor`` compares it). ``gpumesh``,
+dist-packages directory, outside the interpreter's prefixes and outside every project
+installed in editable mode (``pip install -e .`` stays by reference: workers can install it
+and ``gpumesh doctor`` compares it), and no distribution installed into its own directory
+provides its top-level name. ``gpumesh``,
 ``__main__`` and names starting with ``_`` never are. Registering the top-level name covers
 its submodules (cloudpickle checks a module's parents).
 
@@ -27,11 +28,15 @@ the job goes only to workers of the caller's Python minor version. An ``import h
 
 from __future__ import annotations
 
+import json
 import os
 import site
 import sys
 import sysconfig
+from pathlib import Path
 from types import ModuleType
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
 
 from . import limits
 
@@ -42,7 +47,9 @@ _registered: set[str] = set()
 #: ``len(sys.modules)`` at the last look (-1: never looked).
 _last_len = -1
 _prefixes: tuple[str, ...] | None = None
-_providers: dict[str, list[str]] | None = None
+_roots: tuple[str, ...] | None = None
+#: Directory -> the top-level names distributions installed into it provide.
+_beside: dict[str, frozenset[str]] = {}
 
 _NEVER = frozenset({"gpumesh", "__main__", "__mp_main__"})
 _SITE_DIRS = ("site-packages", "dist-packages")
@@ -82,16 +89,78 @@ def _source_file(module: ModuleType) -> str | None:
     return file
 
 
-def _provided(name: str) -> bool:
-    """Whether an installed distribution provides the top-level module ``name``."""
-    global _providers
-    if _providers is None:
-        from .packages import _providers as providers
+def _editable_roots() -> tuple[str, ...]:
+    """Directories (normalised, with a trailing separator) of the projects installed in
+    editable mode (``pip install -e``): their modules are installed, so they stay by
+    reference. Read from each distribution's ``direct_url.json`` (PEP 610) and from
+    setuptools' older ``*.egg-link`` files; a few ms, once per process."""
+    global _roots
+    if _roots is None:
+        found: set[str] = set()
+        for d in _not_local_prefixes():  # (where installers put their records)
+            try:
+                entries = list(os.scandir(d))
+            except OSError:
+                continue
+            for e in entries:
+                if e.name.endswith(".egg-link"):  # setuptools' old develop: the path first
+                    found.add(_first_line(e.path))
+                elif e.name.endswith(".dist-info"):  # only direct installs have the file
+                    found.add(_editable_dir(os.path.join(e.path, "direct_url.json")))
+        _roots = tuple(sorted(os.path.join(_norm(r), "") for r in found if r))
+    return _roots
+
+
+def _first_line(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.readline().strip()
+    except OSError:
+        return ""
+
+
+def _editable_dir(direct_url: str) -> str:
+    """The project directory a PEP 610 ``direct_url.json`` names for an editable install,
+    ``""`` for anything else (no such file, another kind of install)."""
+    try:
+        with open(direct_url, encoding="utf-8") as fh:
+            direct = json.load(fh)
+    except (OSError, ValueError):
+        return ""
+    url = direct.get("url") if isinstance(direct, dict) else None
+    if not (isinstance(url, str) and url.startswith("file:")
+            and isinstance(direct.get("dir_info"), dict) and direct["dir_info"].get("editable")):
+        return ""
+    return url2pathname(urlsplit(url).path)
+
+
+def _installed_beside(directory: str) -> frozenset[str]:
+    """The top-level names that distributions installed into ``directory`` itself provide
+    (``pip install --target DIR``, or a ``*.dist-info`` put on a path by hand): their
+    ``top_level.txt``, else the first part of each file they list. Cached per directory."""
+    names = _beside.get(directory)
+    if names is None:
+        from importlib import metadata
+        found: set[str] = set()
         try:
-            _providers = providers()
-        except Exception:  # noqa: BLE001 - unreadable metadata: treat nothing as provided
-            _providers = {}
-    return name in _providers
+            infos = [e.path for e in os.scandir(directory)
+                     if e.name.endswith((".dist-info", ".egg-info")) and e.is_dir()]
+        except OSError:
+            infos = []
+        for info in infos:
+            dist = metadata.PathDistribution(Path(info))
+            try:
+                tops = (dist.read_text("top_level.txt") or "").split()
+                if not tops:
+                    tops = [f.parts[0].removesuffix(".py") for f in dist.files or () if f.parts]
+                name = dist.metadata["Name"]
+            except Exception:  # noqa: BLE001 - broken metadata: it provides nothing
+                continue
+            found.update(tops)
+            if name:
+                found.add(name)
+        names = _beside[directory] = frozenset(found)
+    return names
 
 
 def is_local(name: str, module: ModuleType | None) -> bool:
@@ -105,9 +174,11 @@ def is_local(name: str, module: ModuleType | None) -> bool:
     path = _norm(file)
     if any(part in _SITE_DIRS for part in path.split(os.sep)):
         return False
-    if path.startswith(_not_local_prefixes()):
+    if path.startswith(_not_local_prefixes()) or path.startswith(_editable_roots()):
         return False
-    return not _provided(name)
+    # The directory on sys.path that holds it (a package's parent, a module's own).
+    holder = os.path.dirname(os.path.dirname(path) if path.endswith("__init__.py") else path)
+    return name not in _installed_beside(holder)
 
 
 def local_modules() -> list[str]:
@@ -163,8 +234,9 @@ def _unregister_all() -> None:
 
 def reset() -> None:
     """Forget every classification and unregister what was registered (tests)."""
-    global _prefixes, _providers
+    global _prefixes, _roots
     _unregister_all()
     _seen.clear()
+    _beside.clear()
     _prefixes = None
-    _providers = None
+    _roots = None

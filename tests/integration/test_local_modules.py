@@ -83,8 +83,8 @@ def test_a_scripts_own_modules_travel_with_its_functions(make_mesh, tmp_path):
     mesh = make_mesh(workers=2)
     proj = _project(tmp_path)
     # the workers cannot import the project's modules
-    for d in [os.getcwd(), *mesh.env.get("PYTHONPATH", "").split(os.pathsep)]:
-        assert d and not (Path(d) / "helper.py").exists() and not (Path(d) / "mypkg").exists()
+    for d in [os.getcwd(), *filter(None, mesh.env.get("PYTHONPATH", "").split(os.pathsep))]:
+        assert not (Path(d) / "helper.py").exists() and not (Path(d) / "mypkg").exists()
     r = _run(proj, mesh, tmp_path)
     report = f"exit {r.returncode}\n--- stdout\n{r.stdout}\n--- stderr\n{r.stderr}"
     assert r.returncode == 0, report

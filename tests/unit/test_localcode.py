@@ -209,3 +209,25 @@ def test_a_function_of_a_local_package_submodule_goes_by_value(fresh, on_path):
         assert fn(21) == 42
     finally:
         sys.modules.update(saved)
+
+
+def test_a_module_of_a_project_installed_in_editable_mode_is_not_local(fresh, on_path, tmp_path,
+                                                                       monkeypatch):
+    # pip install -e PROJECT writes PROJECT's path into a direct_url.json (PEP 610) beside
+    # the site-packages records: its modules are installed (workers can install them too).
+    site_dir = tmp_path / "fake-site"
+    info = site_dir / "gmproj-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "direct_url.json").write_text(json.dumps(
+        {"url": tmp_path.as_uri(), "dir_info": {"editable": True}}))
+    prefixes = localcode._not_local_prefixes() + (str(site_dir) + "/",)
+    monkeypatch.setattr(localcode, "_prefixes", prefixes)
+    assert str(tmp_path.resolve()) + "/" in localcode._editable_roots()
+    mod = on_path("X = 1\n")  # (in tmp_path: inside the editable project)
+    assert localcode.is_local(mod.__name__, mod) is False
+    # The same record without "editable" (a direct, non-editable install) names no project.
+    localcode.reset()
+    (info / "direct_url.json").write_text(json.dumps({"url": tmp_path.as_uri(), "dir_info": {}}))
+    monkeypatch.setattr(localcode, "_prefixes", prefixes)
+    assert str(tmp_path.resolve()) + "/" not in localcode._editable_roots()
+    assert localcode.is_local(mod.__name__, mod) is True
