@@ -87,6 +87,46 @@ def test_keyboard_interrupt_in_the_caller_kills_remote_tasks(fault_mesh, tmp_pat
     assert len(_pids(marker)) == 2
 
 
+def test_keyboard_interrupt_during_a_waiting_submit_still_says_the_job_was_cancelled(
+        fault_mesh, tmp_path):
+    # After the mesh's first call, a call's submit also waits for its first result (one
+    # round trip): a Ctrl+C then lands inside the submit, and must say what became of the
+    # job all the same (a fresh user's notebook said nothing).
+    m = fault_mesh(workers=1)
+    marker = tmp_path / "pids"
+    script = tmp_path / "caller.py"
+    script.write_text(textwrap.dedent(f"""
+        from gpumesh import GPUMesh, accelerate
+        m = GPUMesh({m.url!r}, token={m.token!r}, output=False)
+
+        @accelerate(m)
+        def hang(i):
+            import os, time
+            if i:
+                with open({str(marker)!r}, "a") as fh:
+                    fh.write(f"{{os.getpid()}}\\n")
+                time.sleep(100)
+            return i
+
+        hang(0)  # the mesh's first call: announced from here on
+        hang(1)
+    """))
+    caller = subprocess.Popen([sys.executable, str(script)], env=dict(m.env), stderr=subprocess.PIPE,
+                              preexec_fn=default_signals)
+    try:
+        wait_for(lambda: len(_pids(marker)) == 1, 20, "the hanging call to start")
+        caller.send_signal(signal.SIGINT)
+        caller.wait(10)
+    finally:
+        if caller.poll() is None:
+            caller.kill()
+            caller.wait()
+    said = [line for line in caller.stderr.read().decode().splitlines() if "interrupted" in line]
+    assert len(said) == 1 and said[0].startswith("[gpumesh] interrupted: job "), said
+    assert said[0].endswith("cancelled on the mesh; its 1 unfinished task(s) stop there"), said
+    wait_for(lambda: not any(alive(p) for p in _pids(marker)), 5.0, "the task to end after Ctrl+C")
+
+
 def test_keyboard_interrupt_counts_only_the_tasks_it_stopped(fault_mesh, tmp_path):
     # 3 of the 6 tasks end at once: the notice says 3 stop, not "its 6 task(s)"
     m = fault_mesh(workers=1, slots=3)

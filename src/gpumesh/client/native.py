@@ -48,6 +48,7 @@ from ..payloadref import handoff_meta
 from ..protocol import ErrorCode
 from ..transport import Unreachable
 from . import calls as _calls
+from .progress import DELAY_S as BAR_DELAY_S
 from .console import OutputPrinter
 from .pipeline import STARTED, Backend, Fallback, Job, backoff, notice
 from .stopsignals import answer_count, cancelled_text, outstanding
@@ -116,6 +117,9 @@ class NativeBackend(Backend):
                 printer.flush()
             if not collected:  # Ctrl+C, a task failure, a lost coordinator, a closed iterator
                 cancelled, stopped = self._cancel(job_id)
+                # A cancel the coordinator answered means it had the job, even when the
+                # interrupt came during a submit still waiting for first results.
+                accepted = accepted or cancelled
                 if interrupted and accepted:  # (the traceback says only where the caller was)
                     notice("interrupted: " + (
                         cancelled_text(job_id, stopped, job.n) if cancelled else
@@ -130,6 +134,13 @@ class NativeBackend(Backend):
         ``.imap``, and not for the mesh's first job: its "connected" line is said when the
         job is accepted, not seconds later with the first result."""
         return not job.streaming and self.mesh._announced
+
+    @staticmethod
+    def _first_wait(job: Job) -> float:
+        """How long a waiting submit waits for first results: a batch no longer than its
+        progress bar's delay (the bar is drawn once the submit returns, so a longer wait
+        hid it for up to LONG_POLL_S), a single call (no bar) the whole long poll."""
+        return min(LONG_POLL_S, BAR_DELAY_S) if job.n > 1 else LONG_POLL_S
 
     def _submit(self, job: Job, output: bool, waits: bool) -> bytearray:
         """Submit the job and, if ``waits``, wait briefly for its first results in the same
@@ -155,7 +166,7 @@ class NativeBackend(Backend):
             n_tasks=len(calls), timeout=job.timeout, require_worker=True,
             name=job.name or job.qualname or "function",
             costs=[h.get("cost", 1.0) for h in hints],
-            wait=LONG_POLL_S if waits else 0,
+            wait=self._first_wait(job) if waits else 0,
             output=output, caller={"host": _HOSTNAME, "pid": os.getpid()},
             # strict: the task answers in JSON; nothing is unpickled
             result_format="json" if mesh.strict else None,
