@@ -55,3 +55,32 @@ def test_doctor_says_which_runtime_and_why(tmp_path):
     checks = {c["name"]: c for c in json.loads(out.stdout)["checks"]}
     assert checks["runtime"]["status"] == "ok"
     assert checks["runtime"]["detail"].startswith("spawn: $GPUMESH_RUNTIME=spawn")
+
+
+def test_a_tasks_stdin_is_open_and_empty_on_both_runtimes(make_mesh, tmp_path):
+    # Libraries ask sys.stdin.isatty(); a subprocess inherits descriptor 0. Both runtimes
+    # give a task the same stdin: os.devnull, open (spawn's was closed: ValueError).
+    m = make_mesh(workers=0)
+
+    @accelerate(m.client(output=False))
+    def stdin_facts():
+        import os
+        import subprocess
+        import sys
+        try:
+            input()
+            eof = False
+        except EOFError:
+            eof = True
+        inherited = subprocess.run([sys.executable, "-c", "import sys; print(len(sys.stdin.read()))"],
+                                   capture_output=True, text=True, timeout=60).stdout.strip()
+        return (sys.stdin.isatty(), sys.stdin.fileno(), eof, inherited,
+                os.path.samefile("/proc/self/fd/0", os.devnull))
+
+    for runtime in ("spawn", "fork"):
+        proc = _join(m, tmp_path, runtime, "--runtime", runtime)
+        m.wait_alive(1, proc)
+        assert stdin_facts() == (False, 0, True, "0", True), runtime
+        proc.stop()
+        wait_for(lambda: m.alive() == 0, 10, "the worker to leave")
+

@@ -100,6 +100,19 @@ def _watch_agent(agent_pid: int) -> None:
     threading.Thread(target=watch, name="agent-watch", daemon=True).start()
 
 
+def _empty_stdin() -> None:
+    """After the handshake, give the task what the fork runtime gives it: an open, empty
+    stdin (``os.devnull``) at descriptor 0. A closed ``sys.stdin`` made ``isatty()`` and
+    ``fileno()`` raise ValueError (libraries call them), and subprocesses inherited the
+    handshake pipe as their stdin."""
+    sys.stdin.close()  # (and descriptor 0, the handshake pipe, with it)
+    null = os.open(os.devnull, os.O_RDONLY)  # the lowest free descriptor: 0
+    if null != 0:
+        os.dup2(null, 0)
+        os.close(null)
+    sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
+
+
 def main() -> int:
     # The agent decides when we stop; its Ctrl+C must not reach the task either.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -108,7 +121,7 @@ def main() -> int:
         os.environ.pop(name, None)
     os.environ[runner.IN_TASK_ENV] = "1"
     hello = json.loads(sys.stdin.readline())
-    sys.stdin.close()
+    _empty_stdin()
     _watch_agent(int(hello.get("agent", os.getppid())))
     # Warm: what every function needs (a function blob is a cloudpickle stream).
     import cloudpickle  # noqa: F401
