@@ -94,6 +94,33 @@ def test_a_killed_callers_job_is_cancelled_and_released(tmp_path):
         m.stop()
 
 
+def test_a_killed_caller_on_the_coordinators_machine_is_given_up_before_the_timeout(tmp_path):
+    # A notebook kernel restarted with SIGKILL on the coordinator's machine: its process is
+    # gone, so its job ends after LOCAL_GONE_S unheard, not after GPUMESH_CALLER_TIMEOUT.
+    from gpumesh.coordinator.callers import LOCAL_GONE_S
+    m = Mesh(tmp_path / "mesh")
+    m.env["GPUMESH_CALLER_TIMEOUT"] = "600"
+    m.start()
+    m.add_worker(slots=2)
+    try:
+        caller, marks = _caller(m, tmp_path, 400)  # (200 s of work on 2 slots: still running)
+        try:
+            wait_for(lambda: _marks(marks) >= 2, timeout=60)
+        finally:
+            caller.kill()
+            caller.communicate(timeout=10)
+        killed = time.monotonic()
+        jid, watcher = _job(m)["id"], m.client()
+        wait_for(lambda: watcher.status(jid)["state"] == "cancelled", timeout=LOCAL_GONE_S + 30)
+        assert time.monotonic() - killed < LOCAL_GONE_S + 25  # far below the 600 s timeout
+        tasks = m.client().status(jid)["tasks"]
+        cancelled = [t for t in tasks if t["state"] == "cancelled"]
+        assert cancelled and all(f"(pid {caller.pid} on this machine) has exited"
+                                 in t["error"]["message"] for t in cancelled)
+    finally:
+        m.stop()
+
+
 def test_a_caller_that_gave_up_during_an_outage_leaves_nothing_to_run(tmp_path):
     m = _mesh(tmp_path, slots=1)
     try:

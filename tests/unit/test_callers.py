@@ -132,3 +132,43 @@ def test_the_keepalive_pace_follows_the_coordinator():
     assert keepalive.interval(360) == KEEPALIVE_MAX_S
     assert keepalive.interval(8) == 2.0
     assert keepalive.interval(0.1) == keepalive.KEEPALIVE_MIN_S
+
+
+def _exited_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    import subprocess
+    import sys
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_a_caller_on_this_machine_whose_process_is_gone_is_given_up_sooner(coord, store, clock):
+    import os
+    import socket
+
+    from gpumesh.coordinator.callers import LOCAL_GONE_S, gone_here
+    here, dead = socket.gethostname(), _exited_pid()
+    assert gone_here({"host": here, "pid": dead, "loopback": True}) is True
+    assert gone_here({"host": here, "pid": os.getpid(), "loopback": True}) is False  # alive
+    assert gone_here({"host": here, "pid": dead}) is False  # not over loopback: not known here
+    assert gone_here({"host": "elsewhere", "pid": dead, "loopback": True}) is False
+    assert gone_here({"host": here, "pid": "12", "loopback": True}) is False
+    assert gone_here({}) is False
+    w = coord.register({}, None, 1)
+    job = submit(coord, "bbbb01")
+    job.meta["caller"] = {"host": here, "pid": dead, "loopback": True}
+    alive = submit(coord, "bbbb02")
+    alive.meta["caller"] = {"host": here, "pid": os.getpid(), "loopback": True}
+    clock.advance(LOCAL_GONE_S - 1)
+    w.last_seen = clock()
+    coord.sweep()
+    assert coord.jobs["bbbb01"].state == "active"  # a poll may still come: not yet
+    clock.advance(2)
+    w.last_seen = clock()
+    coord.sweep()
+    assert "bbbb01" not in coord.jobs and states(store, "bbbb01") == ["cancelled"] * N
+    message = store.task_rows("bbbb01")[0]["error"]["message"]
+    assert f"its process (pid {dead} on this machine) has exited" in message
+    # The live caller's job waits for the whole GPUMESH_CALLER_TIMEOUT as before.
+    assert coord.jobs["bbbb02"].state == "active"

@@ -13,6 +13,14 @@ released, as the caller itself does when it gives up (Ray and Dask likewise end 
 driver's or client's tasks when it goes). Script jobs are left alone: nobody waits on
 them (``gpumesh submit``; ``mesh.wait`` comes later, from anywhere).
 
+A caller on the coordinator's own machine (its submit came over loopback and names this
+host) whose process is gone is given up sooner: after :data:`LOCAL_GONE_S` unheard, not
+``CALLER_TIMEOUT_S``. The long timeout is for callers that may be cut off by a network and
+reconnect; a local process that no longer exists will not (a notebook kernel restarted
+with SIGKILL held the pool for six minutes). A live caller is heard at least every long
+poll (``LONG_POLL_S``), so one whose pid the coordinator cannot see (another PID
+namespace) is never mistaken for gone.
+
 After a restart, a recovered function job's pending tasks are *held* (not granted) until
 its caller is heard: a caller still waiting polls again within seconds (its reconnect
 backoff is at most 5 s), and one that gave up while the coordinator was down never
@@ -23,6 +31,8 @@ the restart are not held: those workers finish them and post their results.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import sqlite3
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
@@ -38,6 +48,27 @@ log = logging.getLogger("gpumesh.coordinator")
 
 #: Seconds between two looks for silent callers (the sweeper runs more often).
 CHECK_EVERY_S = 1.0
+#: Seconds unheard after which a caller on this machine whose process is gone is given
+#: up: above LONG_POLL_S (20 s), the longest a waiting caller goes between two polls.
+LOCAL_GONE_S = 30.0
+
+
+def gone_here(caller: dict) -> bool:
+    """Whether the caller ``caller`` (a job's ``meta["caller"]``: ``host``, ``pid``,
+    ``loopback`` as the submit route records them) ran on this machine and its process
+    no longer exists. False whenever it cannot tell (another host, no pid, not POSIX:
+    Windows' ``os.kill`` would end the process instead of probing it)."""
+    pid = caller.get("pid")
+    if (os.name != "posix" or not caller.get("loopback") or not isinstance(pid, int)
+            or pid <= 0 or caller.get("host") != socket.gethostname()):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # (PermissionError: it exists, as another user)
+        return False
+    return False
 
 
 class Callers:
@@ -91,9 +122,13 @@ class Callers:
             if job is None:  # released by its caller (or purged): nothing to watch
                 del self.last[jid]
                 self.held.discard(jid)
-            elif now - seen > self.timeout:
+            elif now - seen > self.timeout or (now - seen > LOCAL_GONE_S
+                                                and gone_here(job.meta.get("caller") or {})):
                 why = (f"its caller was not heard from for {now - seen:.0f}s "
-                       f"(GPUMESH_CALLER_TIMEOUT={self.timeout:g}s on the coordinator)")
+                       + (f"(GPUMESH_CALLER_TIMEOUT={self.timeout:g}s on the coordinator)"
+                          if now - seen > self.timeout else
+                          f"and its process (pid {job.meta['caller']['pid']} on this machine) "
+                          f"has exited"))
                 try:
                     if job.state == "active":
                         n = coord.cancel(jid, reason=f"the job was cancelled: {why}")

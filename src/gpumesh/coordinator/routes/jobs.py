@@ -16,6 +16,7 @@ from ... import payloadref, protocol, tracing
 from ...limits import LONG_POLL_MAX_S, RESULT_PAGE_BYTES, RESULT_PAGE_COUNT
 from ...protocol import ErrorCode
 from .. import people, views
+from ..auth import is_loopback
 from ..bodies import Part, frames_response, frames_streamed, json_body, sha256, take_handoffs
 from ..core import Coordinator
 from ..model import HTTPError, JobReleased, UnknownJob
@@ -52,8 +53,11 @@ async def submit(request: Request) -> Response:
         coord.store.put_blob(fn, blob if isinstance(blob, Incoming) else [blob])
     elif not coord.store.has_blob(fn):
         raise HTTPError(409, ErrorCode.MISSING_BLOB, f"upload blob {fn} first (PUT /v1/blobs/{fn})")
-    job_meta = {"timeout": v["timeout"], "name": v["name"],
-                "caller": v["caller"] if v["caller"] is not None else {}}
+    caller = dict(v["caller"] or {})
+    # Said by the coordinator, never the caller: a caller on this machine whose process
+    # is gone is given up sooner (callers.gone_here).
+    caller["loopback"] = is_loopback(request.client.host if request.client else None)
+    job_meta = {"timeout": v["timeout"], "name": v["name"], "caller": caller}
     require, vram, retry = v["require"], v["gpu_memory_mb"], v["retry_on"]
     if require:
         job_meta["require"] = require.to_meta()
