@@ -177,6 +177,7 @@ class WorkerAgent(OwnerRules):
         # just after joining, must clean up (its temporary directory) like a later one.
         try:
             self._register(first=True)
+            self._announce_start()
             for target, name in ((self._heartbeat_loop, "heartbeat"), (self._session_loop, "session"),
                                  (self._output_loop, "output"), (self._owner_loop, "owner")):
                 threading.Thread(target=target, name=name, daemon=True).start()
