@@ -308,6 +308,11 @@ CHECKPOINT_S = _const("CHECKPOINT_S", 1.0, "s",
 PURGE_INTERVAL_S: float = _env(
     "PURGE_INTERVAL_S", "GPUMESH_PURGE_INTERVAL", SECONDS, "60", "s", "`serve`",
     "how often what is past retention is deleted")
+PURGE_SLICE_S = _const("PURGE_SLICE_S", 0.05, "s",
+                       "a purge deletes jobs in batches sized to take about this long each, and "
+                       "lets the event loop serve requests and heartbeats between two batches")
+PURGE_BATCH_MAX = _const("PURGE_BATCH_MAX", 500, "count",
+                         "most jobs (or function blobs) one purge batch deletes in one transaction")
 
 # --- sizes ---------------------------------------------------------------------------
 MAX_BODY_BYTES: int = _env(
