@@ -483,6 +483,10 @@ _CACHE_MIB = _number("MiB", MiB, to_int=True)
 _use("GPUMESH_ENV_CACHE_MB", _CACHE_MIB, _CACHE_MIB("5120"), "`5120`", "MiB",
      "`join --allow-installs`", "cap of that cache; the least recently used environments are "
      "evicted first")
+_use("GPUMESH_FN_CACHE_MB", _CACHE_MIB, _CACHE_MIB("1024"), "`1024`", "MiB", "`join`",
+     "cap of a worker's cache of function blobs (in its temporary directory); the least "
+     "recently used are deleted first, never one a running task or a starting process "
+     "needs, and one no task used for `GPUMESH_WARM_IDLE` goes too")
 _use("GPUMESH_TRACE", _text, None, "unset", "path", "all",
      "append a line `<CLOCK_MONOTONIC ns> <pid> <label>` to this file at each hop of a call "
      "(`gpumesh/tracing.py`; the labels of one call, in order, are `tracing.CALL_HOPS`). For "
