@@ -308,6 +308,11 @@ CHECKPOINT_S = _const("CHECKPOINT_S", 1.0, "s",
 PURGE_INTERVAL_S: float = _env(
     "PURGE_INTERVAL_S", "GPUMESH_PURGE_INTERVAL", SECONDS, "60", "s", "`serve`",
     "how often what is past retention is deleted")
+PURGE_SLICE_S = _const("PURGE_SLICE_S", 0.05, "s",
+                       "a purge deletes jobs in batches sized to take about this long each, and "
+                       "lets the event loop serve requests and heartbeats between two batches")
+PURGE_BATCH_MAX = _const("PURGE_BATCH_MAX", 500, "count",
+                         "most jobs (or function blobs) one purge batch deletes in one transaction")
 
 # --- sizes ---------------------------------------------------------------------------
 MAX_BODY_BYTES: int = _env(
@@ -482,6 +487,10 @@ _CACHE_MIB = _number("MiB", MiB, to_int=True)
 _use("GPUMESH_ENV_CACHE_MB", _CACHE_MIB, _CACHE_MIB("5120"), "`5120`", "MiB",
      "`join --allow-installs`", "cap of that cache; the least recently used environments are "
      "evicted first")
+_use("GPUMESH_FN_CACHE_MB", _CACHE_MIB, _CACHE_MIB("1024"), "`1024`", "MiB", "`join`",
+     "cap of a worker's cache of function blobs (in its temporary directory); the least "
+     "recently used are deleted first, never one a running task or a starting process "
+     "needs, and one no task used for `GPUMESH_WARM_IDLE` goes too")
 _use("GPUMESH_TRACE", _text, None, "unset", "path", "all",
      "append a line `<CLOCK_MONOTONIC ns> <pid> <label>` to this file at each hop of a call "
      "(`gpumesh/tracing.py`; the labels of one call, in order, are `tracing.CALL_HOPS`). For "

@@ -125,6 +125,8 @@ def test_paused_worker_gets_no_task_while_another_takes_the_queue(make_mesh, tmp
     r = cli(m, "pause", "--worker", ida, "--for", "2h")
     until = wait_for(lambda: (worker(m, ida).get("owner") or {}).get("until"), 10, "the pause's end")
     assert 7100 < until - time.time() <= 7200
+    r = cli(m, "pause", "--worker", ida, "--for", "20s")   # under an hour: to the second
+    assert r.returncode == 0 and re.search(r"for 20s \(until \d\d:\d\d:\d\d\): no new tasks", r.stdout)
 
 
 def test_pause_without_a_worker_says_so(make_mesh):
@@ -496,9 +498,11 @@ def test_the_end_of_the_hours_hands_running_tasks_back(make_mesh, tmp_path, monk
             assert view["preempted"] == 1 and view["tasks"][0]["attempts"] == 2
             assert no_loss(view["tasks"][0])
             assert owner_label(m, agent.id) == "outside hours"
+            # (when the window opens next, as a pause --for says when it ends)
+            assert worker(m, agent.id)["owner"]["until"] == datetime(2026, 12, 8, 22, 0).timestamp()
             line = next(ln for ln in cli(m, "workers").stdout.splitlines() if agent.id[:8] in ln)
             assert "[alive] [outside hours]  slots: " in line
-        assert "outside the sharing hours: no new tasks; running ones handed back" in events
+        assert "outside the sharing hours until 22:00: no new tasks; running ones handed back" in events
     finally:
         agent.stop()
         runner.join(15)

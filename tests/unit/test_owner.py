@@ -212,6 +212,80 @@ def test_join_without_nvml_warns_once_instead_of_announcing_gpu_rules(monkeypatc
     assert "[worker] hours: 22:00-08:00 (local time; at the end running tasks finish)" in lines
 
 
+@pytest.mark.parametrize("flags, warned", [
+    (["--max-gpu-memory", "8GB"], True),   # no GPU here: a warning
+    (["--gpus", "none"], False),           # the cap in worker.toml, GPUs off for this run: silent
+])
+def test_join_gpu_memory_cap_with_no_gpu_shared(monkeypatch, tmp_path, flags, warned):
+    import signal
+
+    from click.testing import CliRunner
+
+    from gpumesh.cli import join as join_cli
+    from gpumesh.cli import main
+    from gpumesh.worker import agent, device
+
+    class Agent:
+        def __init__(self, *args, **kw):
+            self.on_event = kw.get("on_event")
+
+        def run(self):
+            raise KeyboardInterrupt
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("GPUMESH_CONFIG", str(tmp_path / "config.json"))
+    monkeypatch.delenv(device.FAKE_GPUS_ENV, raising=False)
+    monkeypatch.setattr(device, "detect", lambda: {"gpus": [], "mps": False, "cpu": "Test CPU",
+                                                   "cores": 2, "device": "CPU", "device_name": "Test CPU"})
+    monkeypatch.setattr(agent, "WorkerAgent", Agent)
+    monkeypatch.setattr(join_cli, "_control_channel", lambda a: None)
+    conf = owner_cli.worker_config_path()
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    conf.write_text('max_gpu_memory = "1GB"\n')
+    conf.chmod(0o600)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        r = CliRunner().invoke(main, ["join", "http://127.0.0.1:18799", "--token", "t" * 32, *flags])
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert not [ln for ln in lines if "GPU memory" in ln]
+    warning = ("[worker] warning: --max-gpu-memory is inactive on this machine: no NVIDIA GPU "
+               "was found to share; the worker starts without it")
+    assert (warning in lines) is warned
+    assert ("[worker] GPUs shared: none" in lines) is not warned
+
+
+def test_a_worker_started_outside_its_hours_says_until_when():
+    from gpumesh.worker.lending import OwnerRules
+
+    class Agent(OwnerRules):
+        slot_list = [{"id": 0}]
+
+        def __init__(self):
+            self.events = []
+            self.on_event = lambda kind, text: self.events.append((kind, text))
+
+    clock = FakeClock(at(0, 21, 0))
+    a = Agent()
+    a._init_owner(OwnerState(Policy(hours=(Window.parse("22:00-08:00"),)), clock=clock,
+                             localtime=local), [])
+    a._announce_start()
+    from gpumesh.worker.owner import clock_time
+    opens = clock_time(clock.t + 3600, clock.t)  # (FakeClock's seconds, read as epoch seconds)
+    assert a.events == [("owner", f"outside the sharing hours until {opens}: no new tasks; "
+                                  "running ones finish")]
+    assert a._owner_report()["owner"]["until"] == at(0, 22, 0)
+    clock.t = at(0, 22, 30)
+    b = Agent()
+    b._init_owner(OwnerState(Policy(hours=(Window.parse("22:00-08:00"),)), clock=clock,
+                             localtime=local), [])
+    b._announce_start()
+    assert b.events == []                                               # open: nothing to say
+
+
 # ---------------------------------------------------------------- decisions ----------
 
 def test_pause_finish_now_and_for():
@@ -238,7 +312,8 @@ def test_hours_and_window_end():
     policy = Policy(hours=(Window.parse("22:00-08:00"),), at_window_end="finish")
     s = OwnerState(policy, clock=clock, localtime=local)
     d = s.decide()
-    assert d.worker == {"state": "outside_hours", "label": "outside hours"} and not d.hand_back(None)
+    assert d.worker == {"state": "outside_hours", "label": "outside hours",
+                        "until": at(0, 22, 0)} and not d.hand_back(None)  # when it opens next
     clock.t = at(0, 22, 0)
     assert s.decide().open(None)
     clock.t = at(1, 8, 0)
@@ -248,6 +323,42 @@ def test_hours_and_window_end():
     assert s.decide().hand_back(None)                                    # requeue
     s.pause()
     assert s.decide().worker["state"] == "paused"                        # the pause names itself first
+
+
+def test_next_open_names_when_the_next_window_opens():
+    clock = FakeClock(at(0, 8, 30))  # Monday 08:30
+    s = OwnerState(Policy(hours=(Window.parse("22:00-08:00"),)), clock=clock, localtime=local)
+    assert s.next_open() == at(0, 22, 0)
+    s.policy = Policy(hours=(Window.parse("sat,sun 10:00-12:00"), Window.parse("fri 23:00-01:00")))
+    assert s.next_open() == at(4, 23, 0)                                 # Friday 23:00 first
+    assert s.decide().worker["until"] == at(4, 23, 0)
+    clock.t = at(5, 0, 30)                                               # inside Friday's, past midnight
+    assert s.decide().worker is None and s.next_open() == at(5, 10, 0)
+    clock.t = at(6, 12, 0)                                               # Sunday noon: next Friday
+    assert s.next_open() == at(11, 23, 0)
+    assert OwnerState(Policy(), clock=clock).next_open() is None
+
+
+def test_clock_time_shows_seconds_within_the_hour():
+    from gpumesh.worker.owner import clock_time
+    import time
+    now = 1_800_000_000.0
+    assert clock_time(now + 20, now) == time.strftime("%H:%M:%S", time.localtime(now + 20))
+    assert clock_time(now + 7200, now) == time.strftime("%H:%M", time.localtime(now + 7200))
+    assert clock_time(now + 3 * 86400, now) == time.strftime("%a %H:%M", time.localtime(now + 3 * 86400))
+
+
+def test_gpu_memory_cap_without_a_shared_gpu_warns_instead_of_announcing_it():
+    cap = Policy(max_gpu_memory_mb=7629)
+    assert owner_cli.gpu_memory_inactive(cap, GPU) is None
+    assert owner_cli.gpu_memory_inactive(Policy(), []) is None
+    assert owner_cli.gpu_memory_inactive(cap, []) == (
+        "warning: --max-gpu-memory is inactive on this machine: no NVIDIA GPU was found to "
+        "share; the worker starts without it")
+    none = Policy(gpus=(), max_gpu_memory_mb=953)  # (a cap in worker.toml, --gpus none)
+    assert owner_cli.gpu_memory_inactive(none, []) is None
+    assert owner_cli.describe_policy(none) == ["GPUs shared: none"]
+    assert owner_cli.describe_policy(cap) == ["GPU memory offered: at most 7629 MiB per GPU"]
 
 
 def test_yield_gpu_grace_and_quiet_spell():

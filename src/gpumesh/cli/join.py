@@ -136,10 +136,13 @@ def join(url, token, slots, fingerprint, runtime, allow_installs, **owner_flags)
         click.echo(f"[worker] {text}")
 
     inactive = owner_cli.gpu_rules_inactive(policy, info["gpus"])
-    for line in owner_cli.describe_policy(policy, gpu_rules=inactive is None):
+    no_memory = owner_cli.gpu_memory_inactive(policy, info["gpus"])
+    for line in owner_cli.describe_policy(policy, gpu_rules=inactive is None,
+                                          gpu_memory=no_memory is None):
         click.echo(f"[worker] {line}")
-    if inactive:
-        click.echo(f"[worker] {inactive}", err=True)
+    for warning in (inactive, no_memory):
+        if warning:
+            click.echo(f"[worker] {warning}", err=True)
     from ..worker.owner import OwnerState
     agent = WorkerAgent(url, token, slots=slots, info=info, on_event=on_event, fingerprint=fingerprint,
                         owner=OwnerState(policy), allow_installs=allow_installs,

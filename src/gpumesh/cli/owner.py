@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import stat
 import sys
-import time
 from pathlib import Path
 
 import click
@@ -226,13 +225,26 @@ def gpu_rules_inactive(policy, gpus: list[dict]) -> str | None:
             f"{' and '.join(why)}; the worker starts without them")
 
 
-def describe_policy(policy, gpu_rules: bool = True) -> list[str]:
+def gpu_memory_inactive(policy, gpus: list[dict]) -> str | None:
+    """The warning line for a worker whose ``--max-gpu-memory`` has nothing to cap, for no
+    GPU was found to share (``gpus``: those it shares). None when the setting is unset, a
+    GPU is shared, or ``gpus = none`` turns GPUs off on purpose (a cap kept in worker.toml
+    for the runs that share them: :func:`describe_policy` then leaves it out)."""
+    if policy.max_gpu_memory_mb is None or gpus or policy.gpus == ():
+        return None
+    return (f"warning: {SETTINGS['max_gpu_memory']} is inactive on this machine: no NVIDIA "
+            "GPU was found to share; the worker starts without it")
+
+
+def describe_policy(policy, gpu_rules: bool = True, gpu_memory: bool = True) -> list[str]:
     """The rules in force, one short line each, for join's start-up lines; ``gpu_rules``
-    False leaves out those that read the GPUs (:func:`gpu_rules_inactive` says why)."""
+    False leaves out those that read the GPUs (:func:`gpu_rules_inactive` says why),
+    ``gpu_memory`` False the GPU memory cap (:func:`gpu_memory_inactive` says why), as
+    does sharing no GPU (``gpus = none``)."""
     out = []
     if policy.gpus is not None:
         out.append("GPUs shared: " + (", ".join(f"cuda:{i}" for i in policy.gpus) or "none"))
-    if policy.max_gpu_memory_mb is not None:
+    if policy.max_gpu_memory_mb is not None and gpu_memory and policy.gpus != ():
         out.append(f"GPU memory offered: at most {policy.max_gpu_memory_mb} MiB per GPU")
     if policy.hours:
         out.append(f"hours: {', '.join(w.text for w in policy.hours)} (local time; at the end "
@@ -286,7 +298,7 @@ def pause(now, for_, worker):
 
     Talks to the workers of this OS user on this machine through a local, owner-only
     channel (never the network). Exit code 1 if no worker is running."""
-    from ..worker.owner import parse_duration
+    from ..worker.owner import clock_time, parse_duration
     for_s = None
     if for_ is not None:
         try:
@@ -301,7 +313,7 @@ def pause(now, for_, worker):
             what += f"; {queued} queued task(s) handed back"
         until = ""
         if for_ and a.get("until"):
-            until = f" for {for_} (until {time.strftime('%H:%M', time.localtime(a['until']))})"
+            until = f" for {for_} (until {clock_time(a['until'])})"
         again = " (it was paused already: this pause replaces that one)" if a.get("was_paused") else ""
         click.echo(f"[OK] paused {_who(a)}{until}: no new tasks; {what}{again}")
 

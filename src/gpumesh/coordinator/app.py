@@ -184,17 +184,31 @@ class _App(Starlette):
 
 async def _sweeper(coord: Coordinator) -> None:
     """Expire workers and leases every SWEEP_INTERVAL_S; purge old jobs and stale
-    handoff files every PURGE_INTERVAL_S."""
+    handoff files every PURGE_INTERVAL_S, in a task of its own that yields between its
+    batches (Coordinator.purge_in_slices), so the sweeps and every request go on meanwhile."""
     last_purge = 0.0
-    while True:
-        await asyncio.sleep(SWEEP_INTERVAL_S)
-        try:
-            coord.sweep()
-            now = time.time()
-            if now - last_purge > PURGE_INTERVAL_S:
-                last_purge = now
-                coord.purge(now - RETENTION_S)
-                coord.store.sweep_handoff(now - HANDOFF_TTL_S)
-        except Exception as e:
-            if not diskfull.note(coord.store.full, e):  # (a full disk: logged once per spell)
-                log.exception("sweep failed")
+    purging: asyncio.Task | None = None
+    try:
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            try:
+                coord.sweep()
+                now = time.time()
+                if now - last_purge > PURGE_INTERVAL_S and (purging is None or purging.done()):
+                    last_purge = now
+                    purging = asyncio.create_task(_purge(coord, now))
+            except Exception as e:
+                if not diskfull.note(coord.store.full, e):  # (a full disk: logged once per spell)
+                    log.exception("sweep failed")
+    finally:
+        if purging is not None:
+            purging.cancel()  # (between two batches: each one stands alone)
+
+
+async def _purge(coord: Coordinator, now: float) -> None:
+    try:
+        await coord.purge_in_slices(now - RETENTION_S)
+        coord.store.sweep_handoff(now - HANDOFF_TTL_S)
+    except Exception as e:
+        if not diskfull.note(coord.store.full, e):
+            log.exception("purge failed")

@@ -40,7 +40,8 @@ from typing import Any
 
 from .. import availability, hardware
 from ..protocol import FailureKind
-from ..limits import HEARTBEAT_INTERVAL_S, MAX_ATTEMPTS, WORKER_TTL_S  # noqa: F401 (MAX_ATTEMPTS: core's own)
+from ..limits import (HEARTBEAT_INTERVAL_S, MAX_ATTEMPTS, PURGE_BATCH_MAX,  # noqa: F401 (MAX_ATTEMPTS: core's own)
+                      PURGE_SLICE_S, WORKER_TTL_S)
 from . import callers, diskfull, jobops, placement, placing, recovery, requeue, views
 from .model import (CoordinatorError, Grant, Job, JobReleased, Lease, NoWorkers,  # noqa: F401
                     ResultNotStored, StaleLease, UnknownJob, UnknownWorker, Unsatisfiable, Worker)
@@ -725,12 +726,49 @@ class Coordinator(Journalled):
         return job
 
     def purge(self, cutoff: float) -> int:
-        """Forget jobs that ended before ``cutoff`` (epoch seconds); see Store.purge_before."""
+        """Forget jobs that ended before ``cutoff`` (epoch seconds) all at once; see
+        Store.purge_before. The coordinator's loop uses :meth:`purge_in_slices`."""
         gone = self.store.purge_before(cutoff)
-        for job_id in gone:
+        self._forget_purged(gone)
+        return len(gone)
+
+    async def purge_in_slices(self, cutoff: float, slice_s: float = PURGE_SLICE_S) -> int:
+        """:meth:`purge`, a batch of jobs per transaction, each batch sized to take about
+        ``slice_s`` (halved after a slower one, doubled after a quick one, at most
+        PURGE_BATCH_MAX), yielding to the event loop between two: requests and heartbeats
+        are served meanwhile, however many jobs expired (one job of many tasks still
+        takes as long as it takes). Each batch stands alone (a job expired before
+        ``cutoff`` stays expired), so what runs between them cannot undo one. Returns the
+        number of jobs deleted."""
+        n, batch = 0, 16
+
+        def resize(took: float, size: int) -> int:
+            if took > slice_s:
+                return max(1, size // 2)
+            return min(PURGE_BATCH_MAX, size * 2) if took < slice_s / 2 else size
+
+        while True:
+            t0 = time.perf_counter()
+            gone = self.store.purge_jobs(cutoff, batch)
+            self._forget_purged(gone)
+            n += len(gone)
+            if len(gone) < batch:
+                break
+            batch = resize(time.perf_counter() - t0, batch)
+            await asyncio.sleep(0)
+        batch = 16
+        while True:
+            await asyncio.sleep(0)
+            t0 = time.perf_counter()
+            if self.store.purge_blobs(cutoff, batch) < batch:
+                break
+            batch = resize(time.perf_counter() - t0, batch)
+        return n
+
+    def _forget_purged(self, job_ids: list[str]) -> None:
+        for job_id in job_ids:
             self.jobs.pop(job_id, None)
             self.output.forget(job_id, files=True)
-        return len(gone)
 
     def post_output(self, task_id: str, lease_id: str, stdout: bytes, stderr: bytes) -> None:
         """Output a running task printed; fenced by its lease like a result."""

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from .. import handoff
 from .. import limits
-from ..limits import INLINE_BLOB_BYTES
+from ..limits import INLINE_BLOB_BYTES, PURGE_BATCH_MAX
 from ..wire import Chunk
 from .checkpoint import JOURNAL_SIZE_LIMIT, Checkpointer
 from .diskfull import Spell
@@ -474,23 +474,49 @@ class Store:
 
     def purge_before(self, cutoff: float) -> list[str]:
         """Delete jobs that ended before ``cutoff`` (epoch seconds) with their tasks and
-        payloads, then function blobs no remaining job uses. Returns the deleted job ids."""
+        payloads, then function blobs no remaining job uses. Returns the deleted job ids.
+        All at once: :meth:`purge_jobs` and :meth:`purge_blobs` do it a batch at a time."""
+        ids: list[str] = []
+        while gone := self.purge_jobs(cutoff, PURGE_BATCH_MAX):
+            ids += gone
+        while self.purge_blobs(cutoff, PURGE_BATCH_MAX):
+            pass
+        return ids
+
+    def purge_jobs(self, cutoff: float, limit: int) -> list[str]:
+        """Delete at most ``limit`` jobs that ended before ``cutoff`` with their tasks and
+        payloads, in one transaction (their payloads are released first, in one of its
+        own: a crash between the two leaves released jobs, which the next purge deletes).
+        Returns the deleted job ids: fewer than ``limit`` when no more are expired."""
         ids = [r[0] for r in self.db.execute(
-            "SELECT id FROM jobs WHERE finished IS NOT NULL AND finished < ?", (cutoff,))]
-        for job_id in ids:
-            self.release_job(job_id)
-            with self._tx():
-                self.db.execute("DELETE FROM tasks WHERE job_id=?", (job_id,))
-                self.db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
-            self.reaper.remove(trees=[self.blob_dir / sub / job_id for sub in ("results", "args")])
+            "SELECT id FROM jobs WHERE finished IS NOT NULL AND finished < ? LIMIT ?",
+            (cutoff, max(1, limit)))]
+        if not ids:
+            return ids
+        self.release_jobs(ids)
+        with self._tx():
+            self.db.executemany("DELETE FROM tasks WHERE job_id=?", [(j,) for j in ids])
+            self.db.executemany("DELETE FROM jobs WHERE id=?", [(j,) for j in ids])
+        self.reaper.remove(trees=[self.blob_dir / sub / job_id for job_id in ids
+                                  for sub in ("results", "args")])
+        return ids
+
+    def purge_blobs(self, cutoff: float, limit: int) -> int:
+        """Delete at most ``limit`` function blobs stored before ``cutoff`` that no job
+        uses (rows in one transaction, then their files). Returns how many."""
         unused = [r[0] for r in self.db.execute(
             "SELECT hash FROM blobs WHERE created < ? AND hash NOT IN"
-            " (SELECT fn_hash FROM jobs WHERE fn_hash IS NOT NULL)", (cutoff,))]
+            " (SELECT fn_hash FROM jobs WHERE fn_hash IS NOT NULL) LIMIT ?", (cutoff, max(1, limit)))]
+        if not unused:
+            return 0
+        with self._tx():
+            self.db.executemany("DELETE FROM blobs WHERE hash=?", [(h,) for h in unused])
         for h in unused:
+            # (here, not by the reaper: a submit of the same function right after must
+            # not see its new file deleted behind it)
             self._blobs.discard(h)
-            self.db.execute("DELETE FROM blobs WHERE hash=?", (h,))
             self._remove_file(f"fn/{h[:2]}/{h}")
-        return ids
+        return len(unused)
 
     def active_jobs(self) -> list[dict[str, Any]]:
         ids = [r[0] for r in self.db.execute(UNRELEASED_JOBS + " ORDER BY created")]

@@ -23,7 +23,6 @@ re-queues at once, and exits.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -34,19 +33,20 @@ import threading
 import time
 from pathlib import Path
 
-from .. import hardware, packages, protocol, tracing, versions, wire
+from .. import hardware, limits, packages, protocol, tracing, versions, wire
 from ..handoff import Handoff, new_name
 from ..payloadref import PayloadRef
 from .._version import __version__
 from ..errors import AuthError, RequestRejected, WireError
 from ..limits import (BACKOFF_BASE_S, BACKOFF_MAX_S, HEARTBEAT_INTERVAL_S, JOIN_BACKOFF_MAX_S,
                       JOIN_HINT_AFTER, JOIN_PATIENCE_S, LONG_POLL_S, OUTPUT_BODY_BYTES,
-                      OUTPUT_FLUSH_S, SESSION_PING_S)
+                      OUTPUT_FLUSH_S, SESSION_PING_S, WARM_IDLE_S)
 from ..transport import Transport, Unreachable
 from . import tempdirs
 from .device import GpuMonitor
 from .envs import EnvCache, InstallError
 from .executor import Outcome, make_executor
+from .fncache import FunctionCache
 from .lending import OwnerRules
 from .owner import OwnerState, cap_free
 from .poster import ResultPoster
@@ -144,16 +144,17 @@ class WorkerAgent(OwnerRules):
         if cache_dir is None:  # (and remove the directories of workers that were killed)
             cache_dir, self._cache_lock = tempdirs.create()
         self.cache = Path(cache_dir)
-        (self.cache / "fn").mkdir(parents=True, exist_ok=True)
         self.stopping = threading.Event()
         # runtime: fork or spawn (None: $GPUMESH_RUNTIME, else the platform's default)
         self.executor = make_executor(runtime, self.cache / "spool")
+        #: Function blobs by sha256, fetched once, bounded (gpumesh.worker.fncache).
+        self.functions = FunctionCache(
+            self.cache / "fn", lambda h: self.http.stream_into("GET", protocol.blob(h), timeout=600),
+            limits.setting("GPUMESH_FN_CACHE_MB"), WARM_IDLE_S, self.executor.functions_in_use)
         self._busy = {s["id"]: 0 for s in self.slot_list}  # tasks holding (or polls reserving) a slot
         self._free_cv = threading.Condition()
         self._reg_lock = threading.Lock()
         self._registered = threading.Event()
-        self._blob_locks: dict[str, threading.Lock] = {}
-        self._blobs: dict[str, Path] = {}
         #: Tasks this worker holds a lease for, from the moment they arrive until their
         #: result is delivered (argument download, run and result upload included).
         self._held: set[str] = set()
@@ -177,6 +178,7 @@ class WorkerAgent(OwnerRules):
         # just after joining, must clean up (its temporary directory) like a later one.
         try:
             self._register(first=True)
+            self._announce_start()
             for target, name in ((self._heartbeat_loop, "heartbeat"), (self._session_loop, "session"),
                                  (self._output_loop, "output"), (self._owner_loop, "owner")):
                 threading.Thread(target=target, name=name, daemon=True).start()
@@ -294,6 +296,10 @@ class WorkerAgent(OwnerRules):
     def _heartbeat_loop(self) -> None:
         delays = backoff_delays()
         while not self.stopping.wait(HEARTBEAT_INTERVAL_S):
+            try:
+                self.functions.sweep()  # (blobs no task used for WARM_IDLE_S)
+            except Exception as e:  # noqa: BLE001 - never let the heartbeat thread die
+                log.warning("function cache sweep failed: %s", e)
             if not self._registered.is_set():
                 continue
             try:
@@ -543,14 +549,17 @@ class WorkerAgent(OwnerRules):
                 # there: it may have begun, and then its result stands)
                 if held not in self._handing_back or self.executor.sent_ahead(held):
                     try:
-                        path = self._function_blob(task.fn)
+                        path = self.functions.acquire(task.fn)
                     except Exception as e:  # noqa: BLE001
                         outcome = Outcome("retry", {"kind": protocol.FailureKind.FETCH,
                                                     "message": f"could not fetch the function: {e}"})
                     else:
-                        if held not in self._handing_back or self.executor.sent_ahead(held):
-                            outcome = self._run_guarded(task, path, args, slot,
-                                                        withdraw=held in self._handing_back)
+                        try:
+                            if held not in self._handing_back or self.executor.sent_ahead(held):
+                                outcome = self._run_guarded(task, path, args, slot,
+                                                            withdraw=held in self._handing_back)
+                        finally:
+                            self.functions.release(task.fn)
                 args = None  # a big one is shared memory: free it now, not after the post
                 self._slot_task.pop(slot, None)
                 why = self._handing_back.pop(held, None)
@@ -653,28 +662,6 @@ class WorkerAgent(OwnerRules):
                 args_ref.release()
             del self._output[task.task_id]
             self._forward_output(cursor, final=True)  # before the result: order kept
-
-    def _function_blob(self, h: str) -> Path:
-        """Path of the function blob ``h`` in the local cache, downloading it once."""
-        known = self._blobs.get(h)
-        if known is not None:
-            return known
-        path = self.cache / "fn" / h
-        if path.exists():
-            self._blobs[h] = path
-            return path
-        lock = self._blob_locks.setdefault(h, threading.Lock())
-        with lock:
-            if path.exists():
-                return path
-            data = self.http.stream_into("GET", protocol.blob(h), timeout=600)
-            if data is None or hashlib.sha256(data).hexdigest() != h:
-                raise RuntimeError(f"function blob {h[:12]} arrived corrupted")
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
-        self._blobs[h] = path
-        return path
 
     def _post_result(self, task: protocol.TaskGrant, outcome: Outcome,
                      slot: int | None = None) -> tuple[protocol.TaskGrant | None, memoryview | None]:

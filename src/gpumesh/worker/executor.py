@@ -232,6 +232,13 @@ class Executor:
                 del self._hosts[h]
                 host.close()
 
+    def functions_in_use(self) -> list[str]:
+        """The function hashes (``hash`` or ``hash|sys.path...``) whose blob file processes
+        of this executor may still read: hosts still loading theirs (a host reads its blob
+        once, when it starts; its tasks are forks of it)."""
+        with self._lock:
+            return [key for key, host in self._hosts.items() if not host.ready.is_set()]
+
     def forget(self, key: str) -> None:
         """Drop a host (e.g. its function failed to load) so the next task starts afresh."""
         with self._lock:

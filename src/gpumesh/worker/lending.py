@@ -24,7 +24,7 @@ from .. import protocol
 from ..errors import RequestRejected
 from ..transport import Unreachable
 from .device import GpuMonitor, descends_from
-from .owner import Decision, OwnerState
+from .owner import Decision, OwnerState, clock_time
 
 if TYPE_CHECKING:
     from ..transport import Transport
@@ -75,6 +75,12 @@ class OwnerRules:
         self._owner_due = threading.Event()  # a change the coordinator must hear of now
         # the owner thread reads the GPUs through its own monitor (one caller thread each)
         self._owner_gpus = GpuMonitor([g["index"] for g in gpus])
+
+    def _announce_start(self) -> None:
+        """Say at start what the owner's rules close now (outside the sharing hours, say,
+        and until when): the rules' later changes are announced as they come."""
+        if self._decision.worker is not None or self._decision.gpus:
+            self._announce(Decision(), self._decision)
 
     def _slot_open(self, slot: int | None) -> bool:
         """Whether the owner's rules let ``slot`` start a new task now."""
@@ -143,7 +149,7 @@ class OwnerRules:
                 what = {"paused": "paused by the owner", "outside_hours": "outside the sharing hours"}
                 until = new.worker.get("until")
                 self.on_event("owner", what.get(new.worker["state"], new.worker["label"])
-                              + (time.strftime(" until %H:%M", time.localtime(until)) if until else "")
+                              + (f" until {clock_time(until, self.owner.clock())}" if until else "")
                               + ": no new tasks; running ones "
                               + ("handed back" if new.hand_back_all else "finish"))
         for i in sorted(set(old.gpus) | set(new.gpus)):

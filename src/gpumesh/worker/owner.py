@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 #: A hot GPU reopens this many degrees Celsius below ``max_temp_c``.
 TEMP_HYSTERESIS_C = 5.0
@@ -48,6 +48,15 @@ DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _TIME = re.compile(r"^([01]?[0-9]|2[0-4]):([0-5][0-9])$")
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?"
                        r"(?:(\d+(?:\.\d+)?)s)?$")
+
+
+def clock_time(when: float, now: float | None = None) -> str:
+    """The local time of the epoch seconds ``when`` as a person reads it next to "until":
+    ``12:09:20`` within the hour (a pause of 20 s must not read "until 12:09"), ``19:00``
+    within the day, ``Mon 19:00`` beyond."""
+    ahead = when - (time.time() if now is None else now)
+    fmt = "%H:%M:%S" if ahead < 3600 else "%H:%M" if ahead < 86400 - 3600 else "%a %H:%M"
+    return time.strftime(fmt, time.localtime(when))
 
 
 # ---------------------------------------------------------------- parsing -------------
@@ -259,6 +268,24 @@ class OwnerState:
         when = self.localtime(self.clock())
         return any(w.contains(when) for w in hours)
 
+    def next_open(self) -> float | None:
+        """Epoch seconds when the next hour window opens (the start of the first window,
+        within a week, that the time is not already inside of); None without windows."""
+        hours = self.policy.hours
+        if not hours:
+            return None
+        now = self.clock()
+        when = self.localtime(now)
+        midnight = when.replace(hour=0, minute=0, second=0, microsecond=0)
+        starts = sorted(midnight + timedelta(days=d, minutes=w.start)
+                        for d in range(-1, 9) for w in hours)
+        for start in starts:
+            if start > when and any(w.contains(start) for w in hours):
+                # (as an offset from now: local times that a clock change repeats or
+                # skips move it by an hour at worst)
+                return now + (start - when).total_seconds()
+        return None
+
     def decide(self, readings: dict[int, GpuReading] | None = None) -> Decision:
         """The decision for now; ``readings`` (by GPU index) update the GPU rules, None
         keeps the last ones."""
@@ -273,7 +300,9 @@ class OwnerState:
             extra = {"until": self.paused_until} if self.paused_until is not None else {}
             worker, hand_back_all = _state("paused", "paused: owner", **extra), self.paused_now
         elif not self.in_hours():
-            worker = _state("outside_hours", "outside hours")
+            opens = self.next_open()
+            worker = _state("outside_hours", "outside hours",
+                            **({"until": opens} if opens is not None else {}))
             hand_back_all = self.policy.at_window_end == "requeue"
         gpus: dict[int, dict] = {}
         for i in sorted(self._readings):

@@ -227,6 +227,13 @@ class SpawnExecutor(Executor):
                 if not self._closed:
                     self._evict()
 
+    def functions_in_use(self) -> list[str]:
+        """As :meth:`Executor.functions_in_use`: here each spare of a function loads its
+        blob when it starts (and a new one starts with each task), so every function
+        with spares."""
+        with self._lock:
+            return [h for h, spares in self._spares.items() if h is not None and spares]
+
     def forget(self, fn_hash: str) -> None:
         with self._lock:
             spares = self._spares.pop(fn_hash, [])
