@@ -288,7 +288,8 @@ CALLER_RECONNECT_S: float = _env(
 CALLER_TIMEOUT_S: float = _env(
     "CALLER_TIMEOUT_S", "GPUMESH_CALLER_TIMEOUT", SECONDS, "360", "s", "`serve`",
     "how long a function job's caller may go unheard (no poll, no keepalive) before the "
-    "coordinator cancels and releases the job; after a restart, how long a recovered "
+    "coordinator cancels and releases the job (30 s for a caller on the coordinator's own "
+    "machine whose process has exited); after a restart, how long a recovered "
     "function job's tasks wait for their caller to come back. Keep it above callers' "
     "`GPUMESH_RECONNECT_TIMEOUT`")
 KEEPALIVE_MAX_S = _const("KEEPALIVE_MAX_S", 30.0, "s",
