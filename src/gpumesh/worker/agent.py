@@ -147,7 +147,7 @@ class WorkerAgent(OwnerRules):
         (self.cache / "fn").mkdir(parents=True, exist_ok=True)
         self.stopping = threading.Event()
         # runtime: fork or spawn (None: $GPUMESH_RUNTIME, else the platform's default)
-        self.executor = make_executor(runtime, self.cache / "spool")
+        self.executor = make_executor(runtime, self.cache / "spool", self.cache / "tmp")
         self._busy = {s["id"]: 0 for s in self.slot_list}  # tasks holding (or polls reserving) a slot
         self._free_cv = threading.Condition()
         self._reg_lock = threading.Lock()
