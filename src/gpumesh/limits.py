@@ -341,6 +341,11 @@ RESULT_PAGE_COUNT = _const("RESULT_PAGE_COUNT", 2000, "count", "most results in 
 OUTPUT_BODY_BYTES = _const("OUTPUT_BODY_BYTES", 4 * MiB, "bytes",
                            "largest body of one output post (a worker sends what a task printed in pieces)")
 OUTPUT_FLUSH_S = _const("OUTPUT_FLUSH_S", 0.2, "s", "time between a worker's output posts while tasks print")
+SPOOL_CAP_BYTES = _const("SPOOL_CAP_BYTES", 16 * MiB, "bytes",
+                          "a task's output file (each stream) on the lending machine's disk is "
+                          "emptied once it is past this size and all of it was read: the 16 MiB "
+                          "a worker forwards of each stream (README), so that nothing it "
+                          "forwards is ever emptied away first")
 ERROR_TAIL_BYTES = _const("ERROR_TAIL_BYTES", 4096, "bytes",
                           "how much of the end of a failed task's stderr (a script's stderr or "
                           "stdout) travels with its error")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
 import random
 import shutil
@@ -47,49 +46,13 @@ from .device import GpuMonitor
 from .envs import EnvCache, InstallError
 from .executor import Outcome, make_executor
 from .fncache import FunctionCache
+from .outputs import OutputCursor
 from .lending import OwnerRules
 from .owner import OwnerState, cap_free
 from .poster import ResultPoster
 from .scoring import Scorer, describe
 
 log = logging.getLogger("gpumesh.worker")
-
-
-#: Bytes of each stream of one task forwarded to the coordinator; the rest is dropped
-#: with a note (the task still runs to the end and its result still arrives).
-FORWARD_CAP_BYTES = 16 * 2**20
-
-
-class _OutputCursor:
-    """How far a running task's output files have been forwarded."""
-
-    def __init__(self, task: protocol.TaskGrant, out: str, err: str):
-        self.task_id, self.lease_id = task.task_id, task.lease_id
-        self.paths = (out, err)
-        self.offsets = [0, 0]
-        self.lock = threading.Lock()
-
-    def read(self, limit: int) -> tuple[bytes, bytes]:
-        got = []
-        for i, path in enumerate(self.paths):
-            data = b""
-            try:
-                grown = os.stat(path).st_size > self.offsets[i]
-            except OSError:
-                grown = False
-            if grown and self.offsets[i] < FORWARD_CAP_BYTES:
-                try:
-                    with open(path, "rb") as fh:
-                        fh.seek(self.offsets[i])
-                        data = fh.read(min(limit, FORWARD_CAP_BYTES - self.offsets[i]))
-                except OSError:
-                    data = b""
-                self.offsets[i] += len(data)
-                if self.offsets[i] >= FORWARD_CAP_BYTES:
-                    data += (f"\n[gpumesh: output beyond {FORWARD_CAP_BYTES // 2**20} MiB "
-                             "not forwarded]\n").encode()
-            got.append(data)
-        return got[0], got[1]
 
 
 def backoff_delays(base: float = BACKOFF_BASE_S, cap: float = BACKOFF_MAX_S):
@@ -146,7 +109,7 @@ class WorkerAgent(OwnerRules):
         self.cache = Path(cache_dir)
         self.stopping = threading.Event()
         # runtime: fork or spawn (None: $GPUMESH_RUNTIME, else the platform's default)
-        self.executor = make_executor(runtime, self.cache / "spool")
+        self.executor = make_executor(runtime, self.cache / "spool", self.cache / "tmp")
         #: Function blobs by sha256, fetched once, bounded (gpumesh.worker.fncache).
         self.functions = FunctionCache(
             self.cache / "fn", lambda h: self.http.stream_into("GET", protocol.blob(h), timeout=600),
@@ -161,7 +124,7 @@ class WorkerAgent(OwnerRules):
         # Set while a lease answer's body is arriving: its tasks are not held yet, and the
         # heartbeat says so, or a slow link's big answer would look forgotten (see there).
         self._receiving = threading.Event()
-        self._output: dict[str, _OutputCursor] = {}
+        self._output: dict[str, OutputCursor] = {}
         self._slot_inbox: dict[int, queue.SimpleQueue] = {}  # grants for each slot's thread
         #: The coordinator's payload directories when it shares this machine and user
         #: (big arguments and results then change hands as files; gpumesh.handoff).
@@ -403,22 +366,25 @@ class WorkerAgent(OwnerRules):
                 except Exception as e:  # noqa: BLE001 - output is best effort
                     log.debug("output forward failed: %s", e)
 
-    def _forward_output(self, cursor: _OutputCursor, final: bool = False) -> None:
+    def _forward_output(self, cursor: OutputCursor, final: bool = False) -> None:
         with cursor.lock:
-            while True:
-                out, err = cursor.read(OUTPUT_BODY_BYTES // 2 - 1024)
-                if not out and not err:
-                    return
-                chunks, size = wire.pack_frames([b"{}", out, err])
-                try:
-                    self.http.request("POST", protocol.task_output(cursor.task_id),
-                                      params={"lease": cursor.lease_id},
-                                      content=wire.iter_chunks(chunks),
-                                      headers={"content-length": str(size)}, timeout=30)
-                except (RequestRejected, Unreachable):
-                    return  # output is best effort; the result is what matters
-                if not final:
-                    return
+            try:
+                while True:
+                    out, err = cursor.read(OUTPUT_BODY_BYTES // 2 - 1024)
+                    if not out and not err:
+                        return
+                    chunks, size = wire.pack_frames([b"{}", out, err])
+                    try:
+                        self.http.request("POST", protocol.task_output(cursor.task_id),
+                                          params={"lease": cursor.lease_id},
+                                          content=wire.iter_chunks(chunks),
+                                          headers={"content-length": str(size)}, timeout=30)
+                    except (RequestRejected, Unreachable):
+                        return  # output is best effort; the result is what matters
+                    if not final and not cursor.behind():
+                        return
+            finally:
+                cursor.trim()  # (the lender's disk: see OutputCursor)
 
     # ------------------------------------------------------------------ leasing -----
     def _lease_loop(self) -> None:
@@ -612,7 +578,7 @@ class WorkerAgent(OwnerRules):
             except (OSError, AttributeError, ValueError) as e:
                 return Outcome("retry", {"kind": protocol.FailureKind.FETCH,
                                          "message": f"could not open the task's arguments: {e}"})
-        cursor = self._output[task.task_id] = _OutputCursor(task, *self.executor.new_output(task.task_id))
+        cursor = self._output[task.task_id] = OutputCursor(task, *self.executor.new_output(task.task_id))
         drop = self.handoff
         # The name the task may leave its result under: ours, so that whatever becomes of the
         # task (killed mid-write, cancelled, crashed) no file is left behind unclaimed.
@@ -661,7 +627,12 @@ class WorkerAgent(OwnerRules):
             if args_ref is not None:
                 args_ref.release()
             del self._output[task.task_id]
+            if (outcome is not None and outcome.status == "error" and outcome.error is not None
+                    and cursor.emptied(1)):  # (its stderr file was emptied: see OutputCursor)
+                with cursor.lock:
+                    outcome.error["stderr_tail"] = cursor.tail(1).decode("utf-8", "replace")
             self._forward_output(cursor, final=True)  # before the result: order kept
+            cursor.remove()
 
     def _post_result(self, task: protocol.TaskGrant, outcome: Outcome,
                      slot: int | None = None) -> tuple[protocol.TaskGrant | None, memoryview | None]:

@@ -20,6 +20,7 @@ Failures it names (each becomes an :class:`Outcome` with ``status="error"``):
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import mmap
@@ -40,7 +41,7 @@ from ..limits import ERROR_TAIL_BYTES, MAX_WARM_FUNCTIONS, WARM_IDLE_S
 from ..payloadref import PayloadRef
 from ..protocol import FailureKind, TaskGrant, timeout_message
 from . import ahead as ahead_mod
-from . import framing, membody, procs, runner
+from . import framing, membody, procs, runner, tempdirs
 from .ahead import Ahead
 from .host import Host, Kept, Pending, Spare, hung_up
 from .retire import Retirer, on_device
@@ -100,10 +101,16 @@ class Executor:
     #: Where the agent reads big answers for this executor's tasks (see membody.Bodies).
     bodies: membody.Bodies = membody.MEMORY
 
-    def __init__(self, spool: Path | None = None) -> None:
+    def __init__(self, spool: Path | None = None, task_tmp: Path | None = None) -> None:
         self.spool = Path(spool or tempfile.mkdtemp(prefix="gpumesh-spool-"))
         self.spool.mkdir(parents=True, exist_ok=True)
         self._spool_str = str(self.spool)
+        # Each task process's temporary directory is made in here, and removed when the
+        # process is done (gpumesh.worker.tempdirs): a task's temporary files never stay.
+        self.task_tmp = Path(task_tmp or self.spool / "tmp")
+        self.task_tmp.mkdir(parents=True, exist_ok=True)
+        self._tmp_str = str(self.task_tmp)
+        self._tmp_seq = itertools.count(1)
         self._lock = threading.Lock()
         self._hosts: OrderedDict[str, Host] = OrderedDict()
         # The zygote starts with the first function task (see _zygote_socket), not here:
@@ -125,6 +132,10 @@ class Executor:
         # writes (the one sent ahead writes the other: see output_paths).
         self._ahead: dict[int, Ahead] = {}
         self._pair: dict[int, int] = {}
+
+    def _new_tmp(self) -> str:
+        """A name for a new task process's temporary directory (made by the process)."""
+        return f"{self._tmp_str}/t{next(self._tmp_seq)}"
 
     # ------------------------------------------------------------------ hosts -------
     def _zygote_socket(self) -> socket.socket:
@@ -176,10 +187,14 @@ class Executor:
                     return
                 now = time.monotonic()
                 busy = {a.spare for a in self._ahead.values()}  # (running a task sent ahead)
+                released: list[Spare] = []
                 for job_slot, kept in list(self._kept.items()):
                     if kept.host.dead or (now - kept.last_used > JOB_IDLE_S and kept.spare not in busy):
                         del self._kept[job_slot]
                         kept.host.release(kept.spare)
+                        released.append(kept.spare)
+                for spare in released:  # (a moment's work: the directories are few)
+                    tempdirs.remove_task_dir(spare.tmp)
                 for key, host in list(self._hosts.items()):
                     # Not while it loads its function: its task is not counted yet.
                     if (not host.tasks and not host.kept and host.ready.is_set()
@@ -316,8 +331,11 @@ class Executor:
         out, err = self.output_paths()
         fds: list[int] = []
         run = b""
+        # A fresh process gets a temporary directory of its own; a kept one keeps its own.
+        tmp = kept.tmp if kept is not None and kept.tmp else self._new_tmp()
         if sent is None:
             msg = self._run_msg(task, out, err, env, keep)
+            msg["tmp"] = tmp
             if handoff_dir:
                 msg["handoff_dir"], msg["handoff_name"] = handoff_dir, handoff_name
             if args_ref is not None:
@@ -332,6 +350,8 @@ class Executor:
                                 deadline, timeout, kept, sent=sent is not None)
             if isinstance(spare, Outcome):
                 return spare
+            if spare.tmp is None:
+                spare.tmp = tmp
             if withdraw and sent is not None:
                 self._skip(sent)
             elif keep and ahead is not None:
@@ -402,6 +422,7 @@ class Executor:
             host.release(spare)
         else:
             spare.sock.close()
+        tempdirs.remove_task_dir(spare.tmp)
 
     def _abandon(self, sent: Ahead) -> None:
         """The process ``sent`` went to is not used again: killed, and no longer kept."""
@@ -413,6 +434,7 @@ class Executor:
             kept.host.release(kept.spare)
         if not kept_list:
             sent.spare.sock.close()
+        tempdirs.remove_task_dir(sent.spare.tmp)
 
     # ------------------------------------------------------------------ ahead -------
     @staticmethod
@@ -442,7 +464,7 @@ class Executor:
         pair = 1 - self._pair.get(me, 0)
         out, err = self._truncate(self._paths(pair))
         msg = self._run_msg(grant, out, err, env, True)
-        msg["ahead"] = True
+        msg["ahead"], msg["tmp"] = True, spare.tmp
         record = Ahead(grant.task_id, spare, pair)
         with self._lock:
             self._ahead[me] = record
@@ -749,18 +771,29 @@ class Executor:
             except subprocess.TimeoutExpired:
                 zygote.kill()
                 zygote.wait()
+        self._remove_task_dirs()
+
+    def _remove_task_dirs(self) -> None:
+        """Remove every task process's temporary directory (closing: none runs now)."""
+        try:
+            entries = os.listdir(self._tmp_str)
+        except OSError:
+            return
+        for name in entries:
+            tempdirs.remove_task_dir(os.path.join(self._tmp_str, name))
 
 
-def make_executor(runtime: str | None = None, spool: Path | None = None) -> Executor:
+def make_executor(runtime: str | None = None, spool: Path | None = None,
+                  task_tmp: Path | None = None) -> Executor:
     """The executor of ``runtime`` (``fork`` or ``spawn``; None: chosen as
     :func:`gpumesh.worker.procs.choose_runtime` says). Raises ``ValueError`` for an
     unknown runtime or one this Python cannot run."""
     name, _why = procs.choose_runtime(runtime)
     if name == "spawn":
         from .spawn import SpawnExecutor
-        executor: Executor = SpawnExecutor(spool)
+        executor: Executor = SpawnExecutor(spool, task_tmp)
     else:
-        executor = Executor(spool)
+        executor = Executor(spool, task_tmp)
     if name == "spawn" or not hasattr(os, "memfd_create"):
         executor.bodies = membody.Bodies(executor.spool)  # files its task processes map
     return executor

@@ -28,12 +28,14 @@ class Pending:
 
 class Spare:
     """A task process its host forked ahead of its task (runner._fork_spare): our end of
-    its socket, and its pid."""
+    its socket, and its pid; ``tmp``: its temporary directory, named once it takes a task
+    (see gpumesh.worker.tempdirs)."""
 
-    __slots__ = ("pid", "sock")
+    __slots__ = ("pid", "sock", "tmp")
 
     def __init__(self, pid: int, sock: socket.socket):
         self.pid, self.sock = pid, sock
+        self.tmp: str | None = None
 
 
 class Kept:

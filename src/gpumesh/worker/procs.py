@@ -33,6 +33,10 @@ WINDOWS = sys.platform == "win32"
 #: ``os.kill`` there turns into TerminateProcess.
 _HARD_KILL = getattr(signal, "SIGKILL", signal.SIGTERM)
 MACOS = sys.platform == "darwin"
+LINUX = sys.platform.startswith("linux")
+#: ``prctl`` option: orphaned descendants are re-parented to the caller, not to PID 1
+#: (Linux 3.4+; include/uapi/linux/prctl.h).
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def fork_missing() -> list[str]:
@@ -81,7 +85,15 @@ def group_kwargs() -> dict:
 
 def kill_tree(pid: int) -> None:
     """Kill the process ``pid`` and everything it started (``SIGKILL`` or the Windows
-    equivalent). Never raises; a process already gone is not an error."""
+    equivalent). Never raises; a process already gone is not an error. On Linux that
+    includes its descendants in other sessions (found before ``pid`` dies, while they
+    are still below it)."""
+    if LINUX:
+        strays = descendants(pid)
+        _kill_group_or_process(pid)
+        for p in strays:
+            _kill_group_or_process(p)
+        return
     if hasattr(os, "killpg"):
         try:
             os.killpg(pid, signal.SIGKILL)
@@ -120,6 +132,120 @@ def kill_tree(pid: int) -> None:
         os.kill(pid, _HARD_KILL)
     except OSError:
         pass
+
+
+def _kill_group_or_process(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)  # a group (or session) leader: its whole group
+        return
+    except OSError:  # not the leader of a group: the process alone
+        pass
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------- Linux: descendants --
+def adopt_orphans() -> bool:
+    """Make this process a child subreaper (Linux ``prctl(PR_SET_CHILD_SUBREAPER)``, as
+    Ray's raylet does): a descendant whose parent ends is re-parented to it, not to PID 1,
+    so it stays in this process's tree, where :func:`descendants` finds it. The caller
+    must then reap such children (they are its own). Returns whether it took effect
+    (never elsewhere than on Linux)."""
+    if not LINUX:
+        return False
+    try:
+        import ctypes
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        return prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _state(pid: int) -> tuple[str, int] | None:
+    """``(state letter, ppid)`` of ``pid`` from /proc, or None when it is gone. (The name
+    field may hold spaces or parentheses: split after the last one.)"""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        fields = stat[stat.rindex(b")") + 2:].split()
+        return fields[0].decode(), int(fields[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of ``pid`` (zombies included), from
+    ``/proc/PID/task/TID/children``; where the kernel lacks those files, from one pass
+    over every ``/proc/*/stat``. Empty when ``pid`` is gone, and on other systems."""
+    if not LINUX:
+        return []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    out: list[int] = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                out.extend(int(x) for x in fh.read().split())
+        except FileNotFoundError:
+            if os.path.isdir(f"/proc/{pid}/task/{tid}"):  # (no CONFIG_PROC_CHILDREN)
+                return _children_by_scan(pid)
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def _children_by_scan(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = _state(int(entry))
+            if st is not None and st[1] == pid:
+                out.append(int(entry))
+    return out
+
+
+def descendants(pid: int, keep: frozenset[int] | set[int] = frozenset()) -> list[int]:
+    """Every live descendant of ``pid`` (children, theirs, ...; zombies left out), not
+    entering the subtree of any pid in ``keep``. Linux only (empty elsewhere)."""
+    out: list[int] = []
+    todo = [pid]
+    seen = {pid}
+    while todo:
+        for c in children(todo.pop()):
+            if c in keep or c in seen:
+                continue
+            seen.add(c)
+            st = _state(c)
+            if st is None or st[0] == "Z":
+                continue
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_descendants(pid: int, keep: frozenset[int] | set[int] = frozenset(),
+                     wait: float = 0.0) -> int:
+    """Kill every descendant of ``pid`` outside the subtrees of ``keep`` (each one's
+    process group too, where it leads one: a session a task's child started). With
+    ``wait``, look again until none is left alive or ``wait`` seconds passed (a process
+    being killed re-parents its children only as it dies). Returns how many were found
+    the first time. Linux only (0 elsewhere)."""
+    import time
+    first = None
+    deadline = time.monotonic() + wait
+    while True:
+        found = descendants(pid, keep)
+        if first is None:
+            first = len(found)
+        for p in found:
+            _kill_group_or_process(p)
+        if not found or time.monotonic() >= deadline:
+            return first
+        time.sleep(0.01)
 
 
 def describe_exit(code: int) -> str:

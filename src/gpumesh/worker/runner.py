@@ -53,7 +53,7 @@ from typing import Any
 
 from gpumesh import tracing
 from gpumesh.protocol import FailureKind
-from gpumesh.worker import ahead, forking
+from gpumesh.worker import ahead, forking, procs, strays
 from gpumesh.worker.framing import send_msg, recv_raw, recv_msg, recv_blob, send_frames, recv_blob_fds
 from gpumesh.retries import type_name
 
@@ -322,6 +322,7 @@ def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None)
     # Objects that exist now are never collected in the children: moving them out of the
     # GC's reach keeps each child from touching (and so copying) their pages.
     _arm_parent_death()
+    strays.adopt()
     _prepare_rehearsal()
     _warm_host()
     forking.prepare()
@@ -330,6 +331,7 @@ def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None)
     gc.freeze()
     wake = _wakeup_pipe()
     children: set[int] = set()  # task processes (spares included) not yet reaped
+    strays.note_own(children)  # (what loading the function started is the host's)
     preloads = 0  # preload messages handled: a spare forked before the last is stale
     _fork_spare(fn, ctrl, wake, children, preloads)  # the first task's process
     watched: list[socket.socket | int] = [ctrl, wake]
@@ -349,6 +351,8 @@ def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None)
         if data is None:  # the agent is gone: take our tasks with us
             for pid in children:
                 _kill_group(pid)
+            # and what they started in sessions of their own, here or still below them
+            strays.kill_all()
             return
         if data == SPARE_REQUEST:
             _fork_spare(fn, ctrl, wake, children, preloads)
@@ -356,6 +360,8 @@ def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None)
         msg = json.loads(data)
         if msg.get("op") == "preload":
             _preload(msg.get("modules", []), msg.get("path", []))
+            _reap(ctrl, children)  # (strays first: they are not the preload's)
+            strays.note_own(children)
             forking.prepare()  # (a module may have registered at-fork hooks, or a thread)
             _snapshot_loaded()
             gc.freeze()
@@ -401,6 +407,8 @@ def _arm_parent_death() -> None:
         _PRCTL = None
 
 
+#: ``prctl(PR_SET_CHILD_SUBREAPER)`` (see gpumesh.worker.procs.adopt_orphans).
+_PR_SET_CHILD_SUBREAPER = procs.PR_SET_CHILD_SUBREAPER
 def _die_with_host() -> None:
     """In a spare, just forked: have the kernel SIGKILL it when its host dies; if the host
     died already (before the call), exit now. Two syscalls, ~25 us in all with the page
@@ -408,6 +416,7 @@ def _die_with_host() -> None:
     per fork), paid while the spare waits for its task, off the task's path."""
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, _SIGKILL)
+        _PRCTL(_PR_SET_CHILD_SUBREAPER, 1)  # (see gpumesh.worker.strays)
     if os.getppid() != _HOST_PID:
         os._exit(0)
 
@@ -635,8 +644,32 @@ def _run_child(fn, sock: socket.socket, msg: dict, fds: list[int], args=None) ->
         os.environ.update({str(k): str(v) for k, v in env.items()})
     _redirect(1, msg.get("stdout"))
     _redirect(2, msg.get("stderr"))
+    use_temp_dir(msg.get("tmp"))
     run_task(fn, sock, msg.get("result_format"), msg.get("args"), msg.get("handoff_dir"),
              msg.get("handoff_name"), fds, args)
+
+
+#: Variables that name the temporary directory (``tempfile`` reads the first one set).
+TEMP_ENV = ("TMPDIR", "TEMP", "TMP")
+
+
+def use_temp_dir(path: str | None) -> None:
+    """In a task process: make ``path`` (its own, in the worker's: gpumesh.worker.tempdirs)
+    its temporary directory: the variables, and ``tempfile``'s choice, made maybe by its
+    host already. One that cannot be made leaves the worker's own in place."""
+    if not path:
+        return
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:  # (a kept process's next task: the same one)
+        pass
+    except OSError:
+        return
+    for name in TEMP_ENV:
+        os.environ[name] = path
+    tf: Any = sys.modules.get("tempfile")  # (not imported: it reads TMPDIR when it is)
+    if tf is not None:
+        tf.tempdir = path
 
 
 def _reap(ctrl: socket.socket, children: set[int]) -> None:
@@ -648,8 +681,12 @@ def _reap(ctrl: socket.socket, children: set[int]) -> None:
     killed as it is reaped (a finished task's, and a kept ``isolation="job"`` process's
     once the agent closes it), as a timeout or cancel kills it. It is killed before the
     reap where ``os.waitid`` can look without reaping: until then the exited process
-    keeps its pid, so no new process can have taken its group's id."""
-    while children:
+    keeps its pid, so no new process can have taken its group's id.
+
+    Other children are strays (gpumesh.worker.strays), reaped without a word to the
+    agent; once a task process has ended, every stray alive is killed."""
+    ended = False
+    while True:
         status = None
         try:
             if hasattr(os, "waitid"):
@@ -658,9 +695,9 @@ def _reap(ctrl: socket.socket, children: set[int]) -> None:
             else:  # (macOS) reaped first: a window of microseconds for the pid to be reused
                 pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            break
         if pid == 0:
-            return
+            break
         try:
             os.killpg(pid, signal.SIGKILL)  # its own group (setsid); none if it died before
         except OSError:
@@ -669,8 +706,12 @@ def _reap(ctrl: socket.socket, children: set[int]) -> None:
             try:
                 _, status = os.waitpid(pid, 0)  # (exited: does not block)
             except ChildProcessError:
-                return
+                break
+        if pid not in children:  # a stray, or one of the host's own: reaped, no report
+            strays.reaped(pid)
+            continue
         children.discard(pid)
+        ended = True
         code = os.waitstatus_to_exitcode(status)
         if code == 0:
             continue
@@ -678,6 +719,8 @@ def _reap(ctrl: socket.socket, children: set[int]) -> None:
             send_msg(ctrl, {"op": "exited", "pid": pid, "code": code})
         except OSError:
             pass
+    if ended:
+        strays.kill(children)
 
 
 def _kill_group(pid: int) -> None:

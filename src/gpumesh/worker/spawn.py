@@ -39,7 +39,7 @@ from .. import handoff
 from ..limits import HANDOFF_MIN_BYTES, MAX_WARM_FUNCTIONS, WARM_IDLE_S
 from ..payloadref import PayloadRef
 from ..protocol import TaskGrant, timeout_message
-from . import framing, procs, runner
+from . import framing, procs, runner, tempdirs
 from .executor import INLINE_ARGS_BYTES, JOB_IDLE_S, Executor, Outcome
 from .host import Pending
 from .retire import on_device
@@ -58,8 +58,9 @@ ISOLATIONS = ("task", "job")
 class _Child:
     """One spawned process: a spare until a task takes it."""
 
-    def __init__(self, proc: subprocess.Popen, fn_hash: str | None):
+    def __init__(self, proc: subprocess.Popen, fn_hash: str | None, tmp: str | None = None):
         self.proc, self.pid = proc, proc.pid
+        self.tmp = tmp  # its temporary directory (gpumesh.worker.tempdirs), removed at close
         self.fn_hash = fn_hash  # the function it loads or loaded (None: not yet told)
         self.sock: socket.socket | None = None
         self.connected = threading.Event()
@@ -75,7 +76,8 @@ class _Child:
         framing.send_blob(self.sock, json.dumps(msg).encode())
 
     def close(self) -> None:
-        """Kill the process and its tree; reap it. Never raises."""
+        """Kill the process and its tree; reap it; remove its temporary directory. Never
+        raises."""
         procs.kill_tree(self.pid)
         if self.sock is not None:
             try:
@@ -87,6 +89,7 @@ class _Child:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             log.warning("process %s did not exit after being killed", self.pid)
+        tempdirs.remove_task_dir(self.tmp)
 
 
 class SpawnExecutor(Executor):
@@ -94,8 +97,8 @@ class SpawnExecutor(Executor):
 
     runtime = "spawn"
 
-    def __init__(self, spool=None) -> None:
-        super().__init__(spool)
+    def __init__(self, spool=None, task_tmp=None) -> None:
+        super().__init__(spool, task_tmp)
         self._listener: socket.socket | None = None
         self._connecting: dict[bytes, _Child] = {}
         self._spares: dict[str | None, list[_Child]] = {}  # None: not told a function yet
@@ -154,7 +157,7 @@ class SpawnExecutor(Executor):
         proc = subprocess.Popen([sys.executable, "-m", "gpumesh.worker.spawnchild"],
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, env=env, **procs.group_kwargs())
-        child = _Child(proc, fn_hash)
+        child = _Child(proc, fn_hash, self._new_tmp())
         self._connecting[token] = child
         hello: dict = {"port": port, "token": token.hex(), "agent": os.getpid()}
         if fn_hash is not None:
@@ -306,7 +309,7 @@ class SpawnExecutor(Executor):
             msg: dict[str, Any] = {
                 "op": "run", "task_id": task_id, "stdout": out, "stderr": err,
                 "result_format": result_format, "handoff_dir": handoff_dir,
-                "handoff_name": handoff_name, "keep": keep}
+                "handoff_name": handoff_name, "keep": keep, "tmp": child.tmp}
             if env:
                 msg["env"] = env
             if args_ref is not None:

@@ -15,6 +15,13 @@ interpreter (no fork). Its life:
    coordinator's handoff directory), never as a descriptor;
 4. exit, unless the job asked for ``isolation="job"``: then wait for the job's next task.
 
+On Linux it is a child subreaper (gpumesh.worker.procs.adopt_orphans): what its task
+started in a session of its own stays below it even when its own parent ended, and is
+killed, with all below it, as this process ends (the agent kills the same tree when it
+kills the process: gpumesh.worker.procs.kill_tree). Its orphans' zombies are not reaped
+while it lives (a reaper would steal the exit status of what the task waits for), only
+with it.
+
 Control messages are ``u64 length | JSON`` on the same socket. Nothing here needs
 ``fork``, AF_UNIX, memfd or descriptor passing.
 """
@@ -69,6 +76,7 @@ def _run(fn, sock: socket.socket, msg: dict) -> None:
         os.environ.update({str(k): str(v) for k, v in env.items()})
     runner._redirect(1, msg.get("stdout"))
     runner._redirect(2, msg.get("stderr"))
+    runner.use_temp_dir(msg.get("tmp"))
     # Big arguments are a reference (a file it maps by path): no descriptor travels here.
     runner.run_task(fn, sock, msg.get("result_format"), msg.get("args"), msg.get("handoff_dir"),
                     msg.get("handoff_name"))
@@ -122,6 +130,8 @@ def main() -> int:
     os.environ[runner.IN_TASK_ENV] = "1"
     hello = json.loads(sys.stdin.readline())
     _empty_stdin()
+    from gpumesh.worker import procs
+    procs.adopt_orphans()
     _watch_agent(int(hello.get("agent", os.getppid())))
     # Warm: what every function needs (a function blob is a cloudpickle stream).
     import cloudpickle  # noqa: F401
@@ -165,10 +175,22 @@ def main() -> int:
         msg = None
 
 
+def _kill_strays() -> None:
+    """Kill what this process's tasks left running (Linux: its descendants; see the
+    module's docstring). Never raises."""
+    try:
+        from gpumesh.worker import procs
+        if procs.LINUX:
+            procs.kill_descendants(os.getpid(), wait=1.0)
+    except BaseException:  # noqa: BLE001 - the exit must come whatever happens here
+        pass
+
+
 if __name__ == "__main__":
     from gpumesh.worker.runner import flush_and_exit
     code = 70
     try:
         code = main()
     finally:
+        _kill_strays()
         flush_and_exit(code)

@@ -6,6 +6,12 @@ one directory of its own under the system's temporary directory
 (``kill -9``, a power cut, a crash) cannot, so every worker that starts first removes the
 directories of workers that are gone.
 
+Inside it, ``tmp/`` holds one directory per task process (named by the agent, made by
+the process before its task, :func:`gpumesh.worker.runner.use_temp_dir`): a task's
+``TMPDIR`` and ``tempfile.gettempdir()``. The agent removes it as soon as the process is
+done (its task ended, or for ``isolation="job"`` the job's process closed):
+:func:`remove_task_dir`.
+
 Gone is decided by a lock, not a pid: each directory holds ``.owner.lock``, locked
 (:mod:`gpumesh.oslock`) by its worker for its whole life. A directory whose lock can be
 taken belongs to nobody any more, even if its old pid now names another process; one
@@ -36,6 +42,20 @@ def create(root: Path | None = None) -> tuple[Path, oslock.FileLock]:
     sweep(root)
     path = Path(tempfile.mkdtemp(prefix=PREFIX, dir=root))
     return path, oslock.acquire(path / LOCK_NAME)
+
+
+def remove_task_dir(path: str | None) -> None:
+    """Remove a task process's temporary directory and all in it. Never raises."""
+    if not path:
+        return
+    try:
+        os.rmdir(path)  # (the common case: the task left nothing)
+        return
+    except FileNotFoundError:
+        return
+    except OSError:
+        pass
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def sweep(root: Path | None = None) -> list[Path]:
