@@ -91,7 +91,7 @@ def test_an_error_of_the_worker_itself_hands_the_task_back_to_be_run_again(make_
         raise ImportError("cannot import name 'scripts' from 'gpumesh.worker'")
 
     monkeypatch.setattr(agent.executor, "run_script", broken)
-    monkeypatch.setattr(agent, "_function_blob", lambda fn: tmp_path / "script.py")
+    monkeypatch.setattr(agent.functions, "acquire", lambda fn: tmp_path / "script.py")
     monkeypatch.setattr(agent.poster, "post", lambda task, outcome, slot: posted.append(
         (task.task_id, outcome.status, outcome.error)) or (None, None))
     grant = protocol.TaskGrant("t9", "lease-t9", "f" * 64, slot=0, kind="script")

@@ -124,7 +124,7 @@ def test_submit_reads_its_defaults_from_the_schema(api):
     r = api.submit()
     assert r.status_code == 200 and r.json() == {"job_id": "abcdef01", "n_tasks": 2, "created": True}
     job = api.coord.jobs["abcdef01"]
-    assert job.kind == "function" and job.meta == {"timeout": None, "name": "", "caller": {}}
+    assert job.kind == "function" and job.meta == {"timeout": None, "name": "", "caller": {"loopback": False}}
     assert api.store.recent_job_ids(5) == ["abcdef01"]
 
 
