@@ -187,14 +187,10 @@ class Executor:
                     return
                 now = time.monotonic()
                 busy = {a.spare for a in self._ahead.values()}  # (running a task sent ahead)
-                released: list[Spare] = []
                 for job_slot, kept in list(self._kept.items()):
                     if kept.host.dead or (now - kept.last_used > JOB_IDLE_S and kept.spare not in busy):
                         del self._kept[job_slot]
                         kept.host.release(kept.spare)
-                        released.append(kept.spare)
-                for spare in released:  # (a moment's work: the directories are few)
-                    tempdirs.remove_task_dir(spare.tmp)
                 for key, host in list(self._hosts.items()):
                     # Not while it loads its function: its task is not counted yet.
                     if (not host.tasks and not host.kept and host.ready.is_set()
@@ -227,7 +223,7 @@ class Executor:
                 return host
             zygote = self._zygote_socket()
             mine, theirs = framing.control_pair()
-            msg: dict[str, Any] = {"op": "host", "path": blob_path}
+            msg: dict[str, Any] = {"op": "host", "path": blob_path, "tmp": self._tmp_str}
             if sys_path:
                 msg["sys_path"] = list(sys_path)
             framing.send_msg(zygote, msg, [theirs.fileno()])
@@ -331,11 +327,8 @@ class Executor:
         out, err = self.output_paths()
         fds: list[int] = []
         run = b""
-        # A fresh process gets a temporary directory of its own; a kept one keeps its own.
-        tmp = kept.tmp if kept is not None and kept.tmp else self._new_tmp()
         if sent is None:
             msg = self._run_msg(task, out, err, env, keep)
-            msg["tmp"] = tmp
             if handoff_dir:
                 msg["handoff_dir"], msg["handoff_name"] = handoff_dir, handoff_name
             if args_ref is not None:
@@ -350,8 +343,6 @@ class Executor:
                                 deadline, timeout, kept, sent=sent is not None)
             if isinstance(spare, Outcome):
                 return spare
-            if spare.tmp is None:
-                spare.tmp = tmp
             if withdraw and sent is not None:
                 self._skip(sent)
             elif keep and ahead is not None:
@@ -422,7 +413,6 @@ class Executor:
             host.release(spare)
         else:
             spare.sock.close()
-        tempdirs.remove_task_dir(spare.tmp)
 
     def _abandon(self, sent: Ahead) -> None:
         """The process ``sent`` went to is not used again: killed, and no longer kept."""
@@ -434,7 +424,6 @@ class Executor:
             kept.host.release(kept.spare)
         if not kept_list:
             sent.spare.sock.close()
-        tempdirs.remove_task_dir(sent.spare.tmp)
 
     # ------------------------------------------------------------------ ahead -------
     @staticmethod
@@ -464,7 +453,7 @@ class Executor:
         pair = 1 - self._pair.get(me, 0)
         out, err = self._truncate(self._paths(pair))
         msg = self._run_msg(grant, out, err, env, True)
-        msg["ahead"], msg["tmp"] = True, spare.tmp
+        msg["ahead"] = True
         record = Ahead(grant.task_id, spare, pair)
         with self._lock:
             self._ahead[me] = record

@@ -28,14 +28,13 @@ class Pending:
 
 class Spare:
     """A task process its host forked ahead of its task (runner._fork_spare): our end of
-    its socket, and its pid; ``tmp``: its temporary directory, named once it takes a task
-    (see gpumesh.worker.tempdirs)."""
+    its socket, and its pid. (Its temporary directory is its host's to make and remove:
+    runner.spare_temp_dir.)"""
 
-    __slots__ = ("pid", "sock", "tmp")
+    __slots__ = ("pid", "sock")
 
     def __init__(self, pid: int, sock: socket.socket):
         self.pid, self.sock = pid, sock
-        self.tmp: str | None = None
 
 
 class Kept:

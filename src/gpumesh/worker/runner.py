@@ -53,7 +53,7 @@ from typing import Any
 
 from gpumesh import tracing
 from gpumesh.protocol import FailureKind
-from gpumesh.worker import ahead, forking, procs, strays
+from gpumesh.worker import ahead, forking, procs, strays, tempdirs
 from gpumesh.worker.framing import send_msg, recv_raw, recv_msg, recv_blob, send_frames, recv_blob_fds
 from gpumesh.retries import type_name
 
@@ -289,11 +289,15 @@ def _wakeup_pipe() -> int:
     return r
 
 
-def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None) -> None:
+def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None,
+              tmp_root: str | None = None) -> None:
     """Load one function, then fork a child per task until the agent hangs up.
     ``sys_path``: directories put first on ``sys.path`` before the function is loaded
-    (its task environment: gpumesh.worker.envs)."""
+    (its task environment: gpumesh.worker.envs). ``tmp_root``: where each of its task
+    processes gets a temporary directory of its own (:func:`spare_temp_dir`)."""
     from gpumesh import handoff, payloadref, wire  # noqa: F401 - loaded once here, not in every child
+    global _TMP_ROOT
+    _TMP_ROOT = tmp_root
 
     if sys_path:
         sys.path[0:0] = [p for p in sys_path if isinstance(p, str)]
@@ -476,6 +480,7 @@ def _spare_main(fn, ctrl: socket.socket, wake: int, sock: socket.socket) -> None
         ctrl.close()
         os.close(wake)
         _reseed_after_fork()
+        tempdirs.use_temp_dir(spare_temp_dir(os.getpid()))  # (before its task: off the task's path)
         sock.sendall(SPARE_READY)
         _rehearse(sock)
         while True:
@@ -644,32 +649,19 @@ def _run_child(fn, sock: socket.socket, msg: dict, fds: list[int], args=None) ->
         os.environ.update({str(k): str(v) for k, v in env.items()})
     _redirect(1, msg.get("stdout"))
     _redirect(2, msg.get("stderr"))
-    use_temp_dir(msg.get("tmp"))
     run_task(fn, sock, msg.get("result_format"), msg.get("args"), msg.get("handoff_dir"),
              msg.get("handoff_name"), fds, args)
 
 
-#: Variables that name the temporary directory (``tempfile`` reads the first one set).
-TEMP_ENV = ("TMPDIR", "TEMP", "TMP")
+#: In a function host: the directory its task processes' temporary directories go in.
+_TMP_ROOT: str | None = None
 
 
-def use_temp_dir(path: str | None) -> None:
-    """In a task process: make ``path`` (its own, in the worker's: gpumesh.worker.tempdirs)
-    its temporary directory: the variables, and ``tempfile``'s choice, made maybe by its
-    host already. One that cannot be made leaves the worker's own in place."""
-    if not path:
-        return
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:  # (a kept process's next task: the same one)
-        pass
-    except OSError:
-        return
-    for name in TEMP_ENV:
-        os.environ[name] = path
-    tf: Any = sys.modules.get("tempfile")  # (not imported: it reads TMPDIR when it is)
-    if tf is not None:
-        tf.tempdir = path
+def spare_temp_dir(pid: int) -> str | None:
+    """The temporary directory of the host's task process ``pid``: made by the process as
+    it is forked, before its task (:func:`gpumesh.worker.tempdirs.use_temp_dir`), removed by the host as it reaps
+    it (:func:`_reap`); an ``isolation="job"`` process keeps its one for the job."""
+    return f"{_TMP_ROOT}/p{pid}" if _TMP_ROOT else None
 
 
 def _reap(ctrl: socket.socket, children: set[int]) -> None:
@@ -712,6 +704,7 @@ def _reap(ctrl: socket.socket, children: set[int]) -> None:
             continue
         children.discard(pid)
         ended = True
+        tempdirs.remove_task_dir(spare_temp_dir(pid))  # (after its result: off its path)
         code = os.waitstatus_to_exitcode(status)
         if code == 0:
             continue
@@ -765,7 +758,7 @@ def zygote_main(ctrl: socket.socket) -> None:
                 host = socket.socket(fileno=fds[0])
                 code = 0
                 try:
-                    host_main(host, msg["path"], msg.get("sys_path"))
+                    host_main(host, msg["path"], msg.get("sys_path"), msg.get("tmp"))
                 except BaseException:  # noqa: BLE001
                     code = 70
                 os._exit(code)

@@ -67,7 +67,7 @@ def _load(msg: dict):
 
 
 def _run(fn, sock: socket.socket, msg: dict) -> None:
-    from gpumesh.worker import runner
+    from gpumesh.worker import runner, tempdirs
     if runner._TRACE:
         runner.tracing.mark("task.start")  # the same hop a forked task child marks
     sock.sendall(struct.pack("<Q", os.getpid()))  # first: the agent may need to kill us
@@ -76,7 +76,7 @@ def _run(fn, sock: socket.socket, msg: dict) -> None:
         os.environ.update({str(k): str(v) for k, v in env.items()})
     runner._redirect(1, msg.get("stdout"))
     runner._redirect(2, msg.get("stderr"))
-    runner.use_temp_dir(msg.get("tmp"))
+    tempdirs.use_temp_dir(msg.get("tmp"))
     # Big arguments are a reference (a file it maps by path): no descriptor travels here.
     runner.run_task(fn, sock, msg.get("result_format"), msg.get("args"), msg.get("handoff_dir"),
                     msg.get("handoff_name"))

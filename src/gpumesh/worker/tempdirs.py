@@ -90,3 +90,25 @@ def sweep(root: Path | None = None) -> list[Path]:
         log.info("removed %d temporary director%s of workers that are gone",
                  len(removed), "y" if len(removed) == 1 else "ies")
     return removed
+
+
+#: Variables that name the temporary directory (``tempfile`` reads the first one set).
+TEMP_ENV = ("TMPDIR", "TEMP", "TMP")
+
+
+def use_temp_dir(path: str | None) -> None:
+    """In a task process: make ``path`` (its own, in the worker's directory) its temporary
+    directory: the variables, and ``tempfile``'s choice, made maybe by its host already
+    (``tempfile`` is imported here anyway). One that cannot be made leaves the worker's
+    own in place."""
+    if not path:
+        return
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:  # (a kept process's next task: the same one)
+        pass
+    except OSError:
+        return
+    for name in TEMP_ENV:
+        os.environ[name] = path
+    tempfile.tempdir = path
