@@ -326,7 +326,6 @@ def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None,
     # Objects that exist now are never collected in the children: moving them out of the
     # GC's reach keeps each child from touching (and so copying) their pages.
     _arm_parent_death()
-    strays.adopt()
     _prepare_rehearsal()
     _warm_host()
     forking.prepare()
@@ -335,7 +334,6 @@ def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None,
     gc.freeze()
     wake = _wakeup_pipe()
     children: set[int] = set()  # task processes (spares included) not yet reaped
-    strays.note_own(children)  # (what loading the function started is the host's)
     preloads = 0  # preload messages handled: a spare forked before the last is stale
     _fork_spare(fn, ctrl, wake, children, preloads)  # the first task's process
     watched: list[socket.socket | int] = [ctrl, wake]
@@ -355,8 +353,6 @@ def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None,
         if data is None:  # the agent is gone: take our tasks with us
             for pid in children:
                 _kill_group(pid)
-            # and what they started in sessions of their own, here or still below them
-            strays.kill_all()
             return
         if data == SPARE_REQUEST:
             _fork_spare(fn, ctrl, wake, children, preloads)
@@ -364,8 +360,6 @@ def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None,
         msg = json.loads(data)
         if msg.get("op") == "preload":
             _preload(msg.get("modules", []), msg.get("path", []))
-            _reap(ctrl, children)  # (strays first: they are not the preload's)
-            strays.note_own(children)
             forking.prepare()  # (a module may have registered at-fork hooks, or a thread)
             _snapshot_loaded()
             gc.freeze()
@@ -420,7 +414,6 @@ def _die_with_host() -> None:
     per fork), paid while the spare waits for its task, off the task's path."""
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, _SIGKILL)
-        _PRCTL(_PR_SET_CHILD_SUBREAPER, 1)  # (see gpumesh.worker.strays)
     if os.getppid() != _HOST_PID:
         os._exit(0)
 
@@ -503,6 +496,10 @@ def _spare_main(fn, ctrl: socket.socket, wake: int, sock: socket.socket) -> None
                 if ahead.skip_waiting(sock, msg.get("task_id")):
                     send_frames(sock, [ahead.SKIPPED_BYTES, b""])
                     continue
+            if msg.get("keep") and _PRCTL is not None:
+                # Kept for the job: what its tasks orphan stays below it while it lives
+                # (gpumesh.worker.strays), not taken up and killed by the zygote.
+                _PRCTL(_PR_SET_CHILD_SUBREAPER, 1)
             _run_child(fn, sock, msg, fds, args)
             if not msg.get("keep"):
                 return
@@ -675,9 +672,8 @@ def _reap(ctrl: socket.socket, children: set[int]) -> None:
     reap where ``os.waitid`` can look without reaping: until then the exited process
     keeps its pid, so no new process can have taken its group's id.
 
-    Other children are strays (gpumesh.worker.strays), reaped without a word to the
-    agent; once a task process has ended, every stray alive is killed."""
-    ended = False
+    What a task started in a session of its own is not in that group: it ends up below
+    the zygote, which kills it (gpumesh.worker.strays)."""
     while True:
         status = None
         try:
@@ -699,11 +695,9 @@ def _reap(ctrl: socket.socket, children: set[int]) -> None:
                 _, status = os.waitpid(pid, 0)  # (exited: does not block)
             except ChildProcessError:
                 break
-        if pid not in children:  # a stray, or one of the host's own: reaped, no report
-            strays.reaped(pid)
+        if pid not in children:  # one the function's own imports started: no report
             continue
         children.discard(pid)
-        ended = True
         tempdirs.remove_task_dir(spare_temp_dir(pid))  # (after its result: off its path)
         code = os.waitstatus_to_exitcode(status)
         if code == 0:
@@ -712,8 +706,6 @@ def _reap(ctrl: socket.socket, children: set[int]) -> None:
             send_msg(ctrl, {"op": "exited", "pid": pid, "code": code})
         except OSError:
             pass
-    if ended:
-        strays.kill(children)
 
 
 def _kill_group(pid: int) -> None:
@@ -739,13 +731,19 @@ def zygote_main(ctrl: socket.socket) -> None:
     import cloudpickle  # noqa: F401
     import gpumesh.wire  # noqa: F401
 
-    signal.signal(signal.SIGCHLD, lambda *_: _reap_all())
+    hosts: set[int] = set()  # the function hosts forked here and not reaped yet
+    signal.signal(signal.SIGCHLD, lambda *_: _reap_all(hosts))
+    strays.adopt()
     watched: set[int] = set()
     while True:
+        if not select.select([ctrl], [], [], strays.SWEEP_S)[0]:
+            strays.sweep(hosts)
+            continue
         msg, fds = recv_msg(ctrl)
         if msg is None:
             for pid in watched:
                 _kill_group(pid)
+            strays.sweep(set(), wait=strays.KILL_ALL_S)  # everything below: the agent is gone
             return
         op = msg.get("op")
         if op in ("watch", "unwatch") and isinstance(msg.get("pid"), int):
@@ -762,13 +760,15 @@ def zygote_main(ctrl: socket.socket) -> None:
                 except BaseException:  # noqa: BLE001
                     code = 70
                 os._exit(code)
+            hosts.add(pid)
             os.close(fds[0])
         else:
             for fd in fds:
                 os.close(fd)
 
 
-def _reap_all() -> None:
+def _reap_all(hosts: set[int]) -> None:
+    """The zygote reaps every child: its hosts, and the strays it took up and killed."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -776,6 +776,7 @@ def _reap_all() -> None:
             return
         if pid == 0:
             return
+        hosts.discard(pid)
 
 
 def main(argv: list[str]) -> None:
