@@ -323,3 +323,10 @@ def test_a_task_cancelled_before_its_process_connected_ends_at_once(ex, tmp_path
     t.join(30)
     assert not t.is_alive() and time.monotonic() - t0 < 20
     assert got["out"].error["kind"] == "cancelled"
+
+
+def test_a_crash_is_worded_alike_on_both_runtimes():
+    from gpumesh.worker import procs
+    assert procs.crash_message(-11) == "the task process was killed by SIGSEGV"
+    assert procs.crash_message(-9) == "the task process was killed by SIGKILL"
+    assert procs.crash_message(3) == "the task process exited with code 3 before returning a result"

@@ -25,7 +25,6 @@ import json
 import logging
 import mmap
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -631,15 +630,8 @@ class Executor:
         code = pending.code
         if code is None:
             return Outcome("retry", {"kind": FailureKind.HOST_DIED, "message": "the task's host process died"})
-        if code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            msg = f"the task process was killed by {name}"
-        else:
-            msg = f"the task process exited with code {code} before returning a result"
-        return Outcome("error", {"kind": FailureKind.CRASHED, "type": "TaskCrashed", "message": msg, "code": code})
+        return Outcome("error", {"kind": FailureKind.CRASHED, "type": "TaskCrashed",
+                                 "message": procs.crash_message(code), "code": code})
 
     @staticmethod
     def _killed_outcome(pending: Pending) -> Outcome:

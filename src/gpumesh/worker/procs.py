@@ -248,6 +248,16 @@ def kill_descendants(pid: int, keep: frozenset[int] | set[int] = frozenset(),
         time.sleep(0.01)
 
 
+def crash_message(code: int) -> str:
+    """The words of a task process that ended without its result, one wording on both
+    runtimes: ``the task process was killed by SIGSEGV``, ``the task process exited
+    with code 3 before returning a result``."""
+    said = describe_exit(code)
+    if said.startswith("killed"):
+        return f"the task process was {said}"
+    return f"the task process {said} before returning a result"
+
+
 def describe_exit(code: int) -> str:
     """``"killed by SIGSEGV"``, ``"exited with code 3"``, a Windows NTSTATUS in hex."""
     if code < 0:

@@ -422,8 +422,7 @@ class SpawnExecutor(Executor):
             return Outcome("retry", {"kind": "host_died",
                                      "message": why or "the task process stopped answering"})
         return Outcome("error", {"kind": "crashed", "type": "TaskCrashed", "code": code,
-                                 "message": f"the task process {procs.describe_exit(code)} "
-                                            "before returning a result"})
+                                 "message": procs.crash_message(code)})
 
     def _learn(self, fn_hash: str | None, modules, path) -> None:
         """Modules a task imported: later spares of its function import them while they
