@@ -153,3 +153,27 @@ def test_plain_functions_and_callables_are_still_accepted():
         assert pipeline.unsupported_function(fn) is None, fn
         assert accelerate(M)(fn).to("cpu").require.gpu == "cpu"
     assert pipeline.unsupported_function(functools.partial(co, 1)) is not None
+
+
+def test_a_gpumesh_decorates_as_accelerate_does():
+    # A notebook that names its GPUMesh `mesh` keeps writing @mesh (a fresh user got
+    # "TypeError: 'GPUMesh' object is not callable").
+    from gpumesh.client.remote import RemoteFunction
+    mesh = M
+
+    @mesh
+    def plain(x):
+        return x
+
+    @mesh(timeout=5, gpu="cuda")
+    def options(x):
+        return x
+
+    assert isinstance(plain, RemoteFunction) and isinstance(options, RemoteFunction)
+    assert plain.mesh is M and options.mesh is M
+    assert options.options["timeout"] == 5 and options.require == Requirements(gpu="cuda")
+    assert plain.local(3) == 3
+    with pytest.raises(TypeError, match="@accelerate needs a function"):
+        mesh(42)
+    with pytest.raises(ValueError, match="memory"):
+        mesh(memory="lots")(f)

@@ -108,6 +108,15 @@ class GPUMesh:
     def __repr__(self) -> str:
         return f"GPUMesh({self.url!r})"
 
+    def __call__(self, fn: Any = None, **options: Any) -> Any:
+        """``@m`` and ``@m(timeout=60, ...)``: the same as ``@accelerate(m, ...)``, so a
+        mesh a program names ``mesh`` decorates as the default ``@mesh`` does. Raises
+        ``TypeError`` for something that is not a function (as ``@accelerate`` does)."""
+        from .remote import RemoteFunction
+        if fn is None:
+            return lambda f: RemoteFunction(f, self, options)
+        return RemoteFunction(fn, self, options)
+
     def __reduce__(self):
         # A mesh captured by a shipped function travels without its token; inside a
         # task, mesh calls run inline anyway (see RemoteFunction.__call__).
