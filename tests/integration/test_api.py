@@ -835,3 +835,21 @@ def test_a_task_runs_in_the_workers_directory_with_the_workers_environment(make_
         return os.getcwd(), os.environ.get("GM_WHOSE")
 
     assert accelerate(mesh.client())(where_and_whose)() == (str(lender), "the worker's")
+
+
+def test_a_tasks_exception_carries_one_frame_of_gpumesh(client):
+    # The worker's traceback is the cause; below the call, gpumesh's frames (mesh,
+    # pipeline, decoding) say nothing more and are taken off (client/remote.py).
+    import traceback
+
+    @accelerate(client)
+    def fails(x):
+        raise KeyError(x)
+
+    for call in (lambda: fails(1), lambda: fails.map([1, 2])):
+        with pytest.raises(KeyError) as e:
+            call()
+        files = [f.filename for f in traceback.extract_tb(e.value.__traceback__)]
+        ours = [f for f in files if "/gpumesh/" in f]
+        assert len(ours) == 1 and ours[0].endswith("gpumesh/client/remote.py"), files
+        assert isinstance(e.value.__cause__, RemoteTraceback)  # kept

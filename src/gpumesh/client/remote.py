@@ -39,6 +39,19 @@ def unwrap(fn: Callable) -> Callable:
     return getattr(fn, "__gpumesh_wrapped__", fn)
 
 
+def _shortened(exc: BaseException) -> BaseException:
+    """``exc``, raised by a call or ``.map``, with gpumesh's own frames below the call
+    taken off its traceback when they say nothing the user needs: a task's exception
+    (its worker-side traceback is the cause, and its note says where it ran), gpumesh's
+    failure of a task, or a Ctrl+C that landed while the call waited on the network. Any
+    other exception (gpumesh's own error, or a bad argument) keeps every frame."""
+    from ..errors import RemoteTraceback, TaskFailed, TaskTimeout
+    if isinstance(exc, (KeyboardInterrupt, TaskFailed, TaskTimeout)) \
+            or isinstance(exc.__cause__, RemoteTraceback):
+        return exc.with_traceback(None)
+    return exc
+
+
 class RemoteFunction:
     """What ``@accelerate``/``@mesh`` return. Call it like the function, or use
     ``.map(items)``, ``.local(...)`` and ``.to(device)``.
@@ -99,9 +112,12 @@ class RemoteFunction:
         if any(k in kwargs for k in _calls.HINT_KEYS):  # f(x, gpu_memory_mb=...) as in .map
             kwargs, hint = _calls.split_hints(_calls.explicit_params(fn), kwargs)
             hints = [hint]
-        if self._inline():
-            return self._run_inline([(args, kwargs)], hints)[0][1]
-        return self.mesh.run_calls(fn, [(args, kwargs)], hints=hints, **self._call_options())[0]
+        try:
+            if self._inline():
+                return self._run_inline([(args, kwargs)], hints)[0][1]
+            return self.mesh.run_calls(fn, [(args, kwargs)], hints=hints, **self._call_options())[0]
+        except BaseException as failure:  # (raised on, without gpumesh's own frames)
+            raise _shortened(failure)
 
     def _run_inline(self, calls: list[_calls.Call], hints: list[dict] | None = None,
                     return_exceptions: bool = False, handle: dict | None = None,
@@ -158,11 +174,15 @@ class RemoteFunction:
                              timeout=timeout)
         fn = self.__gpumesh_wrapped__
         calls, hints = _calls.map_items(fn, list(items))
-        if self._inline():
-            return [v for _, v in self._run_inline(calls, hints, bool(return_exceptions),
-                                                   timeout=timeout)]
-        return self.mesh.run_calls(fn, calls, hints=hints, return_exceptions=bool(return_exceptions),
-                                   **self._call_options(isolation, timeout))
+        try:
+            if self._inline():
+                return [v for _, v in self._run_inline(calls, hints, bool(return_exceptions),
+                                                       timeout=timeout)]
+            return self.mesh.run_calls(fn, calls, hints=hints,
+                                       return_exceptions=bool(return_exceptions),
+                                       **self._call_options(isolation, timeout))
+        except BaseException as failure:  # (raised on, without gpumesh's own frames)
+            raise _shortened(failure)
 
     def imap(self, items: Iterable[Any], *, return_exceptions: bool = False,
              isolation: str | None = None, timeout: float | None = None) -> Results:
