@@ -78,6 +78,25 @@ def test_var_kwargs_functions_still_get_hints_removed():
     assert hints == [{"cost": 3.0, "gpu_memory_mb": 100.0}]
 
 
+def test_a_hint_taken_from_a_var_kwargs_functions_items_is_said_once(capsys):
+    def total(**row):
+        return row
+
+    def named(cost=None, **row):
+        return row
+
+    calls.map_items(total, [{"item": "a", "cost": 3.5, "qty": 2}] * 3)
+    calls.map_items(total, [{"item": "b", "cost": 1}])
+    err = capsys.readouterr().err
+    assert err.count("[gpumesh] ") == 1, err
+    assert ("test_a_hint_taken_from_a_var_kwargs_functions_items_is_said_once.<locals>.total: "
+            "the .map items' 'cost' went to the scheduler as a hint, not to its **kwargs; "
+            "to get it too, name it as a parameter (def f(..., cost=None, **rest))") in err
+    calls.map_items(named, [{"item": "a", "cost": 3.5}])  # named: an argument, nothing said
+    calls.map_items(two, [{"a": 1, "cost": 2}])  # no **kwargs: nothing to say
+    assert capsys.readouterr().err == ""
+
+
 def test_hints_in_tuples_and_scalars_are_untouched():
     got, hints = calls.map_items(two, [("cost", 5), {"cost": 1, "a": 1}])
     assert got[0] == (("cost", 5), {})

@@ -48,17 +48,34 @@ def map_items(fn: Callable, items: Iterable[Any]) -> tuple[list[Call], list[dict
     named = explicit_params(fn)
     calls: list[Call] = []
     hints: list[dict] = []
+    taken: set[str] = set()  # hint keys taken out of the items
     for item in items:
         hint: dict = {}
         if isinstance(item, Mapping):
             kwargs, hint = split_hints(named, item, ".map item")
+            taken.update(k for k in HINT_KEYS if k in item and k not in kwargs)
             calls.append(((), kwargs))
         elif isinstance(item, tuple):
             calls.append((item, {}))
         else:
             calls.append(((item,), {}))
         hints.append(hint)
+    if taken and _takes_var_keywords(fn):
+        # A **kwargs function gets every other key: a data column named "cost" would go
+        # missing without a word (a fresh user's did).
+        from .pipeline import notice
+        keys = " and ".join(repr(k) for k in sorted(taken))
+        notice(f"{getattr(fn, '__qualname__', 'the function')}: the .map items' {keys} "
+               f"went to the scheduler as a hint, not to its **kwargs; to get it too, name it "
+               f"as a parameter (def f(..., {sorted(taken)[0]}=None, **rest))")
     return calls, hints
+
+
+def _takes_var_keywords(fn: Callable) -> bool:
+    try:
+        return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
 
 
 def split_hints(named: set[str], kwargs: Mapping, what: str = "call") -> tuple[dict, dict]:
