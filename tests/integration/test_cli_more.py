@@ -190,6 +190,12 @@ def test_map_draws_no_bar_in_a_pipe_and_one_when_asked(shared_mesh, monkeypatch)
         return x
     assert mesh.run_calls(slow, [((i,), {}) for i in range(6)]) == list(range(6))
     assert "6/6" in out.getvalue() and "ETA" in out.getvalue()
+    # and the same batch run here (GPUMESH_LOCAL=1, as when the mesh is unreachable)
+    out.seek(0)
+    out.truncate()
+    monkeypatch.setenv("GPUMESH_LOCAL", "1")
+    assert mesh.run_calls(slow, [((i,), {}) for i in range(4)]) == list(range(4))
+    assert "4/4" in out.getvalue() and "ETA" in out.getvalue()
 
 
 def test_cancel_of_a_job_that_already_ended_says_so(make_mesh, tmp_path):

@@ -327,6 +327,9 @@ class InlineBackend(Backend):
 
     where = "this machine"
     stopped = "the items after it did not run"
+    #: A batch run here (the mesh unreachable, GPUMESH_LOCAL=1) shows its bar as on the
+    #: mesh; inside a task (nested calls) stderr is a file, so none is drawn.
+    progress = True
 
     def run(self, job: Job) -> Iterator[Any]:
         name = job.qualname or "the function"
