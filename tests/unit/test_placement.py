@@ -217,6 +217,21 @@ def test_cores_and_memory_filter_workers(coord):
     assert g.job_id == "aa0007"
 
 
+def test_memory_is_held_by_the_tasks_running_on_a_worker(coord):
+    # Two tasks asking 16 GB do not run side by side on a 24 GB machine (a lender's did),
+    # while a task asking nothing still takes the free slot.
+    box = register(coord, cpu_slots=3, ram_mb=24000, host="box")
+    submit(coord, "aa0101", n=2, require={"memory": "16GB"})
+    submit(coord, "aa0102", n=1)
+    grants = lease(coord, box.id, [0, 1, 2])
+    assert sorted((g.job_id, g.index) for g in grants) == [("aa0101", 0), ("aa0102", 0)]
+    assert lease(coord, box.id, [2]) == []  # 16 GB more does not fit beside the first
+    first = next(g for g in grants if g.job_id == "aa0101")
+    coord.post_result(first.task_id, first.lease_id, "ok", None, b"r")
+    (g,) = lease(coord, box.id, [0])  # its 16 GB are free again
+    assert (g.job_id, g.index) == ("aa0101", 1)
+
+
 def test_vram_hint_against_last_reported_free_memory(coord):
     box = register(coord, [A100, RTX], cpu_slots=0, scores={"cuda:0": 5000, "cuda:1": 3000})
     submit(coord, "aa0008", n=3, require={"gpu": "cuda"}, vram={0: 5000, 1: 1000, 2: 5000})

@@ -316,7 +316,7 @@ class Coordinator(Journalled):
         else:
             want = Counter(slot_ids)  # a legacy request may name a slot more than once
             serve = [v for v in views for _ in range(want.get(v.id, 0))]
-        ctx = placing.Placing(self)
+        ctx, ram = placing.Placing(self), placing.RamBudget(self, w)
         owner_ok = None
         if self.max_running:
             running = self.running_by_owner()
@@ -335,18 +335,18 @@ class Coordinator(Journalled):
                 # A GPU slot serves jobs that need a GPU before those that merely may use one.
                 got = self.queue.take_one(
                     lambda j, q: self._choose(j, q, slot, ctx),
-                    lane_ok=lambda req: req is not None and req.needs_gpu and placing.runs(req, slot),
-                    owner_ok=owner_ok)
+                    lane_ok=lambda req: (req is not None and req.needs_gpu and placing.runs(req, slot)
+                                         and ram.fits(req)), owner_ok=owner_ok)
             if got is None:
-                got = self.queue.take_one(lambda j, q: self._choose(j, q, slot, ctx),
-                                          lane_ok=lambda req: placing.runs(req, slot), owner_ok=owner_ok)
+                got = self.queue.take_one(lambda j, q: self._choose(j, q, slot, ctx), owner_ok=owner_ok,
+                                          lane_ok=lambda req: placing.runs(req, slot) and ram.fits(req))
             if got is None:
                 if queue:
                     break  # (the same slot again would get nothing either)
                 continue
             taken.append((got[0], got[1], slot.id, slot.kind != "cpu"))
+            ram.take(job := self.jobs.get(got[0]))
             if owner_ok is not None:
-                job = self.jobs.get(got[0])
                 running[job.owner if job else None] += 1
             if queue and not self.queues(got[0]):
                 break

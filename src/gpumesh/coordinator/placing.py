@@ -14,7 +14,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from .. import availability, hardware
-from . import placement
+from . import placement, views
 from .model import Job, Worker
 
 if TYPE_CHECKING:  # core imports this module: no import of core at run time
@@ -24,6 +24,34 @@ if TYPE_CHECKING:  # core imports this module: no import of core at run time
 def runs(req: hardware.Requirements | None, slot: hardware.Slot) -> bool:
     """Whether ``slot`` meets ``req`` (a run queue lane; None: a job not known here)."""
     return not req or hardware.refusal(req, slot) is None
+
+
+class RamBudget:
+    """What the ``memory=`` of the tasks running on one worker leaves of its RAM (bytes),
+    for one grant round: a task that asks ``memory=`` runs there only while it fits
+    beside those (Ray counts memory as a resource the same way), not merely when the
+    machine's total would hold it alone. ``free`` is None when the worker did not say
+    how much RAM it has (nothing is held back then)."""
+
+    def __init__(self, coord: Coordinator, w: Worker):
+        ram = w.info.get("ram_mb")
+        self.free: float | None = None
+        if isinstance(ram, (int, float)) and ram > 0:
+            running = views.running_leases(coord.leases[t] for t in w.leases if t in coord.leases)
+            self.free = float(ram) * hardware.MiB - sum(_memory(coord.jobs.get(lease.job_id))
+                                                        for lease in running)
+
+    def fits(self, req: hardware.Requirements | None) -> bool:
+        return self.free is None or not req or req.memory is None or req.memory <= self.free
+
+    def take(self, job: Job | None) -> None:
+        """A task of ``job`` was granted here in this round."""
+        if self.free is not None:
+            self.free -= _memory(job)
+
+
+def _memory(job: Job | None) -> float:
+    return float(job.require.memory or 0) if job is not None and job.require else 0.0
 
 
 class Placing:
