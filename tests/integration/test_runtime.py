@@ -84,3 +84,27 @@ def test_a_tasks_stdin_is_open_and_empty_on_both_runtimes(make_mesh, tmp_path):
         proc.stop()
         wait_for(lambda: m.alive() == 0, 10, "the worker to leave")
 
+
+
+def test_a_task_gets_its_share_of_the_cores_as_thread_caps(make_mesh, tmp_path):
+    # --cpu-slots 2: each task's math libraries get cores // 2 threads (at least 1), as
+    # Dask's and Ray's workers cap them; a cap the owner set for `join` stands.
+    import os
+
+    from gpumesh.worker.procs import THREAD_VARS
+    m = make_mesh(workers=0)
+
+    @accelerate(m.client(output=False))
+    def caps():
+        import os
+        return {name: os.environ.get(name) for name in THREAD_VARS}
+
+    share = str(max(1, (os.cpu_count() or 1) // 2))
+    for runtime in ("fork", "spawn"):
+        proc = _join(m, tmp_path, f"share-{runtime}", "--runtime", runtime, "--cpu-slots", "2",
+                     env={"OMP_NUM_THREADS": "3"})
+        m.wait_alive(1, proc)
+        got = caps()
+        assert got == {**{name: share for name in THREAD_VARS}, "OMP_NUM_THREADS": "3"}, runtime
+        proc.stop()
+        wait_for(lambda: m.alive() == 0, 10, "the worker to leave")

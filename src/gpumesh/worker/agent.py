@@ -41,7 +41,7 @@ from ..limits import (BACKOFF_BASE_S, BACKOFF_MAX_S, HEARTBEAT_INTERVAL_S, JOIN_
                       JOIN_HINT_AFTER, JOIN_PATIENCE_S, LONG_POLL_S, OUTPUT_BODY_BYTES,
                       OUTPUT_FLUSH_S, SESSION_PING_S, WARM_IDLE_S)
 from ..transport import Transport, Unreachable
-from . import tempdirs
+from . import procs, tempdirs
 from .device import GpuMonitor
 from .envs import EnvCache, InstallError
 from .executor import Outcome, make_executor
@@ -109,7 +109,8 @@ class WorkerAgent(OwnerRules):
         self.cache = Path(cache_dir)
         self.stopping = threading.Event()
         # runtime: fork or spawn (None: $GPUMESH_RUNTIME, else the platform's default)
-        self.executor = make_executor(runtime, self.cache / "spool", self.cache / "tmp")
+        self.executor = make_executor(runtime, self.cache / "spool", self.cache / "tmp",
+                                      procs.thread_env(self.info.get("cores"), len(self.slot_list)))
         #: Function blobs by sha256, fetched once, bounded (gpumesh.worker.fncache).
         self.functions = FunctionCache(
             self.cache / "fn", lambda h: self.http.stream_into("GET", protocol.blob(h), timeout=600),

@@ -100,12 +100,15 @@ class Executor:
     #: Where the agent reads big answers for this executor's tasks (see membody.Bodies).
     bodies: membody.Bodies = membody.MEMORY
 
-    def __init__(self, spool: Path | None = None, task_tmp: Path | None = None) -> None:
+    def __init__(self, spool: Path | None = None, task_tmp: Path | None = None,
+                 task_env: dict[str, str] | None = None) -> None:
         self.spool = Path(spool or tempfile.mkdtemp(prefix="gpumesh-spool-"))
         self.spool.mkdir(parents=True, exist_ok=True)
         self._spool_str = str(self.spool)
         # Each task process's temporary directory is made in here, and removed when the
         # process is done (gpumesh.worker.tempdirs): a task's temporary files never stay.
+        #: Set in every task process's environment (procs.thread_env: its share of cores).
+        self.task_env = dict(task_env or {})
         self.task_tmp = Path(task_tmp or self.spool / "tmp")
         self.task_tmp.mkdir(parents=True, exist_ok=True)
         self._tmp_str = str(self.task_tmp)
@@ -151,6 +154,7 @@ class Executor:
         if self._zygote is None:
             ctrl, child = framing.control_pair()
             env = {k: v for k, v in os.environ.items() if k not in runner.SCRUBBED_ENV}
+            env.update(self.task_env)
             try:
                 # Its own session: what kills the agent's process group (kill -9 -PGID, a
                 # supervisor, a terminal hanging up) must not take the function hosts with
@@ -765,16 +769,16 @@ class Executor:
 
 
 def make_executor(runtime: str | None = None, spool: Path | None = None,
-                  task_tmp: Path | None = None) -> Executor:
+                  task_tmp: Path | None = None, task_env: dict[str, str] | None = None) -> Executor:
     """The executor of ``runtime`` (``fork`` or ``spawn``; None: chosen as
     :func:`gpumesh.worker.procs.choose_runtime` says). Raises ``ValueError`` for an
     unknown runtime or one this Python cannot run."""
     name, _why = procs.choose_runtime(runtime)
     if name == "spawn":
         from .spawn import SpawnExecutor
-        executor: Executor = SpawnExecutor(spool, task_tmp)
+        executor: Executor = SpawnExecutor(spool, task_tmp, task_env)
     else:
-        executor = Executor(spool, task_tmp)
+        executor = Executor(spool, task_tmp, task_env)
     if name == "spawn" or not hasattr(os, "memfd_create"):
         executor.bodies = membody.Bodies(executor.spool)  # files its task processes map
     return executor

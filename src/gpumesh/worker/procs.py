@@ -39,6 +39,23 @@ LINUX = sys.platform.startswith("linux")
 PR_SET_CHILD_SUBREAPER = 36
 
 
+#: The variables that cap the threads of the math libraries a task may load (OpenMP,
+#: MKL, OpenBLAS, numexpr, Apple's Accelerate), as Dask's nanny and Ray's workers set them.
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+               "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+
+
+def thread_env(cores: int | None, slots: int) -> dict[str, str]:
+    """The task processes' share of the machine's cores, as :data:`THREAD_VARS` (each
+    ``cores // slots``, at least 1): ``--cpu-slots 2`` on 8 cores gives each task 4
+    threads, not 8 that would all compete (the lender's machine stays usable). A variable
+    the owner set for ``gpumesh join`` is left as it is; nothing when ``cores`` is unknown."""
+    if not cores or cores < 1:
+        return {}
+    share = str(max(1, int(cores) // max(1, slots)))
+    return {name: share for name in THREAD_VARS if name not in os.environ}
+
+
 def fork_missing() -> list[str]:
     """What this Python lacks for the fork runtime (empty: it can run it)."""
     need = [("os.fork", hasattr(os, "fork")), ("os.killpg", hasattr(os, "killpg")),

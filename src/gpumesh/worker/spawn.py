@@ -97,8 +97,8 @@ class SpawnExecutor(Executor):
 
     runtime = "spawn"
 
-    def __init__(self, spool=None, task_tmp=None) -> None:
-        super().__init__(spool, task_tmp)
+    def __init__(self, spool=None, task_tmp=None, task_env=None) -> None:
+        super().__init__(spool, task_tmp, task_env)
         self._listener: socket.socket | None = None
         self._connecting: dict[bytes, _Child] = {}
         self._spares: dict[str | None, list[_Child]] = {}  # None: not told a function yet
@@ -153,6 +153,7 @@ class SpawnExecutor(Executor):
         port = self._listen()
         token = os.urandom(16)
         env = {k: v for k, v in os.environ.items() if k not in runner.SCRUBBED_ENV}
+        env.update(self.task_env)
         env[runner.IN_TASK_ENV] = "1"
         proc = subprocess.Popen([sys.executable, "-m", "gpumesh.worker.spawnchild"],
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
