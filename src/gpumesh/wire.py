@@ -28,6 +28,7 @@ versions, instead of a pickle traceback.
 from __future__ import annotations
 
 import pickle
+import re
 import struct
 import sys
 from collections.abc import Iterable, Iterator, Sequence
@@ -207,6 +208,27 @@ def dumps(obj: Any, *, code: bool = False) -> Payload:
         chunks.append(part)
         off += memoryview(part).nbytes
     return Payload(chunks, by_value)
+
+
+#: What a pickle that rebuilds a code object names (cloudpickle reduces one as
+#: ``_builtin_type("CodeType")``): bytecode shipped by value.
+_CODE_MARK = re.compile(b"CodeType")  # (a pattern searches a memoryview without a copy)
+
+
+def holds_code(data: Chunk) -> bool:
+    """Whether the payload ``data`` may rebuild bytecode (a function, lambda or class
+    shipped by value), from a search of its pickle stream alone (big buffers travel out
+    of band, so the search is short). It can say True of data that only contains the word;
+    False means no code object is rebuilt. Raises :class:`WireError` for bytes that are
+    not a payload."""
+    view = memoryview(data).cast("B")
+    if view.nbytes < 16:
+        raise WireError(f"payload too short ({view.nbytes} bytes)")
+    _check_magic(view, PAYLOAD_MAGIC, "payload")
+    nbuf, stream_len = struct.unpack_from("<IQ", view, 4)
+    off = 16 + 8 * nbuf
+    off += _pad(off)
+    return _CODE_MARK.search(view[off:off + stream_len]) is not None
 
 
 def loads(data: Chunk) -> Any:

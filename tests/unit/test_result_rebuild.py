@@ -130,3 +130,45 @@ def test_without_a_way_to_look_the_worker_up_the_note_still_says_where():
     with pytest.raises(TypeError) as e:
         calls.decode_result(done(), payload)
     assert "task t9 on worker w1: the task returned, but this process" in said(e.value)
+
+
+def test_code_made_on_another_python_minor_is_refused_before_it_loads():
+    # 3.11 and 3.12 build code objects alike: such a function would load, then crash
+    # this interpreter when called. It is refused with where it came from.
+    from gpumesh.errors import TaskFailed
+    payload = memoryview(wire.dumps(lambda y: y * 7).to_bytes())
+    asked: list[str] = []
+
+    def about(python):
+        def look(wid):
+            asked.append(wid)
+            return {"python": python, "hostname": "laptop-b"}
+        return look
+
+    with pytest.raises(TaskFailed) as e:
+        calls.decode_result(done(), payload, call=((2,), {}), n=4, name="make",
+                            hint="the batch's other tasks were cancelled",
+                            about_worker=about(other_minor()))
+    text = str(e.value)
+    assert text.startswith(".map item 3 of 4, make(2), on worker laptop-b (w1)")
+    assert f"whose bytecode is Python {other_minor().rsplit('.', 1)[0]}'s" in text
+    assert f"this process runs Python {platform.python_version()}" in text
+    assert text.endswith("the batch's other tasks were cancelled")
+    assert e.value.task_id == "t9" and e.value.worker == "w1"
+    # The caller's own Python: it loads and runs.
+    fn = calls.decode_result(done(), payload, about_worker=about(platform.python_version()))
+    assert fn(3) == 21
+    # Plain data never asks where it came from.
+    asked.clear()
+    data = memoryview(wire.dumps({"a": [1, 2]}).to_bytes())
+    assert calls.decode_result(done(), data, about_worker=about(other_minor())) == {"a": [1, 2]}
+    assert asked == []
+
+
+def test_holds_code_reads_only_the_pickle_stream():
+    import numpy as np
+    assert wire.holds_code(wire.dumps(lambda: 1).to_bytes())
+    assert not wire.holds_code(wire.dumps({"x": "no code"}).to_bytes())
+    # an array's bytes travel out of band: the word inside them is not searched
+    arr = np.frombuffer(b"CodeType" * 1000, dtype=np.uint8)
+    assert not wire.holds_code(wire.dumps(arr).to_bytes())

@@ -124,7 +124,8 @@ def describe_call(call: Call | None, limit: int = ARGS_TEXT_CHARS) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def where(item: ResultItem, call: Call | None = None, n: int = 1, name: str | None = None) -> str:
+def where(item: ResultItem, call: Call | None = None, n: int = 1, name: str | None = None,
+          hostname: str | None = None) -> str:
     """Where a task failed, for its error: the ``.map`` item (index, the call with its
     arguments), the worker (hostname and id), the attempt and the task id, as far as
     they are known: ``.map item 7 of 20, train(lr=0.5), on worker laptop-a (0afecb2d),
@@ -132,7 +133,7 @@ def where(item: ResultItem, call: Call | None = None, n: int = 1, name: str | No
     err = item.error or {}
     index, task_id = item.index, item.task_id
     named: str | None = task_id  # the task id at the end, unless the text starts with it
-    worker, host = err.get("worker") or item.worker, err.get("hostname")
+    worker, host = err.get("worker") or item.worker, err.get("hostname") or hostname
     shown = f"{name or 'the function'}({describe_call(call)})" if call is not None else ""
     on = ""
     if worker:
@@ -175,25 +176,44 @@ def decode_result(item: ResultItem, payload: memoryview | None, strict: bool = F
             except NotJSON as e:
                 raise TaskFailed(f"{e} (task {item.task_id} on worker {item.worker})",
                                  item.task_id, item.worker) from None
+        worker: Mapping = {}
+        if about_worker is not None and item.worker and payload is not None and wire.holds_code(payload):
+            # Bytecode of another minor version may load without a word and crash this
+            # interpreter when run (3.11 and 3.12 build code objects alike): refused.
+            worker = about_worker(item.worker) or {}
+            theirs = python_minor(worker.get("python") or "?")
+            if theirs and theirs != python_minor():
+                raise TaskFailed(
+                    f"{where(item, call, n, name, worker.get('hostname'))}: the task returned "
+                    f"a function, lambda or class made inside it, whose bytecode is Python "
+                    f"{theirs}'s; this process runs Python {platform.python_version()}, where "
+                    f"it could crash the interpreter, so it is not loaded (the task is not run "
+                    f"again). Return plain data, or call from Python {theirs}"
+                    + (f"; {hint}" if hint else ""), item.task_id, item.worker)
         try:
             return wire.loads(payload)  # type: ignore[arg-type]  # (a done result has one)
         except Exception as e:  # noqa: BLE001 - said where and why, then raised as itself
-            _not_rebuilt(e, item, where(item, call, n, name), hint, about_worker)
+            _not_rebuilt(e, item, call, n, name, hint, worker or about_worker)
             raise
     raise failure(item, None if strict else payload, call=call, n=n, hint=hint, name=name)
 
 
-def _not_rebuilt(exc: Exception, item: ResultItem, place: str, hint: str,
-                 about_worker: Callable[[str], Mapping | None] | None) -> None:
+def _not_rebuilt(exc: Exception, item: ResultItem, call: Call | None, n: int, name: str | None,
+                 hint: str, about_worker: Mapping | Callable[[str], Mapping | None] | None) -> None:
     """Say on ``exc`` (raised here while unpickling ``item``'s value) that the task did
     return, where it ran, and the likely reason this process cannot rebuild what it
     returned: a module missing here, another version of a package on the worker, or
     code made inside the task on a worker of another Python minor version.
-    ``about_worker(worker id)``: the worker as ``GET /v1/workers`` lists it, or None.
-    The text is a note on 3.11+, the exception's cause before (as :func:`failure`)."""
+    ``about_worker(worker id)``: the worker as ``GET /v1/workers`` lists it, or None (or
+    that worker's entry, looked up already). The text is a note on 3.11+, the exception's
+    cause before (as :func:`failure`)."""
     from .. import packages
-    worker = (about_worker(item.worker) if about_worker and item.worker else None) or {}
+    if isinstance(about_worker, Mapping):
+        worker: Mapping = about_worker
+    else:
+        worker = (about_worker(item.worker) if about_worker and item.worker else None) or {}
     theirs: Mapping = worker.get("packages") or {}
+    place = where(item, call, n, name, worker.get("hostname"))
     lines = [f"[gpumesh] {place}: the task returned, but this process (Python "
              f"{platform.python_version()}) could not rebuild its value; it is not run again"]
     name = getattr(exc, "name", None) if isinstance(exc, ImportError) else None

@@ -58,6 +58,10 @@ log = logging.getLogger("gpumesh.client")
 _HOSTNAME = socket.gethostname()
 
 
+#: How long what GET /v1/workers said is used for about_worker (s).
+WORKERS_FRESH_S = 30.0
+
+
 class NativeBackend(Backend):
     """Runs jobs on ``mesh``'s coordinator. The mesh keeps what outlives one job (its
     transport, the probe cache, the blobs the coordinator has, the handoff directories)."""
@@ -72,6 +76,8 @@ class NativeBackend(Backend):
         #: for the next call's big payloads to be written over (fresh pages cost ~1 ms
         #: per MiB on the build VM, ~7x a write over pages in memory).
         self._moved_files: set[str] = set()
+        #: (when, {worker id: the worker as GET /v1/workers lists it}) for about_worker.
+        self._pool_seen: tuple[float, dict[str, dict]] = (-1e9, {})
 
     def reachable(self) -> bool:
         return self.mesh._mesh_reachable()
@@ -80,10 +86,15 @@ class NativeBackend(Backend):
         return f"the coordinator at {self.mesh.url} is unreachable"
 
     def about_worker(self, worker_id: str) -> dict | None:
-        try:  # (only when a value could not be rebuilt: never on a call's path)
-            return next((w for w in self.mesh.workers() if w.get("id") == worker_id), None)
-        except MeshError:
-            return None
+        # Asked only for a value that holds code or could not be rebuilt; a .map of 1,000
+        # such values asks once (a worker's Python does not change while it runs).
+        now = time.monotonic()
+        if now - self._pool_seen[0] > WORKERS_FRESH_S:
+            try:
+                self._pool_seen = (now, {str(w.get("id")): w for w in self.mesh.workers()})
+            except MeshError:
+                return self._pool_seen[1].get(worker_id)
+        return self._pool_seen[1].get(worker_id)
 
     def run(self, job: Job) -> Iterator[Any]:
         mesh = self.mesh

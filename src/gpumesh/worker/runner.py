@@ -350,9 +350,10 @@ def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None,
         data, fds = recv_raw(ctrl)
         for fd in fds:  # (none is expected)
             os.close(fd)
-        if data is None:  # the agent is gone: take our tasks with us
+        if data is None:  # let go, or the agent is gone: take our tasks with us
             for pid in children:
                 _kill_group(pid)
+                tempdirs.remove_task_dir(spare_temp_dir(pid))  # (no reap will come for it)
             return
         if data == SPARE_REQUEST:
             _fork_spare(fn, ctrl, wake, children, preloads)
