@@ -258,3 +258,13 @@ def test_a_cancelled_item_gets_no_return_exceptions_hint():
     crashed = ResultItem(index=3, task_id="t1", state="failed", seq=0,
                          error={"kind": "crashed", "message": "the task process exited with code 7"})
     assert str(calls.failure(crashed, None, n=10, hint=hint)).endswith("; " + hint)
+
+
+def test_a_crash_names_its_attempt_once_and_a_progress_tail_as_shown():
+    err = {"kind": "crashed", "message": "the task process exited with code 5; attempt 3 of 3",
+           "worker": "w1", "attempt": 3,
+           "stderr_tail": "\r 10%\r 50%\r 90%\nTraceback: boom\n"}
+    it = ResultItem(index=0, task_id="t1", state="failed", seq=1, worker="w1", error=err)
+    text = str(calls.failure(it, None))
+    assert text.count("attempt 3") == 1, text
+    assert text.endswith("--- last lines the task wrote to stderr ---\n 90%\nTraceback: boom"), text

@@ -125,7 +125,7 @@ def describe_call(call: Call | None, limit: int = ARGS_TEXT_CHARS) -> str:
 
 
 def where(item: ResultItem, call: Call | None = None, n: int = 1, name: str | None = None,
-          hostname: str | None = None) -> str:
+          hostname: str | None = None, attempt: bool = True) -> str:
     """Where a task failed, for its error: the ``.map`` item (index, the call with its
     arguments), the worker (hostname and id), the attempt and the task id, as far as
     they are known: ``.map item 7 of 20, train(lr=0.5), on worker laptop-a (0afecb2d),
@@ -146,7 +146,7 @@ def where(item: ResultItem, call: Call | None = None, n: int = 1, name: str | No
         if call is None:
             shown, named = f"task {task_id}", None  # named once, first
         parts = [f"{shown} {on}".strip()]
-    if err.get("attempt"):
+    if attempt and err.get("attempt"):
         parts.append(f"attempt {err['attempt']}")
     if named:
         parts.append(f"task {named}")
@@ -269,7 +269,8 @@ def failure(item: ResultItem, payload: memoryview | None, *, call: Call | None =
     message = err.get("message", "the task failed")
     tb = with_source(err.get("traceback", ""))
     task_id, worker = item.task_id, err.get("worker") or item.worker
-    place = where(item, call, n, name)
+    # (a crash's message counts its attempts already: "attempt 3 of 3")
+    place = where(item, call, n, name, attempt=f"attempt {err.get('attempt')} of" not in message)
     if kind == FailureKind.CANCELLED:
         # Someone cancelled the job (gpumesh cancel, .cancel()): return_exceptions would
         # not have run its items, so the hint of a batch stopped by a failure is wrong here.
@@ -283,7 +284,10 @@ def failure(item: ResultItem, payload: memoryview | None, *, call: Call | None =
             message += f"; this caller has {mine[0]} {mine[1]}"
     tail = f" ({place})" + (f"; {hint}" if hint else "")
     if err.get("stderr_tail") and kind != "raised":
-        tail += "\n--- last lines the task wrote to stderr ---\n" + err["stderr_tail"].rstrip()
+        # (a progress bar's redraws as a terminal shows them: each line's last state)
+        from .console import shown
+        tail += "\n--- last lines the task wrote to stderr ---\n" + "\n".join(
+            shown(line) for line in err["stderr_tail"].rstrip().split("\n"))
     exc = None
     if kind == "raised" and payload is not None and payload.nbytes:
         try:
