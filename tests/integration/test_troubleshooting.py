@@ -101,8 +101,14 @@ def test_a_module_the_worker_lacks_arrives_as_the_guide_says(make_mesh, tmp_path
     assert last.startswith("ModuleNotFoundError: No module named 'gm_doc_missing_everywhere'")
     assert_quoted(last, "gm_doc_missing_everywhere")
 
+    # The caller's own module (on its path only, installed nowhere) travels by value: the
+    # call runs; with that turned off (GPUMESH_SHIP_LOCAL=0) the worker lacks it, as the
+    # guide says.
     r = subprocess.run([sys.executable, str(script), "module"], env=env, capture_output=True,
                        text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, str(script), "module"], capture_output=True, text=True,
+                       env=dict(env, GPUMESH_SHIP_LOCAL="0"), timeout=120, cwd=tmp_path)
     assert r.returncode == 1
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("ModuleNotFoundError: No module named 'gm_doc_here_only' on any worker")

@@ -105,7 +105,7 @@ def kill_tree(pid: int) -> None:
     equivalent). Never raises; a process already gone is not an error. On Linux that
     includes its descendants in other sessions (found before ``pid`` dies, while they
     are still below it)."""
-    if LINUX:
+    if LINUX and hasattr(os, "killpg"):
         strays = descendants(pid)
         _kill_group_or_process(pid)
         for p in strays:
@@ -152,13 +152,14 @@ def kill_tree(pid: int) -> None:
 
 
 def _kill_group_or_process(pid: int) -> None:
+    if hasattr(os, "killpg"):  # (a POSIX Python without it: tests/winsurface)
+        try:
+            os.killpg(pid, _HARD_KILL)  # a group (or session) leader: its whole group
+            return
+        except OSError:  # not the leader of a group: the process alone
+            pass
     try:
-        os.killpg(pid, signal.SIGKILL)  # a group (or session) leader: its whole group
-        return
-    except OSError:  # not the leader of a group: the process alone
-        pass
-    try:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, _HARD_KILL)
     except OSError:
         pass
 
