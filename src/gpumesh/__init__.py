@@ -28,6 +28,7 @@ __all__ = [
     "RemoteFunction",
     "MeshError",
     "AuthError",
+    "LockedOut",
     "RequestRejected",
     "MeshUnavailable",
     "WireError",

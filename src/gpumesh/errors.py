@@ -2,6 +2,7 @@
 
     MeshError                      catch this to catch anything gpumesh raises
     ├── AuthError                  the coordinator refused the token (HTTP 401/403)
+    │   └── LockedOut              it refuses this address for a while (HTTP 429)
     ├── RequestRejected            the coordinator refused a request as malformed (HTTP 4xx)
     ├── MeshUnavailable            the coordinator stopped answering after it accepted a job
     ├── WireError                  bytes that are not a gpumesh payload, or another wire version
@@ -40,6 +41,16 @@ class MeshError(Exception):
 
 class AuthError(MeshError):
     """The coordinator refused the token. Never raised for a network failure."""
+
+
+class LockedOut(AuthError):
+    """The coordinator refuses every request from this address for ``retry_after``
+    seconds, after too many refused tokens from it (any program's there, not necessarily
+    this one's: a shared NAT or proxy address). A worker waits it out; a caller raises it."""
+
+    def __init__(self, message: str, retry_after: float = 60.0):
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class RequestRejected(MeshError):

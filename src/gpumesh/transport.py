@@ -11,7 +11,9 @@ Every failure becomes a :mod:`gpumesh.errors` exception:
 * connection refused / connect timeout  -> :class:`Unreachable` (``sent=False``: the
   coordinator never saw the request, so falling back to local execution is safe)
 * read timeout / connection dropped      -> :class:`Unreachable` (``sent=True``)
-* 401, 403 forbidden, 429 locked_out     -> :class:`~gpumesh.errors.AuthError`
+* 401, 403 forbidden                    -> :class:`~gpumesh.errors.AuthError`
+* 429 locked_out                         -> :class:`~gpumesh.errors.LockedOut` (an AuthError
+  with ``retry_after``, from the ``Retry-After`` header)
 * 413                                    -> :class:`~gpumesh.errors.PayloadTooLarge`
 * 409 version_mismatch                   -> :class:`~gpumesh.errors.VersionMismatch`
 * other 4xx / 5xx                        -> :class:`~gpumesh.errors.RequestRejected`
@@ -47,7 +49,8 @@ from urllib3.exceptions import (ConnectTimeoutError, HTTPError, NewConnectionErr
                                 ProtocolError, ReadTimeoutError)
 
 from . import handoff
-from .errors import AuthError, MeshUnavailable, PayloadTooLarge, RequestRejected, VersionMismatch
+from .errors import (AuthError, LockedOut, MeshUnavailable, PayloadTooLarge, RequestRejected,
+                     VersionMismatch)
 from .limits import (CONNECT_TIMEOUT_S, READ_TIMEOUT_S, TCP_KEEPCNT, TCP_KEEPIDLE_S,
                      TCP_KEEPINTVL_S)
 from .protocol import ErrorCode
@@ -437,8 +440,14 @@ def check(resp: Response, url: str, token_sent: bool = True) -> None:
         # (the coordinator's text names the action and who can give a token that may)
         raise AuthError(f"the coordinator at {url} does not allow this: {message} (HTTP 403)")
     if resp.status_code == 429 and code == ErrorCode.LOCKED_OUT:
-        raise AuthError(f"the coordinator at {url} refused the token ({message}); "
-                        "check --token / $GPUMESH_TOKEN")
+        try:
+            wait = max(1.0, float(resp.headers.get("retry-after", "")))
+        except ValueError:
+            wait = 60.0
+        raise LockedOut(f"the coordinator at {url} refuses this address for now ({message}); "
+                        f"the refused tokens may be another program's at the same address (a "
+                        f"shared NAT or proxy): wait {wait:.0f}s, and if they were yours, check "
+                        f"--token / $GPUMESH_TOKEN", wait)
     if resp.status_code == 413:
         raise PayloadTooLarge(message or "request over the coordinator's size limit")
     if code == ErrorCode.VERSION_MISMATCH:

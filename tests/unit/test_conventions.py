@@ -178,6 +178,7 @@ PUBLIC_API = [
     "RemoteFunction",
     "MeshError",
     "AuthError",
+    "LockedOut",
     "RequestRejected",
     "MeshUnavailable",
     "WireError",

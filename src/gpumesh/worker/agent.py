@@ -36,7 +36,7 @@ from .. import hardware, limits, packages, protocol, tracing, versions, wire
 from ..handoff import Handoff, new_name
 from ..payloadref import PayloadRef
 from .._version import __version__
-from ..errors import AuthError, RequestRejected, WireError
+from ..errors import AuthError, LockedOut, RequestRejected, WireError
 from ..limits import (BACKOFF_BASE_S, BACKOFF_MAX_S, HEARTBEAT_INTERVAL_S, JOIN_BACKOFF_MAX_S,
                       JOIN_HINT_AFTER, JOIN_PATIENCE_S, LONG_POLL_S, OUTPUT_BODY_BYTES,
                       OUTPUT_FLUSH_S, SESSION_PING_S, WARM_IDLE_S)
@@ -108,6 +108,7 @@ class WorkerAgent(OwnerRules):
             cache_dir, self._cache_lock = tempdirs.create()
         self.cache = Path(cache_dir)
         self.stopping = threading.Event()
+        self._locked_until = 0.0  # until when the coordinator refuses this address (LockedOut)
         # runtime: fork or spawn (None: $GPUMESH_RUNTIME, else the platform's default)
         self.executor = make_executor(runtime, self.cache / "spool", self.cache / "tmp",
                                       procs.thread_env(self.info.get("cores"), len(self.slot_list)))
@@ -201,6 +202,8 @@ class WorkerAgent(OwnerRules):
                     self.on_event("joined" if first else "rejoined",
                                   f"joined mesh as {self.id}" if first else f"re-joined mesh as {self.id}")
                     return
+                except LockedOut as e:  # (another program's refused tokens, maybe)
+                    self._locked_out(e)
                 except AuthError:
                     raise
                 except Unreachable as e:
@@ -257,6 +260,16 @@ class WorkerAgent(OwnerRules):
         self._register()
 
     # ------------------------------------------------------------------ heartbeat ---
+    def _locked_out(self, e: LockedOut) -> None:
+        """The coordinator refuses this address for a while: say so once per spell, and
+        wait it out (a worker with the right token must not leave for it: the refused
+        tokens may be another program's at a shared address)."""
+        now = time.monotonic()
+        if now >= self._locked_until + 5.0:  # (not when a lockout follows the last at once)
+            self.on_event("waiting", f"{e}; waiting")
+        self._locked_until = max(self._locked_until, now + e.retry_after)
+        self.stopping.wait(e.retry_after)
+
     def _heartbeat_loop(self) -> None:
         delays = backoff_delays()
         while not self.stopping.wait(HEARTBEAT_INTERVAL_S):
@@ -278,6 +291,8 @@ class WorkerAgent(OwnerRules):
             except RequestRejected as e:
                 if getattr(e, "code", "") == protocol.ErrorCode.UNKNOWN_WORKER:
                     self._lost_registration()
+            except LockedOut as e:
+                self._locked_out(e)
             except Unreachable:
                 self.stopping.wait(next(delays))
             except Exception as e:  # noqa: BLE001 - never let the heartbeat thread die
@@ -410,6 +425,10 @@ class WorkerAgent(OwnerRules):
                     on_head=self._receiving.set)
                 delays = backoff_delays()
                 away = False
+            except LockedOut as e:
+                self._release(free)
+                self._locked_out(e)
+                continue
             except RequestRejected as e:
                 away = False
                 self._release(free)

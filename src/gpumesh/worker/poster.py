@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from .. import protocol, tracing, wire
-from ..errors import RequestRejected, WireError
+from ..errors import LockedOut, RequestRejected, WireError
 from ..transport import Unreachable
 from . import membody
 
@@ -285,6 +285,11 @@ class ResultPoster:
                 # what it did store of it comes back refused as stale, the rest lands.
                 log.warning("%d results not stored yet, posting them again: %s", len(batch), e)
                 if agent.stopping.wait(next(delays)):
+                    return
+                continue
+            except LockedOut as e:  # (this address, for a while): the same batch after it
+                agent._locked_out(e)
+                if agent.stopping.is_set():
                     return
                 continue
             except Unreachable:
