@@ -1,10 +1,12 @@
 """TLS: the coordinator's self-signed certificate (made once) and certificate fingerprints.
 
 ``gpumesh serve --tls`` keeps ``tls/cert.pem`` and ``tls/key.pem`` (mode 0600) in the data
-directory and reuses them while they cover the addresses being served, so the
-fingerprint that workers and callers pinned stays valid across restarts. A new pair is
-made when there is none, when it expires within ``RENEW_BEFORE_DAYS`` or when it does
-not name an address now bound. ``--tls-cert/--tls-key`` use your own pair instead.
+directory and reuses them until they near expiry, so the fingerprint that workers and
+callers pinned stays valid across restarts, also when the machine's address or name
+changes (a new Wi-Fi, a container's new IP): a pin identifies the server, not the names
+the certificate lists, which are only for a browser's information. A new pair is made
+when there is none or when it expires within ``RENEW_BEFORE_DAYS``. ``--tls-cert/--tls-key``
+use your own pair instead (refused once expired).
 
 The fingerprint is ``SHA256:`` + the lowercase hex SHA-256 of the certificate's DER
 bytes; :func:`normalise_fingerprint` also accepts colons, upper case and no prefix.
@@ -93,25 +95,24 @@ def local_addresses(host: str) -> tuple[list[str], list[str]]:
     return sorted(ips), sorted(names)
 
 
-def _needs_renewal(cert_path: Path, ips: list[str], names: list[str]) -> bool:
+def _needs_renewal(cert_path: Path) -> bool:
+    """Whether the generated certificate must be replaced: unreadable, or expiring within
+    ``RENEW_BEFORE_DAYS``. Not for naming other addresses than those bound now: that
+    would change every pinned fingerprint with the machine's address."""
     from cryptography import x509
     try:
         cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
-        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except Exception:  # noqa: BLE001 - unreadable or odd: make a new one
         return True
-    have_ips = {str(a) for a in san.get_values_for_type(x509.IPAddress)}
-    have_names = set(san.get_values_for_type(x509.DNSName))
     left = cert.not_valid_after_utc - datetime.datetime.now(datetime.timezone.utc)
-    return (not set(ips) <= have_ips or not set(names) <= have_names
-            or left < datetime.timedelta(days=RENEW_BEFORE_DAYS))
+    return left < datetime.timedelta(days=RENEW_BEFORE_DAYS)
 
 
 def self_signed(data_dir: Path, host: str) -> tuple[Path, Path, bool]:
     """The self-signed pair for serving on ``host``: ``(cert, key, created)``.
 
-    Reuses the pair in ``data_dir/tls`` while it covers ``host``; otherwise writes a new
-    one (ECDSA P-256). Raises :class:`TLSSetupError` if ``cryptography`` is missing or
+    Reuses the pair in ``data_dir/tls`` until it nears expiry; otherwise writes a new one
+    (ECDSA P-256) naming this machine's addresses and names for ``host``. Raises :class:`TLSSetupError` if ``cryptography`` is missing or
     the files cannot be written.
     """
     try:
@@ -123,9 +124,9 @@ def self_signed(data_dir: Path, host: str) -> tuple[Path, Path, bool]:
         raise TLSSetupError("--tls needs the 'cryptography' package: pip install cryptography") from None
     tls_dir = data_dir / "tls"
     cert_path, key_path = tls_dir / "cert.pem", tls_dir / "key.pem"
-    ips, names = local_addresses(host)
-    if cert_path.exists() and key_path.exists() and not _needs_renewal(cert_path, ips, names):
+    if cert_path.exists() and key_path.exists() and not _needs_renewal(cert_path):
         return cert_path, key_path, False
+    ips, names = local_addresses(host)
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.timezone.utc)
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"gpumesh coordinator {names[-1]}"[:64])])
@@ -158,12 +159,30 @@ def self_signed(data_dir: Path, host: str) -> tuple[Path, Path, bool]:
     return cert_path, key_path, True
 
 
+def _check_dates(cert_path: Path) -> None:
+    """Raise :class:`TLSSetupError` for a certificate outside its validity dates: every
+    worker and caller would refuse it."""
+    try:
+        from cryptography import x509
+        cert = x509.load_pem_x509_certificate(_first_pem(cert_path.read_text()).encode())
+    except Exception:  # noqa: BLE001 - no cryptography, or odd PEM: OpenSSL loaded it
+        return
+    now = datetime.datetime.now(datetime.timezone.utc)
+    if cert.not_valid_after_utc < now:
+        raise TLSSetupError(f"{cert_path} expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC: "
+                            "workers and callers would refuse it; give a new one")
+    if cert.not_valid_before_utc > now:
+        start = f"{cert.not_valid_before_utc:%Y-%m-%d %H:%M}"
+        raise TLSSetupError(f"{cert_path} is valid only from {start} UTC: check this machine's clock")
+
+
 def check_pair(cert_path: Path, key_path: Path) -> str:
     """Load a certificate and key as the server will; returns the fingerprint.
     Raises :class:`TLSSetupError` naming what is wrong."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
         ctx.load_cert_chain(str(cert_path), str(key_path))
+        _check_dates(Path(cert_path))
         return fingerprint_pem(Path(cert_path).read_text())
     except FileNotFoundError as e:
         raise TLSSetupError(f"TLS file not found: {e.filename}") from None

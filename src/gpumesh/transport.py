@@ -88,6 +88,10 @@ class Response:
         return _json.loads(self.content)
 
 
+#: OpenSSL's verify codes for a certificate outside its validity dates (X509_V_ERR_*).
+_CERT_DATES = {9: "is not valid yet", 10: "has expired"}
+
+
 class Transport:
     """Requests to one coordinator ``url`` with bearer ``token`` (may be None).
 
@@ -151,6 +155,15 @@ class Transport:
         while e is not None and id(e) not in seen:
             seen.add(id(e))
             if isinstance(e, ssl.SSLCertVerificationError):
+                if self.fingerprint and e.verify_code in _CERT_DATES:
+                    # The pinned certificate itself, outside its dates: not an impostor.
+                    return AuthError(
+                        f"the coordinator at {self.url} presents a certificate that "
+                        f"{_CERT_DATES[e.verify_code]} ({e.verify_message}); if this machine's "
+                        "clock is right, the coordinator needs a new one (a self-signed one: "
+                        "delete the tls folder in its data directory and restart `gpumesh "
+                        "serve --tls`; your own: a new --tls-cert), then pin the fingerprint "
+                        "it prints")
                 if self.fingerprint:
                     return AuthError(
                         f"the coordinator at {self.url} no longer presents the certificate pinned "

@@ -37,9 +37,11 @@ def test_self_signed_certificate_names_the_bound_address_and_loopback(tmp_path):
     assert "localhost" in san.get_values_for_type(x509.DNSName)
     assert fingerprint_pem(cert.read_text()) == "SHA256:" + hashlib.sha256(
         ssl.PEM_cert_to_DER_cert(cert.read_text())).hexdigest()
-    # reused while it still covers what is served: pins stay valid across restarts
+    # reused across restarts: pins stay valid, also when the machine's addresses change
+    # (a new network, a container's new IP): a pin identifies the server, not the names
     again = self_signed(tmp_path, "127.0.0.1")
     assert again == (cert, key, False)
+    assert self_signed(tmp_path, "192.0.2.45") == (cert, key, False)
     # a wildcard bind names this machine's own addresses too
     cert2, _, created2 = self_signed(tmp_path / "any", "0.0.0.0")
     san2 = x509.load_pem_x509_certificate(cert2.read_bytes()).extensions.get_extension_for_class(
@@ -196,3 +198,68 @@ def test_a_handshake_that_never_happens_blocks_nobody(tls_mesh):
           f"fresh TLS connection {fresh_s * 1000:.1f} ms")
     assert worst < 0.1
     assert fresh_s < 0.5
+
+
+def _expired_pair(tmp_path):
+    """A self-signed certificate valid only in 2020, and its key (PEM files)."""
+    import datetime
+
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "expired")])
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc))
+            .not_valid_after(datetime.datetime(2020, 1, 2, tzinfo=datetime.timezone.utc))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(
+                ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / "old.pem", tmp_path / "old.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_an_expired_certificate_is_refused_by_serve_and_named_by_a_pinned_client(tmp_path):
+    import os
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from gpumesh.transport import Transport
+    cert, key = _expired_pair(tmp_path)
+    env = dict(os.environ, HOME=str(tmp_path), GPUMESH_CONFIG=str(tmp_path / "c.json"))
+    r = subprocess.run([sys.executable, "-m", "gpumesh", "serve", "--no-self-worker", "--port",
+                        str(free_port()), "--data-dir", str(tmp_path / "d"), "--tls-cert", str(cert),
+                        "--tls-key", str(key)], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1, r.stderr
+    assert "expired on 2020-01-02 00:00 UTC: workers and callers would refuse it" in r.stderr
+    # A server that presents it anyway: a pinned client says it expired, not "intercepting".
+
+    class Ok(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+    server = HTTPServer(("127.0.0.1", 0), Ok)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(cert), str(key))
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    th = threading.Thread(target=server.serve_forever, daemon=True)
+    th.start()
+    try:
+        t = Transport(f"https://127.0.0.1:{server.server_address[1]}", "t" * 32,
+                      fingerprint=fingerprint_pem(cert.read_text()))
+        with pytest.raises(AuthError) as e:
+            t.request("GET", "/v1/health", timeout=10)
+        t.close()
+        assert "presents a certificate that has expired" in str(e.value), e.value
+        assert "intercepting" not in str(e.value)
+    finally:
+        server.shutdown()
+        server.server_close()
