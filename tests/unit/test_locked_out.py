@@ -86,3 +86,15 @@ def test_a_result_is_posted_again_after_a_lockout(agent):
     grant = protocol.TaskGrant("t1", "lease-t1", "f" * 64, slot=0)
     assert agent.poster.post(grant, Outcome("ok"), 0) == (None, None)
     assert agent.http.calls == 3  # refused twice, then posted: never dropped
+
+
+def test_an_unreachable_coordinator_is_said_once_per_outage(agent):
+    # The heartbeat meets a lost link first (a lease long-polls for 30 s): both paths say
+    # it through one flag, once; a lease answered ends the outage.
+    agent._unreachable(OSError("timed out"))
+    agent._unreachable(OSError("timed out again"))
+    assert agent.events == [("waiting", "coordinator unreachable (timed out), retrying")]
+    agent._away = False  # (as a lease answered sets it)
+    agent._unreachable(OSError("refused"))
+    assert agent.events[-1] == ("waiting", "coordinator unreachable (refused), retrying")
+    assert len(agent.events) == 2

@@ -109,6 +109,7 @@ class WorkerAgent(OwnerRules):
         self.cache = Path(cache_dir)
         self.stopping = threading.Event()
         self._locked_until = 0.0  # until when the coordinator refuses this address (LockedOut)
+        self._away = False  # the coordinator stopped answering (said once per outage)
         # runtime: fork or spawn (None: $GPUMESH_RUNTIME, else the platform's default)
         self.executor = make_executor(runtime, self.cache / "spool", self.cache / "tmp",
                                       procs.thread_env(self.info.get("cores"), len(self.slot_list)))
@@ -260,6 +261,13 @@ class WorkerAgent(OwnerRules):
         self._register()
 
     # ------------------------------------------------------------------ heartbeat ---
+    def _unreachable(self, e: Exception) -> None:
+        """Say once per outage that the coordinator does not answer (the lease loop or
+        the heartbeat, whichever meets it first); a lease answered ends the outage."""
+        if not self._away and not self.stopping.is_set():
+            self.on_event("waiting", f"coordinator unreachable ({e}), retrying")
+        self._away = True
+
     def _locked_out(self, e: LockedOut) -> None:
         """The coordinator refuses this address for a while: say so once per spell, and
         wait it out (a worker with the right token must not leave for it: the refused
@@ -293,7 +301,8 @@ class WorkerAgent(OwnerRules):
                     self._lost_registration()
             except LockedOut as e:
                 self._locked_out(e)
-            except Unreachable:
+            except Unreachable as e:
+                self._unreachable(e)  # (a lost link shows here first: a lease waits 30 s)
                 self.stopping.wait(next(delays))
             except Exception as e:  # noqa: BLE001 - never let the heartbeat thread die
                 log.warning("heartbeat failed: %s", e)
@@ -405,7 +414,6 @@ class WorkerAgent(OwnerRules):
     # ------------------------------------------------------------------ leasing -----
     def _lease_loop(self) -> None:
         delays = backoff_delays()
-        away = False  # the coordinator stopped answering (said once per outage)
         while not self.stopping.is_set():
             # Wait for a free slot, then ask for a task for each free slot (naming them:
             # the coordinator grants a slot only a task that slot can run).
@@ -424,13 +432,13 @@ class WorkerAgent(OwnerRules):
                     timeout=LONG_POLL_S + 10, buffer_for=self.executor.bodies.buffer_for,
                     on_head=self._receiving.set)
                 delays = backoff_delays()
-                away = False
+                self._away = False
             except LockedOut as e:
                 self._release(free)
                 self._locked_out(e)
                 continue
             except RequestRejected as e:
-                away = False
+                self._away = False
                 self._release(free)
                 if getattr(e, "code", "") == protocol.ErrorCode.UNKNOWN_WORKER:
                     self._lost_registration()
@@ -441,9 +449,7 @@ class WorkerAgent(OwnerRules):
             except Unreachable as e:
                 self._receiving.clear()
                 self._release(free)
-                if not away and not self.stopping.is_set():
-                    self.on_event("waiting", f"coordinator unreachable ({e}), retrying")
-                away = True
+                self._unreachable(e)
                 self.stopping.wait(next(delays))
                 continue
             try:
