@@ -156,6 +156,21 @@ def test_exposed_banner_says_reachability_is_not_tested():
     assert not [x for x in banner("127.0.0.1", 8000, "t" * 20, False) if "Reachability" in x]
 
 
+def test_banner_behind_a_proxy_and_in_a_container(monkeypatch):
+    from gpumesh.cli import serve
+    lines = serve.banner("127.0.0.1", 8000, "t" * 20, False, proxied=True)
+    assert "   Other machines reach it through the proxy in front of it (--trusted-proxy)," in lines
+    assert not [x for x in lines if "CANNOT reach" in x or "--host 0.0.0.0" in x]
+    monkeypatch.setattr(serve, "_lan_ip", lambda: "10.89.0.2")
+    monkeypatch.setattr(serve, "in_container", lambda: True)
+    lines = serve.banner("0.0.0.0", 8732, "t" * 20, False)
+    assert ("   (in a container: other machines use the host's address and the port it "
+            "publishes, not this container's own IP)") in lines
+    monkeypatch.setattr(serve, "in_container", lambda: False)
+    assert "   (127.0.0.1 always works locally; the LAN IP is for other machines)" in \
+        serve.banner("0.0.0.0", 8732, "t" * 20, False)
+
+
 def test_progress_elapsed_counts_from_the_batch_start(monkeypatch):
     """The bar appears after its delay, but its elapsed time (like its rate) counts from
     when the batch began: a batch 65 s old shows 0:01:05, not the bar's age."""

@@ -78,9 +78,15 @@ def rerun_flags(ctx: click.Context) -> str:
     return " ".join(parts)
 
 
+def in_container() -> bool:
+    """Whether this process runs in a container (Docker's ``/.dockerenv``, podman's
+    ``/run/.containerenv``): its own IP is not what other machines reach."""
+    return os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv")
+
+
 def banner(host: str, port: int, token: str, show_token: bool, *, fingerprint: str | None = None,
            worker_token: bool = False, safe_mode: bool = False, public: bool = False,
-           rerun: str = "") -> list[str]:
+           rerun: str = "", proxied: bool = False) -> list[str]:
     """The lines ``serve`` prints once it listens (wording kept from the product README).
     ``public``: an ngrok tunnel will be announced below (``--public``). ``rerun``: the
     flags the re-run line keeps (:func:`rerun_flags`)."""
@@ -104,6 +110,9 @@ def banner(host: str, port: int, token: str, show_token: bool, *, fingerprint: s
     lines += ["", f"   Join from THIS machine:   gpumesh join {local}{pin} --token={tok}"]
     if host in ("127.0.0.1", "localhost", "::1") and public:
         lines.append("   Other machines reach it only through the public URL below, not directly.")
+    elif host in ("127.0.0.1", "localhost", "::1") and proxied:
+        lines += ["   Other machines reach it through the proxy in front of it (--trusted-proxy),",
+                  "   at the proxy's address; binding it to 0.0.0.0 would go around the proxy."]
     elif host in ("127.0.0.1", "localhost", "::1"):
         lines += [
             f"   Other machines CANNOT reach this coordinator (bound to {host} only).",
@@ -121,7 +130,10 @@ def banner(host: str, port: int, token: str, show_token: bool, *, fingerprint: s
             trust = f"--trusted-host {ip} " if fingerprint else ""  # pip cannot pin a certificate
             lines.append(f"   Install on ANOTHER machine: pip install {trust}{wheel_url(f'{scheme}://{ip}:{port}')}")
             lines.append(f"   Join from ANOTHER machine: gpumesh join {scheme}://{ip}:{port}{pin} --token={tok}")
-        if host in ("0.0.0.0", "::"):
+        if host in ("0.0.0.0", "::") and in_container():
+            lines.append("   (in a container: other machines use the host's address and the port it "
+                         "publishes, not this container's own IP)")
+        elif host in ("0.0.0.0", "::"):
             lines.append("   (127.0.0.1 always works locally; the LAN IP is for other machines)")
         lines.append("")
         bar = "  " + "!" * 62
@@ -328,7 +340,7 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
         fail(f"cannot open the job store in {data_dir}: {e}")
     for line in banner(host, port, token, show_token=generated, fingerprint=fingerprint,
                        worker_token=worker_token is not None, safe_mode=safe_mode, public=public,
-                       rerun=rerun_flags(click.get_current_context())):
+                       rerun=rerun_flags(click.get_current_context()), proxied=bool(trusted_proxy)):
         click.echo(line)
     from ..winplat import firewall_lines
     for line in firewall_lines(host, port):  # Windows only: the inbound rule (spec: as Administrator)
