@@ -440,7 +440,10 @@ def check(resp: Response, url: str, token_sent: bool = True) -> None:
         body = resp.json()
         code, message = body.get("error", ""), body.get("message", resp.text)
     except ValueError:  # not our API's JSON: a proxy's or another server's page, in one line
-        words = " ".join(re.sub(r"<[^>]*>", " ", resp.text[:2000]).split())[:200]
+        # (an HTML page: its title says it, once; its body often repeats it)
+        title = re.search(r"<title[^>]*>(.*?)</title>", resp.text[:2000], re.I | re.S)
+        words = " ".join(re.sub(r"<[^>]*>", " ", title.group(1) if title else resp.text[:2000])
+                         .split())[:200]
         code, message = "", (f"the server at {url} answered with a page that is not gpumesh's"
                              f" ({words or 'empty'}): check the URL, path prefix included")
     if resp.status_code == 401 and not token_sent:

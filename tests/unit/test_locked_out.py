@@ -98,3 +98,18 @@ def test_an_unreachable_coordinator_is_said_once_per_outage(agent):
     agent._unreachable(OSError("refused"))
     assert agent.events[-1] == ("waiting", "coordinator unreachable (refused), retrying")
     assert len(agent.events) == 2
+
+
+def test_a_page_that_is_not_gpumeshs_is_named_by_its_title_once():
+    from gpumesh.errors import RequestRejected
+
+    class Page(_Resp):
+        def json(self):
+            raise ValueError("not JSON")
+    html = ("<html><head><title>404 Not Found</title></head><body><center><h1>404 Not Found"
+            "</h1></center><hr><center>nginx/1.22.1</center></body></html>")
+    resp = Page(404, None)
+    resp.text = html
+    with pytest.raises(RequestRejected) as e:
+        check(resp, "http://c:1")
+    assert "answered with a page that is not gpumesh's (404 Not Found)" in str(e.value), e.value
