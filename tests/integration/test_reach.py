@@ -239,6 +239,12 @@ def test_public_with_a_refused_authtoken_or_no_sdk_says_so(tmp_path, edge_cert):
     r = serve_once(env, "--public", "--data-dir", str(tmp_path / "data2"))
     assert r.returncode == 1
     assert r.stderr.strip() == "Error: --public needs the ngrok Agent SDK: pip install ngrok"
+    # neither: both said at once (one try tells all there is to fix)
+    env.pop("NGROK_AUTHTOKEN")
+    r = serve_once(env, "--public", "--data-dir", str(tmp_path / "data3"))
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("Error: --public needs the ngrok Agent SDK: pip install ngrok; "
+                               "and an ngrok authtoken in $NGROK_AUTHTOKEN"), r.stderr
 
 
 def test_public_and_tailscale_refuse_what_cannot_work_together(tmp_path, edge_cert, ts_bin):

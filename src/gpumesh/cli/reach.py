@@ -151,13 +151,16 @@ def tailnet_lines(net: Tailnet, port: int, scheme: str, tok: str, pin: str = "")
 def check_ngrok() -> None:
     """Raise :class:`ReachError` now, before anything binds, if ``--public`` cannot work:
     no authtoken in the environment, or the SDK is not installed."""
-    if not os.environ.get(NGROK_TOKEN_ENV, "").strip():
-        raise ReachError(f"--public needs an ngrok authtoken in ${NGROK_TOKEN_ENV}: get one at "
-                         f"{NGROK_TOKEN_PAGE}, then: export {NGROK_TOKEN_ENV}=<your authtoken>")
+    missing = []  # (both at once: one try tells everything to fix)
     try:
         import ngrok  # noqa: F401
     except ImportError:
-        raise ReachError("--public needs the ngrok Agent SDK: pip install ngrok") from None
+        missing.append("the ngrok Agent SDK: pip install ngrok")
+    if not os.environ.get(NGROK_TOKEN_ENV, "").strip():
+        missing.append(f"an ngrok authtoken in ${NGROK_TOKEN_ENV}: get one at {NGROK_TOKEN_PAGE}, "
+                       f"then: export {NGROK_TOKEN_ENV}=<your authtoken>")
+    if missing:
+        raise ReachError("--public needs " + "; and ".join(missing))
 
 
 class Tunnel:
