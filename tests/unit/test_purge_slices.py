@@ -4,7 +4,6 @@ batch of jobs per transaction and yields between batches (Coordinator.purge_in_s
 from __future__ import annotations
 
 import asyncio
-import time
 
 from gpumesh.coordinator.core import Coordinator
 from gpumesh.coordinator.store import Store
@@ -38,30 +37,31 @@ def test_purge_in_slices_keeps_the_event_loop_responsive(tmp_path):
     coord = Coordinator(store)
     cutoff = OLD + 1
 
-    async def main() -> tuple[int, float]:
+    async def main() -> tuple[int, int]:
         done = asyncio.Event()
-        stalls = [0.0]
+        ticks = [0]
 
         async def ticker() -> None:  # what a heartbeat or a request sees meanwhile
-            last = time.perf_counter()
             while not done.is_set():
-                await asyncio.sleep(0.001)
-                now = time.perf_counter()
-                stalls[0] = max(stalls[0], now - last)
-                last = now
+                await asyncio.sleep(0)
+                ticks[0] += 1
 
         tick = asyncio.create_task(ticker())
         await asyncio.sleep(0.01)
+        before = ticks[0]
         try:
             n = await coord.purge_in_slices(cutoff)
         finally:
             done.set()
             await tick
-        return n, stalls[0]
+        return n, ticks[0] - before
 
-    n, stall = asyncio.run(main())
+    # The loop gets control between batches (the stall figures, measured, are in
+    # benchmarks/purge_stall.py and docs/performance.md: a timed bound here would fail on
+    # a loaded machine). One synchronous purge would let the ticker run 0 times.
+    n, ticks = asyncio.run(main())
     assert n == EXPIRED
-    assert stall < 0.25, f"the event loop stalled {stall:.3f} s"
+    assert ticks >= 3, f"the event loop ran {ticks} times during the purge"
     jobs = {r[0] for r in store.db.execute("SELECT id FROM jobs")}
     assert jobs == {f"job{j:05d}" for j in range(EXPIRED, EXPIRED + KEPT + 1)}  # nothing unexpired touched
     assert store.db.execute("SELECT COUNT(*) FROM tasks").fetchone()[0] == (KEPT + 1) * TASKS
