@@ -65,7 +65,7 @@ Error codes: every refusal is ``{"error": code, "message": text}``::
 
     400 bad_request         a field, query parameter or body is malformed (415 at /ui/login)
     401 unauthorized        no token, or a wrong one                       -> AuthError
-    429 locked_out          too many wrong tokens from this address        -> AuthError
+    429 locked_out          too many wrong tokens from this address        -> LockedOut
     403 forbidden           this token's role may not do this              -> AuthError
     403 not_yours           the job belongs to another person
     403 safe_mode           serve --safe-mode takes script jobs only

@@ -440,10 +440,9 @@ def check(resp: Response, url: str, token_sent: bool = True) -> None:
         body = resp.json()
         code, message = body.get("error", ""), body.get("message", resp.text)
     except ValueError:  # not our API's JSON: a proxy's or another server's page, in one line
-        # (an HTML page: its title says it, once; its body often repeats it)
-        title = re.search(r"<title[^>]*>(.*?)</title>", resp.text[:2000], re.I | re.S)
-        words = " ".join(re.sub(r"<[^>]*>", " ", title.group(1) if title else resp.text[:2000])
-                         .split())[:200]
+        # (an HTML page's texts, each once: its body often repeats its title)
+        texts = [" ".join(t.split()) for t in re.split(r"<[^>]*>", resp.text[:2000])]
+        words = ", ".join(dict.fromkeys(t for t in texts if t))[:200]
         code, message = "", (f"the server at {url} answered with a page that is not gpumesh's"
                              f" ({words or 'empty'}): check the URL, path prefix included")
     if resp.status_code == 401 and not token_sent:
@@ -457,7 +456,7 @@ def check(resp: Response, url: str, token_sent: bool = True) -> None:
         raise AuthError(f"the coordinator at {url} does not allow this: {message} (HTTP 403)")
     if resp.status_code == 429 and code == ErrorCode.LOCKED_OUT:
         try:
-            wait = max(1.0, float(resp.headers.get("retry-after", "")))
+            wait = max(1.0, float((getattr(resp, "headers", None) or {}).get("retry-after", "")))
         except ValueError:
             wait = 60.0
         raise LockedOut(f"the coordinator at {url} refuses this address for now ({message}); "

@@ -100,7 +100,7 @@ def test_an_unreachable_coordinator_is_said_once_per_outage(agent):
     assert len(agent.events) == 2
 
 
-def test_a_page_that_is_not_gpumeshs_is_named_by_its_title_once():
+def test_a_page_that_is_not_gpumeshs_says_each_of_its_texts_once():
     from gpumesh.errors import RequestRejected
 
     class Page(_Resp):
@@ -112,4 +112,5 @@ def test_a_page_that_is_not_gpumeshs_is_named_by_its_title_once():
     resp.text = html
     with pytest.raises(RequestRejected) as e:
         check(resp, "http://c:1")
-    assert "answered with a page that is not gpumesh's (404 Not Found)" in str(e.value), e.value
+    assert ("answered with a page that is not gpumesh's (404 Not Found, nginx/1.22.1)"
+            in str(e.value)), e.value
