@@ -314,6 +314,10 @@ PURGE_SLICE_S = _const("PURGE_SLICE_S", 0.05, "s",
                        "lets the event loop serve requests and heartbeats between two batches")
 PURGE_BATCH_MAX = _const("PURGE_BATCH_MAX", 500, "count",
                          "most jobs (or function blobs) one purge batch deletes in one transaction")
+TASK_SLICE_ROWS = _const("TASK_SLICE_ROWS", 4096, "count",
+                         "a job of more tasks is released (and a purge's batch starts) this many task "
+                         "rows per transaction, the event loop served between two: one commit of a "
+                         "million rows held it for seconds (benchmarks/purge_stall.py)")
 
 # --- sizes ---------------------------------------------------------------------------
 MAX_BODY_BYTES: int = _env(

@@ -22,6 +22,7 @@ from gpumesh import (GPUMesh, MeshError, RemoteError, RemoteTraceback, TaskCrash
 from gpumesh.client import pipeline
 from gpumesh.client import remote as remote_mod
 from gpumesh.errors import RequestRejected
+from gpumesh.limits import TASK_SLICE_ROWS
 
 from ..conftest import alive, wait_for
 
@@ -504,6 +505,29 @@ def test_jobs_are_released_in_batches_and_bad_batches_are_refused(client):
         with pytest.raises(RequestRejected) as ei:
             client.http.request("POST", "/v1/jobs/release", json=body)
         assert ei.value.status == 400, body
+
+
+def test_a_map_of_more_tasks_than_a_release_slice_is_released(client):
+    """A job of more than TASK_SLICE_ROWS tasks is released a slice per transaction, in
+    the background of the release request (Coordinator.release): it still ends released."""
+    n = TASK_SLICE_ROWS + 50
+
+    @accelerate(client, isolation="job")
+    def double(x):
+        return 2 * x
+
+    assert double.map(range(n)) == [2 * x for x in range(n)]
+    jid = client.jobs(limit=1)[0]["id"]
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            client.http.request("GET", f"/v1/jobs/{jid}/results", params={"after": -1, "wait": 0})
+        except RequestRejected as e:
+            assert e.status == 410
+            break
+        assert time.monotonic() < deadline, "the job was never released"
+        time.sleep(0.1)
+    assert client.run_calls(double, [((4,), {})]) == [8]  # and the coordinator goes on
 
 
 def test_timeout(client):

@@ -42,7 +42,7 @@ from .. import availability, hardware
 from ..protocol import FailureKind
 from ..limits import (HEARTBEAT_INTERVAL_S, MAX_ATTEMPTS, PURGE_BATCH_MAX,  # noqa: F401 (MAX_ATTEMPTS: core's own)
                       PURGE_SLICE_S, WORKER_TTL_S)
-from . import callers, diskfull, jobops, placement, placing, recovery, requeue, views
+from . import callers, diskfull, jobops, placement, placing, recovery, requeue, retention, views
 from .model import (CoordinatorError, Grant, Job, JobReleased, Lease, NoWorkers,  # noqa: F401
                     ResultNotStored, StaleLease, UnknownJob, UnknownWorker, Unsatisfiable, Worker)
 from .journal import Journalled
@@ -106,6 +106,10 @@ class Coordinator(Journalled):
         #: the worker's answer may then let the caller's go first (routes/batch.py).
         self.woke_callers = False
         self.callers = callers.Callers(clock)  # when open function jobs' callers were heard
+        #: Jobs of many tasks being released a slice at a time (.retention), and the
+        #: asyncio tasks doing it (held here: the loop keeps only weak references).
+        self.releasing: set[str] = set()
+        self.background: set[asyncio.Task[None]] = set()
         recovery.recover(self)  # rebuild the in-memory view from the store
 
     # ------------------------------------------------------------ workers --------
@@ -729,43 +733,15 @@ class Coordinator(Journalled):
         """Forget jobs that ended before ``cutoff`` (epoch seconds) all at once; see
         Store.purge_before. The coordinator's loop uses :meth:`purge_in_slices`."""
         gone = self.store.purge_before(cutoff)
-        self._forget_purged(gone)
+        self.forget_purged(gone)
         return len(gone)
 
     async def purge_in_slices(self, cutoff: float, slice_s: float = PURGE_SLICE_S) -> int:
-        """:meth:`purge`, a batch of jobs per transaction, each batch sized to take about
-        ``slice_s`` (halved after a slower one, doubled after a quick one, at most
-        PURGE_BATCH_MAX), yielding to the event loop between two: requests and heartbeats
-        are served meanwhile, however many jobs expired (one job of many tasks still
-        takes as long as it takes). Each batch stands alone (a job expired before
-        ``cutoff`` stays expired), so what runs between them cannot undo one. Returns the
-        number of jobs deleted."""
-        n, batch = 0, 16
+        """:meth:`purge`, a transaction at a time, the event loop served between two
+        (:func:`.retention.purge_in_slices`). Returns the number of jobs deleted."""
+        return await retention.purge_in_slices(self, cutoff, slice_s)
 
-        def resize(took: float, size: int) -> int:
-            if took > slice_s:
-                return max(1, size // 2)
-            return min(PURGE_BATCH_MAX, size * 2) if took < slice_s / 2 else size
-
-        while True:
-            t0 = time.perf_counter()
-            gone = self.store.purge_jobs(cutoff, batch)
-            self._forget_purged(gone)
-            n += len(gone)
-            if len(gone) < batch:
-                break
-            batch = resize(time.perf_counter() - t0, batch)
-            await asyncio.sleep(0)
-        batch = 16
-        while True:
-            await asyncio.sleep(0)
-            t0 = time.perf_counter()
-            if self.store.purge_blobs(cutoff, batch) < batch:
-                break
-            batch = resize(time.perf_counter() - t0, batch)
-        return n
-
-    def _forget_purged(self, job_ids: list[str]) -> None:
+    def forget_purged(self, job_ids: list[str]) -> None:
         for job_id in job_ids:
             self.jobs.pop(job_id, None)
             self.output.forget(job_id, files=True)
@@ -785,15 +761,11 @@ class Coordinator(Journalled):
             job.notify()
 
     def release(self, *job_ids: str) -> None:
-        """The callers have every result: free the payloads (metadata stays for listings),
-        of all the jobs in one store write. A job still running is skipped: nothing to
-        release yet."""
-        done = [j for j in dict.fromkeys(job_ids)
-                if (job := self.jobs.get(j)) is None or job.n_final >= job.n_tasks]
-        if not done:
-            return
-        self.store.release_jobs(done)
-        for job_id in done:
-            self.jobs.pop(job_id, None)
-            self.output.forget(job_id)
+        """The callers have every result: free the payloads (metadata stays for listings);
+        see :func:`.retention.release`. A job still running is skipped."""
+        retention.release(self, job_ids)
+
+    def forget_released(self, job_id: str) -> None:
+        self.jobs.pop(job_id, None)
+        self.output.forget(job_id)
 

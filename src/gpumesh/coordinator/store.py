@@ -40,12 +40,13 @@ from pathlib import Path
 
 from .. import handoff
 from .. import limits
-from ..limits import INLINE_BLOB_BYTES, PURGE_BATCH_MAX
+from ..limits import INLINE_BLOB_BYTES
 from ..wire import Chunk
 from .checkpoint import JOURNAL_SIZE_LIMIT, Checkpointer
 from .diskfull import Spell
 from .reaper import Reaper
-from .tables import INDEXES, MIGRATIONS, SCHEMA, UNRELEASED_JOBS
+from .freeing import Freeing
+from .tables import ARGS_PER_QUERY, INDEXES, MIGRATIONS, SCHEMA, UNRELEASED_JOBS
 
 log = logging.getLogger("gpumesh.coordinator")
 
@@ -147,12 +148,7 @@ class FinalTask:
 
 
 
-#: Task ids per ``IN (...)`` query: well under SQLite's smallest limit on a statement's
-#: parameters (999 before SQLite 3.32).
-ARGS_PER_QUERY = 500
-
-
-class Store:
+class Store(Freeing):
     """SQLite + files under ``data_dir``. Raises ``OSError``/``sqlite3.Error`` if unusable."""
 
     def __init__(self, data_dir: Path):
@@ -472,52 +468,6 @@ class Store:
         self.db.execute("UPDATE jobs SET state=?, finished=? WHERE id=?",
                         (state, None if state == "active" else time.time(), job_id))
 
-    def purge_before(self, cutoff: float) -> list[str]:
-        """Delete jobs that ended before ``cutoff`` (epoch seconds) with their tasks and
-        payloads, then function blobs no remaining job uses. Returns the deleted job ids.
-        All at once: :meth:`purge_jobs` and :meth:`purge_blobs` do it a batch at a time."""
-        ids: list[str] = []
-        while gone := self.purge_jobs(cutoff, PURGE_BATCH_MAX):
-            ids += gone
-        while self.purge_blobs(cutoff, PURGE_BATCH_MAX):
-            pass
-        return ids
-
-    def purge_jobs(self, cutoff: float, limit: int) -> list[str]:
-        """Delete at most ``limit`` jobs that ended before ``cutoff`` with their tasks and
-        payloads, in one transaction (their payloads are released first, in one of its
-        own: a crash between the two leaves released jobs, which the next purge deletes).
-        Returns the deleted job ids: fewer than ``limit`` when no more are expired."""
-        ids = [r[0] for r in self.db.execute(
-            "SELECT id FROM jobs WHERE finished IS NOT NULL AND finished < ? LIMIT ?",
-            (cutoff, max(1, limit)))]
-        if not ids:
-            return ids
-        self.release_jobs(ids)
-        with self._tx():
-            self.db.executemany("DELETE FROM tasks WHERE job_id=?", [(j,) for j in ids])
-            self.db.executemany("DELETE FROM jobs WHERE id=?", [(j,) for j in ids])
-        self.reaper.remove(trees=[self.blob_dir / sub / job_id for job_id in ids
-                                  for sub in ("results", "args")])
-        return ids
-
-    def purge_blobs(self, cutoff: float, limit: int) -> int:
-        """Delete at most ``limit`` function blobs stored before ``cutoff`` that no job
-        uses (rows in one transaction, then their files). Returns how many."""
-        unused = [r[0] for r in self.db.execute(
-            "SELECT hash FROM blobs WHERE created < ? AND hash NOT IN"
-            " (SELECT fn_hash FROM jobs WHERE fn_hash IS NOT NULL) LIMIT ?", (cutoff, max(1, limit)))]
-        if not unused:
-            return 0
-        with self._tx():
-            self.db.executemany("DELETE FROM blobs WHERE hash=?", [(h,) for h in unused])
-        for h in unused:
-            # (here, not by the reaper: a submit of the same function right after must
-            # not see its new file deleted behind it)
-            self._blobs.discard(h)
-            self._remove_file(f"fn/{h[:2]}/{h}")
-        return len(unused)
-
     def active_jobs(self) -> list[dict[str, Any]]:
         ids = [r[0] for r in self.db.execute(UNRELEASED_JOBS + " ORDER BY created")]
         # (each id was just read from jobs, so each has a row)
@@ -556,35 +506,6 @@ class Store:
         released; a job's files that no answer named are deleted."""
         key = (job_id, which)
         self._pool_ok[key] = self._pool_ok.get(key, True) and locked
-
-    def release_job(self, job_id: str) -> None:
-        """The caller has every result: drop argument and result payloads, keep the rows."""
-        self.release_jobs([job_id])
-
-    def release_jobs(self, job_ids: list[str]) -> None:
-        """:meth:`release_job` of several jobs in one commit (a caller releases the jobs
-        of its finished calls in batches: one commit each cost as much as the rest)."""
-        files: list[tuple[str, str | None, str | None]] = []
-        for i in range(0, len(job_ids), ARGS_PER_QUERY):
-            ids = job_ids[i:i + ARGS_PER_QUERY]
-            files += self.db.execute(
-                f"SELECT job_id, args_file, result_file FROM tasks WHERE job_id IN ({','.join('?' * len(ids))})"
-                " AND (args_file IS NOT NULL OR result_file IS NOT NULL)", ids).fetchall()
-        with self._tx():
-            self.db.executemany("UPDATE tasks SET args=NULL, args_file=NULL, result=NULL,"
-                                " result_file=NULL WHERE job_id=?", [(j,) for j in job_ids])
-            self.db.executemany("UPDATE jobs SET released=1 WHERE id=?", [(j,) for j in job_ids])
-        # No row names the files any more; unlinking them (their pages freed there and
-        # then, tens of ms for a big one) is the reaper's, not the event loop's. A file
-        # may go to the pool instead (gpumesh.handoff): those of a job whose readers
-        # (callers for results, workers for arguments) said they map under locks.
-        ok = {(j, w): self._pool_ok.pop((j, w), False) for j in job_ids for w in ("args", "result")}
-        named = [(j, w, self.blob_dir / f) for j, a, r in files
-                 for w, f in (("args", a), ("result", r)) if f]
-        self.reaper.remove(
-            files=[p for j, w, p in named if not ok[j, w]],
-            pool=[p for j, w, p in named if ok[j, w]],
-            dirs=[self.blob_dir / sub / j for j in job_ids for sub in ("args", "results")])
 
     # ---------------------------------------------------------- tasks ------------
     def task_args(self, task_id: str) -> tuple[bytes | None, str | None]:

@@ -82,6 +82,10 @@ DROP INDEX IF EXISTS tasks_open;
 DROP INDEX IF EXISTS tasks_finished;
 """
 
+#: Ids per ``IN (...)`` query: well under SQLite's smallest limit on a statement's
+#: parameters (999 before SQLite 3.32).
+ARGS_PER_QUERY = 500
+
 #: Active and unreleased jobs: the only ones whose tasks start-up loads (see
 #: :mod:`.recovery`), and the only ones that can hold a pending or leased task.
 UNRELEASED_JOBS = "SELECT id FROM jobs WHERE state='active' OR released=0"
