@@ -259,6 +259,10 @@ def test_markup_in_job_names_and_hostnames_stays_text(mesh, page, tmp_path):
     assert page.text_content(f"tr.job-row[data-id='{job}'] a.job-link") == XSS
     hosts = page.eval_on_selector_all("tr.worker .hostname", "es => es.map(e => e.textContent)")
     assert HOST_XSS in hosts
+    # a worker not scored yet says so, as `gpumesh workers` does (not 0.000)
+    scores = page.eval_on_selector_all(
+        "tr.worker", "rs => rs.map(r => [r.querySelector('.hostname').textContent, r.cells[3].textContent])")
+    assert [score for host, score in scores if host == HOST_XSS] == ["pending"]
     # the markup was never parsed: no element came of it anywhere in the document
     assert page.eval_on_selector_all("main img", "es => es.length") == 0
     assert page.eval_on_selector_all("main b, main script", "es => es.length") == 0

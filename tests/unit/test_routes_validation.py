@@ -9,6 +9,7 @@ import json
 import pytest
 
 from gpumesh import protocol, wire
+from gpumesh._version import __version__
 from gpumesh.coordinator import schemas
 from gpumesh.limits import LONG_POLL_MAX_S, MAX_STRING_CHARS, MAX_TASKS_PER_JOB
 
@@ -24,7 +25,9 @@ WID = "0123456789ab"
     ({"slots": 2.5}, "field 'slots' must be an integer"),
     ({"slots": True}, "field 'slots' must be a number, got bool"),
     ({"hostname": 3}, "field 'hostname' must be a string"),
-    ({"hostname": None}, "field 'hostname' must be a string"),
+    ({"hostname": None}, "field 'hostname' is required"),
+    ({}, "field 'hostname' is required"),
+    ({"hostname": "  "}, "field 'hostname' must not be empty"),
     ({"platform": "x" * (MAX_STRING_CHARS + 1)},
      f"field 'platform' is longer than {MAX_STRING_CHARS} characters"),
     ({"cores": -1}, "field 'cores' must be between 0 and 1000000000000.0, got -1"),
@@ -36,6 +39,16 @@ WID = "0123456789ab"
 def test_register_refuses_a_bad_field_naming_it(api, body, message):
     assert api.refusal("POST", protocol.WORKERS, 400, "bad_request", json=body) == message
     assert api.coord.workers == {}
+
+
+def test_register_refuses_another_version_named_in_the_body(api):
+    body = {"hostname": "box", "version": "0.0.1"}
+    message = api.refusal("POST", protocol.WORKERS, 409, "version_mismatch", json=body)
+    assert "runs gpumesh 0.0.1" in message and f"runs gpumesh {__version__}" in message
+    assert api.coord.workers == {}
+    body["version"] = __version__
+    assert api.call("POST", protocol.WORKERS, json=body).status_code == 200
+    assert [w.info["hostname"] for w in api.coord.workers.values()] == ["box"]
 
 
 def test_register_keeps_what_the_schema_read(api):

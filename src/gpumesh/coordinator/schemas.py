@@ -305,6 +305,12 @@ def _sha(v, data, got):
     return v
 
 
+def _nonblank(v, data, got):
+    if not v.strip():
+        raise bad("field 'hostname' must not be empty")
+    return v
+
+
 def _costs(v, data, got):
     n = got["n_tasks"]
     if v is None:
@@ -368,7 +374,8 @@ REGISTRATION = Body("Registration", (
           schema={"pattern": HEX_ID, "description": "come back under the id the worker had"}),
     Field("slots", int, 1, lo=1, hi=1024),
     *(Field(k, NUMBER, OMIT, lo=0, hi=1e12) for k in ("cores", "ram_mb", "score")),
-    *(Field(k, str, OMIT, type_error="field {name} must be a string") for k in _STRINGS),
+    *(Field(k, str, OMIT, type_error="field {name} must be a string")
+      for k in _STRINGS if k != "hostname"),
     Field("gpus", None, OMIT, null_checked=True, check=_gpus,
           schema={"type": "array", "maxItems": 256, "items": {"type": "object"}}),
     # the slots it offers (one per GPU, then CPU slots) and its device scores
@@ -383,6 +390,10 @@ REGISTRATION = Body("Registration", (
     Field("allow_installs", bool, None, doc="builds task environments for requires= "
           "(gpumesh join --allow-installs)"),
     *_OWNER_FIELDS,
+    # (last, so a bad field above is named first; a worker is listed by its hostname: a
+    # body without one is no worker's join)
+    Field("hostname", str, REQUIRED, check=_nonblank, type_error="field {name} must be a string",
+          schema={"minLength": 1}),
 ))
 
 HEARTBEAT = Body("Heartbeat", (

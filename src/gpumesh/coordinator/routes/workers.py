@@ -10,15 +10,16 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from ... import availability, payloadref, protocol, tracing
+from ... import availability, payloadref, protocol, tracing, versions
 from ..._version import __version__
+from ...protocol import ErrorCode
 from ...limits import HEARTBEAT_INTERVAL_S, SESSION_PING_S, WORKER_TTL_S
 from .. import people
 from ..bodies import Part, frames_response, json_body
 from ..core import Coordinator
-from ..model import Job
+from ..model import HTTPError, Job
 from ..schemas import HEARTBEAT, LEASE_REQUEST, REGISTRATION
-from .base import ctx, maps_locked, path_id, route, until_disconnect
+from .base import base_url, ctx, maps_locked, path_id, route, until_disconnect
 
 #: What this coordinator offers beyond one result per request (see protocol.FEATURE_*).
 FEATURES: tuple[str, ...] = (protocol.FEATURE_RESULT_BATCH,)
@@ -44,6 +45,9 @@ async def list_workers(request: Request) -> Response:
 @route(protocol.WORKERS, ["POST"], worker=True, action="join as a worker")
 async def register(request: Request) -> Response:
     v = REGISTRATION.read(await json_body(request))
+    if v.get("version", __version__) != __version__:  # (what its User-Agent did not say)
+        raise HTTPError(409, ErrorCode.VERSION_MISMATCH, versions.refusal(
+            "worker", str(v["version"])[:40], __version__, base_url(request)))
     info = _info(v, _INFO)
     info.setdefault("score", 0.0)
     w = ctx(request).coord.register(info, v["id"], v["slots"])

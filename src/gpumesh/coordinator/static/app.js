@@ -134,7 +134,8 @@ function workerRow(w) {
        owner ? el("div", { class: "muted owner-state" }, owner) : null,
        w.allow_installs ? el("div", { class: "muted installs" }, "installs") : null),
     el("td", {}, (w.running || 0) + " / " + (w.slots || 0)),
-    el("td", { class: "hide-narrow" }, (w.score || 0).toFixed(3)),
+    // (not measured yet: "pending", as `gpumesh workers` says)
+    el("td", { class: "hide-narrow" }, w.score == null ? "pending" : w.score.toFixed(3)),
     el("td", {}, gpus.length ? gpus : el("span", { class: "muted" }, "CPU only")),
     el("td", { class: "hide-narrow" }, w.version || ""),
     el("td", { class: "hide-narrow" }, ago(w.last_seen_s || 0)));
