@@ -102,12 +102,22 @@ def route_address(host: str) -> str | None:
         return None
 
 
-def advertise_addresses(host: str) -> list[str]:
-    """Where a coordinator bound to ``host`` is advertised: nothing for loopback, the
-    machine's non-loopback IPv4 addresses for ``0.0.0.0``/``::``/``""``, else ``host``
-    itself (a name is resolved)."""
+def advertise_addresses(host: str, host_ip: str | None = None) -> list[str]:
+    """Where a coordinator bound to ``host`` is advertised: nothing for loopback; the
+    address other machines use (``serve --host-ip``) when ``host_ip`` is a non-loopback
+    IP address; else the machine's non-loopback IPv4 addresses for ``0.0.0.0``/``::``/``""``,
+    else ``host`` itself (a name is resolved). A ``host_ip`` that is a host name changes
+    nothing: an mDNS record carries addresses, not names."""
     if is_loopback(host):
         return []
+    if host_ip:
+        try:
+            announced = ipaddress.ip_address(host_ip.strip("[]"))
+        except ValueError:
+            pass  # a name
+        else:
+            if not (announced.is_loopback or announced.is_unspecified):
+                return [str(announced)]
     if host in ("0.0.0.0", "::", ""):
         return local_addresses()
     try:

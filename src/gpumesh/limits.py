@@ -463,6 +463,8 @@ _use("GPUMESH_CONFIG", _text, None, "`~/.gpumesh/config.json`", "path", "all",
      "the config file `serve` writes and everything else reads")
 _use("GPUMESH_HOST", _text, "127.0.0.1", "`127.0.0.1`", "address", "`serve`",
      "address to bind (as `--host`)")
+_use("GPUMESH_HOST_IP", _text, None, "the detected LAN address", "address", "`serve`",
+     "the address other machines reach this coordinator at (as `--host-ip`)")
 _use("GPUMESH_TRUSTED_PROXIES", _csv, [], "unset", "CIDRs, comma-separated", "`serve`",
      "as `--trusted-proxy`: reverse proxies whose `X-Forwarded-For` names the client")
 _use("GPUMESH_DISCOVERY", _off_words("0", "false", "no", "off"), True, "on", "",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import json
 import re
 import socket
 import ssl
@@ -115,6 +116,34 @@ def test_join_with_a_wrong_fingerprint_exits_with_one_line(tls_mesh):
     r = subprocess.run([sys.executable, "-m", "gpumesh", "join", m.url, "--fingerprint", "nope"],
                        env=m.env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "SHA256:<64 hex digits>" in r.stderr  # a malformed flag value
+
+
+def test_every_client_command_takes_the_pin_as_a_flag(tls_mesh):
+    # The error without a pin tells the user to pass --fingerprint: `workers` (as every
+    # command with --url) takes it. No saved config and no $GPUMESH_FINGERPRINT here,
+    # so only the flag can pin.
+    m = tls_mesh
+    env = dict(m.env, GPUMESH_CONFIG=str(m.root / "absent.json"))
+    env.pop("GPUMESH_FINGERPRINT", None)
+
+    def workers(*extra):
+        return subprocess.run([sys.executable, "-m", "gpumesh", "workers", "--url", m.url, "--json",
+                               *extra], env=env, capture_output=True, text=True, timeout=60)
+    r = workers()
+    assert r.returncode == 1 and "--fingerprint" in r.stderr
+    r = workers("--fingerprint", m.fingerprint)
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)) == 1
+    wrong = "SHA256:" + "1" * 64
+    r = workers("--fingerprint", wrong)
+    assert r.returncode == 1
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith(f"Error: the coordinator at {m.url} presents")
+    assert m.fingerprint in line and wrong in line
+    r = workers("--fingerprint", "SHA256:abc")
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("Error: --fingerprint: fingerprint 'SHA256:abc' is not "
+                                "SHA256:<64 hex digits> (gpumesh serve --tls prints it)")
 
 
 def test_saved_config_pins_for_the_saved_url(tls_mesh, monkeypatch):

@@ -433,6 +433,25 @@ def test_a_bad_flag_value_is_a_usage_error(args, names, tmp_path):
     assert "HTTP" not in r.output and "Traceback" not in r.output
 
 
+@pytest.mark.parametrize("command", [
+    ["workers"], ["devices"], ["jobs"], ["status", "abcd"], ["cancel", "abcd"], ["retry", "abcd"],
+    ["logs", "abcd"], ["token", "list"], ["token", "revoke", "someone"], ["doctor"], ["join"],
+])
+def test_every_command_that_talks_to_a_coordinator_takes_a_checked_pin(command, tmp_path):
+    # one --fingerprint option, shared (cli/common.py): the same check everywhere
+    env = {"GPUMESH_URL": "http://127.0.0.1:9", "GPUMESH_TOKEN": "", "GPUMESH_FINGERPRINT": "",
+           "GPUMESH_CONFIG": str(tmp_path / "config.json")}
+    r = CliRunner().invoke(main, [*command, "--fingerprint", "SHA256:abc"], env=env)
+    assert r.exit_code == 2, r.output
+    assert r.output.strip() == ("Error: --fingerprint: fingerprint 'SHA256:abc' is not "
+                                "SHA256:<64 hex digits> (gpumesh serve --tls prints it)")
+    if command[0] not in ("doctor", "join"):  # (doctor reports it as a check; join: test_cli)
+        r = CliRunner().invoke(main, [*command, "--fingerprint", "SHA256:" + "a" * 64], env=env)
+        assert r.exit_code == 2, r.output
+        assert r.output.strip() == ("Error: --fingerprint pins a TLS certificate, but "
+                                    "http://127.0.0.1:9 is not an https:// URL")
+
+
 def test_a_cancelled_jobs_notice_counts_what_it_stopped():
     # one wording for Ctrl+C, SIGTERM and SIGHUP: the coordinator's count of tasks it
     # cancelled, not the job's size (those already ended did not stop)

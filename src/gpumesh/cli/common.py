@@ -1,4 +1,4 @@
-"""What several commands share: --url/--token resolution and one-line errors."""
+"""What several commands share: --url/--token/--fingerprint resolution and one-line errors."""
 
 from __future__ import annotations
 
@@ -40,9 +40,30 @@ def _token(ctx: click.Context, param: click.Parameter, value: str | None) -> str
     return value
 
 
+def _fingerprint(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A ``--fingerprint`` that is not ``SHA256:`` and 64 hex digits is a usage error (one
+    line, exit 2), before anything else is checked; a good one is normalised."""
+    if value is None:
+        return None
+    from ..tls import normalise_fingerprint
+    try:
+        return normalise_fingerprint(value)
+    except ValueError as e:
+        fail(f"--fingerprint: {e}", code=2)
+
+
+def fingerprint_option(fn):
+    """``--fingerprint SHA256:HEX``: the coordinator's TLS certificate pin, for every
+    command that talks to a coordinator (``join`` and those of :func:`endpoint_options`)."""
+    return click.option("--fingerprint", default=None, metavar="SHA256:HEX", callback=_fingerprint,
+                        help="Pin the coordinator's TLS certificate (what `gpumesh serve --tls` "
+                             "printed) [default: $GPUMESH_FINGERPRINT, else the saved config].")(fn)
+
+
 def endpoint_options(fn):
-    """``--url`` and ``--token``, defaulting to $GPUMESH_URL / $GPUMESH_TOKEN, then the
-    saved config."""
+    """``--url``, ``--token`` and ``--fingerprint``, defaulting to $GPUMESH_URL /
+    $GPUMESH_TOKEN / $GPUMESH_FINGERPRINT, then the saved config."""
+    fn = fingerprint_option(fn)
     fn = click.option("--token", metavar="TOKEN", default=None, callback=_token,
                       help="Coordinator token [default: $GPUMESH_TOKEN, else saved config].")(fn)
     fn = click.option("--url", metavar="URL", default=None,
@@ -108,9 +129,14 @@ def given_url(url: str | None, what: str | None = "--url") -> str | None:
         fail(f"{what}: {e}" if what else str(e), code=2)
 
 
-def resolve_endpoint(url: str | None, token: str | None) -> config.Endpoint:
-    """The coordinator to talk to; its token is then hidden from ``ps`` (see secrecy)."""
+def resolve_endpoint(url: str | None, token: str | None,
+                     fingerprint: str | None = None) -> config.Endpoint:
+    """The coordinator to talk to; its token is then hidden from ``ps`` (see secrecy).
+    ``fingerprint`` (``--fingerprint``, checked by its option) pins a certificate, so with
+    a URL that is not ``https://`` it is a usage error, as for ``join``."""
     from .secrecy import hide
-    ep = config.resolve(given_url(url), token)
+    ep = config.resolve(given_url(url), token, fingerprint)
     hide(ep.token)
+    if fingerprint is not None and not ep.url.startswith("https://"):
+        fail(f"--fingerprint pins a TLS certificate, but {ep.url} is not an https:// URL", code=2)
     return ep

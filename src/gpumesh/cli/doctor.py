@@ -527,9 +527,6 @@ def _version_gap_checks(workers: list[dict]) -> list[Check]:
 @click.command()
 @click.argument("target", metavar="[URL]", required=False)
 @endpoint_options
-@click.option("--fingerprint", default=None, metavar="SHA256:HEX",
-              help="The coordinator's TLS certificate pin, as `serve --tls` printed it "
-                   "[default: $GPUMESH_FINGERPRINT, else the saved config].")
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON [default: text].")
 def doctor(target, url, token, fingerprint, as_json):
     """Check this machine and its connection to the mesh; say how to fix each problem.

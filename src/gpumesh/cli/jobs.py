@@ -12,10 +12,10 @@ from .common import (before_option, endpoint_options, fail, job_id_argument, one
 from .views import color_enabled, counts_dict, counts_line, task_lines, where_ran
 
 
-def _mesh(url, token):
+def _mesh(url, token, fingerprint):
     from ..client.mesh import GPUMesh
-    ep = resolve_endpoint(url, token)
-    return GPUMesh(ep.url, token=ep.token)
+    ep = resolve_endpoint(url, token, fingerprint)
+    return GPUMesh(ep.url, token=ep.token, fingerprint=ep.fingerprint)
 
 
 @click.command()
@@ -28,11 +28,11 @@ def _mesh(url, token):
               help="Only jobs in this state [default: any].")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
 @one_line_errors
-def jobs(url, token, limit, before, owner, state, as_json):
+def jobs(url, token, fingerprint, limit, before, owner, state, as_json):
     """Recent jobs, newest first."""
     from ..errors import RequestRejected
     try:
-        found = _mesh(url, token).jobs(limit=limit, before=before, owner=owner, state=state)
+        found = _mesh(url, token, fingerprint).jobs(limit=limit, before=before, owner=owner, state=state)
     except RequestRejected as e:
         if before is None or getattr(e, "status", None) != 400 or "'before'" not in str(e):
             raise
@@ -83,14 +83,14 @@ TASK_STATES = ("pending", "leased", "done", "failed", "cancelled")
                    f"only the first {SUMMARY_FAILED_SHOWN} failed ones, and how to see the rest].")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
 @one_line_errors
-def status(job_id, url, token, states, show_all, as_json):
+def status(job_id, url, token, fingerprint, states, show_all, as_json):
     """State of one job and each task with its result (for a job of more than one task,
     item=N: its index in the .map or payload list). Exit code 1 if the job failed or is
     unknown."""
     from ..client.jobview import jsonable
     if show_all and states:
         fail("--all lists every task and --state only some: drop one", code=2)
-    view = _mesh(url, token).status(job_id)
+    view = _mesh(url, token, fingerprint).status(job_id)
     n_tasks = view.get("n_tasks", len(view.get("tasks", [])))
     footer: list[str] = []
     if states:
@@ -144,10 +144,10 @@ def _summary(view: dict, n_tasks: int) -> tuple[list[dict], list[str]]:
 @endpoint_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
 @one_line_errors
-def cancel(job_id, url, token, as_json):
+def cancel(job_id, url, token, fingerprint, as_json):
     """Cancel a job: queued tasks are dropped, running ones killed. Exit code 1 if the
     job is unknown."""
-    answer = _mesh(url, token).cancel_job(job_id)
+    answer = _mesh(url, token, fingerprint).cancel_job(job_id)
     n, state = answer["cancelled"], answer.get("state")
     if as_json:
         click.echo(json.dumps({"job_id": job_id, "cancelled": n, "state": state}))
@@ -165,11 +165,11 @@ def cancel(job_id, url, token, as_json):
 @endpoint_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
 @one_line_errors
-def logs(job_id, task_id, url, token, as_json):
+def logs(job_id, task_id, url, token, fingerprint, as_json):
     """What each task of a job printed to stdout and stderr (in text, only the tasks that
     printed something; one line counts the others). Each stream keeps its first 8 MiB per
     attempt."""
-    tasks = _mesh(url, token).logs(job_id, task_id)
+    tasks = _mesh(url, token, fingerprint).logs(job_id, task_id)
     if as_json:
         click.echo(json.dumps(tasks, indent=2))
         return

@@ -9,7 +9,7 @@ import click
 
 from .. import config, limits
 from ..errors import AuthError, RequestRejected, VersionMismatch
-from .common import fail, given_url
+from .common import fail, fingerprint_option, given_url
 from .owner import owner_options
 from .secrecy import hide
 
@@ -39,9 +39,7 @@ def _exit_with_parent() -> None:
 @click.option("--cpu-slots", "--slots", "slots", type=click.IntRange(0, limits.MAX_SLOTS), default=None,
               help="CPU tasks this worker runs at once, besides one task per GPU "
                    "(--slots is the same option) [default: 1].")
-@click.option("--fingerprint", default=None, metavar="SHA256:HEX",
-              help="Pin the coordinator's TLS certificate (what `gpumesh serve --tls` printed) "
-                   "[default: $GPUMESH_FINGERPRINT, else the saved config].")
+@fingerprint_option
 @click.option("--runtime", type=click.Choice(["fork", "spawn"]), default=None,
               help="How task processes start: fork (a warm host forks one per task; Linux) "
                    "or spawn (fresh interpreters started ahead of need; Windows, macOS) "

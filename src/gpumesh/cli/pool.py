@@ -76,11 +76,11 @@ def format_devices(devices: list[dict]) -> str:
 @endpoint_options
 @click.option("--json", "as_json", is_flag=True, help="Print the raw list as JSON [default: a table].")
 @one_line_errors
-def workers(url, token, as_json):
+def workers(url, token, fingerprint, as_json):
     """List the workers of the mesh."""
     from ..client.mesh import GPUMesh
-    ep = resolve_endpoint(url, token)
-    found = GPUMesh(ep.url, token=ep.token).workers()
+    ep = resolve_endpoint(url, token, fingerprint)
+    found = GPUMesh(ep.url, token=ep.token, fingerprint=ep.fingerprint).workers()
     click.echo(json.dumps(found, indent=2) if as_json else format_workers(found))
 
 
@@ -88,9 +88,9 @@ def workers(url, token, as_json):
 @endpoint_options
 @click.option("--json", "as_json", is_flag=True, help="Print the raw list as JSON [default: a table].")
 @one_line_errors
-def devices(url, token, as_json):
+def devices(url, token, fingerprint, as_json):
     """List every device of the pool: each GPU and each CPU of the alive workers."""
     from ..client.mesh import GPUMesh
-    ep = resolve_endpoint(url, token)
-    found = GPUMesh(ep.url, token=ep.token).devices()
+    ep = resolve_endpoint(url, token, fingerprint)
+    found = GPUMesh(ep.url, token=ep.token, fingerprint=ep.fingerprint).devices()
     click.echo(json.dumps(found, indent=2) if as_json else format_devices(found))

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import getpass
+import ipaddress
 import logging
 import os
+import re
 import shlex
 import signal
 import socket
@@ -34,6 +36,42 @@ def _lan_ip() -> str | None:
         return None
     finally:
         s.close()
+
+
+#: One label of a DNS name: letters, digits and inner hyphens, at most 63 characters.
+_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def check_host_ip(value: str, what: str = "--host-ip") -> str:
+    """``value`` (from the flag or variable ``what``) as the address other machines use:
+    a bare IPv4 or IPv6 address (brackets dropped) or a DNS host name, nothing else (no
+    scheme, port, path or spaces). Anything else, or a loopback address no other machine
+    can use, is a usage error: one line, exit 2."""
+    text = value.strip()
+    bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    try:
+        addr = ipaddress.ip_address(bare)
+    except ValueError:
+        name = text.rstrip(".") if text.endswith(".") and not text.endswith("..") else text
+        labels = name.split(".")
+        if (not name or len(name) > 253 or not all(_LABEL.fullmatch(la) for la in labels)
+                or labels[-1].isdigit()):  # (a last label of digits: a mistyped IPv4 address)
+            fail(f"{what}: {value!r} is not an IP address or host name; give the bare address "
+                 "other machines reach this coordinator at, e.g. --host-ip 192.0.2.10 or "
+                 "--host-ip mesh.example.org (no scheme, port or path)", code=2)
+        if name.lower() == "localhost" or name.lower().endswith(".localhost"):
+            fail(f"{what}: {value!r} names this machine's loopback, which no other machine "
+                 "can reach; give its LAN or public address", code=2)
+        return name
+    if addr.is_loopback or addr.is_unspecified:
+        fail(f"{what}: {bare} is not an address other machines can reach this coordinator "
+             "at; give its LAN or public address", code=2)
+    return str(addr)
+
+
+def _url_host(ip: str) -> str:
+    """``ip`` as the host part of a URL: an IPv6 address in brackets."""
+    return f"[{ip}]" if ":" in ip else ip
 
 
 def _device_line() -> str:
@@ -86,10 +124,12 @@ def in_container() -> bool:
 
 def banner(host: str, port: int, token: str, show_token: bool, *, fingerprint: str | None = None,
            worker_token: bool = False, safe_mode: bool = False, public: bool = False,
-           rerun: str = "", proxied: bool = False) -> list[str]:
+           rerun: str = "", proxied: bool = False, host_ip: str | None = None) -> list[str]:
     """The lines ``serve`` prints once it listens (wording kept from the product README).
     ``public``: an ngrok tunnel will be announced below (``--public``). ``rerun``: the
-    flags the re-run line keeps (:func:`rerun_flags`)."""
+    flags the re-run line keeps (:func:`rerun_flags`). ``host_ip``: the address other
+    machines use (``--host-ip``, checked by :func:`check_host_ip`) [default: the LAN
+    address detected for ``0.0.0.0``/``::``, else ``host``]."""
     scheme = "https" if fingerprint else "http"
     loopback_answers = host in ("0.0.0.0", "::", "127.0.0.1", "localhost")
     # bound to one address (--host 192.0.2.10, --tailscale), 127.0.0.1 answers nothing
@@ -111,8 +151,9 @@ def banner(host: str, port: int, token: str, show_token: bool, *, fingerprint: s
     if host in ("127.0.0.1", "localhost", "::1") and public:
         lines.append("   Other machines reach it only through the public URL below, not directly.")
     elif host in ("127.0.0.1", "localhost", "::1") and proxied:
+        at = f"at {host_ip} (--host-ip)" if host_ip else "at the proxy's address"
         lines += ["   Other machines reach it through the proxy in front of it (--trusted-proxy),",
-                  "   at the proxy's address; binding it to 0.0.0.0 would go around the proxy."]
+                  f"   {at}; binding it to 0.0.0.0 would go around the proxy."]
     elif host in ("127.0.0.1", "localhost", "::1"):
         lines += [
             f"   Other machines CANNOT reach this coordinator (bound to {host} only).",
@@ -124,15 +165,19 @@ def banner(host: str, port: int, token: str, show_token: bool, *, fingerprint: s
             "   (or set GPUMESH_HOST=0.0.0.0). Read the warning it prints before you do.",
         ]
     else:
-        ip = _lan_ip() if host in ("0.0.0.0", "::") else host
+        ip = host_ip or (_lan_ip() if host in ("0.0.0.0", "::") else host)
         if ip:
             from ..coordinator.dist import wheel_url
+            there = f"{scheme}://{_url_host(ip)}:{port}"
             trust = f"--trusted-host {ip} " if fingerprint else ""  # pip cannot pin a certificate
-            lines.append(f"   Install on ANOTHER machine: pip install {trust}{wheel_url(f'{scheme}://{ip}:{port}')}")
-            lines.append(f"   Join from ANOTHER machine: gpumesh join {scheme}://{ip}:{port}{pin} --token={tok}")
+            lines.append(f"   Install on ANOTHER machine: pip install {trust}{wheel_url(there)}")
+            lines.append(f"   Join from ANOTHER machine: gpumesh join {there}{pin} --token={tok}")
         if host in ("0.0.0.0", "::") and in_container():
             lines.append("   (in a container: other machines use the host's address and the port it "
                          "publishes, not this container's own IP)")
+        elif host in ("0.0.0.0", "::") and host_ip:
+            lines.append(f"   (127.0.0.1 always works locally; {host_ip}, from --host-ip, is for "
+                         "other machines)")
         elif host in ("0.0.0.0", "::"):
             lines.append("   (127.0.0.1 always works locally; the LAN IP is for other machines)")
         lines.append("")
@@ -147,7 +192,7 @@ def banner(host: str, port: int, token: str, show_token: bool, *, fingerprint: s
                   f"   Loopback-only (the default) is: gpumesh serve --port {port}", bar, ""]
         # The self-check only tries 127.0.0.1: a firewall or NAT in the way shows up
         # only when a worker from elsewhere joins (or does not).
-        where = f"{scheme}://{ip}:{port}" if ip else f"port {port}"
+        where = f"{scheme}://{_url_host(ip)}:{port}" if ip else f"port {port}"
         lines.append(f"   Reachability of {where} from other machines is not tested here"
                      " — a worker joining confirms it.")
     lines.append("   Ctrl+C to stop")
@@ -199,6 +244,11 @@ def _answers(url: str, fingerprint: str | None) -> bool:
 @click.command()
 @click.option("--host", default=None, metavar="ADDR",
               help="Address to bind [default: $GPUMESH_HOST, else 127.0.0.1 (this machine only)].")
+@click.option("--host-ip", default=None, metavar="ADDR",
+              help="The address other machines reach this coordinator at, for its join lines "
+                   "and LAN announcement: behind port forwarding, with several network cards, "
+                   "or when the detected one is wrong; an IP address or host name "
+                   "[default: $GPUMESH_HOST_IP, else the detected LAN address].")
 @click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True,
               help="TCP port to listen on.")
 @click.option("--token", default=None, metavar="TOKEN",
@@ -243,7 +293,7 @@ def _answers(url: str, fingerprint: str | None) -> bool:
 @click.option("--no-save-config", is_flag=True,
               help="Leave the saved config (what callers and `gpumesh join` use without a URL) "
                    "as it is [default: saved, unless it names another coordinator that is running].")
-def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls, tls_cert, tls_key,
+def serve(host, host_ip, port, token, data_dir, no_self_worker, slots, worker_token, tls, tls_cert, tls_key,
           safe_mode, no_advertise, tailscale, public, trusted_proxy, metrics_token, no_save_config):
     """Run a coordinator: the job store and HTTP API of the mesh."""
     from ..coordinator.server import BindError, Server, bind
@@ -263,6 +313,7 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
     trusted, net = reach.plan(host, tailscale, public, trusted_proxy)
     if net is not None:
         host = net.ip  # the tailnet address, not 0.0.0.0: the LAN stays out
+    host_ip = _host_ip(host_ip, host, proxied=bool(trusted))
     scheme = "https" if (tls or tls_cert is not None) else "http"
     local_url = (f"{scheme}://127.0.0.1:{port}" if host in ("0.0.0.0", "::", "127.0.0.1")
                  else f"{scheme}://{host}:{port}")
@@ -340,7 +391,8 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
         fail(f"cannot open the job store in {data_dir}: {e}")
     for line in banner(host, port, token, show_token=generated, fingerprint=fingerprint,
                        worker_token=worker_token is not None, safe_mode=safe_mode, public=public,
-                       rerun=rerun_flags(click.get_current_context()), proxied=bool(trusted_proxy)):
+                       rerun=rerun_flags(click.get_current_context()), proxied=bool(trusted_proxy),
+                       host_ip=host_ip):
         click.echo(line)
     from ..winplat import firewall_lines
     for line in firewall_lines(host, port):  # Windows only: the inbound rule (spec: as Administrator)
@@ -348,7 +400,8 @@ def serve(host, port, token, data_dir, no_self_worker, slots, worker_token, tls,
     tok = "<your worker token>" if worker_token else (token if generated else "<your token>")
     tunnel = reach.announce(net, public, host, port, fingerprint, tok)
     # mDNS does not cross a tailnet, and announcing a tailnet address on the LAN says nothing useful
-    advert = None if (no_advertise or net is not None) else _advertise(host, port, fingerprint is not None)
+    advert = None if (no_advertise or net is not None) else _advertise(host, port, fingerprint is not None,
+                                                                       host_ip)
     worker: list[subprocess.Popen] = []
     # The self-worker needs no more than a worker's rights: with a worker token it gets that.
     threading.Thread(target=_after_start,
@@ -394,12 +447,34 @@ def _check_flags(tls: bool, tls_cert, tls_key, public: bool, tailscale: bool, *,
              "reaches this coordinator over loopback)", code=2)
 
 
-def _advertise(host: str, port: int, tls: bool):
-    """Announce this coordinator on the LAN (never for loopback, never a token)."""
+def _host_ip(given: str | None, host: str, *, proxied: bool) -> str | None:
+    """``--host-ip`` (else ``$GPUMESH_HOST_IP``) checked: see :func:`check_host_ip`. Bound
+    to loopback with no proxy in front (``--trusted-proxy``, ``--public``), no other
+    machine can reach the coordinator at any address: a usage error naming what to pass."""
+    what = "--host-ip"
+    if given is None:
+        given, what = limits.setting("GPUMESH_HOST_IP"), "GPUMESH_HOST_IP"
+        if given is None:
+            return None
+    host_ip = check_host_ip(given, what)
+    if host in ("127.0.0.1", "localhost", "::1") and not proxied:
+        fail(f"{what} {host_ip} is the address other machines use, but this coordinator is "
+             f"bound to {host}, which no other machine can reach: add --host 0.0.0.0 (or the "
+             "address of one network card), or --trusted-proxy CIDR when a proxy on this "
+             "machine forwards to it", code=2)
+    return host_ip
+
+
+def _advertise(host: str, port: int, tls: bool, host_ip: str | None = None):
+    """Announce this coordinator on the LAN (never for loopback, never a token), at
+    ``host_ip`` (``--host-ip``) when that is an IP address."""
     from .. import discovery
     if not discovery.enabled():
         return None
-    addresses = discovery.advertise_addresses(host)
+    addresses = discovery.advertise_addresses(host, host_ip)
+    if host_ip and addresses and host_ip not in addresses:  # a host name: mDNS needs addresses
+        click.echo(f"[gpumesh] --host-ip {host_ip} is a host name; the LAN announcement (mDNS) "
+                   f"carries IP addresses only, so it names the detected ones ({', '.join(addresses)})")
     if not addresses:
         return None
     from .._version import __version__

@@ -13,10 +13,10 @@ from .common import endpoint_options, fail, job_id_argument, one_line_errors, re
 from .views import color_enabled, counts_dict, task_lines
 
 
-def _mesh(url, token):
+def _mesh(url, token, fingerprint):
     from ..client.mesh import GPUMesh
-    ep = resolve_endpoint(url, token)
-    return GPUMesh(ep.url, token=ep.token, output=False)
+    ep = resolve_endpoint(url, token, fingerprint)
+    return GPUMesh(ep.url, token=ep.token, fingerprint=ep.fingerprint, output=False)
 
 
 @click.command()
@@ -33,7 +33,7 @@ def _mesh(url, token):
 @endpoint_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
 @one_line_errors
-def submit(script, payloads_file, name, timeout, wait, url, token, as_json):
+def submit(script, payloads_file, name, timeout, wait, url, token, fingerprint, as_json):
     """Run SCRIPT once per payload on the mesh (a script job).
 
     Each task runs `python SCRIPT` on a worker with its payload as JSON on stdin; the
@@ -44,7 +44,7 @@ def submit(script, payloads_file, name, timeout, wait, url, token, as_json):
     """
     from ..client import scripts
     payloads = scripts.load_payloads(payloads_file)
-    mesh = _mesh(url, token)
+    mesh = _mesh(url, token, fingerprint)
     job_id = mesh.submit(name=name or script, script=script, payloads=payloads, timeout=timeout)
     if not wait:
         if as_json:
@@ -98,12 +98,12 @@ def _wait(mesh, job_id: str, total: int, quiet: bool) -> None:
 @endpoint_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
 @one_line_errors
-def retry(job_id, url, token, as_json):
+def retry(job_id, url, token, fingerprint, as_json):
     """Re-queue the failed tasks of a job (they run again from a fresh attempt).
 
     Exit code 1 if the job is unknown or its arguments were already released.
     """
-    n = _mesh(url, token).retry(job_id)
+    n = _mesh(url, token, fingerprint).retry(job_id)
     if as_json:
         click.echo(json.dumps({"job_id": job_id, "retried": n}))
     elif n:

@@ -21,10 +21,10 @@ def _person(ctx, param, value):
         raise click.BadParameter(str(e)) from None
 
 
-def _mesh(url, token):
+def _mesh(url, token, fingerprint):
     from ..client.mesh import GPUMesh
-    ep = resolve_endpoint(url, token)
-    return GPUMesh(ep.url, token=ep.token)
+    ep = resolve_endpoint(url, token, fingerprint)
+    return GPUMesh(ep.url, token=ep.token, fingerprint=ep.fingerprint)
 
 
 @click.group()
@@ -43,9 +43,9 @@ def token():
 @endpoint_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
 @one_line_errors
-def add(name, role, max_running, url, token, as_json):
+def add(name, role, max_running, url, token, fingerprint, as_json):
     """Give NAME their own token. It is printed once; the coordinator keeps only a hash."""
-    row = _mesh(url, token).add_token(name, role, max_running)
+    row = _mesh(url, token, fingerprint).add_token(name, role, max_running)
     if as_json:
         click.echo(json.dumps(row))
         return
@@ -59,9 +59,9 @@ def add(name, role, max_running, url, token, as_json):
 @endpoint_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON [default: text].")
 @one_line_errors
-def list_(url, token, as_json):
+def list_(url, token, fingerprint, as_json):
     """Everyone with a token (names, roles, caps; never the tokens)."""
-    rows = _mesh(url, token).tokens()
+    rows = _mesh(url, token, fingerprint).tokens()
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -78,7 +78,7 @@ def list_(url, token, as_json):
 @click.argument("name")
 @endpoint_options
 @one_line_errors
-def revoke(name, url, token):
+def revoke(name, url, token, fingerprint):
     """Revoke NAME's token: refused from the next request on (no restart)."""
-    _mesh(url, token).revoke_token(name)
+    _mesh(url, token, fingerprint).revoke_token(name)
     click.echo(f"[OK] revoked {name}'s token")
