@@ -100,7 +100,12 @@ def test_a_taken_name_is_a_conflict(app):
     add(c, "alice")
     r = c.post("/v1/tokens", json={"name": "alice"}, headers=bearer(MAIN))
     assert r.status_code == 409 and r.json()["error"] == "exists"
-    assert len(store.tokens()) == 1
+    # two names that differ only in case would be two people nobody could tell apart
+    r = c.post("/v1/tokens", json={"name": "ALICE"}, headers=bearer(MAIN))
+    assert r.status_code == 409 and r.json() == {
+        "error": "exists", "message": "'ALICE' is too like 'alice', who has a token: names are "
+                                      "compared without case"}
+    assert [t["name"] for t in store.tokens()] == ["alice"]
 
 
 def test_only_admins_manage_tokens(app):

@@ -142,6 +142,19 @@ def test_generator_and_async_functions_are_refused_at_decoration(fn, why, advice
     assert pipeline.unsupported_function(fn) is not None
 
 
+@pytest.mark.parametrize("thing, shown", [(None, "NoneType: None"), (5, "int: 5"),
+                                          ("f", "str: 'f'"), ("x" * 100, "str: 'xxx")])
+def test_what_is_not_callable_is_refused_before_anything_is_sent(thing, shown, monkeypatch):
+    monkeypatch.setattr(pipeline, "run", lambda *a, **k: pytest.fail("the call ran"))
+    for who, entry in [("distribute()", lambda: M.distribute(function=thing, params=[{}])),
+                       ("run_calls()/iter_calls()", lambda: M.run_calls(thing, [((1,), {})])),
+                       ("@accelerate/@mesh", lambda: accelerate(M)(thing))]:
+        with pytest.raises(TypeError) as got:
+            entry()
+        assert str(got.value).startswith(f"{who} needs a function (or another callable), got {shown}")
+        assert len(str(got.value)) < 200
+
+
 def test_plain_functions_and_callables_are_still_accepted():
     import functools
 
@@ -173,7 +186,7 @@ def test_a_gpumesh_decorates_as_accelerate_does():
     assert plain.mesh is M and options.mesh is M
     assert options.options["timeout"] == 5 and options.require == Requirements(gpu="cuda")
     assert plain.local(3) == 3
-    with pytest.raises(TypeError, match="@accelerate needs a function"):
+    with pytest.raises(TypeError, match=r"@accelerate/@mesh needs a function \(or another callable\)"):
         mesh(42)
     with pytest.raises(ValueError, match="memory"):
         mesh(memory="lots")(f)

@@ -400,6 +400,25 @@ def test_workers_table_names_pythons_only_in_a_pool_of_several():
     assert not any("python" in r for r in rows)
 
 
+@pytest.mark.parametrize("args, error", [
+    (["serve", "--port", "70000"], "Error: Invalid value for '--port': 70000 is not in the range 1<=x<=65535."),
+    (["token", "add", "bad", "--role", "superuser"], "Error: Invalid value for '--role': 'superuser' "
+     "is not one of 'admin', 'submit', 'worker', 'view'."),
+    (["workers", "--nosuch"], "Error: No such option '--nosuch'."),
+    (["nosuch"], "Error: No such command 'nosuch'."),
+])
+def test_a_usage_error_is_one_line_on_stderr(args, error):
+    # (README: bad input is one line on stderr; click's own put the usage and a hint above it)
+    r = CliRunner().invoke(main, args, env={"GPUMESH_URL": "http://127.0.0.1:9"})
+    assert r.exit_code == 2
+    assert r.stderr == error + "\n" and r.stdout == ""
+
+
+def test_no_command_still_shows_the_help():
+    r = CliRunner().invoke(main, [])
+    assert r.exit_code == 2 and "Commands:" in r.output and "Error" not in r.output
+
+
 def test_submit_with_a_missing_payloads_file_is_a_usage_error_like_a_missing_script(tmp_path):
     # Both are arguments naming a file that is not there: exit 2 before anything is sent
     # (the payloads file was read later, an error with exit code 1).

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
+from typing import Any
 
 import click
 
@@ -15,7 +17,33 @@ def version_line() -> str:
     return f"gpumesh {__version__} ({platform.python_version()}, {platform.system()})"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Main(click.Group):
+    """The ``gpumesh`` group: a usage error (a bad flag or argument) is one line on stderr,
+    ``Error: ...``, exit code 2, as every other error of the command is one line; click's
+    own adds the usage and a pointer to ``--help`` above it."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs.pop("standalone_mode", True):
+            return super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[call-overload]
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[call-overload]
+        except click.UsageError as e:
+            if type(e).__name__ == "NoArgsIsHelpError":  # (no command: the help, as click says it)
+                e.show()
+            else:
+                click.echo(f"Error: {e.format_message()}", err=True)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        # (what click's own standalone mode does: an int is ctx.exit's code, else 0)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", "-V", message=version_line())
 @click.option("-v", "--verbose", count=True,
               help="More log output: -v for info, -vv for debug [default: warnings only].")

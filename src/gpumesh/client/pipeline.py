@@ -134,9 +134,21 @@ def unsupported_function(fn: Any) -> str | None:
     return None
 
 
+def _short_repr(obj: Any) -> str:
+    try:
+        text = repr(obj)
+    except Exception:  # noqa: BLE001 - a broken __repr__ must not hide the real error
+        return f"<{type(obj).__name__}>"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def check_function(fn: Any, who: str) -> None:
     """``TypeError`` naming ``who`` (the decorator or call given ``fn``) when ``fn`` is a
-    function a task cannot run (see :func:`unsupported_function`)."""
+    function a task cannot run (see :func:`unsupported_function`), or is no callable at
+    all (else the job was submitted and failed on a worker)."""
+    if not callable(fn):
+        raise TypeError(f"{who} needs a function (or another callable), got "
+                        f"{type(fn).__name__}: {_short_repr(fn)}")
     why = unsupported_function(fn)
     if why is not None:
         name = getattr(fn, "__qualname__", None) or type(fn).__name__

@@ -61,9 +61,8 @@ class RemoteFunction:
     (its calls would only make a generator or coroutine, which cannot be sent back)."""
 
     def __init__(self, fn: Callable, mesh: GPUMesh | _DefaultMesh | None, options: dict):
-        if not callable(fn):
-            raise TypeError(f"@accelerate needs a function, got {type(fn).__name__}")
-        # A generator or coroutine function: every call would fail, here and on the mesh.
+        # Not callable, or a generator or coroutine function: every call would fail, here
+        # and on the mesh.
         pipeline.check_function(unwrap(fn), "@accelerate/@mesh")
         unknown = set(options) - set(OPTIONS)
         if unknown:

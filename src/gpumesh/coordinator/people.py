@@ -104,6 +104,10 @@ def digest(token: bytes) -> str:
     return hashlib.sha256(token).hexdigest()
 
 
+class NameTaken(ValueError):
+    """The name is someone's already (or differs from theirs only in case)."""
+
+
 def check_name(name) -> str:
     """``name`` if it is a valid, unreserved person name; ``ValueError`` otherwise."""
     if not isinstance(name, str) or not NAME_RE.match(name):
@@ -164,13 +168,21 @@ class People:
                 for _, r in sorted(self._rows.items())]
 
     def add(self, name: str, role: str, max_running: int | None, token: str) -> dict:
-        """Add ``name`` with ``token`` (already drawn by the caller). ``ValueError`` for a
-        bad or taken name, bad role or cap, or when :data:`MAX_PEOPLE` are kept."""
+        """Add ``name`` with ``token`` (already drawn by the caller). :class:`NameTaken`
+        for a taken name (or one that differs from it only in case); ``ValueError`` for a
+        bad name, role or cap, or when :data:`MAX_PEOPLE` are kept."""
         check_name(name)
         check_role(role)
         check_max_running(max_running)
         if name in self._rows:
-            raise ValueError(f"{name!r} already has a token; revoke it first to issue a new one")
+            raise NameTaken(f"{name!r} already has a token; revoke it first to issue a new one")
+        # Names are kept as given, but two that differ only in case would be two people
+        # the dashboard, `token list` and /metrics could not tell apart (reserved names
+        # are compared without case too).
+        alike = next((n for n in self._rows if n.casefold() == name.casefold()), None)
+        if alike is not None:
+            raise NameTaken(f"{name!r} is too like {alike!r}, who has a token: names are "
+                            f"compared without case")
         if len(self._rows) >= MAX_PEOPLE:
             raise ValueError(f"this coordinator keeps at most {MAX_PEOPLE} tokens")
         row = {"name": name, "role": role, "max_running": max_running, "created": time.time(),

@@ -27,9 +27,10 @@ async def add_token(request: Request) -> Response:
     token = generate_token()
     try:
         row = ctx(request).people.add(v["name"], v["role"], v["max_running"], token)
+    except people.NameTaken as e:
+        raise HTTPError(409, ErrorCode.EXISTS, str(e)) from None
     except ValueError as e:
-        code = ErrorCode.EXISTS if "already has a token" in str(e) else ErrorCode.BAD_REQUEST
-        raise HTTPError(409 if code is ErrorCode.EXISTS else 400, code, str(e)) from None
+        raise HTTPError(400, ErrorCode.BAD_REQUEST, str(e)) from None
     return JSONResponse(dict(row, token=token))
 
 
