@@ -438,6 +438,20 @@ def test_os_exit_is_task_crashed_and_worker_survives(client, shared_mesh):
     assert shared_mesh.alive() == before == 2
 
 
+@pytest.mark.parametrize("isolation", ["task", "job"])
+def test_os_exit_0_is_task_crashed_at_once_not_a_lost_worker(client, shared_mesh, isolation):
+    # A host reports a clean exit only when asked (every task process exits 0 after its
+    # reply): one without a reply was taken for its host's death, re-run up to WorkerLost.
+    @accelerate(client, isolation=isolation)
+    def leave_quietly(x):
+        os._exit(0)
+
+    got = leave_quietly.map([1, 2], return_exceptions=True)
+    assert [type(e) for e in got] == [TaskCrashed, TaskCrashed], got
+    assert all("exited with code 0 before returning a result" in str(e) for e in got), got
+    assert shared_mesh.alive() == 2
+
+
 def test_sys_exit_is_task_failed_not_system_exit(client):
     @accelerate(client)
     def leave():

@@ -581,7 +581,7 @@ class Executor:
         except (socket.timeout, TimeoutError):
             return self._timed_out(pending, timeout)
         except (EOFError, OSError):
-            return self._died(pending)
+            return self._died(pending, host)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -627,9 +627,14 @@ class Executor:
         except OSError:
             pass  # the child died before reading; the reader side reports why
 
-    def _died(self, pending: Pending) -> Outcome:
+    def _died(self, pending: Pending, host: Host) -> Outcome:
+        """The task's process hung up without its reply: its exit code says how (a host
+        reports only the codes other than 0 by itself: it is asked for a clean one, as an
+        ``os._exit(0)`` in the function makes), else its host died."""
         if pending.killed_for:
             return self._killed_outcome(pending)
+        if not pending.exited.is_set() and pending.pid:
+            host.ask_exit(pending.pid)
         pending.exited.wait(5)
         code = pending.code
         if code is None:

@@ -211,6 +211,15 @@ class Host:
         with self._cv:
             self._by_pid.pop(pending.pid, None)  # type: ignore[arg-type]
 
+    def ask_exit(self, pid: int) -> None:
+        """Have the host say how task process ``pid`` exited (code 0 included), now or
+        when it is reaped: its ``exited`` message sets the task's ``code``."""
+        with self._cv:
+            try:
+                framing.send_msg(self.ctrl, {"op": "exit_code", "pid": pid})
+            except OSError:
+                pass  # the host is gone: its reader wakes the task
+
     def preload(self, batches: list[dict]) -> None:
         """Have the host import modules (``{"op": "preload", ...}`` messages), and replace
         the spares forked before them, so the next task starts with the modules loaded."""
