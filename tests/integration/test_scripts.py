@@ -7,6 +7,7 @@ import importlib.util
 import json
 import platform
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -354,3 +355,33 @@ def test_a_script_name_is_a_plain_file_name(script_mesh):
             mesh.http.request("POST", protocol.JOBS, content=b"".join(bytes(c) for c in body),
                               timeout=10)
         assert e.value.status == 400
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, -signal.SIGTERM)])
+def test_leaving_submit_wait_says_the_job_goes_on_and_how_to_follow_it(script_mesh, tmp_path, signum, code):
+    # A script job is nobody's call: leaving the wait does not cancel it, and the user is
+    # told so, with its id and the commands to follow or stop it (it said "Aborted!").
+    script = write(tmp_path, "slow.py", "import json, sys, time\njson.load(sys.stdin)\n"
+                                        "time.sleep(30)\nprint(json.dumps(1))\n")
+    payloads = write(tmp_path, "p.json", json.dumps([{}, {}]))
+    proc = subprocess.Popen([sys.executable, "-m", "gpumesh", "submit", str(script), "--payloads",
+                             str(payloads), "--wait"], env=script_mesh.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, cwd=REPO)
+    try:
+        first = proc.stdout.readline()
+        job_id = re.match(r"\[OK\] Submitted job ([0-9a-f]+)$", first.strip()).group(1)
+        time.sleep(0.5)  # (into the wait)
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == code, (out, err)
+    assert (f"interrupted: job {job_id} goes on running on the mesh (leaving does not cancel a "
+            f"script job); follow it with: gpumesh status {job_id}; stop it with: gpumesh cancel "
+            f"{job_id}") in err, err
+    assert "Aborted!" not in err and "Traceback" not in err
+    job = json.loads(cli(script_mesh, "status", job_id, "--json").stdout)
+    assert job["state"] == "active"  # it goes on
+    assert cli(script_mesh, "cancel", job_id).returncode == 0

@@ -57,7 +57,7 @@ def submit(script, payloads_file, name, timeout, wait, url, token, fingerprint, 
         click.echo(f"[OK] Submitted job {job_id}")
         click.echo(f"Job: {name or script} ({job_id})")
         click.echo("")
-    _wait(mesh, job_id, len(payloads), quiet=as_json)
+    _wait_or_say(mesh, job_id, len(payloads), quiet=as_json)
     view = mesh.status(job_id)  # each task with its result
     ok = view["counts"].get("done", 0) == view["n_tasks"]
     if as_json:
@@ -73,6 +73,25 @@ def submit(script, payloads_file, name, timeout, wait, url, token, fingerprint, 
             click.echo(line)
     if not ok:
         sys.exit(1)
+
+
+def _wait_or_say(mesh, job_id: str, total: int, quiet: bool) -> None:
+    """:func:`_wait`; if Ctrl+C, SIGTERM or SIGHUP ends the wait, say on stderr that the
+    job goes on (a script job is nobody's call: leaving does not cancel it) and how to
+    follow or stop it, then end as that signal would (Ctrl+C: exit code 130)."""
+    from ..client import stopsignals
+    said = (f"interrupted: job {job_id} goes on running on the mesh (leaving does not cancel "
+            f"a script job); follow it with: gpumesh status {job_id}; stop it with: "
+            f"gpumesh cancel {job_id}")
+    # (a stop signal ends the process from its handler, after the clean-ups: this one)
+    unregister = stopsignals.at_stop(lambda: click.echo("\n" + said, err=True))
+    try:
+        _wait(mesh, job_id, total, quiet)
+    except KeyboardInterrupt:
+        click.echo("\n" + said, err=True)
+        sys.exit(130)
+    finally:
+        unregister()
 
 
 def _wait(mesh, job_id: str, total: int, quiet: bool) -> None:
