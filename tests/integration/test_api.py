@@ -490,6 +490,19 @@ def test_an_unpicklable_argument_is_named_before_anything_is_sent(client):
     assert use(5) == 5  # nothing was left half-sent
 
 
+def _wait_released(client, job_id: str, within: float) -> None:
+    """Until asking for ``job_id``'s results is a 410 (released); fails after ``within`` s."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            client.http.request("GET", f"/v1/jobs/{job_id}/results", params={"after": -1, "wait": 0})
+        except RequestRejected as e:
+            assert e.status == 410
+            return
+        assert time.monotonic() < deadline, f"job {job_id} was never released"
+        time.sleep(0.05)
+
+
 def test_jobs_are_released_in_batches_and_bad_batches_are_refused(client):
     def one(x):
         return x
@@ -499,15 +512,7 @@ def test_jobs_are_released_in_batches_and_bad_batches_are_refused(client):
         ids.append(client.jobs(limit=1)[0]["id"])
     # The caller's janitor batches its releases; wait for them, then ask again by hand:
     # every job is known, so each counts once, duplicates and unknown ids do not.
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.http.request("GET", f"/v1/jobs/{ids[-1]}/results", params={"after": -1, "wait": 0})
-        except RequestRejected as e:
-            assert e.status == 410
-            break
-        assert time.monotonic() < deadline, "the janitor never released the job"
-        time.sleep(0.05)
+    _wait_released(client, ids[-1], 10)
     r = client.http.request("POST", "/v1/jobs/release", json={"jobs": ids + ids[:1] + ["00ff00ff00ff"]})
     assert r.json() == {"released": 3}
     for jid in ids:
@@ -531,16 +536,7 @@ def test_a_map_of_more_tasks_than_a_release_slice_is_released(client):
         return 2 * x
 
     assert double.map(range(n)) == [2 * x for x in range(n)]
-    jid = client.jobs(limit=1)[0]["id"]
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            client.http.request("GET", f"/v1/jobs/{jid}/results", params={"after": -1, "wait": 0})
-        except RequestRejected as e:
-            assert e.status == 410
-            break
-        assert time.monotonic() < deadline, "the job was never released"
-        time.sleep(0.1)
+    _wait_released(client, client.jobs(limit=1)[0]["id"], 30)
     assert client.run_calls(double, [((4,), {})]) == [8]  # and the coordinator goes on
 
 

@@ -40,29 +40,10 @@ def test_purge_in_slices_keeps_the_event_loop_responsive(tmp_path):
     coord = Coordinator(store)
     cutoff = OLD + 1
 
-    async def main() -> tuple[int, int]:
-        done = asyncio.Event()
-        ticks = [0]
-
-        async def ticker() -> None:  # what a heartbeat or a request sees meanwhile
-            while not done.is_set():
-                await asyncio.sleep(0)
-                ticks[0] += 1
-
-        tick = asyncio.create_task(ticker())
-        await asyncio.sleep(0.01)
-        before = ticks[0]
-        try:
-            n = await coord.purge_in_slices(cutoff)
-        finally:
-            done.set()
-            await tick
-        return n, ticks[0] - before
-
     # The loop gets control between batches (the stall figures, measured, are in
     # benchmarks/purge_stall.py and docs/performance.md: a timed bound here would fail on
     # a loaded machine). One synchronous purge would let the ticker run 0 times.
-    n, ticks = asyncio.run(main())
+    n, ticks = asyncio.run(_ticking(lambda: coord.purge_in_slices(cutoff)))
     assert n == EXPIRED
     assert ticks >= 3, f"the event loop ran {ticks} times during the purge"
     jobs = {r[0] for r in store.db.execute("SELECT id FROM jobs")}
@@ -117,7 +98,8 @@ def build_big(store: Store, job: str) -> list[Path]:
 
 
 async def _ticking(coro_fn) -> tuple[object, int]:
-    """Run ``coro_fn()`` beside a coroutine that counts how often the loop ran it."""
+    """Run ``coro_fn()`` beside a coroutine that counts how often the loop ran it (what a
+    heartbeat or a request sees meanwhile)."""
     done, ticks = asyncio.Event(), [0]
 
     async def ticker() -> None:
