@@ -171,6 +171,8 @@ class GPUMesh:
         of a page; a page shorter than ``limit`` is the last); ``owner``: one person's
         jobs only; ``state``: ``active``, ``finished`` or ``cancelled`` only."""
         params: dict = {"limit": limit}
+        if isinstance(before, str):  # (the coordinator spells ids in lower case)
+            before = before.lower()
         params.update({k: v for k, v in (("before", before), ("owner", owner), ("state", state))
                        if v is not None})
         return self.http.request("GET", protocol.JOBS, params=params, timeout=10).json()
