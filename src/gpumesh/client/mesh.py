@@ -263,8 +263,12 @@ class GPUMesh:
 
     @staticmethod
     def results_to_dataframe(results):
-        """A ``pandas.DataFrame`` from results: dicts become columns (one row each), other
-        values a single ``result`` column. Requires pandas (``pip install pandas``)."""
+        """A ``pandas.DataFrame`` from results, one row per item in item order: dicts
+        become columns, other values a single ``result`` column. An exception in the list
+        (``return_exceptions=True``), or a ``wait`` record of a task that failed, leaves its
+        row's values missing and adds an ``error`` column (``"ValueError: diverged"``, None
+        for the rows that did not fail) when some item failed. Requires pandas
+        (``pip install pandas``)."""
         from .frames import results_to_dataframe
         return results_to_dataframe(results)
 
