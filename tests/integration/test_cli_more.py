@@ -215,12 +215,17 @@ def test_cancel_of_a_job_that_already_ended_says_so(make_mesh, tmp_path):
         assert r.output.strip() == f"[OK] job {job} had already finished: nothing to cancel", when
         assert json.loads(run(["cancel", job, "--json"], env).output) == {
             "job_id": job, "cancelled": 0, "state": "finished"}, when
+        # an id typed in capitals is the same job (the CLI lowercases it)
+        assert json.loads(run(["cancel", job.upper(), "--json"], env).output) == {
+            "job_id": job, "cancelled": 0, "state": "finished"}, when
+        r = run(["status", job.upper(), "--json"], env)
+        assert r.exit_code == 0 and json.loads(r.output)["id"] == job, (when, r.output)
         m.restart()
     r = run(["cancel", "0123456789ab"], env)
     assert r.exit_code == 1 and "no such job 0123456789ab" in r.output
 
 
-@pytest.mark.parametrize("bad", ["", "../../x", "ABC", "12 34", "a" * 65])
+@pytest.mark.parametrize("bad", ["", "../../x", "xyz", "ABCG", "12 34", "a" * 65])
 def test_a_job_id_that_is_not_one_is_refused_before_any_request(shared_mesh, bad):
     for command in (["cancel", bad], ["status", bad], ["retry", bad], ["logs", bad]):
         r = run(command, env_for(shared_mesh))

@@ -242,6 +242,16 @@ def test_a_big_jobs_status_lists_its_failures_by_item_and_logs_only_what_printed
     jid = job["id"]
     ids = {t["index"]: t["id"] for t in mesh.status(jid)["tasks"]}
 
+    # as frames: the failed items' rows say why; the results and a status view alike
+    df = mesh.results_to_dataframe(got)
+    assert list(df.columns) == ["result", "error"]
+    assert df["result"].isna().tolist() == [i in (13, 57) for i in range(n)]
+    assert df["error"].tolist() == [f"ValueError: bad point {i}" if i in (13, 57) else None
+                                    for i in range(n)]
+    view = mesh.results_to_dataframe(mesh.status(jid.upper()))  # (an id in capitals too)
+    assert view["state"].tolist() == ["failed" if i in (13, 57) else "done" for i in range(n)]
+    assert view["error"].tolist() == df["error"].tolist()
+
     # above SUMMARY_ABOVE_TASKS tasks: the failed ones, each with its item, and how to see all
     r = cli(m, "status", jid)
     assert r.returncode == 1, r.stderr

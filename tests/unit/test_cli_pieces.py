@@ -112,6 +112,83 @@ def test_results_to_dataframe(monkeypatch):
         results_to_dataframe([{"a": 1}])
 
 
+def _frame(columns: dict, dtypes: dict):
+    import pandas as pd
+    return pd.DataFrame({k: pd.Series(v, dtype=dtypes[k]) for k, v in columns.items()})
+
+
+def test_a_sweep_where_every_item_returned_a_dict_has_its_keys_as_columns_and_no_error():
+    import pandas as pd
+    df = results_to_dataframe([{"lr": 0.1, "acc": 0.5}, {"lr": 0.2, "acc": 0.75}])
+    pd.testing.assert_frame_equal(df, _frame({"lr": [0.1, 0.2], "acc": [0.5, 0.75]},
+                                             {"lr": "float64", "acc": "float64"}))
+
+
+def test_a_failed_item_among_dicts_leaves_its_row_missing_and_says_why_in_error():
+    import pandas as pd
+    res = [{"lr": 0.1, "steps": 10}, ValueError("diverged"), {"lr": 0.3, "steps": 30}]
+    df = results_to_dataframe(res)
+    pd.testing.assert_frame_equal(df, _frame(
+        {"lr": [0.1, None, 0.3], "steps": [10.0, None, 30.0],
+         "error": [None, "ValueError: diverged", None]},
+        {"lr": "float64", "steps": "float64", "error": object}))
+    assert df["lr"].isna().tolist() == [False, True, False]
+
+
+def test_a_failed_item_among_scalars_gets_a_result_and_an_error_column():
+    import pandas as pd
+    from gpumesh.errors import RemoteError, TaskTimeout
+    df = results_to_dataframe([1, KeyError("k"), 3, RemoteError("mod.Boom", "bad"),
+                               TaskTimeout("too long"), RuntimeError()])
+    pd.testing.assert_frame_equal(df, _frame(
+        {"result": [1.0, None, 3.0, None, None, None],
+         "error": [None, "KeyError: 'k'", None, "mod.Boom: bad", "TaskTimeout: too long",
+                   "RuntimeError"]},
+        {"result": "float64", "error": object}))
+    every = results_to_dataframe([ValueError("a")])  # nothing succeeded: no dict to spread
+    assert every.to_dict("list") == {"result": [None], "error": ["ValueError: a"]}
+
+
+def _record(index, state, result=None, error=None, **more):
+    return {"task_id": f"t{index}", "index": index, "state": state, "worker": "w1",
+            "error": error, "result": result, **more}
+
+
+def test_wait_records_keep_a_failed_tasks_error_text():
+    import pandas as pd
+    recs = [_record(0, "done", {"acc": 0.9}),
+            _record(1, "failed", error={"kind": "raised", "type": "ValueError",
+                                        "message": "diverged", "traceback": "..."}),
+            _record(2, "failed", error={"kind": "timeout", "type": "TaskTimeout",
+                                        "message": "the task ran longer than its timeout of 5s"}),
+            _record(3, "done", None, result_error="cannot unpickle: no module 'x'"),
+            _record(4, "cancelled", error={"kind": "cancelled", "type": "Cancelled"})]
+    df = results_to_dataframe(recs)
+    pd.testing.assert_frame_equal(df, _frame(
+        {"index": [0, 1, 2, 3, 4], "state": ["done", "failed", "failed", "done", "cancelled"],
+         "worker": ["w1"] * 5, "acc": [0.9, None, None, None, None],
+         "error": [None, "ValueError: diverged",
+                   "TaskTimeout: the task ran longer than its timeout of 5s",
+                   "cannot unpickle: no module 'x'", "Cancelled"]},
+        {"index": "int64", "state": df["state"].dtype, "worker": df["worker"].dtype,
+         "acc": "float64", "error": object}))
+    # all done: the columns of before, no error column
+    ok = results_to_dataframe([_record(0, "done", {"acc": 0.5}), _record(1, "done", {"acc": 1.0})])
+    assert list(ok.columns) == ["index", "state", "worker", "acc"]
+    # a status view's tasks read the same
+    view = {"id": "ab12", "tasks": [
+        {"id": "t0", "index": 0, "state": "done", "worker_id": "w1", "error": None,
+         "result": 7},
+        {"id": "t1", "index": 1, "state": "failed", "worker_id": "w2",
+         "error": {"kind": "script", "type": "ScriptFailed", "message": "exited with code 1"}}]}
+    got = results_to_dataframe(view)
+    pd.testing.assert_frame_equal(got, _frame(
+        {"index": [0, 1], "state": ["done", "failed"], "worker": ["w1", "w2"],
+         "result": [7.0, None], "error": [None, "ScriptFailed: exited with code 1"]},
+        {"index": "int64", "state": got["state"].dtype, "worker": got["worker"].dtype,
+         "result": "float64", "error": object}))
+
+
 def test_rerun_line_keeps_every_flag_given_but_address_port_and_secrets(monkeypatch, tmp_path):
     """The loopback banner's "re-run with" line must not drop a protection (TLS, safe mode)
     or a choice (the data directory: the job store and people's tokens) the user made:

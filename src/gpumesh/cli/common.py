@@ -72,9 +72,9 @@ def endpoint_options(fn):
 
 
 def _job_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from ..client.paths import check_id
-    try:
-        return check_id(value, "job id", "`gpumesh jobs`")
+    from ..client.paths import check_job_id
+    try:  # lowercased: an id typed in capitals is the same job
+        return check_job_id(value)
     except ValueError as e:  # not the shape of a job id: a bad argument, before any request
         raise click.BadParameter(str(e)) from None
 
@@ -88,9 +88,9 @@ def _task_id(ctx: click.Context, param: click.Parameter, value: str | None) -> s
 
 
 def _before(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    from ..client.paths import check_id
+    from ..client.paths import check_job_id
     try:
-        return None if value is None else check_id(value, "job id", "`gpumesh jobs`")
+        return None if value is None else check_job_id(value)
     except ValueError as e:  # as a bad JOB_ID: a usage error, before any request
         raise click.BadParameter(str(e)) from None
 

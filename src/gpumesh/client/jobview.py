@@ -25,7 +25,7 @@ from typing import Any
 from .. import wire
 from ..errors import RequestRejected
 from ..protocol import ResultPage
-from .paths import job_path
+from .paths import check_job_id, job_path
 
 #: The text the terminal shows for a finished task whose result was released.
 RELEASED_NOTE = "(released: its caller collected the results, or let them go)"
@@ -40,6 +40,7 @@ def job_status(mesh, job_id: str) -> dict:
     decoded value); one whose result cannot be decoded here gets ``result_error`` (why)
     instead. Raises :class:`~gpumesh.errors.RequestRejected` (404) for an unknown job.
     """
+    job_id = check_job_id(job_id)  # (in either case: as the coordinator spells it)
     view = mesh.http.request("GET", job_path(job_id), timeout=10).json()
     view.setdefault("released", False)
     if view["released"] or not view.get("counts", {}).get("done"):

@@ -171,6 +171,8 @@ class GPUMesh:
         of a page; a page shorter than ``limit`` is the last); ``owner``: one person's
         jobs only; ``state``: ``active``, ``finished`` or ``cancelled`` only."""
         params: dict = {"limit": limit}
+        if isinstance(before, str):  # (the coordinator spells ids in lower case)
+            before = before.lower()
         params.update({k: v for k, v in (("before", before), ("owner", owner), ("state", state))
                        if v is not None})
         return self.http.request("GET", protocol.JOBS, params=params, timeout=10).json()
@@ -261,8 +263,12 @@ class GPUMesh:
 
     @staticmethod
     def results_to_dataframe(results):
-        """A ``pandas.DataFrame`` from results: dicts become columns (one row each), other
-        values a single ``result`` column. Requires pandas (``pip install pandas``)."""
+        """A ``pandas.DataFrame`` from results, one row per item in item order: dicts
+        become columns, other values a single ``result`` column. An exception in the list
+        (``return_exceptions=True``), or a ``wait`` record of a task that failed, leaves its
+        row's values missing and adds an ``error`` column (``"ValueError: diverged"``, None
+        for the rows that did not fail) when some item failed. Requires pandas
+        (``pip install pandas``)."""
         from .frames import results_to_dataframe
         return results_to_dataframe(results)
 

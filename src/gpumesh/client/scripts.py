@@ -23,7 +23,7 @@ from .. import protocol, wire
 from ..limits import INLINE_FUNCTION_BYTES, MAX_TASKS_PER_JOB
 from . import native
 from .calls import HINT_KEYS
-from .paths import job_path
+from .paths import check_job_id, job_path
 
 #: Seconds one results long-poll may wait.
 POLL_S = 5.0
@@ -171,7 +171,8 @@ def wait(mesh, job_id: str, on_progress: Callable[[int, int, dict], None] | None
     out: dict[str, dict] = {}
     after = -1
     deadline = None if timeout is None else time.monotonic() + timeout
-    path = job_path(job_id)  # ValueError for what is not a job id, before any request
+    job_id = check_job_id(job_id)  # ValueError for what is not a job id, before any request
+    path = job_path(job_id)
     reconnect: dict = {}
     while True:
         try:
