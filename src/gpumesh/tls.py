@@ -179,12 +179,15 @@ def _check_dates(cert_path: Path) -> None:
 def check_pair(cert_path: Path, key_path: Path) -> str:
     """Load a certificate and key as the server will; returns the fingerprint.
     Raises :class:`TLSSetupError` naming what is wrong."""
+    for path in (cert_path, key_path):  # (ssl's own error names no file)
+        if not Path(path).is_file():
+            raise TLSSetupError(f"TLS file not found: {path}")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
         ctx.load_cert_chain(str(cert_path), str(key_path))
         _check_dates(Path(cert_path))
         return fingerprint_pem(Path(cert_path).read_text())
-    except FileNotFoundError as e:
-        raise TLSSetupError(f"TLS file not found: {e.filename}") from None
+    except FileNotFoundError as e:  # (gone since the look above)
+        raise TLSSetupError(f"TLS file not found: {e.filename or cert_path}") from None
     except (ssl.SSLError, OSError, ValueError) as e:
         raise TLSSetupError(f"cannot use {cert_path} / {key_path} as a TLS certificate and key: {e}") from None

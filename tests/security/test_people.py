@@ -127,10 +127,12 @@ def test_a_revoked_token_is_refused_on_the_next_request(app):
     c, store, _ = app
     alice = add(c, "alice")
     assert c.get("/v1/jobs", headers=bearer(alice)).status_code == 200
-    r = c.delete("/v1/tokens/alice", headers=bearer(MAIN))
+    r = c.delete("/v1/tokens/ALICE", headers=bearer(MAIN))  # (names compared without case)
     assert r.status_code == 200 and r.json() == {"revoked": "alice"}
     r = c.get("/v1/jobs", headers=bearer(alice))
     assert r.status_code == 401 and r.json()["error"] == "unauthorized"
+    r = c.delete("/v1/tokens/alice", headers=bearer(MAIN))
+    assert r.status_code == 404 and r.json()["message"] == "nobody is called 'alice' here"
     assert store.tokens() == []
     assert c.delete("/v1/tokens/alice", headers=bearer(MAIN)).status_code == 404
 

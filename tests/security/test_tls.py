@@ -192,6 +192,14 @@ def test_mismatched_own_pair_is_refused_in_one_line(tmp_path):
         assert r.returncode == 2, r.stderr
         assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"Error: {given} needs {missing} too")
         assert not (tmp_path / "e").exists()                    # refused before anything is written
+    # a file that is not there is named (ssl's own error names none)
+    for pair, absent in (((tmp_path / "nope.pem", key), tmp_path / "nope.pem"),
+                         ((cert, tmp_path / "nokey.pem"), tmp_path / "nokey.pem")):
+        r = subprocess.run([sys.executable, "-m", "gpumesh", "serve", "--no-self-worker", "--port",
+                            str(free_port()), "--data-dir", str(tmp_path / "f"), "--tls-cert",
+                            str(pair[0]), "--tls-key", str(pair[1])],
+                           env=env, capture_output=True, text=True, timeout=30)
+        assert (r.returncode, r.stderr) == (1, f"Error: TLS file not found: {absent}\n")
 
 
 def test_a_handshake_that_never_happens_blocks_nobody(tls_mesh):

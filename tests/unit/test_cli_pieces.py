@@ -187,6 +187,12 @@ def test_wait_records_keep_a_failed_tasks_error_text():
          "result": [7.0, None], "error": [None, "ScriptFailed: exited with code 1"]},
         {"index": "int64", "state": got["state"].dtype, "worker": got["worker"].dtype,
          "result": "float64", "error": object}))
+    # a job still running: its pending and leased tasks have no value yet, and no error
+    running = results_to_dataframe([_record(0, "done", {"acc": 0.5}), _record(1, "leased"),
+                                    _record(2, "pending"), _record(3, "failed", error={
+                                        "kind": "raised", "type": "KeyError", "message": "'x'"})])
+    assert running["acc"].tolist()[0] == 0.5 and running["acc"].isna().tolist() == [False, True, True, True]
+    assert running["error"].tolist() == [None, None, None, "KeyError: 'x'"]
 
 
 def test_rerun_line_keeps_every_flag_given_but_address_port_and_secrets(monkeypatch, tmp_path):

@@ -80,5 +80,5 @@ def list_(url, token, fingerprint, as_json):
 @one_line_errors
 def revoke(name, url, token, fingerprint):
     """Revoke NAME's token: refused from the next request on (no restart)."""
-    _mesh(url, token, fingerprint).revoke_token(name)
-    click.echo(f"[OK] revoked {name}'s token")
+    revoked = _mesh(url, token, fingerprint).revoke_token(name)
+    click.echo(f"[OK] revoked {revoked}'s token")

@@ -61,13 +61,15 @@ def results_to_dataframe(results: Any):
                     for r in rows):  # GPUMesh.wait records (or a status view's tasks)
         for r in rows:
             row = {"index": r.get("index"), "state": r["state"], "worker": r.get("worker")}
-            failed = r["state"] != "done" or bool(r.get("error") or r.get("result_error"))
-            if not failed:  # (a task without a value has missing ones, not a None result)
+            # (a task without a value, failed or not finished yet, has missing ones, not a
+            # None result; only a failed or cancelled one has an error)
+            if r["state"] == "done" and not (r.get("error") or r.get("result_error")):
                 value = r["result"]
                 row.update(value if isinstance(value, dict) else {"result": value})
             flat.append(row)
+            ended_badly = r["state"] in ("failed", "cancelled")
             errors.append(record_error(r["error"]) if r.get("error") else
-                          r.get("result_error") or (r["state"] if failed else None))
+                          r.get("result_error") or (r["state"] if ended_badly else None))
         frame = pd.DataFrame(flat)
     else:
         ok = [r for r in rows if not isinstance(r, BaseException)]

@@ -225,10 +225,11 @@ class GPUMesh:
         """The people's tokens (admin only): ``[{"name", "role", "max_running", "created"}]``."""
         return self.http.request("GET", protocol.TOKENS, timeout=10).json()
 
-    def revoke_token(self, name: str) -> None:
-        """Revoke ``name``'s token at once (admin only). Raises RequestRejected (404) for
-        an unknown name."""
-        self.http.request("DELETE", protocol.token(name), timeout=10)
+    def revoke_token(self, name: str) -> str:
+        """Revoke ``name``'s token at once (admin only); names are compared without case.
+        Returns the name revoked (as it was added). Raises RequestRejected (404) for an
+        unknown name."""
+        return self.http.request("DELETE", protocol.token(name), timeout=10).json()["revoked"]
 
     def submit(self, name: str | None = None, script=None, payloads=(), *,
                timeout: float | None = None) -> str:

@@ -192,15 +192,20 @@ class People:
         self._changed()
         return {k: row[k] for k in ("name", "role", "max_running", "created")}
 
-    def revoke(self, name: str) -> bool:
-        """Forget ``name``'s token at once. False if there was none."""
+    def revoke(self, name: str) -> str | None:
+        """Forget ``name``'s token at once; names are compared without case (as :meth:`add`
+        does: ``ALICE`` is alice) when no name is exactly it. Returns the name revoked,
+        None if there was none."""
+        if name not in self._rows:
+            alike = [n for n in self._rows if n.casefold() == name.casefold()]
+            name = alike[0] if len(alike) == 1 else name  # (two such, from before: exact only)
         row = self._rows.pop(name, None)
         if row is None:
-            return False
+            return None
         self._by_digest.pop(row["digest"], None)
         self.store.revoke_token(name)
         self._changed()
-        return True
+        return name
 
     def _changed(self) -> None:
         if self.on_change is not None:

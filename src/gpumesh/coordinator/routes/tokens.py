@@ -37,6 +37,7 @@ async def add_token(request: Request) -> Response:
 @route(protocol.TOKEN, ["DELETE"], action="revoke tokens", roles=people.ADMIN)
 async def revoke_token(request: Request) -> Response:
     name = request.path_params["name"]
-    if not ctx(request).people.revoke(name):
+    revoked = ctx(request).people.revoke(name)
+    if revoked is None:
         raise HTTPError(404, ErrorCode.UNKNOWN_TOKEN, f"nobody is called {name[:80]!r} here")
-    return JSONResponse({"revoked": name})
+    return JSONResponse({"revoked": revoked})
