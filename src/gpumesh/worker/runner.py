@@ -54,6 +54,7 @@ from typing import Any
 from gpumesh import tracing
 from gpumesh.protocol import FailureKind
 from gpumesh.worker import ahead, forking, procs, strays, tempdirs
+from gpumesh.worker.exits import CleanExits, tell_exit
 from gpumesh.worker.framing import send_msg, recv_raw, recv_msg, recv_blob, send_frames, recv_blob_fds
 from gpumesh.retries import type_name
 
@@ -334,7 +335,7 @@ def host_main(ctrl: socket.socket, blob_path: str, sys_path: list | None = None,
     gc.freeze()
     wake = _wakeup_pipe()
     children: set[int] = set()  # task processes (spares included) not yet reaped
-    exits = _CleanExits()  # the agent hears of a clean exit only when it asks
+    exits = CleanExits()  # the agent hears of a clean exit only when it asks
     preloads = 0  # preload messages handled: a spare forked before the last is stale
     _fork_spare(fn, ctrl, wake, children, preloads)  # the first task's process
     watched: list[socket.socket | int] = [ctrl, wake]
@@ -665,43 +666,7 @@ def spare_temp_dir(pid: int) -> str | None:
     return f"{_TMP_ROOT}/p{pid}" if _TMP_ROOT else None
 
 
-class _CleanExits:
-    """The task processes that exited with code 0, which a host does not report: after
-    its reply every task process does, and a message per task would cost each task. One
-    that exited so *without* a reply (``os._exit(0)`` in the function) leaves its agent
-    with no result and no exit code: the agent asks (``{"op": "exit_code", "pid"}``) and
-    hears ``exited`` with code 0 now, or when the process is reaped."""
-
-    KEEP = 256  # the most recent clean exits remembered (an ask comes within ms of one)
-
-    def __init__(self) -> None:
-        self.recent: dict[int, None] = {}  # (insertion-ordered: the oldest first)
-        self.waiting: set[int] = set()
-
-    def reaped(self, ctrl: socket.socket, pid: int) -> None:
-        if pid in self.waiting:
-            self.waiting.discard(pid)
-            _tell_exit(ctrl, pid, 0)
-            return
-        self.recent[pid] = None
-        if len(self.recent) > self.KEEP:
-            del self.recent[next(iter(self.recent))]
-
-    def asked(self, ctrl: socket.socket, pid: int, running: bool) -> None:
-        if self.recent.pop(pid, 0) is None:  # (present: its value is None)
-            _tell_exit(ctrl, pid, 0)
-        elif running:
-            self.waiting.add(pid)
-
-
-def _tell_exit(ctrl: socket.socket, pid: int, code: int) -> None:
-    try:
-        send_msg(ctrl, {"op": "exited", "pid": pid, "code": code})
-    except OSError:
-        pass
-
-
-def _reap(ctrl: socket.socket, children: set[int], exits: _CleanExits) -> None:
+def _reap(ctrl: socket.socket, children: set[int], exits: CleanExits) -> None:
     """Reap exited children; tell the agent of each task process (an idle spare's too)
     that did not exit cleanly: ``{"op": "exited", "pid", "code"}``. A clean exit follows
     a delivered result, or a spare the agent let go.
@@ -743,7 +708,7 @@ def _reap(ctrl: socket.socket, children: set[int], exits: _CleanExits) -> None:
         if code == 0:
             exits.reaped(ctrl, pid)
             continue
-        _tell_exit(ctrl, pid, code)
+        tell_exit(ctrl, pid, code)
 
 
 def _kill_group(pid: int) -> None:
