@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
 import pytest
 
@@ -209,7 +210,11 @@ def test_the_host_warm_up_stops_at_a_failure_and_leaves_no_descriptor_open(monke
     runner._prepare_rehearsal()
     fds = set(os.listdir("/proc/self/fd"))
     runner._warm_host()
-    assert set(os.listdir("/proc/self/fd")) == fds     # its socket pairs are closed
+    left = set(os.listdir("/proc/self/fd")) - fds
+    if left:  # (maybe another thread's file of this test process, open for a moment)
+        time.sleep(0.2)
+        left &= set(os.listdir("/proc/self/fd")) - fds
+    assert left == set()                               # its socket pairs are closed
     walks = []
 
     def broken():

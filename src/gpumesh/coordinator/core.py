@@ -40,7 +40,7 @@ from typing import Any
 
 from .. import availability, hardware
 from ..protocol import FailureKind
-from ..limits import (HEARTBEAT_INTERVAL_S, MAX_ATTEMPTS, PURGE_BATCH_MAX,  # noqa: F401 (MAX_ATTEMPTS: core's own)
+from ..limits import (HEARTBEAT_INTERVAL_S, MAX_ATTEMPTS,  # noqa: F401 (MAX_ATTEMPTS: core's own)
                       PURGE_SLICE_S, WORKER_TTL_S)
 from . import callers, diskfull, jobops, placement, placing, recovery, requeue, retention, views
 from .model import (CoordinatorError, Grant, Job, JobReleased, Lease, NoWorkers,  # noqa: F401

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..limits import PURGE_BATCH_MAX
 from .reaper import Reaper
@@ -23,18 +24,18 @@ from .tables import ARGS_PER_QUERY
 class Freeing:
     """Release and purge statements of :class:`.store.Store`."""
 
+    # What this mixin uses of the store: its attributes, and (for the type checker only:
+    # they exist on Store, not here) two of its methods.
     db: sqlite3.Connection
     blob_dir: Path
     reaper: Reaper
     _pool_ok: dict[tuple[str, str], bool]
     _blobs: set[str]
 
-    # (the store's own)
-    def _tx(self) -> contextlib.AbstractContextManager[None]:
-        raise NotImplementedError
+    if TYPE_CHECKING:
+        def _tx(self) -> contextlib.AbstractContextManager[None]: ...
 
-    def _remove_file(self, rel: str | None) -> None:
-        raise NotImplementedError
+        def _remove_file(self, rel: str | None) -> None: ...
 
     def release_job(self, job_id: str) -> None:
         """The caller has every result: drop argument and result payloads, keep the rows."""
