@@ -151,30 +151,24 @@ def test_a_worker_killed_mid_batch_with_its_results_in_loses_no_task_and_runs_no
         fault_mesh, tmp_path):
     m = fault_mesh(workers=0)
     procs = dict([("a", _join(m, "a")), ("b", _join(m, "b"))])
-    marks, gate, started = tmp_path / "runs.txt", tmp_path / "gate", tmp_path / "started"
-    out: list = []
     with closing(m.client(output=False)) as c:
-        fn = _gated(c, str(marks), str(gate), str(started), 150)
-        th = threading.Thread(target=lambda: out.append(fn.map(range(300))), daemon=True)
-        th.start()
-        wait_for(lambda: started.exists() and started.read_text().strip(), 60, "the gated task")
-        role, task_pid = started.read_text().split()[:2]
-        other = "b" if role == "a" else "a"
-        (proc, wid), other_wid = procs[role], procs[other][1]
-
-        def settled():
-            # the other worker ran everything it could; every run that ended is stored
-            # (none is held back in a batch), and the gated task's worker holds a queue
-            counts = c.status(c.jobs()[0]["id"])["counts"]
-            return (counts.get("pending", 0) == 0 and _running(m, other_wid) == 0
-                    and counts.get("done", 0) == len(_runs(marks)) and _running(m, wid) > 1)
-        wait_for(settled, 60, "the other worker done and the gated one holding a queue")
+        # A slot queues grants only behind tasks that ran short (QUEUE_TASK_S): on a
+        # loaded machine the tasks just before the gated one may not have, and its
+        # worker then holds no queue to kill. That map is finished and the scene set
+        # again (each try is a few seconds); what is asserted below is not retried.
+        for attempt in range(4):
+            scene = _gated_scene(c, m, procs, tmp_path / f"try{attempt}")
+            if scene is not None:
+                break
+        else:
+            pytest.fail("in 4 maps the gated task's worker never held a queue behind it")
+        th, out, marks, gate, task_pid, (proc, _wid) = scene
         # Mid-batch, the agent's process group killed: its running task, which leads a
         # session of its own, goes with it (test_orphans); one that ran on would get past
         # the gate and run a second time.
         os.killpg(proc.p.pid, signal.SIGKILL)
         proc.p.wait(10)
-        wait_for(lambda: not alive(int(task_pid)), 10, "the killed worker's task process to end")
+        wait_for(lambda: not alive(task_pid), 10, "the killed worker's task process to end")
         gate.touch()
         th.join(120)
         assert not th.is_alive(), "the map finished on the other worker"
@@ -182,6 +176,43 @@ def test_a_worker_killed_mid_batch_with_its_results_in_loses_no_task_and_runs_no
     per_item = Counter(i for i, _w in _runs(marks))
     assert set(per_item) == set(range(300)), "every task ran"
     assert [i for i, n in per_item.items() if n > 1] == [], "a task ran to completion twice"
+
+
+def _gated_scene(c, m, procs, folder):
+    """Start a 300-task map whose item 150 waits at a gate, and wait until the other
+    worker has run everything it could and every run that ended is stored (none held
+    back in a batch). Returns (map thread, its output list, marks file, gate file, the
+    gated task's pid, the gated worker's (Proc, id)) when the gated task's worker holds
+    a queue behind it; otherwise opens the gate, checks that map's value, and returns None."""
+    folder.mkdir()
+    marks, gate, started = folder / "runs.txt", folder / "gate", folder / "started"
+    known = {j["id"] for j in c.jobs()}
+    out: list = []
+    fn = _gated(c, str(marks), str(gate), str(started), 150)
+    th = threading.Thread(target=lambda: out.append(fn.map(range(300))), daemon=True)
+    th.start()
+    wait_for(lambda: started.exists() and started.read_text().strip(), 60, "the gated task")
+    role, task_pid = started.read_text().split()[:2]
+    other = "b" if role == "a" else "a"
+    wid, other_wid = procs[role][1], procs[other][1]
+    job_id = wait_for(lambda: next((j["id"] for j in c.jobs() if j["id"] not in known), None),
+                      10, "the map's job")
+
+    def seen():
+        return (f"counts {c.status(job_id)['counts']}, {len(_runs(marks))} runs ended, "
+                f"running: gated worker {_running(m, wid)}, other {_running(m, other_wid)}")
+
+    def settled():
+        counts = c.status(job_id)["counts"]
+        return (counts.get("pending", 0) == 0 and _running(m, other_wid) == 0
+                and counts.get("done", 0) == len(_runs(marks)))
+    wait_for(settled, 60, seen)
+    if _running(m, wid) > 1:
+        return th, out, marks, gate, int(task_pid), procs[role]
+    gate.touch()
+    th.join(60)
+    assert out == [[i * 3 for i in range(300)]]
+    return None
 
 
 def test_a_job_cancelled_mid_batch_runs_none_of_its_queued_grants_and_frees_the_slot(
