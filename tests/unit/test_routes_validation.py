@@ -139,6 +139,9 @@ def test_submit_reads_its_defaults_from_the_schema(api):
     job = api.coord.jobs["abcdef01"]
     assert job.kind == "function" and job.meta == {"timeout": None, "name": "", "caller": {"loopback": False}}
     assert api.store.recent_job_ids(5) == ["abcdef01"]
+    # an id typed in capitals is the same job (ids are made and stored in lower case)
+    r = api.call("GET", protocol.job("ABCDEF01"))
+    assert r.status_code == 200 and r.json()["id"] == "abcdef01"
 
 
 def test_result_meta_and_hand_back_and_output_validation(api):

@@ -31,7 +31,7 @@ from .. import bodies, diskfull, dist, people
 from ..auth import Authenticator, AuthRefused
 from ..core import Coordinator
 from ..model import CoordinatorError, HTTPError, NotStored, UnknownJob
-from ..schemas import bad, check_id
+from ..schemas import bad, check_id, is_id
 
 log = logging.getLogger("gpumesh.coordinator")
 
@@ -216,8 +216,11 @@ def maps_locked(request: Request) -> bool:
 
 
 def path_id(request: Request, name: str, what: str) -> str:
-    """Path parameter ``name`` as a hex id; 400 naming ``what`` otherwise."""
-    return check_id(request.path_params[name], what)
+    """Path parameter ``name`` as a hex id, in lower case (as ids are made and stored;
+    a user may have typed one in capitals, as the CLI accepts); 400 naming ``what``
+    otherwise."""
+    value = request.path_params[name]
+    return value.lower() if is_id(value.lower()) else check_id(value, what)
 
 
 def lease_of(request: Request) -> str:
