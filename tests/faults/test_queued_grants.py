@@ -10,8 +10,11 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -147,99 +150,117 @@ def _gated(c, marks: str, gate: str, started: str, gated: int):
     return work
 
 
+@dataclass
+class _Scene:
+    """A 300-task map of :func:`_gated` tasks running in ``thread``; ``box`` gets its value
+    or the exception it raised."""
+    thread: threading.Thread
+    box: list
+    marks: Path
+    gate: Path
+    job_id: str
+    role: str       # the worker running the gated task
+    task_pid: int   # its task process
+
+
+def _start_gated(c, folder: Path, gated: int) -> _Scene:
+    """Start the map of a :class:`_Scene` (files in ``folder``); returns once its gated
+    task waits at the gate."""
+    folder.mkdir(parents=True)
+    marks, gate, started = folder / "runs.txt", folder / "gate", folder / "started"
+    known = {j["id"] for j in c.jobs()}
+    fn = _gated(c, str(marks), str(gate), str(started), gated)
+    box: list = []
+
+    def run():
+        try:
+            box.append(fn.map(range(300)))
+        except Exception as e:  # noqa: BLE001 - a cancelled map raises
+            box.append(e)
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    wait_for(lambda: started.exists() and started.read_text().strip(), 60, "the gated task")
+    role, task_pid = started.read_text().split()[:2]
+    job_id = wait_for(lambda: next((j["id"] for j in c.jobs() if j["id"] not in known), None),
+                      10, "the map's job")
+    return _Scene(th, box, marks, gate, job_id, role, int(task_pid))
+
+
+def _gated_with_queue(c, m, wids: dict[str, str], folder: Path, gated: int,
+                      settle=lambda scene: None) -> _Scene:
+    """A :class:`_Scene` whose gated task's worker (one of ``wids``, role -> worker id)
+    holds queued grants behind it once ``settle(scene)`` has returned.
+
+    A slot queues grants only behind tasks that ran short (QUEUE_TASK_S): on a loaded
+    machine the tasks just before the gated one may not have, and its worker then holds
+    no queue. Such a map is let finish (its value checked) and the scene set again, up
+    to four times; each try takes a few seconds. What a test asserts is not retried."""
+    for attempt in range(4):
+        scene = _start_gated(c, folder / f"try{attempt}", gated)
+        settle(scene)
+        # (the answer to the post before the gated task brings its queue: moments later)
+        deadline = time.monotonic() + 3
+        while _running(m, wids[scene.role]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _running(m, wids[scene.role]) > 1:
+            return scene
+        scene.gate.touch()
+        scene.thread.join(60)
+        assert scene.box == [[i * 3 for i in range(300)]]
+    pytest.fail("in 4 maps the gated task's worker never held a queue behind it")
+
+
 def test_a_worker_killed_mid_batch_with_its_results_in_loses_no_task_and_runs_none_twice(
         fault_mesh, tmp_path):
     m = fault_mesh(workers=0)
     procs = dict([("a", _join(m, "a")), ("b", _join(m, "b"))])
+    wids = {role: wid for role, (_proc, wid) in procs.items()}
     with closing(m.client(output=False)) as c:
-        # A slot queues grants only behind tasks that ran short (QUEUE_TASK_S): on a
-        # loaded machine the tasks just before the gated one may not have, and its
-        # worker then holds no queue to kill. That map is finished and the scene set
-        # again (each try is a few seconds); what is asserted below is not retried.
-        for attempt in range(4):
-            scene = _gated_scene(c, m, procs, tmp_path / f"try{attempt}")
-            if scene is not None:
-                break
-        else:
-            pytest.fail("in 4 maps the gated task's worker never held a queue behind it")
-        th, out, marks, gate, task_pid, (proc, _wid) = scene
+
+        def settle(scene: _Scene):
+            # the other worker ran everything it could, and every run that ended is
+            # stored (none is held back in a batch)
+            other = wids["b" if scene.role == "a" else "a"]
+
+            def settled():
+                counts = c.status(scene.job_id)["counts"]
+                return (counts.get("pending", 0) == 0 and _running(m, other) == 0
+                        and counts.get("done", 0) == len(_runs(scene.marks)))
+
+            def seen():
+                return (f"counts {c.status(scene.job_id)['counts']}, {len(_runs(scene.marks))} "
+                        f"runs ended, the other worker running {_running(m, other)}")
+            wait_for(settled, 60, seen)
+        scene = _gated_with_queue(c, m, wids, tmp_path, 150, settle)
+        proc = procs[scene.role][0]
         # Mid-batch, the agent's process group killed: its running task, which leads a
         # session of its own, goes with it (test_orphans); one that ran on would get past
         # the gate and run a second time.
         os.killpg(proc.p.pid, signal.SIGKILL)
         proc.p.wait(10)
-        wait_for(lambda: not alive(task_pid), 10, "the killed worker's task process to end")
-        gate.touch()
-        th.join(120)
-        assert not th.is_alive(), "the map finished on the other worker"
-    assert out == [[i * 3 for i in range(300)]]
-    per_item = Counter(i for i, _w in _runs(marks))
+        wait_for(lambda: not alive(scene.task_pid), 10, "the killed worker's task process to end")
+        scene.gate.touch()
+        scene.thread.join(120)
+        assert not scene.thread.is_alive(), "the map finished on the other worker"
+    assert scene.box == [[i * 3 for i in range(300)]]
+    per_item = Counter(i for i, _w in _runs(scene.marks))
     assert set(per_item) == set(range(300)), "every task ran"
     assert [i for i, n in per_item.items() if n > 1] == [], "a task ran to completion twice"
-
-
-def _gated_scene(c, m, procs, folder):
-    """Start a 300-task map whose item 150 waits at a gate, and wait until the other
-    worker has run everything it could and every run that ended is stored (none held
-    back in a batch). Returns (map thread, its output list, marks file, gate file, the
-    gated task's pid, the gated worker's (Proc, id)) when the gated task's worker holds
-    a queue behind it; otherwise opens the gate, checks that map's value, and returns None."""
-    folder.mkdir()
-    marks, gate, started = folder / "runs.txt", folder / "gate", folder / "started"
-    known = {j["id"] for j in c.jobs()}
-    out: list = []
-    fn = _gated(c, str(marks), str(gate), str(started), 150)
-    th = threading.Thread(target=lambda: out.append(fn.map(range(300))), daemon=True)
-    th.start()
-    wait_for(lambda: started.exists() and started.read_text().strip(), 60, "the gated task")
-    role, task_pid = started.read_text().split()[:2]
-    other = "b" if role == "a" else "a"
-    wid, other_wid = procs[role][1], procs[other][1]
-    job_id = wait_for(lambda: next((j["id"] for j in c.jobs() if j["id"] not in known), None),
-                      10, "the map's job")
-
-    def seen():
-        return (f"counts {c.status(job_id)['counts']}, {len(_runs(marks))} runs ended, "
-                f"running: gated worker {_running(m, wid)}, other {_running(m, other_wid)}")
-
-    def settled():
-        counts = c.status(job_id)["counts"]
-        return (counts.get("pending", 0) == 0 and _running(m, other_wid) == 0
-                and counts.get("done", 0) == len(_runs(marks)))
-    wait_for(settled, 60, seen)
-    if _running(m, wid) > 1:
-        return th, out, marks, gate, int(task_pid), procs[role]
-    gate.touch()
-    th.join(60)
-    assert out == [[i * 3 for i in range(300)]]
-    return None
 
 
 def test_a_job_cancelled_mid_batch_runs_none_of_its_queued_grants_and_frees_the_slot(
         fault_mesh, tmp_path):
     m = fault_mesh(workers=0)
     _proc, wid = _join(m, "a")
-    marks, gate, started = tmp_path / "runs.txt", tmp_path / "gate", tmp_path / "started"
-    errors: list = []
     with closing(m.client(output=False)) as c:
-        fn = _gated(c, str(marks), str(gate), str(started), 40)
-
-        def run_map():
-            try:
-                fn.map(range(300))
-            except Exception as e:  # noqa: BLE001 - the cancelled map raises
-                errors.append(e)
-        th = threading.Thread(target=run_map, daemon=True)
-        th.start()
-        wait_for(lambda: started.exists() and _running(m, wid) > 1, 60,
-                 "the gated task running with a queue behind it")
-        job_id = c.jobs()[0]["id"]
+        scene = _gated_with_queue(c, m, {"a": wid}, tmp_path, 40)
+        job_id, marks, gate, th = scene.job_id, scene.marks, scene.gate, scene.thread
         ran = len(_runs(marks))
         assert c.cancel(job_id) > 1
         # the gated task is killed and every queued grant dropped: the slot is free
         wait_for(lambda: _running(m, wid) == 0, 30, "the worker to hold nothing")
         th.join(60)
-        assert not th.is_alive() and errors, "the cancelled map raised"
+        assert not th.is_alive() and isinstance(scene.box[0], Exception), "the cancelled map raised"
         gate.touch()  # (a queued grant that ran after all would get past the gate now)
         again = accelerate(c, isolation="job")(lambda i: i + 1)
         assert again.map(range(20)) == list(range(1, 21))  # the slot serves the next job
