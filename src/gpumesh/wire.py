@@ -137,10 +137,18 @@ def _code_pickler() -> type:
                 args = args[:at] + (code.co_filename,) + args[at + 1:]
             return rebuild, args
 
+        from . import namespaces
+
+        by_value = cloudpickle.cloudpickle._is_registered_pickle_by_value
+
         def reducer_override(self: Any, obj: object) -> Any:
             # Bytecode is about to travel: note it (see Payload.by_value).
             if type(obj) is types.CodeType:
                 self.saw_code = True
+            # A module shipped by value arrives as one module (gpumesh.namespaces).
+            got = namespaces.reduce_override(self, obj, by_value)
+            if got is not NotImplemented:
+                return got
             return cloudpickle.Pickler.reducer_override(self, obj)
 
         _CODE_PICKLER = type("CodePickler", (cloudpickle.Pickler,),

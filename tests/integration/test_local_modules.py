@@ -124,3 +124,53 @@ def test_an_import_inside_the_function_body_still_needs_the_module_on_the_worker
     r = _run(proj, mesh, tmp_path)
     assert r.returncode != 0, r.stdout
     assert "ModuleNotFoundError: No module named 'helper' on any worker" in r.stderr, r.stderr
+
+
+def test_a_module_the_task_configures_or_caches_in_is_one_module_on_the_worker(make_mesh,
+                                                                              tmp_path):
+    # What a task sets in the caller's module is what that module's own functions read,
+    # and a cache the module keeps is the one the task sees (gpumesh.namespaces).
+    mesh = make_mesh(workers=1)
+    proj = _project(tmp_path)
+    (proj / "settings.py").write_text(textwrap.dedent("""\
+        THRESHOLD = 1
+        LOADS = 0
+        _MODEL = None
+
+        def above(xs):
+            return [x for x in xs if x > THRESHOLD]
+
+        def load():
+            global _MODEL, LOADS
+            if _MODEL is None:
+                LOADS += 1
+                _MODEL = object()
+            return _MODEL
+        """))
+    (proj / "main.py").write_text(textwrap.dedent("""\
+        import json
+        import os
+        from gpumesh import mesh
+        import settings
+        from settings import above
+
+        settings.THRESHOLD = 2  # configured by the caller before the calls
+
+        @mesh
+        def task(t):
+            before = above([1, 2, 3, 4])
+            settings.THRESHOLD = t
+            same = settings.load() is settings._MODEL
+            return before, settings.above([1, 2, 3, 4]), settings.LOADS, same, os.getcwd()
+
+        print(json.dumps({"task": task.map([3, 1]), "job": task.map([3, 3], isolation="job"),
+                          "caller": settings.THRESHOLD}))
+        """))
+    r = _run(proj, mesh, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "running locally" not in r.stderr, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [row[:4] for row in got["task"]] == [[[3, 4], [4], 1, True], [[3, 4], [2, 3, 4], 1, True]]
+    assert [row[1:4] for row in got["job"]] == [[[4], 1, True]] * 2
+    assert str(proj) not in {row[4] for row in got["task"] + got["job"]}  # ran on the worker
+    assert got["caller"] == 2

@@ -54,7 +54,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .. import hardware, limits, localcode, wire
+from .. import hardware, limits, localcode, namespaces, wire
 from ..errors import Cancelled, Unsatisfiable
 from . import calls as _calls
 from .progress import Progress
@@ -347,7 +347,11 @@ class InlineBackend(Backend):
         name = job.qualname or "the function"
         # As the native backend's submit: the function and every call's arguments are
         # pickled before anything runs, and what cannot be raises the same error.
-        fn = wire.loads(_joined(wire.dumps(job.fn, code=True)))
+        # Loaded once, in a scope of the job's own: the caller's modules it uses are a
+        # copy (gpumesh.namespaces), which its tasks share, as a job's process on a worker.
+        scope = namespaces.Scope()
+        with scope:
+            fn = wire.loads(_joined(wire.dumps(job.fn, code=True)))
         payloads: list[wire.Payload | None] = [
             _calls.dump_call(job.fn, call, i, job.n) for i, call in enumerate(job.calls)]
         yield STARTED
@@ -356,7 +360,8 @@ class InlineBackend(Backend):
             payload, payloads[i] = payloads[i], None  # (freed as it goes, as a worker's)
             assert payload is not None
             for attempt in range(retries + 1):
-                args, kwargs = wire.loads(_joined(payload))
+                with scope:
+                    args, kwargs = wire.loads(_joined(payload))
                 outcome = run_task(fn, args, kwargs, job.timeout, True)
                 if not (outcome[0] == "raised" and attempt < retries
                         and isinstance(outcome[1], types)):
