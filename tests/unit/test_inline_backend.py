@@ -205,6 +205,30 @@ def test_gpumesh_local_and_in_task_use_the_inline_backend(m, monkeypatch):
         sleepy.map([()])
 
 
+def test_a_call_inside_a_task_meets_its_requirements_on_the_tasks_worker(m, monkeypatch):
+    monkeypatch.setenv("GPUMESH_IN_TASK", "1")  # a decorated call inside a task
+
+    @accelerate(m, requires=["gm-definitely-not-installed-xyz"])
+    def needs_package(x):
+        return x
+
+    @accelerate(m, memory="100000GB")
+    def needs_memory(x):
+        return x
+
+    @accelerate(m, cores=1)
+    def fits(x):
+        return x + 1
+
+    inline = "^a decorated call inside a task runs inline, on the task's worker, and this machine"
+    for fn in (needs_package, needs_memory):
+        with pytest.raises(Unsatisfiable, match=inline):
+            fn(1)
+        with pytest.raises(Unsatisfiable, match=inline):
+            fn.map([1, 2])
+    assert fits(1) == 2 and fits.map([1, 2]) == [2, 3]
+
+
 def test_local_does_not_take_part(m):
     mine = []
 

@@ -4,7 +4,8 @@ A decorated function becomes a :class:`RemoteFunction`; calling it, or its ``.ma
 goes through :meth:`GPUMesh.run_calls` (mesh when available, else locally on the inline
 backend), so the value is the same either way. Inside a task (``GPUMESH_IN_TASK`` is set
 by the runner) decorated functions run inline, on the same inline backend: a task
-waiting for a child task that can never get a slot would deadlock a small mesh.
+waiting for a child task that can never get a slot would deadlock a small mesh. Their
+requirements are checked against the task's worker, as against this machine for a fallback.
 """
 
 from __future__ import annotations
@@ -125,6 +126,10 @@ class RemoteFunction:
         (``timeout``, checked, replaces the decorator's); a list of ``(index, value)`` (an
         iterator with ``handle``)."""
         __tracebackhide__ = True  # (IPython shows the user's frames, not gpumesh's)
+        # The hardware and packages it asks for are this worker's to meet, as this
+        # machine's are when the mesh is away: a GPU function does not run on a CPU.
+        pipeline.check_local(self.__gpumesh_wrapped__, self.require, hints,
+                             "a decorated call inside a task runs inline, on the task's worker")
         options = self._call_options(timeout=timeout)
         job = pipeline.Job(self.__gpumesh_wrapped__, calls, hints or [{}] * len(calls),
                            timeout=options["timeout"], name=options["name"],
