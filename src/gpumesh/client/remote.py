@@ -128,7 +128,8 @@ class RemoteFunction:
         __tracebackhide__ = True  # (IPython shows the user's frames, not gpumesh's)
         # The hardware and packages it asks for are this worker's to meet, as this
         # machine's are when the mesh is away: a GPU function does not run on a CPU.
-        pipeline.check_local(self.__gpumesh_wrapped__, self.require, hints,
+        # (A call's scheduling hints are dropped here: there is nothing to schedule.)
+        pipeline.check_local(self.__gpumesh_wrapped__, self.require, None,
                              "a decorated call inside a task runs inline, on the task's worker")
         options = self._call_options(timeout=timeout)
         job = pipeline.Job(self.__gpumesh_wrapped__, calls, hints or [{}] * len(calls),
