@@ -230,3 +230,32 @@ def test_an_unpicklable_argument_fails_the_same_on_both(client, monkeypatch):
     assert type(remote) is type(local) is TypeError
     assert str(remote) == str(local)
     assert "keyword argument 'b' of first (item 1 of the map) cannot be sent to a worker" in str(local)
+
+
+def stop_at(x):
+    if x == "empty":
+        return next(iter([]))
+    if x:
+        raise StopIteration(x)
+    return "ran"
+
+
+def test_a_stop_iteration_arrives_as_itself_on_both(client, monkeypatch):
+    """Not PEP 479's bare ``RuntimeError: generator raised StopIteration``."""
+    f = accelerate(client)(stop_at)
+    for got in both(monkeypatch, f, 5):
+        assert type(got) is StopIteration and got.args == (5,) and got.value == 5, repr(got)
+        assert isinstance(got.__cause__, RemoteTraceback)
+        assert "raise StopIteration(x)" in got.__cause__.tb
+    for got in both(monkeypatch, f, "empty"):
+        assert type(got) is StopIteration and got.args == (), repr(got)
+    for got in both(monkeypatch, f.map, [0, 7, 0]):
+        assert type(got) is StopIteration and got.args == (7,) and got.__cause__.index == 1
+    for got in both(monkeypatch, f.map, [0, 7], return_exceptions=True):
+        assert got[0] == "ran" and type(got[1]) is StopIteration and got[1].args == (7,)
+    for pairs in both(monkeypatch, lambda: dict(f.imap([0, 7], return_exceptions=True))):
+        assert pairs[0] == "ran" and type(pairs[1]) is StopIteration and pairs[1].args == (7,)
+    # .imap's next() cannot raise it (a for loop would end silently): its cause
+    for got in both(monkeypatch, lambda: list(f.imap([7]))):
+        assert type(got) is not StopIteration and isinstance(got, RuntimeError), repr(got)
+        assert type(got.__cause__) is StopIteration and got.__cause__.args == (7,)

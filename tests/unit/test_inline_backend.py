@@ -250,3 +250,51 @@ def test_inline_pid_is_this_process(m):
         return os.getpid()
 
     assert pid() == os.getpid()
+
+
+def test_a_tasks_stop_iteration_reaches_the_caller_as_itself(m, monkeypatch):
+    """PEP 479 turned a StopIteration raised inside the pipeline's generator into a bare
+    ``RuntimeError: generator raised StopIteration``; ``.local()`` raises StopIteration."""
+    @accelerate(m)
+    def stop(x):
+        if x == "empty":
+            return next(iter([]))
+        if x:
+            raise StopIteration(x)
+        return "ran"
+
+    with pytest.raises(StopIteration) as ei:
+        stop.local(5)
+    assert ei.value.args == (5,)
+    for in_task in (False, True):  # inside a task, decorated calls run inline too
+        if in_task:
+            monkeypatch.setenv("GPUMESH_IN_TASK", "1")
+        with pytest.raises(StopIteration) as ei:
+            stop(5)
+        assert type(ei.value) is StopIteration and ei.value.args == (5,) and ei.value.value == 5
+        assert isinstance(ei.value.__cause__, RemoteTraceback)
+        assert "raise StopIteration(x)" in ei.value.__cause__.tb
+        with pytest.raises(StopIteration) as ei:
+            stop("empty")
+        assert ei.value.args == () and "next(iter([]))" in ei.value.__cause__.tb
+        with pytest.raises(StopIteration) as ei:
+            stop.map([0, 7, 0])
+        assert ei.value.args == (7,) and ei.value.__cause__.index == 1
+        got = stop.map([0, 7], return_exceptions=True)
+        assert got[0] == "ran" and type(got[1]) is StopIteration and got[1].args == (7,)
+        pairs = dict(stop.imap([0, 7], return_exceptions=True))
+        assert pairs[0] == "ran" and type(pairs[1]) is StopIteration and pairs[1].args == (7,)
+    monkeypatch.delenv("GPUMESH_IN_TASK")
+    with pytest.raises(StopIteration) as ei:
+        m.distribute(stop, [0, 3])
+    assert ei.value.args == (3,)
+    # From .imap's next() a StopIteration would end the caller's for loop silently, as if
+    # every result had come: it arrives as a RuntimeError whose cause is the task's.
+    seen = []
+    with pytest.raises(RuntimeError, match=r"raised StopIteration\(7\), which an iterator's "
+                                           r"next\(\) cannot raise") as ei:
+        for pair in stop.imap([0, 7]):
+            seen.append(pair)
+    assert type(ei.value.__cause__) is StopIteration and ei.value.__cause__.args == (7,)
+    assert isinstance(ei.value.__cause__.__cause__, RemoteTraceback)
+    assert seen == [(0, "ran")]

@@ -368,9 +368,11 @@ class GPUMesh:
         """
         __tracebackhide__ = True  # (IPython shows the user's frames, not gpumesh's)
         values: list[Any] = [_MISSING] * len(calls)
-        for index, value in self.iter_calls(fn, calls, hints=hints, timeout=timeout, name=name,
-                                            require=require, return_exceptions=return_exceptions,
-                                            retry=retry, isolation=isolation, entry=entry):
+        # (drained: a task's StopIteration is raised as itself, not as PEP 479's RuntimeError)
+        for index, value in pipeline.drained(self.iter_calls(
+                fn, calls, hints=hints, timeout=timeout, name=name, require=require,
+                return_exceptions=return_exceptions, retry=retry, isolation=isolation,
+                entry=entry)):
             values[index] = value
         return values
 

@@ -131,7 +131,7 @@ class RemoteFunction:
                            retry=self.retry, return_exceptions=return_exceptions,
                            streaming=handle is not None)
         run = pipeline.run(None, job, handle, backend=pipeline.INLINE)
-        return run if handle is not None else list(run)
+        return run if handle is not None else pipeline.drained(run)
 
     def _call_options(self, isolation: str | None = None, timeout: float | None = None) -> dict:
         """The options of this function's calls; ``isolation`` and ``timeout`` (checked)
