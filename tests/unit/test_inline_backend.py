@@ -298,3 +298,41 @@ def test_a_tasks_stop_iteration_reaches_the_caller_as_itself(m, monkeypatch):
     assert type(ei.value.__cause__) is StopIteration and ei.value.__cause__.args == (7,)
     assert isinstance(ei.value.__cause__.__cause__, RemoteTraceback)
     assert seen == [(0, "ran")]
+
+
+def test_a_maps_input_is_read_only_up_to_one_item_past_the_limit(m, monkeypatch, tmp_path):
+    """``.map(itertools.count())`` read the endless input into a list (~330 MB/s, until the
+    machine gave out): reading stops one item past MAX_TASKS_PER_JOB, with a ValueError."""
+    import itertools
+
+    from gpumesh import limits
+    monkeypatch.setattr(limits, "MAX_TASKS_PER_JOB", 5)
+    drawn: list[int] = []
+
+    def endless():
+        for i in itertools.count():
+            drawn.append(i)
+            assert i < 100, "read on past the limit"  # (the old code read forever)
+            yield i
+
+    @accelerate(m)
+    def double(x):
+        return 2 * x
+
+    script = tmp_path / "s.py"
+    script.write_text("print(1)\n")
+    for who, start in ((".map()", lambda: double.map(endless())),
+                       (".imap()", lambda: double.imap(endless())),
+                       (".imap()", lambda: double.map(endless(), ordered=False)),
+                       ("distribute()", lambda: m.distribute(double, endless())),
+                       ("submit()", lambda: m.submit(script=str(script), payloads=endless()))):
+        drawn.clear()
+        with pytest.raises(ValueError) as ei:
+            start()
+        assert drawn == [0, 1, 2, 3, 4, 5], who  # the limit and one more, no further
+        text = str(ei.value)
+        assert text.startswith(f"{who} got more than 5 ")
+        assert "the most one job may carry (MAX_TASKS_PER_JOB)" in text
+        assert "it reads its whole input before it submits anything" in text
+    assert double.map(iter(range(5))) == [0, 2, 4, 6, 8]  # the limit itself is fine
+    assert sorted(double.imap(range(5))) == [(i, 2 * i) for i in range(5)]

@@ -7,6 +7,7 @@ one that runs calls here), so a call means the same thing wherever it runs.
 from __future__ import annotations
 
 import inspect
+import itertools
 import linecache
 import platform
 import re
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .. import wire
+from .. import limits, wire
 from ..errors import RemoteTraceback, TaskFailed, TaskTimeout
 from ..protocol import FailureKind, ResultItem, failure_exception, timeout_message
 from ..versions import python_minor
@@ -35,6 +36,23 @@ def explicit_params(fn: Callable) -> set[str]:
         return set()
     return {p.name for p in sig.parameters.values()
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def read_input(items: Iterable[Any], who: str, what: str = "items") -> list[Any]:
+    """A batch's input as a list. It is read whole before anything is submitted (as
+    ``multiprocessing.Pool.imap`` and ``Executor.map`` read theirs), but never past one
+    item more than a job may carry (``MAX_TASKS_PER_JOB``): an endless iterator
+    (``itertools.count()``) would otherwise grow this process's memory until the machine
+    gives out. ``ValueError`` then, naming ``who`` (".map()") and the limit."""
+    limit = limits.MAX_TASKS_PER_JOB
+    out = list(itertools.islice(items, limit + 1))
+    if len(out) > limit:
+        raise ValueError(
+            f"{who} got more than {limit:,} {what}, the most one job may carry "
+            f"(MAX_TASKS_PER_JOB); it reads its whole input before it submits anything, so it "
+            f"stopped reading there (an endless iterator such as itertools.count() cannot be "
+            f"mapped). Split the input into batches of at most {limit:,} (itertools.islice)")
+    return out
 
 
 def map_items(fn: Callable, items: Iterable[Any]) -> tuple[list[Call], list[dict]]:
