@@ -300,6 +300,8 @@ def failure(item: ResultItem, payload: memoryview | None, *, call: Call | None =
         mine = module_distribution(err["package"])
         if mine is not None:
             message += f"; this caller has {mine[0]} {mine[1]}"
+    elif kind == FailureKind.MISSING_MODULE and isinstance(err.get("module"), str):
+        message += _shipped_advice(err["module"])
     tail = f" ({place})" + (f"; {hint}" if hint else "")
     if err.get("stderr_tail") and kind != "raised":
         # (a progress bar's redraws as a terminal shows them: each line's last state)
@@ -331,6 +333,25 @@ def failure(item: ResultItem, payload: memoryview | None, *, call: Call | None =
     if remote is not None:
         exc.__cause__ = remote
     return _located(exc, remote, item, err)
+
+
+def _shipped_advice(module: str) -> str:
+    """For a module the workers lack that is one of this caller's own, which it ships by
+    value (:mod:`gpumesh.localcode`, or registered with cloudpickle by the user): the
+    words that say why it did not travel and how to make it, else ``""``. What travels
+    by value is what the function refers to; an ``import`` in its body runs on the
+    worker, by name, so installing it there is not what the user needs to hear first."""
+    cp = sys.modules.get("cloudpickle")  # (not imported: nothing can be registered)
+    shipped = cp.list_registry_pickle_by_value() if cp is not None else ()
+    parts = module.split(".")
+    # (a module is shipped by value when it or a package above it is registered)
+    if not any(".".join(parts[:i]) in shipped for i in range(1, len(parts) + 1)):
+        return ""
+    return (f". But {module!r} is one of this caller's own modules, which travel with the "
+            f"function by value only where it uses them from module level: an `import {module}` "
+            f"inside the function's body runs on the worker, by name. Import it at the top of "
+            f"your script (module level) instead, and use it from there in the function, so it "
+            f"travels with the function")
 
 
 def _located(exc: BaseException, cause: RemoteTraceback | None, item: ResultItem,
