@@ -259,3 +259,22 @@ def test_a_stop_iteration_arrives_as_itself_on_both(client, monkeypatch):
     for got in both(monkeypatch, lambda: list(f.imap([7]))):
         assert type(got) is not StopIteration and isinstance(got, RuntimeError), repr(got)
         assert type(got.__cause__) is StopIteration and got.__cause__.args == (7,)
+
+
+class Held:
+    def __init__(self):
+        import threading
+        self.lock = threading.Lock()
+
+    def work(self, x):
+        return x
+
+
+def test_an_unpicklable_function_fails_the_same_on_both(client, monkeypatch):
+    f = accelerate(client)(Held().work)
+    remote, local = both(monkeypatch, f.map, [1, 2])
+    assert type(remote) is type(local) is TypeError
+    assert str(remote) == str(local) == (
+        "the Held object that the method Held.work is bound to cannot be sent to a worker: "
+        "cannot pickle '_thread.lock' object")
+    assert type(remote.__cause__) is TypeError

@@ -336,3 +336,47 @@ def test_a_maps_input_is_read_only_up_to_one_item_past_the_limit(m, monkeypatch,
         assert "it reads its whole input before it submits anything" in text
     assert double.map(iter(range(5))) == [0, 2, 4, 6, 8]  # the limit itself is fine
     assert sorted(double.imap(range(5))) == [(i, 2 * i) for i in range(5)]
+
+
+LOCK = threading.Lock()
+
+
+class Holder:
+    def __init__(self):
+        self.lock = threading.Lock()
+
+    def work(self, x):
+        return x
+
+
+def test_a_function_that_cannot_be_pickled_is_named_as_an_argument_is(m):
+    """The pickler's bare ``cannot pickle '_thread.lock' object`` named neither the
+    function nor where the lock was; an argument's error names the argument."""
+    def reads_global(x):
+        return LOCK, x
+
+    lock = threading.Lock()
+
+    def closes_over(x):
+        return lock, x
+
+    def defaults(x, lk=lock):
+        return x
+
+    cases = [(reads_global, "global 'LOCK' of the function "
+                            "test_a_function_that_cannot_be_pickled_is_named_as_an_argument_is."
+                            "<locals>.reads_global"),
+             (closes_over, "closure variable 'lock' of the function "),
+             (defaults, "a default argument of the function "),
+             (Holder().work, "the Holder object that the method Holder.work is bound to")]
+    for fn, words in cases:
+        f = accelerate(m)(fn)
+        for call in (lambda f=f: f(1), lambda f=f: f.map([1, 2]),
+                     lambda f=f: list(f.imap([1]))):
+            with pytest.raises(TypeError) as ei:
+                call()
+            text = str(ei.value)
+            assert text.startswith(words), text
+            assert text.endswith(" cannot be sent to a worker: cannot pickle '_thread.lock' object")
+            assert type(ei.value.__cause__) is TypeError  # the pickler's own error
+            assert str(ei.value.__cause__) == "cannot pickle '_thread.lock' object"

@@ -490,6 +490,66 @@ def dump_call(fn: Callable, call: Call, i: int, n: int) -> wire.Payload:
         raise err from e
 
 
+def dump_function(fn: Callable) -> wire.Payload:
+    """``fn``'s code blob, as a caller ships it. If it cannot be pickled, the error (the
+    pickler's own type, as :func:`dump_call` raises for an argument) names the function
+    and what of it could not be: a global it reads, a closure variable, a default, the
+    object a method is bound to. The pickler's own message names only the type (``cannot
+    pickle '_thread.lock' object``), not where it hides."""
+    try:
+        return wire.dumps(fn, code=True)
+    except Exception as e:  # noqa: BLE001 - re-raised with the culprit named
+        try:
+            err = type(e)(f"{_function_culprit(fn)} cannot be sent to a worker: {e}")
+        except Exception:  # noqa: BLE001 - an exception type with another signature
+            raise e from None
+        raise err from e
+
+
+def _function_culprit(fn: Any) -> str:
+    """What of ``fn`` (which failed to pickle) cannot be pickled, in words; the whole
+    function when no one part is found (only asked on that failure: it pickles each)."""
+    import functools
+    import types
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    whole = f"the function {name} (its globals, closure or bound object)"
+    if isinstance(fn, types.MethodType):
+        owner = fn.__self__
+        if not picklable(owner):
+            return f"the {type(owner).__qualname__} object that the method {name} is bound to"
+        fn = fn.__func__
+    if isinstance(fn, functools.partial):
+        if not picklable(fn.func):
+            return _function_culprit(fn.func)
+        return f"an argument functools.partial gives {getattr(fn.func, '__qualname__', name)}"
+    if not isinstance(fn, types.FunctionType):
+        return f"the callable {type(fn).__qualname__} object {name}"
+    code = fn.__code__
+    for var, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # (an empty cell: nothing to pickle)
+            continue
+        if not picklable(value):
+            return f"closure variable {var!r} of the function {name}"
+    for var in _global_names(code):
+        if var in fn.__globals__ and not picklable(fn.__globals__[var]):
+            return f"global {var!r} of the function {name}"
+    if not picklable((fn.__defaults__, fn.__kwdefaults__)):
+        return f"a default argument of the function {name}"
+    return whole
+
+
+def _global_names(code: Any) -> list[str]:
+    """The names ``code`` and the code nested in it (lambdas, comprehensions) may read as
+    globals, in order of first use: what cloudpickle ships of the function's globals."""
+    names: dict[str, None] = dict.fromkeys(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names.update(dict.fromkeys(_global_names(const)))
+    return list(names)
+
+
 def picklable(value: Any) -> bool:
     """Whether ``value`` survives :func:`gpumesh.wire.dumps`."""
     try:

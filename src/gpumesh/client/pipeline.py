@@ -31,7 +31,8 @@ mutates its arguments or module globals does not change the caller's objects her
 What **cannot be pickled** fails here exactly as on a mesh (the spec: "either path
 returns the identical value"; a call must not work only while the mesh is away): a
 function or argument raises the pickler's error before anything runs (naming the
-argument), a return value that cannot be pickled is a RemoteError "the return value (X)
+argument, or what of the function cannot go: :func:`~gpumesh.client.calls.dump_function`),
+a return value that cannot be pickled is a RemoteError "the return value (X)
 cannot be pickled: ...", an exception travels as a worker's does (rebuilt where pickle
 alone fails, :mod:`gpumesh.portable`; a RemoteError naming its type and message when its
 class cannot be pickled). Strict results (JSON only) are not applied here: nothing crossed a
@@ -382,7 +383,7 @@ class InlineBackend(Backend):
         # copy (gpumesh.namespaces), which its tasks share, as a job's process on a worker.
         scope = namespaces.Scope()
         with scope:
-            fn = wire.loads(_joined(wire.dumps(job.fn, code=True)))
+            fn = wire.loads(_joined(_calls.dump_function(job.fn)))
         payloads: list[wire.Payload | None] = [
             _calls.dump_call(job.fn, call, i, job.n) for i, call in enumerate(job.calls)]
         yield STARTED
