@@ -3,6 +3,8 @@ fallback runs) give the same values, the same exceptions and the same timeouts."
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
 import time
 
@@ -278,3 +280,28 @@ def test_an_unpicklable_function_fails_the_same_on_both(client, monkeypatch):
         "the Held object that the method Held.work is bound to cannot be sent to a worker: "
         "cannot pickle '_thread.lock' object")
     assert type(remote.__cause__) is TypeError
+
+
+@functools.cache
+def drawn(x):
+    import random
+    return x, os.getpid(), random.random()
+
+
+def test_a_cache_function_runs_with_a_cache_per_process_on_both(make_mesh, monkeypatch):
+    """``@mesh`` over ``@functools.cache`` failed to pickle ("it's not the same object as
+    ...drawn"). It runs with an empty cache of the process's that runs the tasks: a job's
+    process keeps it for the job's tasks (isolation="job"), a fresh process starts empty."""
+    mesh = make_mesh(workers=1)
+    client = mesh.client(output=False)
+    try:
+        per_job = accelerate(client, isolation="job")(drawn)
+        for one, again, other in both(monkeypatch, per_job.map, [1, 1, 2]):
+            assert one == again and one[0] == 1 and other[0] == 2 and other[1] == one[1]
+        remote, local = both(monkeypatch, accelerate(client)(drawn).map, [1, 1])
+        assert remote[0][0] == remote[1][0] == 1
+        assert remote[0][1] != remote[1][1] and remote[0] != remote[1]  # a process per task
+        assert local[0][0] == 1 and local[1][0] == 1
+        assert drawn.cache_info().currsize == 0  # the caller's cache is its own
+    finally:
+        client.close()

@@ -380,3 +380,31 @@ def test_a_function_that_cannot_be_pickled_is_named_as_an_argument_is(m):
             assert text.endswith(" cannot be sent to a worker: cannot pickle '_thread.lock' object")
             assert type(ei.value.__cause__) is TypeError  # the pickler's own error
             assert str(ei.value.__cause__) == "cannot pickle '_thread.lock' object"
+
+
+def test_a_cache_function_runs_with_a_cache_of_the_jobs_own(m):
+    """``@mesh`` over ``@functools.cache`` failed with "Can't pickle <functools.
+    _lru_cache_wrapper ...>: it's not the same object"; now the task's process has a cache
+    of its own (here: the job's, as a job's process on a worker), the caller's untouched."""
+    import functools
+    import random
+
+    @accelerate(m)
+    @functools.cache
+    def draw(x):
+        return x, random.random()
+
+    one, again, other = draw.map([1, 1, 2])
+    assert one == again and one[0] == 1 and other[0] == 2  # cached within the job
+    assert draw(1)[0] == 1 and draw(1) != draw(1)  # each call: a fresh process's cache
+    assert draw.__gpumesh_wrapped__.cache_info().currsize == 0  # not the caller's
+    assert draw.local(3) == draw.local(3)  # .local(): the caller's own cache
+    assert draw.__gpumesh_wrapped__.cache_info().hits == 1
+
+    @accelerate(m)
+    @functools.lru_cache(maxsize=1)
+    def tiny(x):
+        return x, random.random()
+
+    a, b, c, d = tiny.map([1, 2, 1, 1])
+    assert a != c and c == d  # its maxsize=1 still holds where it runs
