@@ -23,7 +23,9 @@ unregisters what it registered); inside a task (``GPUMESH_IN_TASK``) it does not
 
 Code shipped by value carries bytecode, so :attr:`gpumesh.wire.Payload.by_value` is set and
 the job goes only to workers of the caller's Python minor version. An ``import helper``
-*inside* a function's body runs on the worker, by name, and still needs ``helper`` there.
+*inside* a function's body runs on the worker, by name, and still needs ``helper`` there
+(the caller's ModuleNotFoundError then says to import it at module level:
+:func:`gpumesh.client.calls.failure`).
 """
 
 from __future__ import annotations

@@ -27,11 +27,12 @@ versions, instead of a pickle traceback.
 
 from __future__ import annotations
 
+import functools
 import pickle
 import re
 import struct
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from .errors import WireError
@@ -145,6 +146,10 @@ def _code_pickler() -> type:
             # Bytecode is about to travel: note it (see Payload.by_value).
             if type(obj) is types.CodeType:
                 self.saw_code = True
+            if type(obj) is _LRU_WRAPPER:
+                got = _reduce_cached(obj, by_value)
+                if got is not NotImplemented:
+                    return got
             # A module shipped by value arrives as one module (gpumesh.namespaces).
             got = namespaces.reduce_override(self, obj, by_value)
             if got is not NotImplemented:
@@ -155,6 +160,44 @@ def _code_pickler() -> type:
                              {"dispatch_table": ChainMap({types.CodeType: reduce_code}, table),
                               "saw_code": False, "reducer_override": reducer_override})
     return _CODE_PICKLER
+
+
+#: The type of what ``functools.cache``/``lru_cache`` make (C's; None where they make
+#: plain functions, which cloudpickle ships as it ships any closure).
+_LRU_WRAPPER = getattr(functools, "_lru_cache_wrapper", None)
+if not isinstance(_LRU_WRAPPER, type):
+    _LRU_WRAPPER = None
+
+
+def _reduce_cached(obj: Any, by_value: Callable[[Any], bool]) -> Any:
+    """A ``functools.cache``/``lru_cache`` function made by the caller's own code (in
+    ``__main__``, a notebook, a module shipped by value, a closure) as the function it
+    wraps, made a cache function again where it loads: with the same ``maxsize`` and
+    ``typed`` and an empty cache of its own, the process's that loads it (the cache
+    holds the caller's results, which do not travel). Pickled as Python pickles it, by
+    reference to its module's name, it could not load on a worker, and under ``@mesh``
+    not even here ("it's not the same object as __main__.f"). One that an installed
+    module defines still goes by reference (``NotImplemented``): the worker's module has
+    it, with that process's cache."""
+    name = getattr(obj, "__module__", None)
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    if (module is not None and name not in ("__main__", "__mp_main__")
+            and not by_value(module) and _lookup(module, obj.__qualname__) is obj):
+        return NotImplemented
+    params = obj.cache_parameters()
+    # (its __dict__: __wrapped__, __name__, __doc__... as functools.update_wrapper set them)
+    return (type(obj), (obj.__wrapped__, params["maxsize"], params["typed"], functools._CacheInfo),
+            dict(obj.__dict__))
+
+
+def _lookup(module: Any, qualname: str) -> Any:
+    """What ``module``'s dotted ``qualname`` names (None when nothing does)."""
+    got = module
+    for part in qualname.split("."):
+        got = getattr(got, part, None)
+        if got is None:
+            return None
+    return got
 
 
 def dumps(obj: Any, *, code: bool = False) -> Payload:

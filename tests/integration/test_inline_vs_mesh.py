@@ -3,6 +3,8 @@ fallback runs) give the same values, the same exceptions and the same timeouts."
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
 import time
 
@@ -230,3 +232,76 @@ def test_an_unpicklable_argument_fails_the_same_on_both(client, monkeypatch):
     assert type(remote) is type(local) is TypeError
     assert str(remote) == str(local)
     assert "keyword argument 'b' of first (item 1 of the map) cannot be sent to a worker" in str(local)
+
+
+def stop_at(x):
+    if x == "empty":
+        return next(iter([]))
+    if x:
+        raise StopIteration(x)
+    return "ran"
+
+
+def test_a_stop_iteration_arrives_as_itself_on_both(client, monkeypatch):
+    """Not PEP 479's bare ``RuntimeError: generator raised StopIteration``."""
+    f = accelerate(client)(stop_at)
+    for got in both(monkeypatch, f, 5):
+        assert type(got) is StopIteration and got.args == (5,) and got.value == 5, repr(got)
+        assert isinstance(got.__cause__, RemoteTraceback)
+        assert "raise StopIteration(x)" in got.__cause__.tb
+    for got in both(monkeypatch, f, "empty"):
+        assert type(got) is StopIteration and got.args == (), repr(got)
+    for got in both(monkeypatch, f.map, [0, 7, 0]):
+        assert type(got) is StopIteration and got.args == (7,) and got.__cause__.index == 1
+    for got in both(monkeypatch, f.map, [0, 7], return_exceptions=True):
+        assert got[0] == "ran" and type(got[1]) is StopIteration and got[1].args == (7,)
+    for pairs in both(monkeypatch, lambda: dict(f.imap([0, 7], return_exceptions=True))):
+        assert pairs[0] == "ran" and type(pairs[1]) is StopIteration and pairs[1].args == (7,)
+    # .imap's next() cannot raise it (a for loop would end silently): its cause
+    for got in both(monkeypatch, lambda: list(f.imap([7]))):
+        assert type(got) is not StopIteration and isinstance(got, RuntimeError), repr(got)
+        assert type(got.__cause__) is StopIteration and got.__cause__.args == (7,)
+
+
+class Held:
+    def __init__(self):
+        import threading
+        self.lock = threading.Lock()
+
+    def work(self, x):
+        return x
+
+
+def test_an_unpicklable_function_fails_the_same_on_both(client, monkeypatch):
+    f = accelerate(client)(Held().work)
+    remote, local = both(monkeypatch, f.map, [1, 2])
+    assert type(remote) is type(local) is TypeError
+    assert str(remote) == str(local) == (
+        "the Held object that the method Held.work is bound to cannot be sent to a worker: "
+        "cannot pickle '_thread.lock' object")
+    assert type(remote.__cause__) is TypeError
+
+
+@functools.cache
+def drawn(x):
+    import random
+    return x, os.getpid(), random.random()
+
+
+def test_a_cache_function_runs_with_a_cache_per_process_on_both(make_mesh, monkeypatch):
+    """``@mesh`` over ``@functools.cache`` failed to pickle ("it's not the same object as
+    ...drawn"). It runs with an empty cache of the process's that runs the tasks: a job's
+    process keeps it for the job's tasks (isolation="job"), a fresh process starts empty."""
+    mesh = make_mesh(workers=1)
+    client = mesh.client(output=False)
+    try:
+        per_job = accelerate(client, isolation="job")(drawn)
+        for one, again, other in both(monkeypatch, per_job.map, [1, 1, 2]):
+            assert one == again and one[0] == 1 and other[0] == 2 and other[1] == one[1]
+        remote, local = both(monkeypatch, accelerate(client)(drawn).map, [1, 1])
+        assert remote[0][0] == remote[1][0] == 1
+        assert remote[0][1] != remote[1][1] and remote[0] != remote[1]  # a process per task
+        assert local[0][0] == 1 and local[1][0] == 1
+        assert drawn.cache_info().currsize == 0  # the caller's cache is its own
+    finally:
+        client.close()

@@ -124,6 +124,15 @@ def test_an_import_inside_the_function_body_still_needs_the_module_on_the_worker
     r = _run(proj, mesh, tmp_path)
     assert r.returncode != 0, r.stdout
     assert "ModuleNotFoundError: No module named 'helper' on any worker" in r.stderr, r.stderr
+    # which is the caller's own module: the error says how to make it travel
+    assert ("But 'helper' is one of this caller's own modules, which travel with the function "
+            "by value only where it uses them from module level: an `import helper` inside the "
+            "function's body runs on the worker, by name. Import it at the top of your script "
+            "(module level) instead") in r.stderr, r.stderr
+    # not shipped (GPUMESH_SHIP_LOCAL=0): importing it at the top would not help, nor is it said
+    r = _run(proj, mesh, tmp_path, GPUMESH_SHIP_LOCAL="0")
+    assert "No module named 'helper' on any worker" in r.stderr, r.stderr
+    assert "one of this caller's own modules" not in r.stderr, r.stderr
 
 
 def test_a_module_the_task_configures_or_caches_in_is_one_module_on_the_worker(make_mesh,

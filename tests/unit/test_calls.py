@@ -268,3 +268,33 @@ def test_a_crash_names_its_attempt_once_and_a_progress_tail_as_shown():
     text = str(calls.failure(it, None))
     assert text.count("attempt 3") == 1, text
     assert text.endswith("--- last lines the task wrote to stderr ---\n 90%\nTraceback: boom"), text
+
+
+def test_a_missing_module_the_caller_ships_by_value_says_to_import_it_at_the_top(monkeypatch):
+    """``import helper`` in the function's body runs on the worker by name: "install it
+    there" alone sent the user looking for the wrong fix."""
+    import sys
+    import types
+
+    import cloudpickle
+    helper = types.ModuleType("helper_shipped_here")
+    monkeypatch.setitem(sys.modules, helper.__name__, helper)
+    cloudpickle.register_pickle_by_value(helper)
+    try:
+        said = ("No module named {0!r} on any worker that could run this task: w (w1, Python "
+                "3.11) lacks it; install it there (or join a worker that has it) and call again")
+        for name in ("helper_shipped_here", "helper_shipped_here.sub"):
+            exc = calls.failure(item("missing_module", said.format(name), module=name), None)
+            assert type(exc) is ModuleNotFoundError and exc.name == name
+            assert str(exc).startswith(said.format(name) + (
+                f". But {name!r} is one of this caller's own modules, which travel with the "
+                f"function by value only where it uses them from module level: an `import "
+                f"{name}` inside the function's body runs on the worker, by name. Import it at "
+                f"the top of your script (module level) instead, and use it from there in the "
+                f"function, so it travels with the function (")), str(exc)
+    finally:
+        cloudpickle.unregister_pickle_by_value(helper)
+    # an installed package the workers lack (or one no longer shipped): no such words
+    for name in ("torch", "helper_shipped_here"):
+        exc = calls.failure(item("missing_module", f"No module named {name!r}", module=name), None)
+        assert type(exc) is ModuleNotFoundError and "own modules" not in str(exc)

@@ -274,3 +274,161 @@ def test_inline_pid_is_this_process(m):
         return os.getpid()
 
     assert pid() == os.getpid()
+
+
+def test_a_tasks_stop_iteration_reaches_the_caller_as_itself(m, monkeypatch):
+    """PEP 479 turned a StopIteration raised inside the pipeline's generator into a bare
+    ``RuntimeError: generator raised StopIteration``; ``.local()`` raises StopIteration."""
+    @accelerate(m)
+    def stop(x):
+        if x == "empty":
+            return next(iter([]))
+        if x:
+            raise StopIteration(x)
+        return "ran"
+
+    with pytest.raises(StopIteration) as ei:
+        stop.local(5)
+    assert ei.value.args == (5,)
+    for in_task in (False, True):  # inside a task, decorated calls run inline too
+        if in_task:
+            monkeypatch.setenv("GPUMESH_IN_TASK", "1")
+        with pytest.raises(StopIteration) as ei:
+            stop(5)
+        assert type(ei.value) is StopIteration and ei.value.args == (5,) and ei.value.value == 5
+        assert isinstance(ei.value.__cause__, RemoteTraceback)
+        assert "raise StopIteration(x)" in ei.value.__cause__.tb
+        with pytest.raises(StopIteration) as ei:
+            stop("empty")
+        assert ei.value.args == () and "next(iter([]))" in ei.value.__cause__.tb
+        with pytest.raises(StopIteration) as ei:
+            stop.map([0, 7, 0])
+        assert ei.value.args == (7,) and ei.value.__cause__.index == 1
+        got = stop.map([0, 7], return_exceptions=True)
+        assert got[0] == "ran" and type(got[1]) is StopIteration and got[1].args == (7,)
+        pairs = dict(stop.imap([0, 7], return_exceptions=True))
+        assert pairs[0] == "ran" and type(pairs[1]) is StopIteration and pairs[1].args == (7,)
+    monkeypatch.delenv("GPUMESH_IN_TASK")
+    with pytest.raises(StopIteration) as ei:
+        m.distribute(stop, [0, 3])
+    assert ei.value.args == (3,)
+    # From .imap's next() a StopIteration would end the caller's for loop silently, as if
+    # every result had come: it arrives as a RuntimeError whose cause is the task's.
+    seen = []
+    with pytest.raises(RuntimeError, match=r"raised StopIteration\(7\), which an iterator's "
+                                           r"next\(\) cannot raise") as ei:
+        for pair in stop.imap([0, 7]):
+            seen.append(pair)
+    assert type(ei.value.__cause__) is StopIteration and ei.value.__cause__.args == (7,)
+    assert isinstance(ei.value.__cause__.__cause__, RemoteTraceback)
+    assert seen == [(0, "ran")]
+
+
+def test_a_maps_input_is_read_only_up_to_one_item_past_the_limit(m, monkeypatch, tmp_path):
+    """``.map(itertools.count())`` read the endless input into a list (~330 MB/s, until the
+    machine gave out): reading stops one item past MAX_TASKS_PER_JOB, with a ValueError."""
+    import itertools
+
+    from gpumesh import limits
+    monkeypatch.setattr(limits, "MAX_TASKS_PER_JOB", 5)
+    drawn: list[int] = []
+
+    def endless():
+        for i in itertools.count():
+            drawn.append(i)
+            assert i < 100, "read on past the limit"  # (the old code read forever)
+            yield i
+
+    @accelerate(m)
+    def double(x):
+        return 2 * x
+
+    script = tmp_path / "s.py"
+    script.write_text("print(1)\n")
+    for who, start in ((".map()", lambda: double.map(endless())),
+                       (".imap()", lambda: double.imap(endless())),
+                       (".imap()", lambda: double.map(endless(), ordered=False)),
+                       ("distribute()", lambda: m.distribute(double, endless())),
+                       ("submit()", lambda: m.submit(script=str(script), payloads=endless()))):
+        drawn.clear()
+        with pytest.raises(ValueError) as ei:
+            start()
+        assert drawn == [0, 1, 2, 3, 4, 5], who  # the limit and one more, no further
+        text = str(ei.value)
+        assert text.startswith(f"{who} got more than 5 ")
+        assert "the most one job may carry (MAX_TASKS_PER_JOB)" in text
+        assert "it reads its whole input before it submits anything" in text
+    assert double.map(iter(range(5))) == [0, 2, 4, 6, 8]  # the limit itself is fine
+    assert sorted(double.imap(range(5))) == [(i, 2 * i) for i in range(5)]
+
+
+LOCK = threading.Lock()
+
+
+class Holder:
+    def __init__(self):
+        self.lock = threading.Lock()
+
+    def work(self, x):
+        return x
+
+
+def test_a_function_that_cannot_be_pickled_is_named_as_an_argument_is(m):
+    """The pickler's bare ``cannot pickle '_thread.lock' object`` named neither the
+    function nor where the lock was; an argument's error names the argument."""
+    def reads_global(x):
+        return LOCK, x
+
+    lock = threading.Lock()
+
+    def closes_over(x):
+        return lock, x
+
+    def defaults(x, lk=lock):
+        return x
+
+    cases = [(reads_global, "global 'LOCK' of the function "
+                            "test_a_function_that_cannot_be_pickled_is_named_as_an_argument_is."
+                            "<locals>.reads_global"),
+             (closes_over, "closure variable 'lock' of the function "),
+             (defaults, "a default argument of the function "),
+             (Holder().work, "the Holder object that the method Holder.work is bound to")]
+    for fn, words in cases:
+        f = accelerate(m)(fn)
+        for call in (lambda f=f: f(1), lambda f=f: f.map([1, 2]),
+                     lambda f=f: list(f.imap([1]))):
+            with pytest.raises(TypeError) as ei:
+                call()
+            text = str(ei.value)
+            assert text.startswith(words), text
+            assert text.endswith(" cannot be sent to a worker: cannot pickle '_thread.lock' object")
+            assert type(ei.value.__cause__) is TypeError  # the pickler's own error
+            assert str(ei.value.__cause__) == "cannot pickle '_thread.lock' object"
+
+
+def test_a_cache_function_runs_with_a_cache_of_the_jobs_own(m):
+    """``@mesh`` over ``@functools.cache`` failed with "Can't pickle <functools.
+    _lru_cache_wrapper ...>: it's not the same object"; now the task's process has a cache
+    of its own (here: the job's, as a job's process on a worker), the caller's untouched."""
+    import functools
+    import random
+
+    @accelerate(m)
+    @functools.cache
+    def draw(x):
+        return x, random.random()
+
+    one, again, other = draw.map([1, 1, 2])
+    assert one == again and one[0] == 1 and other[0] == 2  # cached within the job
+    assert draw(1)[0] == 1 and draw(1) != draw(1)  # each call: a fresh process's cache
+    assert draw.__gpumesh_wrapped__.cache_info().currsize == 0  # not the caller's
+    assert draw.local(3) == draw.local(3)  # .local(): the caller's own cache
+    assert draw.__gpumesh_wrapped__.cache_info().hits == 1
+
+    @accelerate(m)
+    @functools.lru_cache(maxsize=1)
+    def tiny(x):
+        return x, random.random()
+
+    a, b, c, d = tiny.map([1, 2, 1, 1])
+    assert a != c and c == d  # its maxsize=1 still holds where it runs

@@ -277,3 +277,36 @@ def test_iter_chunks_of_a_payload_preserves_bytes():
 def test_iter_chunks_empty():
     assert list(wire.iter_chunks([])) == []
     assert list(wire.iter_chunks([b"", b""])) == []
+
+
+def test_a_cache_function_of_the_callers_own_code_travels_as_a_fresh_cache():
+    """``functools.cache``/``lru_cache`` made in the caller's code went by reference to a
+    name the worker lacks (and under @mesh failed here: "it's not the same object")."""
+    import functools
+
+    calls = []
+
+    @functools.lru_cache(maxsize=7, typed=True)
+    def square(x):
+        """Squares."""
+        calls.append(x)
+        return x * x
+
+    square(3)  # the caller's cache holds a result: it does not travel
+    for code in (True, False):
+        got = wire.loads(wire.dumps(square, code=code).to_bytes())
+        assert type(got) is type(square) and got is not square
+        assert got.cache_parameters() == {"maxsize": 7, "typed": True}
+        assert (got.__name__, got.__qualname__, got.__doc__) == (
+            "square", square.__qualname__, "Squares.")
+        assert got.cache_info().currsize == 0
+        assert got(4) == 16 and got(4) == 16 and got.cache_info().hits == 1
+        assert got.__wrapped__(5) == 25
+    # in a closure and as a global the function reads, the same
+    cached = functools.cache(lambda x: -x)
+    got = wire.loads(wire.dumps(lambda y: cached(y) + 1, code=True).to_bytes())
+    assert got(2) == -1
+    # an installed module's cache function still goes by reference: its module has it
+    import fnmatch
+    assert wire.loads(wire.dumps(fnmatch._compile_pattern, code=True).to_bytes()) \
+        is fnmatch._compile_pattern

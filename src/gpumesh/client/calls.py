@@ -7,6 +7,7 @@ one that runs calls here), so a call means the same thing wherever it runs.
 from __future__ import annotations
 
 import inspect
+import itertools
 import linecache
 import platform
 import re
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .. import wire
+from .. import limits, wire
 from ..errors import RemoteTraceback, TaskFailed, TaskTimeout
 from ..protocol import FailureKind, ResultItem, failure_exception, timeout_message
 from ..versions import python_minor
@@ -35,6 +36,23 @@ def explicit_params(fn: Callable) -> set[str]:
         return set()
     return {p.name for p in sig.parameters.values()
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def read_input(items: Iterable[Any], who: str, what: str = "items") -> list[Any]:
+    """A batch's input as a list. It is read whole before anything is submitted (as
+    ``multiprocessing.Pool.imap`` and ``Executor.map`` read theirs), but never past one
+    item more than a job may carry (``MAX_TASKS_PER_JOB``): an endless iterator
+    (``itertools.count()``) would otherwise grow this process's memory until the machine
+    gives out. ``ValueError`` then, naming ``who`` (".map()") and the limit."""
+    limit = limits.MAX_TASKS_PER_JOB
+    out = list(itertools.islice(items, limit + 1))
+    if len(out) > limit:
+        raise ValueError(
+            f"{who} got more than {limit:,} {what}, the most one job may carry "
+            f"(MAX_TASKS_PER_JOB); it reads its whole input before it submits anything, so it "
+            f"stopped reading there (an endless iterator such as itertools.count() cannot be "
+            f"mapped). Split the input into batches of at most {limit:,} (itertools.islice)")
+    return out
 
 
 def map_items(fn: Callable, items: Iterable[Any]) -> tuple[list[Call], list[dict]]:
@@ -282,6 +300,8 @@ def failure(item: ResultItem, payload: memoryview | None, *, call: Call | None =
         mine = module_distribution(err["package"])
         if mine is not None:
             message += f"; this caller has {mine[0]} {mine[1]}"
+    elif kind == FailureKind.MISSING_MODULE and isinstance(err.get("module"), str):
+        message += _shipped_advice(err["module"])
     tail = f" ({place})" + (f"; {hint}" if hint else "")
     if err.get("stderr_tail") and kind != "raised":
         # (a progress bar's redraws as a terminal shows them: each line's last state)
@@ -313,6 +333,25 @@ def failure(item: ResultItem, payload: memoryview | None, *, call: Call | None =
     if remote is not None:
         exc.__cause__ = remote
     return _located(exc, remote, item, err)
+
+
+def _shipped_advice(module: str) -> str:
+    """For a module the workers lack that is one of this caller's own, which it ships by
+    value (:mod:`gpumesh.localcode`, or registered with cloudpickle by the user): the
+    words that say why it did not travel and how to make it, else ``""``. What travels
+    by value is what the function refers to; an ``import`` in its body runs on the
+    worker, by name, so installing it there is not what the user needs to hear first."""
+    cp = sys.modules.get("cloudpickle")  # (not imported: nothing can be registered)
+    shipped = cp.list_registry_pickle_by_value() if cp is not None else ()
+    parts = module.split(".")
+    # (a module is shipped by value when it or a package above it is registered)
+    if not any(".".join(parts[:i]) in shipped for i in range(1, len(parts) + 1)):
+        return ""
+    return (f". But {module!r} is one of this caller's own modules, which travel with the "
+            f"function by value only where it uses them from module level: an `import {module}` "
+            f"inside the function's body runs on the worker, by name. Import it at the top of "
+            f"your script (module level) instead, and use it from there in the function, so it "
+            f"travels with the function")
 
 
 def _located(exc: BaseException, cause: RemoteTraceback | None, item: ResultItem,
@@ -449,6 +488,66 @@ def dump_call(fn: Callable, call: Call, i: int, n: int) -> wire.Payload:
         except Exception:  # noqa: BLE001 - an exception type with another signature
             raise e from None
         raise err from e
+
+
+def dump_function(fn: Callable) -> wire.Payload:
+    """``fn``'s code blob, as a caller ships it. If it cannot be pickled, the error (the
+    pickler's own type, as :func:`dump_call` raises for an argument) names the function
+    and what of it could not be: a global it reads, a closure variable, a default, the
+    object a method is bound to. The pickler's own message names only the type (``cannot
+    pickle '_thread.lock' object``), not where it hides."""
+    try:
+        return wire.dumps(fn, code=True)
+    except Exception as e:  # noqa: BLE001 - re-raised with the culprit named
+        try:
+            err = type(e)(f"{_function_culprit(fn)} cannot be sent to a worker: {e}")
+        except Exception:  # noqa: BLE001 - an exception type with another signature
+            raise e from None
+        raise err from e
+
+
+def _function_culprit(fn: Any) -> str:
+    """What of ``fn`` (which failed to pickle) cannot be pickled, in words; the whole
+    function when no one part is found (only asked on that failure: it pickles each)."""
+    import functools
+    import types
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    whole = f"the function {name} (its globals, closure or bound object)"
+    if isinstance(fn, types.MethodType):
+        owner = fn.__self__
+        if not picklable(owner):
+            return f"the {type(owner).__qualname__} object that the method {name} is bound to"
+        fn = fn.__func__
+    if isinstance(fn, functools.partial):
+        if not picklable(fn.func):
+            return _function_culprit(fn.func)
+        return f"an argument functools.partial gives {getattr(fn.func, '__qualname__', name)}"
+    if not isinstance(fn, types.FunctionType):
+        return f"the callable {type(fn).__qualname__} object {name}"
+    code = fn.__code__
+    for var, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # (an empty cell: nothing to pickle)
+            continue
+        if not picklable(value):
+            return f"closure variable {var!r} of the function {name}"
+    for var in _global_names(code):
+        if var in fn.__globals__ and not picklable(fn.__globals__[var]):
+            return f"global {var!r} of the function {name}"
+    if not picklable((fn.__defaults__, fn.__kwdefaults__)):
+        return f"a default argument of the function {name}"
+    return whole
+
+
+def _global_names(code: Any) -> list[str]:
+    """The names ``code`` and the code nested in it (lambdas, comprehensions) may read as
+    globals, in order of first use: what cloudpickle ships of the function's globals."""
+    names: dict[str, None] = dict.fromkeys(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names.update(dict.fromkeys(_global_names(const)))
+    return list(names)
 
 
 def picklable(value: Any) -> bool:

@@ -239,13 +239,15 @@ class GPUMesh:
         that is a JSON object may carry the ``.map`` hints ``cost`` and ``gpu_memory_mb``
         (it still reaches the script whole). Returns the job id at once (see
         :meth:`status`, :meth:`wait`). Raises ``ValueError`` for an unreadable script, a
-        payload that is not JSON or a hint that is not a number, and
-        :class:`~gpumesh.errors.Unsatisfiable` for a ``gpu_memory_mb`` hint no alive
+        payload that is not JSON or a hint that is not a number, or more payloads than
+        ``MAX_TASKS_PER_JOB`` (read, like a map's items, before anything is sent; never
+        more than one past it), and :class:`~gpumesh.errors.Unsatisfiable` for a ``gpu_memory_mb`` hint no alive
         worker's GPU could ever meet."""
         from . import scripts
         if script is None:
             raise ValueError("submit() needs script= (the path of a Python script)")
-        return scripts.submit(self, script, list(payloads), name=name, timeout=_check_timeout(timeout))
+        return scripts.submit(self, script, _calls.read_input(payloads, "submit()", "payloads"),
+                              name=name, timeout=_check_timeout(timeout))
 
     def wait(self, job_id: str, timeout: float | None = None) -> list[dict]:
         """Wait for a job to finish; one dict per task in payload (item) order:
@@ -368,9 +370,11 @@ class GPUMesh:
         """
         __tracebackhide__ = True  # (IPython shows the user's frames, not gpumesh's)
         values: list[Any] = [_MISSING] * len(calls)
-        for index, value in self.iter_calls(fn, calls, hints=hints, timeout=timeout, name=name,
-                                            require=require, return_exceptions=return_exceptions,
-                                            retry=retry, isolation=isolation, entry=entry):
+        # (drained: a task's StopIteration is raised as itself, not as PEP 479's RuntimeError)
+        for index, value in pipeline.drained(self.iter_calls(
+                fn, calls, hints=hints, timeout=timeout, name=name, require=require,
+                return_exceptions=return_exceptions, retry=retry, isolation=isolation,
+                entry=entry)):
             values[index] = value
         return values
 
@@ -425,14 +429,15 @@ class GPUMesh:
         stands in its place in the list. ``isolation``: ``"task"`` or ``"job"`` as for
         ``@accelerate`` (default: the decorated function's, else ``"task"``; anything else
         is a ``ValueError``). A generator function or an ``async def`` is a ``TypeError``
-        before anything runs, as for ``@accelerate``."""
+        before anything runs, as for ``@accelerate``. ``params`` is read whole before
+        anything is submitted, as ``.map`` reads its items."""
         from .remote import unwrap
         if isolation is None:
             isolation = getattr(function, "options", {}).get("isolation")
         isolation = check_isolation(isolation)
         fn = unwrap(function)
         pipeline.check_function(fn, "distribute()")
-        calls, hints = _calls.map_items(fn, params)
+        calls, hints = _calls.map_items(fn, _calls.read_input(params, "distribute()"))
         extra: dict[str, Any] = {} if isolation == "task" else {"isolation": isolation}
         return self.run_calls(fn, calls, hints=hints, timeout=_check_timeout(timeout),
                               return_exceptions=bool(return_exceptions), entry="distribute()",

@@ -158,7 +158,7 @@ class NativeBackend(Backend):
         round trip. Returns that first results page (JSON without ``waits``); raises
         Fallback if the mesh has no live worker or the submit reached nobody."""
         mesh, fn, calls, hints = self.mesh, job.fn, job.calls, job.hints
-        fn_payload = wire.dumps(fn, code=True)
+        fn_payload = _calls.dump_function(fn)  # (an error names what of fn cannot go)
         fn_hash = fn_payload.sha256()
         args = [_calls.dump_call(fn, c, i, len(calls)) for i, c in enumerate(calls)]
         require = job.require

@@ -31,7 +31,8 @@ mutates its arguments or module globals does not change the caller's objects her
 What **cannot be pickled** fails here exactly as on a mesh (the spec: "either path
 returns the identical value"; a call must not work only while the mesh is away): a
 function or argument raises the pickler's error before anything runs (naming the
-argument), a return value that cannot be pickled is a RemoteError "the return value (X)
+argument, or what of the function cannot go: :func:`~gpumesh.client.calls.dump_function`),
+a return value that cannot be pickled is a RemoteError "the return value (X)
 cannot be pickled: ...", an exception travels as a worker's does (rebuilt where pickle
 alone fails, :mod:`gpumesh.portable`; a RemoteError naming its type and message when its
 class cannot be pickled). Strict results (JSON only) are not applied here: nothing crossed a
@@ -194,6 +195,34 @@ class Job:
         return self.entry or (".imap()" if self.streaming else ".map()")
 
 
+class TaskStopIteration(RuntimeError):
+    """A task raised ``StopIteration`` (``.stop``), which cannot leave an iterator as
+    itself: raised inside the pipeline's generator, Python turns it into a bare
+    ``RuntimeError: generator raised StopIteration`` (PEP 479), and raised from an
+    iterator's ``next()`` it would end the caller's ``for`` loop as if every result had
+    come. So it travels out of :func:`run` as this error (its cause the StopIteration);
+    what returns whole values (:func:`drained`: a call, ``.map``) raises ``.stop`` itself,
+    and ``.imap`` raises this one, naming why."""
+
+    def __init__(self, stop: StopIteration, via: str):
+        super().__init__(
+            f"a task of {via} raised {stop!r}, which an iterator's next() cannot raise (it "
+            f"would end your for loop as if every result had come); it is this error's "
+            f"cause. Pass return_exceptions=True to get it as the item's value")
+        self.stop = stop
+
+
+def drained(run: Iterator[Any]) -> list[Any]:
+    """Every ``(index, value)`` of :func:`run`, in the order they came; a task's
+    ``StopIteration`` is raised as itself (see :class:`TaskStopIteration`)."""
+    __tracebackhide__ = True  # (IPython shows the user's frames, not gpumesh's)
+    try:
+        return list(run)
+    except TaskStopIteration as e:
+        stop = e.stop
+    raise stop  # (outside the except block: its context stays the task's, not ours)
+
+
 class Fallback(Exception):
     """Raised by a backend's run before it yields STARTED: nothing was stored, the calls
     may run here. ``why`` words an Unsatisfiable from :func:`check_local`; ``notice``
@@ -313,6 +342,9 @@ def run(mesh: Any, job: Job, handle: dict | None = None,
             try:
                 value = decode(outcome, index, job, backend, hint)
             except Exception as e:  # noqa: BLE001 - what the task raised
+                if isinstance(e, StopIteration) and not job.return_exceptions:
+                    # Raised as itself here it would become a bare RuntimeError (PEP 479).
+                    raise TaskStopIteration(e, job.via) from e
                 if not job.return_exceptions:
                     raise
                 value = e
@@ -351,7 +383,7 @@ class InlineBackend(Backend):
         # copy (gpumesh.namespaces), which its tasks share, as a job's process on a worker.
         scope = namespaces.Scope()
         with scope:
-            fn = wire.loads(_joined(wire.dumps(job.fn, code=True)))
+            fn = wire.loads(_joined(_calls.dump_function(job.fn)))
         payloads: list[wire.Payload | None] = [
             _calls.dump_call(job.fn, call, i, job.n) for i, call in enumerate(job.calls)]
         yield STARTED

@@ -137,7 +137,7 @@ class RemoteFunction:
                            retry=self.retry, return_exceptions=return_exceptions,
                            streaming=handle is not None)
         run = pipeline.run(None, job, handle, backend=pipeline.INLINE)
-        return run if handle is not None else list(run)
+        return run if handle is not None else pipeline.drained(run)
 
     def _call_options(self, isolation: str | None = None, timeout: float | None = None) -> dict:
         """The options of this function's calls; ``isolation`` and ``timeout`` (checked)
@@ -158,7 +158,11 @@ class RemoteFunction:
             timeout: float | None = None) -> list[Any] | Results:
         """One task per item (a dict is keyword arguments, a tuple positional arguments,
         anything else the single argument), spread over the mesh; values in input order.
-        ``[]`` for no items.
+        ``[]`` for no items. The items are read whole before anything is submitted (as
+        ``multiprocessing.Pool.imap`` and ``Executor.map`` do); more than
+        ``MAX_TASKS_PER_JOB`` (a million) is a ``ValueError``, raised once the input has
+        given one item more, so an endless iterator fails at once instead of filling
+        this process's memory.
 
         By default the first failure is raised (as the function's own exception, its
         remote traceback attached, its text naming the item, worker and attempt) and the
@@ -178,7 +182,7 @@ class RemoteFunction:
             return self.imap(items, return_exceptions=return_exceptions, isolation=isolation,
                              timeout=timeout)
         fn = self.__gpumesh_wrapped__
-        calls, hints = _calls.map_items(fn, list(items))
+        calls, hints = _calls.map_items(fn, _calls.read_input(items, ".map()"))
         try:
             if self._inline():
                 return [v for _, v in self._run_inline(calls, hints, bool(return_exceptions),
@@ -191,7 +195,8 @@ class RemoteFunction:
 
     def imap(self, items: Iterable[Any], *, return_exceptions: bool = False,
              isolation: str | None = None, timeout: float | None = None) -> Results:
-        """One task per item (as :meth:`map`), submitted at once; returns an iterator of
+        """One task per item (as :meth:`map`, which also says how its input is read:
+        whole, before anything is submitted), submitted at once; returns an iterator of
         ``(index, value)`` pairs in the order the tasks finish, each index once.
 
         Stop early with ``break`` inside ``with f.imap(items) as it:``, ``it.close()``, or
@@ -202,7 +207,7 @@ class RemoteFunction:
         isolation = None if isolation is None else check_isolation(isolation)
         timeout = _check_timeout(timeout)
         fn = self.__gpumesh_wrapped__
-        calls, hints = _calls.map_items(fn, list(items))
+        calls, hints = _calls.map_items(fn, _calls.read_input(items, ".imap()"))
         flag = bool(return_exceptions)
         if self._inline():
             return Results(lambda h: self._run_inline(calls, hints, flag, h, timeout), len(calls))

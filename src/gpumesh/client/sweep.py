@@ -24,7 +24,9 @@ from typing import Any
 class Results(Iterator[tuple[int, Any]]):
     """``(index, value)`` pairs of a ``.imap``, each as its task finishes (every index
     once). With ``return_exceptions=True`` a failed item's exception is its value;
-    otherwise the first failure is raised from ``next()`` and the rest are cancelled.
+    otherwise the first failure is raised from ``next()`` and the rest are cancelled (a
+    task's ``StopIteration`` as the cause of a ``RuntimeError``: raised as itself, it
+    would end the caller's ``for`` loop as if every result had come).
 
     ``job_id``: the mesh job behind it (None when the calls run locally or on an engine).
     Also a context manager: leaving the ``with`` block closes it.
