@@ -186,8 +186,13 @@ def _reduce_cached(obj: Any, by_value: Callable[[Any], bool]) -> Any:
         return NotImplemented
     params = obj.cache_parameters()
     # (its __dict__: __wrapped__, __name__, __doc__... as functools.update_wrapper set them)
-    return (type(obj), (obj.__wrapped__, params["maxsize"], params["typed"], functools._CacheInfo),
-            dict(obj.__dict__))
+    return recache, (obj.__wrapped__, params["maxsize"], params["typed"]), dict(obj.__dict__)
+
+
+def recache(fn: Callable[..., Any], maxsize: int | None, typed: bool) -> Callable[..., Any]:
+    """``fn`` made a ``functools.lru_cache`` function again, with an empty cache (see
+    :func:`_reduce_cached`); only public ``functools`` API, whatever Python loads it."""
+    return functools.lru_cache(maxsize=maxsize, typed=typed)(fn)
 
 
 def _lookup(module: Any, qualname: str) -> Any:
