@@ -370,8 +370,21 @@ def _coordinator(url: str | None, token: str | None, fingerprint: str | None = N
             return checks
         alive = sum(1 for w in workers if w.get("alive"))
         checks.append(Check("token", "ok", f"accepted; {alive} worker(s) alive"))
+        # A safe-mode coordinator refuses a function job before it looks for workers:
+        # with none alive, a call is refused too, not run locally (client/native.py
+        # falls back on no_workers only).
+        safe = isinstance(health, dict) and health.get("safe_mode") is True
+        if safe:
+            checks.append(Check("safe mode", "warn", "the coordinator runs with --safe-mode: it "
+                                "refuses function calls (@mesh, GPUMesh.map) with RequestRejected "
+                                "(HTTP 403), whether or not workers are connected; script jobs "
+                                "(gpumesh submit) run",
+                                "submit script jobs, or restart `gpumesh serve` without "
+                                "--safe-mode to run functions"))
         if not alive:
-            checks.append(Check("workers", "warn", "no worker is connected: calls run locally",
+            checks.append(Check("workers", "warn", "no worker is connected: " + (
+                                "script jobs wait for one (function calls are refused: safe mode)"
+                                if safe else "calls run locally"),
                                 f"on each worker machine: gpumesh join {ep.url} --token ..."))
         checks += pool_checks([w for w in workers if w.get("alive")], ep.url)
         return checks
