@@ -62,6 +62,33 @@ def test_progress_only_for_people(monkeypatch):
     assert progress.wanted() is False
 
 
+def test_forced_progress_in_a_log_file_writes_plain_lines(monkeypatch):
+    """GPUMESH_PROGRESS=1 with stderr piped to a file: rich's live bar draws nothing
+    there, so the bar is plain lines (no escape codes, no carriage returns), one when it
+    appears, one per interval when the counts moved, and the last state."""
+    import time as _time
+    monkeypatch.setenv("GPUMESH_PROGRESS", "1")
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.setattr(progress, "LINE_EVERY_S", 0.05)
+    bar = progress.Progress(4, "square", delay=0)
+    assert bar.shown
+    bar.update(1)
+    deadline = _time.monotonic() + 5
+    while "1/4 done" not in err.getvalue() and _time.monotonic() < deadline:
+        _time.sleep(0.02)
+    _time.sleep(0.2)  # ticks with nothing new: no more lines
+    bar.update(4, failed=1)
+    bar.close()
+    lines = err.getvalue().splitlines()
+    assert "\x1b" not in err.getvalue() and "\r" not in err.getvalue()
+    assert all(line.startswith("[gpumesh] square ") for line in lines), lines
+    assert "0/4 done  (0s)" in lines[0]
+    assert [line for line in lines if "1/4 done" in line][:1], lines
+    assert len([line for line in lines if "1/4 done" in line]) == 1, lines
+    assert "100%  4/4 final: 3 done, 1 failed" in lines[-1]
+
+
 def test_progress_bar_draws_counts_rate_and_eta():
     from rich.console import Console
     out = io.StringIO()
