@@ -164,3 +164,33 @@ def test_the_help_gives_the_data_dir_and_worker_toml_places_inline():
         assert "~/Library/Application Support/gpumesh" in text and "%LOCALAPPDATA%\\gpumesh" in text
     assert "[default: ~/.gpumesh; on macOS" in serve
     assert "~/.gpumesh/worker.toml" in join and "named as the flags with _ for -" in join
+
+
+def _api_table() -> set[tuple[str, str]]:
+    """(method, path) of each row of docs/architecture.md's HTTP API table, the path as
+    the app registers it but with every parameter written ``{}`` (the table says ``{id}``
+    or ``<version>``, the routes ``{jid}`` or ``{name}``), and no query string."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## HTTP API", 1)[1].split("\n## ", 1)[0]
+    rows = set()
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or not re.fullmatch(r"[A-Z]+(/[A-Z]+)*", cells[0]):
+            continue
+        for path in re.findall(r"`([^`]+)`", cells[1]):
+            path = "/v1" + path.split("?", 1)[0]
+            path = "/".join("{}" if "{" in seg or "<" in seg else seg for seg in path.split("/"))
+            rows |= {(method, path) for method in cells[0].split("/")}
+    return rows
+
+
+def test_the_http_api_table_lists_every_route():
+    """Every route the coordinator serves under /v1 has a row (the ones /v1/openapi.json
+    lists: a test in tests/security checks that those are the app's), and no row names a
+    route it does not serve."""
+    from gpumesh.coordinator import routes  # noqa: F401 - registers the endpoints
+    from gpumesh.coordinator.routes.base import ordered
+    served = {(m, re.sub(r"\{[^}]+\}", "{}", ep.path)) for ep in ordered() for m in ep.methods}
+    documented = _api_table()
+    assert served - documented == set(), "routes the table lacks"
+    assert documented - served == set(), "rows for routes not served"
