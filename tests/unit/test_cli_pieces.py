@@ -33,10 +33,24 @@ def test_payload_files(tmp_path):
     lines = tmp_path / "l.jsonl"
     lines.write_text('{"x": 1}\n\n{"x": 2}\n')
     assert scripts.load_payloads(lines) == [{"x": 1}, {"x": 2}]
+    # JSON Lines of one line is one task (a program writing one line per payload may
+    # write one), an object or any other value; a line holding an array is the array form
+    one = tmp_path / "one.jsonl"
+    one.write_text('{"x": 1}\n')
+    assert scripts.load_payloads(one) == [{"x": 1}]
+    one.write_text('  "text"  \n\n')
+    assert scripts.load_payloads(one) == ["text"]
+    one.write_text('[1, 2]')
+    assert scripts.load_payloads(one) == [1, 2]
     obj = tmp_path / "o.json"
-    obj.write_text('{"x": 1}')
-    with pytest.raises(ValueError, match="must hold a JSON array"):
+    obj.write_text('{\n  "x": 1\n}\n')  # one object over several lines: not JSON Lines
+    with pytest.raises(ValueError, match="must hold a JSON array with one payload per task, or one "
+                                         "JSON value per line, not a JSON object over 3 lines"):
         scripts.load_payloads(obj)
+    empty = tmp_path / "e.json"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match="is not JSON: Expecting value"):
+        scripts.load_payloads(empty)
     with pytest.raises(ValueError, match="cannot read the payloads file"):
         scripts.load_payloads(tmp_path / "missing.json")
     with pytest.raises(ValueError, match="no payloads"):
