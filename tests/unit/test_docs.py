@@ -194,3 +194,18 @@ def test_the_http_api_table_lists_every_route():
     documented = _api_table()
     assert served - documented == set(), "routes the table lacks"
     assert documented - served == set(), "rows for routes not served"
+
+
+def test_status_row_names_every_task_mark():
+    """cli.md's `gpumesh status` row names each mark a task line can start with, and
+    the state it stands for (it listed three, and pending tasks print a fourth)."""
+    from gpumesh.cli.views import MARKS, task_lines
+    row = next(line for line in (ROOT / "docs" / "cli.md").read_text().splitlines()
+               if line.startswith("| `gpumesh status JOB"))
+    for state, (mark, _) in MARKS.items():
+        assert f"`{mark}` {state}" in row, (mark, state)
+    (pending,) = task_lines({"tasks": [{"id": "t1", "state": "pending", "cost": 1.0,
+                                        "worker_id": None}]})
+    other = pending.split()[0]
+    assert other not in {m for m, _ in MARKS.values()} and f"`{other}` not yet final" in row
+    assert "`[pending]`" in row and "`[leased]` (running)" in row
