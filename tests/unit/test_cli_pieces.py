@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -323,6 +324,32 @@ def test_doctor_summary_counts_the_warnings():
     assert summary(checks("warn", "ok", "warn")) == "all checks passed, 2 warnings"
     assert summary(checks("ok", "fail")) == "some checks failed"
     assert summary(checks("warn", "fail", "warn", "warn")) == "some checks failed, 3 warnings"
+
+
+def test_doctor_details_and_fixes_start_in_one_column(monkeypatch):
+    """Every check name doctor.py uses fits the name column, so `pool packages` (13
+    characters) no longer runs into its detail one column right of the others'."""
+    import re as _re
+
+    from gpumesh.cli import doctor
+    names = set(_re.findall(r'Check\("([^"]+)"', Path(doctor.__file__).read_text()))
+    assert {"runtime", "pool packages", "pool versions", "safe mode"} <= names
+    made = [doctor.Check(n, ("ok", "warn")[i % 2], f"detail of {n}", f"fix for {n}")
+            for i, n in enumerate(sorted(names))]
+    for step in ("_install", "_python", "_cloudpickle", "_torch", "_gpus", "_runtime", "_saved"):
+        monkeypatch.setattr(doctor, step, lambda *a: doctor.Check("x", "ok", "detail of x"))
+    monkeypatch.setattr(doctor, "_coordinator", lambda *a: made)
+    out = CliRunner().invoke(main, ["doctor", "http://127.0.0.1:27401"],
+                             env={"GPUMESH_URL": None}).output
+    lines = [line for line in out.splitlines() if "detail of" in line or "fix for" in line]
+    assert len(lines) == 7 + len(names) + len(names) // 2, out
+    # the details in one column, each fix's arrow under them
+    columns = {line.index("detail of") if "detail of" in line else line.index("-> fix")
+               for line in lines}
+    assert len(columns) == 1, out
+    # and the longest names are set apart by two spaces, as the tags' column is
+    assert "[OK]   pool packages  detail of pool packages" in lines, out
+    assert "[OK]   pool versions  detail of pool versions" in lines, out
 
 
 def _worker(wid, host, lacks=()):

@@ -40,6 +40,12 @@ wall_clock = time.time
 TAILNET = ipaddress.ip_network("100.64.0.0/10")
 
 
+#: Characters the text output gives a check's name: the longest name's ("pool packages",
+#: "pool versions") and one more, so that every detail starts in one column and even the
+#: longest name stands two spaces from its detail (a test checks each name here fits).
+NAME_WIDTH = 14
+
+
 @dataclass
 class Check:
     name: str
@@ -565,15 +571,24 @@ def doctor(target, url, token, fingerprint, as_json):
     if as_json:
         click.echo(json.dumps({"ok": not failed, "checks": [asdict(c) for c in checks]}, indent=2))
     else:
-        tags = {"ok": "[OK]  ", "warn": "[WARN]", "fail": "[FAIL]", "skip": "[--]  "}
-        for c in checks:
-            click.echo(f"{tags[c.status]} {c.name:<12} {c.detail}")
-            if c.fix and c.status in ("fail", "warn"):
-                click.echo(f"{'':20}-> {c.fix}")
+        for line in text_lines(checks):
+            click.echo(line)
         click.echo("")
         click.echo(summary(checks))
     if failed:
         sys.exit(1)
+
+
+def text_lines(checks: list[Check]) -> list[str]:
+    """The checks as doctor prints them: ``[OK]   name          detail``, every detail in
+    one column, and under a warning or failure its ``-> fix`` in that column too."""
+    tags = {"ok": "[OK]  ", "warn": "[WARN]", "fail": "[FAIL]", "skip": "[--]  "}
+    lines = []
+    for c in checks:
+        lines.append(f"{tags[c.status]} {c.name:<{NAME_WIDTH}} {c.detail}")
+        if c.fix and c.status in ("fail", "warn"):
+            lines.append(f"{'':{NAME_WIDTH + 8}}-> {c.fix}")
+    return lines
 
 
 def summary(checks: list[Check]) -> str:
