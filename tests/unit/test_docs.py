@@ -209,3 +209,15 @@ def test_status_row_names_every_task_mark():
     other = pending.split()[0]
     assert other not in {m for m, _ in MARKS.values()} and f"`{other}` not yet final" in row
     assert "`[pending]`" in row and "`[leased]` (running)" in row
+
+
+def test_the_performance_notes_cite_files_that_exist():
+    """Each `name.py` the performance notes and the benchmarks' README cite is a file of
+    the repository (src/, benchmarks/, examples/, tests/, scripts/), so a reader can
+    rerun what a figure came from (one cited `cpu_per_task.py`, never committed)."""
+    files = [p.relative_to(ROOT).as_posix() for d in ("src", "benchmarks", "examples", "tests", "scripts")
+             for p in (ROOT / d).rglob("*.py")]
+    for doc in ("docs/performance.md", "benchmarks/README.md"):
+        cited = set(re.findall(r"`([A-Za-z0-9_./-]+\.py)\b", (ROOT / doc).read_text()))
+        missing = sorted(n for n in cited if not any(f == n or f.endswith("/" + n) for f in files))
+        assert missing == [], f"{doc} cites files the repository lacks: {missing}"
