@@ -221,3 +221,12 @@ def test_the_performance_notes_cite_files_that_exist():
         cited = set(re.findall(r"`([A-Za-z0-9_./-]+\.py)\b", (ROOT / doc).read_text()))
         missing = sorted(n for n in cited if not any(f == n or f.endswith("/" + n) for f in files))
         assert missing == [], f"{doc} cites files the repository lacks: {missing}"
+
+
+def test_the_readme_shows_examples_demo_py_as_it_is():
+    """README's Quickstart quotes examples/demo.py under its name: the same text (its
+    first line's comment had drifted)."""
+    text = (ROOT / "README.md").read_text()
+    m = re.search(r"^`examples/demo\.py`:\n\n```python\n(.*?)^```", text, re.M | re.S)
+    assert m, "README.md no longer quotes examples/demo.py"
+    assert m.group(1) == (ROOT / "examples" / "demo.py").read_text()
