@@ -1,4 +1,4 @@
-from gpumesh import mesh          # auto-connects using the saved config
+from gpumesh import mesh          # connects using $GPUMESH_URL/$GPUMESH_TOKEN or the saved config
 
 @mesh
 def train(lr, epochs):

@@ -42,6 +42,7 @@ __all__ = [
     "Cancelled",
     "TaskTimeout",
     "StartFailed",
+    "EngineCannotExpress",
     "RemoteTraceback",
     "load_ipython_extension",
     "unload_ipython_extension",

@@ -11,6 +11,9 @@
     │                              and the command that installs the coordinator's)
     ├── Unsatisfiable              no alive worker (nor, with none alive, this machine) can
     │                              ever meet the call's hardware requirements
+    ├── EngineCannotExpress        a Dask or Ray engine cannot express what the call asks (a
+    │                              GPU model, gpu_memory=, a native-only feature; also a
+    │                              ValueError)
     ├── TaskFailed                 the task did not return a value
     │   ├── RemoteError            the function raised an exception whose class could not travel
     │   │                          as itself (its type, message and traceback are kept)
@@ -161,6 +164,14 @@ class TaskTimeout(MeshError, TimeoutError):
     worker: str | None = None
     hostname: str | None = None
     attempt: int | None = None
+
+
+class EngineCannotExpress(MeshError, ValueError):
+    """A call asks for something (a GPU model, ``gpu_memory=``, a ``gpu_memory_mb`` hint,
+    a native-only feature) that this engine's resource model cannot express. Raised at
+    call time, before anything is submitted. Defined here, not beside the engines
+    (``gpumesh.client.backends``), so that ``from gpumesh import EngineCannotExpress``
+    costs no more than the other errors."""
 
 
 class StartFailed(MeshError, RuntimeError):

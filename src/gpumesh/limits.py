@@ -473,7 +473,9 @@ _use("GPUMESH_DISCOVERY", _off_words("0", "false", "no", "off"), True, "on", "",
 _use("GPUMESH_OUTPUT", _off_if("0"), True, "`1`", "", "callers",
      "`0`: do not print what remote tasks print")
 _use("GPUMESH_PROGRESS", _tristate, None, "on a terminal or in a notebook", "",
-     "callers, `submit --wait`", "`0`: progress bars off; `1`: forced on")
+     "callers, `submit --wait`", "`0`: progress bars off; `1`: forced on (where stderr is "
+     "no terminal, such as a pipe or a log file: a plain `[gpumesh] ...` line every 10 s "
+     "while the counts move, and the last state)")
 _use("GPUMESH_LOCAL", _on_if("1"), False, "unset", "", "callers",
      "`1`: run every call in this process")
 _use("GPUMESH_SHIP_LOCAL", _off_if("0"), True, "`1`", "", "callers",

@@ -356,6 +356,18 @@ def test_self_worker_joins(make_mesh):
     assert f"[worker] joined mesh as {w['id']}" in out
     assert "[OK] Self-worker started" in out
     assert "[OK] Self-check: server is up" in out
+    # README's Quickstart shows serve's banner: the self-worker's lines are as printed
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text().splitlines()
+    lines = out.splitlines()
+    for line in ("[OK] Self-worker started — this machine's CPU/GPU is part of the pool",
+                 "   (disable with --no-self-worker)"):
+        assert line in lines and line in readme, line
+    runtime = wait_for(lambda: next((x for x in mesh.coordinator.output().splitlines()
+                                     if x.startswith("[worker] runtime: ")), None), 15,
+                       "the self-worker's runtime line")
+    if runtime == "[worker] runtime: fork (default on Linux)":  # (README shows Linux's default)
+        assert runtime in readme
+    assert [x for x in readme if x.startswith("[worker] runtime: ")], "README lacks the runtime line"
     client = mesh.client()
 
     @accelerate(client)

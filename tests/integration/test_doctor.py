@@ -12,6 +12,7 @@ import json
 import socket
 import time
 
+import httpx
 import pytest
 from click.testing import CliRunner
 
@@ -141,3 +142,29 @@ def test_clock_and_version_skew_are_named_with_their_fix(shared_mesh, monkeypatc
 def test_url_and_a_different_url_flag_is_a_usage_error():
     r = CliRunner().invoke(main, ["doctor", "http://a:1", "--url", "http://b:2"])
     assert r.exit_code == 2 and "two different URLs" in r.output
+
+
+def test_safe_mode_with_no_worker_says_function_calls_are_refused(tmp_path, shared_mesh):
+    """A safe-mode coordinator refuses every function job, workers or not: doctor must not
+    say that calls run locally there (a call gets RequestRejected, 403)."""
+    m = SecureMesh(tmp_path / "safe")
+    m.start(extra=["--safe-mode"])
+    try:
+        assert m.request("GET", "/v1/health").json()["safe_mode"] is True
+        env = dict(GPUMESH_TOKEN=m.token, GPUMESH_CONFIG=str(tmp_path / "none.json"))
+        code, checks = doctor(m.url, **env)
+    finally:
+        m.stop()
+    assert code == 0, checks  # warnings only: the coordinator is as its operator chose
+    assert checks["safe mode"]["status"] == "warn"
+    assert checks["safe mode"]["detail"] == (
+        "the coordinator runs with --safe-mode: it refuses function calls (@mesh, GPUMesh.map) "
+        "with RequestRejected (HTTP 403), whether or not workers are connected; script jobs "
+        "(gpumesh submit) run")
+    assert checks["workers"]["detail"] == ("no worker is connected: script jobs wait for one "
+                                           "(function calls are refused: safe mode)")
+    # Without --safe-mode there is no such check, and health says so.
+    assert httpx.get(f"{shared_mesh.url}/v1/health", timeout=10).json()["safe_mode"] is False
+    code, checks = doctor(shared_mesh.url, GPUMESH_TOKEN=shared_mesh.token,
+                          GPUMESH_CONFIG=str(tmp_path / "none.json"))
+    assert "safe mode" not in checks

@@ -221,12 +221,18 @@ def test_usage_errors_exit_2_and_bad_payloads_exit_1(script_mesh, tmp_path):
     script = write(tmp_path, "square.py", SQUARE)
     r = cli(script_mesh, "submit", str(script))
     assert r.returncode == 2 and "--payloads" in r.stderr
-    bad = write(tmp_path, "bad.json", '{"x": 1}')
+    bad = write(tmp_path, "bad.json", '{\n  "x": 1\n}\n')
     r = cli(script_mesh, "submit", str(script), "--payloads", str(bad))
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.strip() == (f"Error: the payloads file {bad} must hold a JSON array with one "
-                                "payload per task, not a JSON object (for a single task, put "
-                                "it in brackets: [ ... ])")
+                                "payload per task, or one JSON value per line, not a JSON object "
+                                "over 3 lines (for a single task, put it in brackets: [ ... ], "
+                                "or on one line)")
+    # JSON Lines of a single line is one task (what --payloads' help and cli.md say)
+    one = write(tmp_path, "one.jsonl", '{"x": 3}\n')
+    r = cli(script_mesh, "submit", str(script), "--payloads", str(one), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["n_tasks"] == 1
     broken = write(tmp_path, "broken.json", "[1, 2")
     r = cli(script_mesh, "submit", str(script), "--payloads", str(broken))
     assert r.returncode == 1 and "is not JSON" in r.stderr and len(r.stderr.strip().splitlines()) == 1

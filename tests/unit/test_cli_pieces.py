@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -33,10 +34,24 @@ def test_payload_files(tmp_path):
     lines = tmp_path / "l.jsonl"
     lines.write_text('{"x": 1}\n\n{"x": 2}\n')
     assert scripts.load_payloads(lines) == [{"x": 1}, {"x": 2}]
+    # JSON Lines of one line is one task (a program writing one line per payload may
+    # write one), an object or any other value; a line holding an array is the array form
+    one = tmp_path / "one.jsonl"
+    one.write_text('{"x": 1}\n')
+    assert scripts.load_payloads(one) == [{"x": 1}]
+    one.write_text('  "text"  \n\n')
+    assert scripts.load_payloads(one) == ["text"]
+    one.write_text('[1, 2]')
+    assert scripts.load_payloads(one) == [1, 2]
     obj = tmp_path / "o.json"
-    obj.write_text('{"x": 1}')
-    with pytest.raises(ValueError, match="must hold a JSON array"):
+    obj.write_text('{\n  "x": 1\n}\n')  # one object over several lines: not JSON Lines
+    with pytest.raises(ValueError, match="must hold a JSON array with one payload per task, or one "
+                                         "JSON value per line, not a JSON object over 3 lines"):
         scripts.load_payloads(obj)
+    empty = tmp_path / "e.json"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match="is not JSON: Expecting value"):
+        scripts.load_payloads(empty)
     with pytest.raises(ValueError, match="cannot read the payloads file"):
         scripts.load_payloads(tmp_path / "missing.json")
     with pytest.raises(ValueError, match="no payloads"):
@@ -60,6 +75,33 @@ def test_progress_only_for_people(monkeypatch):
     assert progress.wanted() is True
     monkeypatch.setenv("GPUMESH_PROGRESS", "0")
     assert progress.wanted() is False
+
+
+def test_forced_progress_in_a_log_file_writes_plain_lines(monkeypatch):
+    """GPUMESH_PROGRESS=1 with stderr piped to a file: rich's live bar draws nothing
+    there, so the bar is plain lines (no escape codes, no carriage returns), one when it
+    appears, one per interval when the counts moved, and the last state."""
+    import time as _time
+    monkeypatch.setenv("GPUMESH_PROGRESS", "1")
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.setattr(progress, "LINE_EVERY_S", 0.05)
+    bar = progress.Progress(4, "square", delay=0)
+    assert bar.shown
+    bar.update(1)
+    deadline = _time.monotonic() + 5
+    while "1/4 done" not in err.getvalue() and _time.monotonic() < deadline:
+        _time.sleep(0.02)
+    _time.sleep(0.2)  # ticks with nothing new: no more lines
+    bar.update(4, failed=1)
+    bar.close()
+    lines = err.getvalue().splitlines()
+    assert "\x1b" not in err.getvalue() and "\r" not in err.getvalue()
+    assert all(line.startswith("[gpumesh] square ") for line in lines), lines
+    assert "0/4 done  (0s)" in lines[0]
+    assert [line for line in lines if "1/4 done" in line][:1], lines
+    assert len([line for line in lines if "1/4 done" in line]) == 1, lines
+    assert "100%  4/4 final: 3 done, 1 failed" in lines[-1]
 
 
 def test_progress_bar_draws_counts_rate_and_eta():
@@ -282,6 +324,32 @@ def test_doctor_summary_counts_the_warnings():
     assert summary(checks("warn", "ok", "warn")) == "all checks passed, 2 warnings"
     assert summary(checks("ok", "fail")) == "some checks failed"
     assert summary(checks("warn", "fail", "warn", "warn")) == "some checks failed, 3 warnings"
+
+
+def test_doctor_details_and_fixes_start_in_one_column(monkeypatch):
+    """Every check name doctor.py uses fits the name column, so `pool packages` (13
+    characters) no longer runs into its detail one column right of the others'."""
+    import re as _re
+
+    from gpumesh.cli import doctor
+    names = set(_re.findall(r'Check\("([^"]+)"', Path(doctor.__file__).read_text()))
+    assert {"runtime", "pool packages", "pool versions", "safe mode"} <= names
+    made = [doctor.Check(n, ("ok", "warn")[i % 2], f"detail of {n}", f"fix for {n}")
+            for i, n in enumerate(sorted(names))]
+    for step in ("_install", "_python", "_cloudpickle", "_torch", "_gpus", "_runtime", "_saved"):
+        monkeypatch.setattr(doctor, step, lambda *a: doctor.Check("x", "ok", "detail of x"))
+    monkeypatch.setattr(doctor, "_coordinator", lambda *a: made)
+    out = CliRunner().invoke(main, ["doctor", "http://127.0.0.1:27401"],
+                             env={"GPUMESH_URL": None}).output
+    lines = [line for line in out.splitlines() if "detail of" in line or "fix for" in line]
+    assert len(lines) == 7 + len(names) + len(names) // 2, out
+    # the details in one column, each fix's arrow under them
+    columns = {line.index("detail of") if "detail of" in line else line.index("-> fix")
+               for line in lines}
+    assert len(columns) == 1, out
+    # and the longest names are set apart by two spaces, as the tags' column is
+    assert "[OK]   pool packages  detail of pool packages" in lines, out
+    assert "[OK]   pool versions  detail of pool versions" in lines, out
 
 
 def _worker(wid, host, lacks=()):

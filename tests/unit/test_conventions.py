@@ -192,6 +192,7 @@ PUBLIC_API = [
     "Cancelled",
     "TaskTimeout",
     "StartFailed",
+    "EngineCannotExpress",
     "RemoteTraceback",
     "load_ipython_extension",
     "unload_ipython_extension",
@@ -251,3 +252,23 @@ def test_every_public_name_is_documented():
     missing = [n for n in PUBLIC_API if not re.search(rf"(?<![\w.]){re.escape(n)}\b", code)
                and not re.search(rf"\bgpumesh\.{re.escape(n)}\b", code)]
     assert missing == [], f"public names no code in README.md or docs/ shows: {missing}"
+
+
+def test_engine_cannot_express_is_public_and_cheap():
+    """README, scaling.md and why-not-ray-or-dask.md name EngineCannotExpress as a
+    gpumesh error: `from gpumesh import EngineCannotExpress` works, is the class the
+    engines raise (still importable from where it was defined before), and loads no
+    client code (the engines' module imports the HTTP client)."""
+    import subprocess
+    import sys
+
+    from gpumesh.client.backends import base
+    from gpumesh.client.backends import dask as dask_backend
+    assert gpumesh.EngineCannotExpress is base.EngineCannotExpress is dask_backend.EngineCannotExpress
+    assert issubclass(gpumesh.EngineCannotExpress, gpumesh.MeshError)
+    assert issubclass(gpumesh.EngineCannotExpress, ValueError)
+    code = ("import sys; from gpumesh import EngineCannotExpress; "
+            "print(sorted(m for m in sys.modules if m.startswith('gpumesh.')))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, timeout=60).stdout
+    assert "gpumesh.errors" in loaded and "gpumesh.client" not in loaded, loaded

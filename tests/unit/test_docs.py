@@ -164,3 +164,69 @@ def test_the_help_gives_the_data_dir_and_worker_toml_places_inline():
         assert "~/Library/Application Support/gpumesh" in text and "%LOCALAPPDATA%\\gpumesh" in text
     assert "[default: ~/.gpumesh; on macOS" in serve
     assert "~/.gpumesh/worker.toml" in join and "named as the flags with _ for -" in join
+
+
+def _api_table() -> set[tuple[str, str]]:
+    """(method, path) of each row of docs/architecture.md's HTTP API table, the path as
+    the app registers it but with every parameter written ``{}`` (the table says ``{id}``
+    or ``<version>``, the routes ``{jid}`` or ``{name}``), and no query string."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## HTTP API", 1)[1].split("\n## ", 1)[0]
+    rows = set()
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or not re.fullmatch(r"[A-Z]+(/[A-Z]+)*", cells[0]):
+            continue
+        for path in re.findall(r"`([^`]+)`", cells[1]):
+            path = "/v1" + path.split("?", 1)[0]
+            path = "/".join("{}" if "{" in seg or "<" in seg else seg for seg in path.split("/"))
+            rows |= {(method, path) for method in cells[0].split("/")}
+    return rows
+
+
+def test_the_http_api_table_lists_every_route():
+    """Every route the coordinator serves under /v1 has a row (the ones /v1/openapi.json
+    lists: a test in tests/security checks that those are the app's), and no row names a
+    route it does not serve."""
+    from gpumesh.coordinator import routes  # noqa: F401 - registers the endpoints
+    from gpumesh.coordinator.routes.base import ordered
+    served = {(m, re.sub(r"\{[^}]+\}", "{}", ep.path)) for ep in ordered() for m in ep.methods}
+    documented = _api_table()
+    assert served - documented == set(), "routes the table lacks"
+    assert documented - served == set(), "rows for routes not served"
+
+
+def test_status_row_names_every_task_mark():
+    """cli.md's `gpumesh status` row names each mark a task line can start with, and
+    the state it stands for (it listed three, and pending tasks print a fourth)."""
+    from gpumesh.cli.views import MARKS, task_lines
+    row = next(line for line in (ROOT / "docs" / "cli.md").read_text().splitlines()
+               if line.startswith("| `gpumesh status JOB"))
+    for state, (mark, _) in MARKS.items():
+        assert f"`{mark}` {state}" in row, (mark, state)
+    (pending,) = task_lines({"tasks": [{"id": "t1", "state": "pending", "cost": 1.0,
+                                        "worker_id": None}]})
+    other = pending.split()[0]
+    assert other not in {m for m, _ in MARKS.values()} and f"`{other}` not yet final" in row
+    assert "`[pending]`" in row and "`[leased]` (running)" in row
+
+
+def test_the_performance_notes_cite_files_that_exist():
+    """Each `name.py` the performance notes and the benchmarks' README cite is a file of
+    the repository (src/, benchmarks/, examples/, tests/, scripts/), so a reader can
+    rerun what a figure came from (one cited `cpu_per_task.py`, never committed)."""
+    files = [p.relative_to(ROOT).as_posix() for d in ("src", "benchmarks", "examples", "tests", "scripts")
+             for p in (ROOT / d).rglob("*.py")]
+    for doc in ("docs/performance.md", "benchmarks/README.md"):
+        cited = set(re.findall(r"`([A-Za-z0-9_./-]+\.py)\b", (ROOT / doc).read_text()))
+        missing = sorted(n for n in cited if not any(f == n or f.endswith("/" + n) for f in files))
+        assert missing == [], f"{doc} cites files the repository lacks: {missing}"
+
+
+def test_the_readme_shows_examples_demo_py_as_it_is():
+    """README's Quickstart quotes examples/demo.py under its name: the same text (its
+    first line's comment had drifted)."""
+    text = (ROOT / "README.md").read_text()
+    m = re.search(r"^`examples/demo\.py`:\n\n```python\n(.*?)^```", text, re.M | re.S)
+    assert m, "README.md no longer quotes examples/demo.py"
+    assert m.group(1) == (ROOT / "examples" / "demo.py").read_text()

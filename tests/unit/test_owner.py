@@ -339,6 +339,23 @@ def test_next_open_names_when_the_next_window_opens():
     assert OwnerState(Policy(), clock=clock).next_open() is None
 
 
+def test_next_open_is_the_exact_second_the_window_opens():
+    """From a clock with a fraction of a second, at a real epoch (2026-12-08 02:40:34.0015
+    UTC), the 03:00 opening came out as 02:59:59.9999998, shown as "until 02:59"."""
+    from datetime import timezone
+
+    def utc(t: float) -> datetime:
+        return datetime.fromtimestamp(t, timezone.utc)
+    opens = datetime(2026, 12, 8, 3, 0, tzinfo=timezone.utc).timestamp()
+    assert opens == 1796698800.0
+    for now in (1796696434.0015008, 1796696434.0035017, 1796696434.5, opens - 0.25):
+        s = OwnerState(Policy(hours=(Window.parse("03:00-04:00"),)), clock=FakeClock(now),
+                       localtime=utc)
+        assert s.next_open() == opens, now
+        until = s.decide().worker["until"]
+        assert until == opens and utc(until).strftime("%H:%M") == "03:00", now
+
+
 def test_clock_time_shows_seconds_within_the_hour():
     from gpumesh.worker.owner import clock_time
     import time

@@ -40,6 +40,12 @@ wall_clock = time.time
 TAILNET = ipaddress.ip_network("100.64.0.0/10")
 
 
+#: Characters the text output gives a check's name: the longest name's ("pool packages",
+#: "pool versions") and one more, so that every detail starts in one column and even the
+#: longest name stands two spaces from its detail (a test checks each name here fits).
+NAME_WIDTH = 14
+
+
 @dataclass
 class Check:
     name: str
@@ -370,8 +376,21 @@ def _coordinator(url: str | None, token: str | None, fingerprint: str | None = N
             return checks
         alive = sum(1 for w in workers if w.get("alive"))
         checks.append(Check("token", "ok", f"accepted; {alive} worker(s) alive"))
+        # A safe-mode coordinator refuses a function job before it looks for workers:
+        # with none alive, a call is refused too, not run locally (client/native.py
+        # falls back on no_workers only).
+        safe = isinstance(health, dict) and health.get("safe_mode") is True
+        if safe:
+            checks.append(Check("safe mode", "warn", "the coordinator runs with --safe-mode: it "
+                                "refuses function calls (@mesh, GPUMesh.map) with RequestRejected "
+                                "(HTTP 403), whether or not workers are connected; script jobs "
+                                "(gpumesh submit) run",
+                                "submit script jobs, or restart `gpumesh serve` without "
+                                "--safe-mode to run functions"))
         if not alive:
-            checks.append(Check("workers", "warn", "no worker is connected: calls run locally",
+            checks.append(Check("workers", "warn", "no worker is connected: " + (
+                                "script jobs wait for one (function calls are refused: safe mode)"
+                                if safe else "calls run locally"),
                                 f"on each worker machine: gpumesh join {ep.url} --token ..."))
         checks += pool_checks([w for w in workers if w.get("alive")], ep.url)
         return checks
@@ -552,15 +571,24 @@ def doctor(target, url, token, fingerprint, as_json):
     if as_json:
         click.echo(json.dumps({"ok": not failed, "checks": [asdict(c) for c in checks]}, indent=2))
     else:
-        tags = {"ok": "[OK]  ", "warn": "[WARN]", "fail": "[FAIL]", "skip": "[--]  "}
-        for c in checks:
-            click.echo(f"{tags[c.status]} {c.name:<12} {c.detail}")
-            if c.fix and c.status in ("fail", "warn"):
-                click.echo(f"{'':20}-> {c.fix}")
+        for line in text_lines(checks):
+            click.echo(line)
         click.echo("")
         click.echo(summary(checks))
     if failed:
         sys.exit(1)
+
+
+def text_lines(checks: list[Check]) -> list[str]:
+    """The checks as doctor prints them: ``[OK]   name          detail``, every detail in
+    one column, and under a warning or failure its ``-> fix`` in that column too."""
+    tags = {"ok": "[OK]  ", "warn": "[WARN]", "fail": "[FAIL]", "skip": "[--]  "}
+    lines = []
+    for c in checks:
+        lines.append(f"{tags[c.status]} {c.name:<{NAME_WIDTH}} {c.detail}")
+        if c.fix and c.status in ("fail", "warn"):
+            lines.append(f"{'':{NAME_WIDTH + 8}}-> {c.fix}")
+    return lines
 
 
 def summary(checks: list[Check]) -> str:

@@ -22,8 +22,9 @@ def _mesh(url, token, fingerprint):
 @click.command()
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
 @click.option("--payloads", "payloads_file", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="JSON file: an array with one payload per task, or one JSON value per line "
-                   "(a file holding a single JSON object is one value, not a list: write [{...}]).")
+              help="JSON file: an array with one payload per task, or JSON Lines: one payload "
+                   "per line (a file of one line is one task, unless that line is an array: "
+                   "then each element is one; a value over several lines is refused).")
 @click.option("--name", default=None, help="Job name [default: the SCRIPT path as given].")
 @click.option("--timeout", type=click.FloatRange(min=0.001), default=None,
               help="Seconds each task may run before it is killed [default: no limit].")

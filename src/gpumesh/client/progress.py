@@ -3,8 +3,10 @@
 A bar is shown only to a person: when stderr is a terminal (rich), or the caller runs in
 a Jupyter kernel (:class:`NotebookBar`, one output updated in place); never in a pipe or
 a log file. ``GPUMESH_PROGRESS=0`` turns bars off, ``GPUMESH_PROGRESS=1`` forces them
-on. ``.map`` shows its bar only once the batch has taken longer than :data:`DELAY_S`, so
-short calls stay quiet.
+on: where stderr is no terminal, as plain lines (:class:`LineBar`, one every
+:data:`LINE_EVERY_S` while the counts move), since rich's live bar draws nothing there
+and its redraws would fill a log file with escape codes. ``.map`` shows its bar only
+once the batch has taken longer than :data:`DELAY_S`, so short calls stay quiet.
 
 A terminal bar hides the cursor while it draws. :meth:`Progress.close` shows it again, and
 so does a SIGTERM or SIGHUP that ends the process while a bar is up (the bar registers
@@ -31,6 +33,11 @@ DELAY_S = 1.0
 NOTEBOOK_REFRESH_S = 0.5
 #: What a terminal bar writes (rich's ``show_cursor``) to show the cursor it hid.
 SHOW_CURSOR = "\x1b[?25h"
+#: A forced bar on a stderr that is no terminal (a pipe, a log file) writes a line this
+#: often (seconds) when the counts changed since the last one, and at least every
+#: :data:`LINE_QUIET_S` while nothing moves (the log shows the batch is still waiting).
+LINE_EVERY_S = 10.0
+LINE_QUIET_S = 60.0
 
 
 def in_notebook() -> bool:
@@ -52,6 +59,11 @@ def wanted() -> bool:
         return forced
     if in_notebook():
         return True
+    return _terminal()
+
+
+def _terminal() -> bool:
+    """Whether stderr is a terminal (rich's live bar draws there, and nowhere else)."""
     try:
         return sys.stderr.isatty()
     except (AttributeError, ValueError):
@@ -111,7 +123,8 @@ class Progress:
         self._timer: threading.Timer | None = None
         self._unregister: Any = None
         if self.enabled:
-            if self._console is None and not in_notebook():  # a terminal's cursor to give back
+            if self._console is None and not in_notebook() and _terminal():
+                # a terminal's cursor to give back (a LineBar hides none)
                 self._unregister = stopsignals.at_stop(self.abandon)
             if delay <= 0:
                 self._show()
@@ -130,8 +143,11 @@ class Progress:
             console = self._console or Console(stderr=True)
             # rich's live display in a notebook needs ipywidgets (without it: a warning
             # and no bar); the notebook bar needs only IPython's display
-            make = (functools.partial(NotebookBar, started=self.started)
-                    if self._console is None and in_notebook() else Bar)
+            make: Any = Bar
+            if self._console is None and in_notebook():
+                make = functools.partial(NotebookBar, started=self.started)
+            elif self._console is None and not _terminal():  # forced on (GPUMESH_PROGRESS=1)
+                make = functools.partial(LineBar, started=self.started)
             self._bar = make(TextColumn("[progress.description]{task.description}"), BarColumn(),
                              TextColumn("{task.fields[outcome]}"),
                              TextColumn("{task.fields[rate]}"), _elapsed_column(self.started),
@@ -227,26 +243,21 @@ def _elapsed_column(started: float):
     return SinceStart()
 
 
-class NotebookBar:
-    """The bar in a Jupyter notebook: one output updated in place, an HTML ``<progress>``
-    with the counts beside it (and the same line as text for plain front ends), e.g.
-    ``slow ##########..........  50%  2/4 done  (1s)  1.9/s  ETA 1s``.
+class TextBar:
+    """A bar drawn as text, driven like rich's ``Progress`` (``add_task``, ``update``,
+    ``start``, ``stop``); rich's column arguments are accepted and not used, and of the
+    task fields only ``failed`` and ``cancelled`` (counted apart from the done ones, as
+    :func:`bar_text` does). ``started``: when the batch began (``time.monotonic()``),
+    from which elapsed time, rate and ETA count. A daemon thread redraws it every
+    ``every`` seconds (:meth:`_draw`, each subclass's), so the elapsed time moves between
+    results, and :meth:`stop` draws its last state."""
 
-    Driven like rich's ``Progress`` (``add_task``, ``update``, ``start``, ``stop``); rich's
-    column arguments are accepted and not used, and of the task fields only ``failed``
-    and ``cancelled`` (counted apart from the done ones, as :func:`bar_text` does). ``started``: when the
-    batch began (``time.monotonic()``), from which elapsed time, rate and ETA count.
-    Redrawn at most every :data:`NOTEBOOK_REFRESH_S` by a daemon thread, so the elapsed
-    time moves between results. Unlike the terminal bar it stays in the cell's output,
-    at its last state.
-    """
+    every = NOTEBOOK_REFRESH_S
 
     def __init__(self, *columns, started: float | None = None, **_rich_options) -> None:
         self.description, self.total, self.completed = "", 0, 0
         self.failed = self.cancelled = 0
         self.started = time.monotonic() if started is None else started
-        self._handle = None
-        self._drawn: str | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -269,9 +280,8 @@ class NotebookBar:
             self.cancelled = fields.get("cancelled", self.cancelled)
 
     def start(self) -> None:
-        from IPython.display import display
-        self._handle = display(self._bundle(), raw=True, display_id=True)
-        self._thread = threading.Thread(target=self._refresh, name="gpumesh-notebook-bar",
+        self._draw()
+        self._thread = threading.Thread(target=self._refresh, name="gpumesh-text-bar",
                                         daemon=True)
         self._thread.start()
 
@@ -279,19 +289,18 @@ class NotebookBar:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2 * NOTEBOOK_REFRESH_S)
-        self._draw()
+        self._draw(final=True)
 
     def _refresh(self) -> None:
-        while not self._stop.wait(NOTEBOOK_REFRESH_S):
+        while not self._stop.wait(self.every):
             self._draw()
 
-    def _draw(self) -> None:
-        bundle = self._bundle()
+    def _draw(self, final: bool = False) -> None:
+        raise NotImplementedError
+
+    def counts(self) -> tuple[int, int, int, int]:
         with self._lock:
-            if self._handle is None or bundle["text/plain"] == self._drawn:
-                return
-            self._drawn = bundle["text/plain"]
-            self._handle.update(bundle, raw=True)
+            return self.completed, self.total, self.failed, self.cancelled
 
     def text(self) -> str:
         """The bar as one line of text."""
@@ -306,6 +315,62 @@ class NotebookBar:
             if done < total:
                 line += f"  ETA {(total - done) / rate:.0f}s"
         return line
+
+
+class LineBar(TextBar):
+    """The bar ``GPUMESH_PROGRESS=1`` forces on where stderr is no terminal (a pipe, a
+    log file): plain lines on stderr, ``[gpumesh] tasks ####......  40%  4/10 done  (12s)
+    0.3/s  ETA 18s``, one when it appears, then one every :data:`LINE_EVERY_S` when the
+    counts changed (or :data:`LINE_QUIET_S` passed) since the last, and the last state
+    when it stops. No escape codes, no carriage returns: each line stands in a log."""
+
+    def __init__(self, *columns, started: float | None = None, **rich_options) -> None:
+        super().__init__(*columns, started=started, **rich_options)
+        self.every = LINE_EVERY_S
+        self._said: tuple[int, int, int, int] | None = None
+        self._said_at = 0.0
+
+    def _draw(self, final: bool = False) -> None:
+        now = time.monotonic()
+        counts = self.counts()
+        if not final and counts == self._said and now - self._said_at < LINE_QUIET_S:
+            return
+        self._said, self._said_at = counts, now
+        try:
+            sys.stderr.write(f"[gpumesh] {self.text()}\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):  # stderr closed or gone: progress is not worth failing for
+            pass
+
+
+class NotebookBar(TextBar):
+    """The bar in a Jupyter notebook: one output updated in place, an HTML ``<progress>``
+    with the counts beside it (and the same line as text for plain front ends), e.g.
+    ``slow ##########..........  50%  2/4 done  (1s)  1.9/s  ETA 1s``.
+
+    Redrawn at most every :data:`NOTEBOOK_REFRESH_S`. Unlike the terminal bar it stays in
+    the cell's output, at its last state.
+    """
+
+    def __init__(self, *columns, started: float | None = None, **rich_options) -> None:
+        super().__init__(*columns, started=started, **rich_options)
+        self._handle = None
+        self._drawn: str | None = None
+
+    def start(self) -> None:
+        from IPython.display import display
+        self._handle = display(self._bundle(), raw=True, display_id=True)
+        self._thread = threading.Thread(target=self._refresh, name="gpumesh-notebook-bar",
+                                        daemon=True)
+        self._thread.start()
+
+    def _draw(self, final: bool = False) -> None:
+        bundle = self._bundle()
+        with self._lock:
+            if self._handle is None or bundle["text/plain"] == self._drawn:
+                return
+            self._drawn = bundle["text/plain"]
+            self._handle.update(bundle, raw=True)
 
     def _bundle(self) -> dict[str, str]:
         line = self.text()

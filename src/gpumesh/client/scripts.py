@@ -30,30 +30,37 @@ POLL_S = 5.0
 
 
 def load_payloads(path: str | os.PathLike) -> list:
-    """Payloads from a JSON file: a JSON array (one task per element), or JSON lines (one
-    task per non-empty line). Raises ``ValueError`` naming the file and what is wrong."""
+    """Payloads from a JSON file: a JSON array (one task per element), or JSON Lines (one
+    task per non-empty line, a file of one line included: a program that writes one line
+    per payload must not be refused when it has a single one). A file whose only line is
+    an array is the array form. Raises ``ValueError`` naming the file and what is wrong."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise ValueError(f"cannot read the payloads file {path}: {e.strerror or e}") from None
     except UnicodeDecodeError:
         raise ValueError(f"the payloads file {path} is not UTF-8 text") from None
+    lines = [ln for ln in text.splitlines() if ln.strip()]
     try:
         data = json.loads(text)
     except ValueError as first:
-        lines = [ln for ln in text.splitlines() if ln.strip()]
+        if not lines:
+            raise ValueError(f"the payloads file {path} is not JSON: {first}") from None
         try:
             data = [json.loads(ln) for ln in lines]
         except ValueError:
             raise ValueError(f"the payloads file {path} is not JSON ({first}); it must hold a "
-                             "JSON array with one payload per task (or one JSON value per line)") from None
-        if len(lines) < 2:
-            raise ValueError(f"the payloads file {path} is not JSON: {first}") from None
+                             "JSON array with one payload per task, or one JSON value per "
+                             "line") from None
     if not isinstance(data, list):
+        if len(lines) == 1:  # JSON Lines of one line: one task
+            return [data]
         kind = {"dict": "object", "str": "string", "NoneType": "null"}.get(
             type(data).__name__, type(data).__name__)
         raise ValueError(f"the payloads file {path} must hold a JSON array with one payload per "
-                         f"task, not a JSON {kind} (for a single task, put it in brackets: [ ... ])")
+                         f"task, or one JSON value per line, not a JSON {kind} over "
+                         f"{len(lines)} lines (for a single task, put it in brackets: [ ... ], "
+                         f"or on one line)")
     return data
 
 

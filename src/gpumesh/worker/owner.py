@@ -29,6 +29,7 @@ belongs to the day it starts on), ``"mon-fri 19:00-23:30"``, ``"sat,sun 00:00-24
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -274,7 +275,11 @@ class OwnerState:
         hours = self.policy.hours
         if not hours:
             return None
-        now = self.clock()
+        # From the whole second: a window opens on a whole second, and the offset to it
+        # from a whole second is whole seconds, so the sum is exact. From the clock's
+        # fraction it was not (a datetime keeps microseconds, a float of 1.8e9 s about
+        # 0.2 us): 03:00 came out as 02:59:59.9999998, which "until 02:59" truncated.
+        now = float(math.floor(self.clock()))
         when = self.localtime(now)
         midnight = when.replace(hour=0, minute=0, second=0, microsecond=0)
         starts = sorted(midnight + timedelta(days=d, minutes=w.start)

@@ -34,19 +34,15 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ... import hardware, limits
-from ...errors import MeshError, MeshUnavailable, TaskFailed, Unsatisfiable
+# EngineCannotExpress lives in errors.py (public, cheap to import); named here too, where
+# it was defined before, for code that imports it from this module.
+from ...errors import EngineCannotExpress, MeshError, MeshUnavailable, TaskFailed, Unsatisfiable
 from ...limits import PROBE_DOWN_CACHE_S, PROBE_TIMEOUT_S
 from .. import calls as _calls
 from ..calls import outcome_value  # noqa: F401 - re-exported (it lived here)
 from ..mesh import GPUMesh, notice
 from ..pipeline import STARTED, Backend, Fallback, Job
 from ..taskwrap import run_task  # noqa: F401 - re-exported for dask.py and ray.py
-
-
-class EngineCannotExpress(MeshError, ValueError):
-    """A call asks for something (a GPU model, ``gpu_memory=``, a ``gpu_memory_mb`` hint,
-    a native-only feature) that this engine's resource model cannot express. Raised at
-    call time, before anything is submitted."""
 
 
 def tcp_reachable(host: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> bool:

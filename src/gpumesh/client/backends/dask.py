@@ -7,7 +7,7 @@ Resources: ``gpu="cuda"``/``"gpu"`` -> the worker resource ``GPU=1``, ``cores=N`
 ``CPU=N``, ``memory=`` -> ``MEMORY=<bytes>`` (the names the Dask docs use; start workers
 with e.g. ``dask worker tcp://host:8786 --resources "GPU=1 CPU=8 MEMORY=64e9"``).
 ``gpu="cpu"`` asks for nothing. A GPU model, ``gpu="mps"`` and ``gpu_memory=`` have no
-Dask equivalent: :class:`~gpumesh.client.backends.base.EngineCannotExpress`.
+Dask equivalent: :class:`~gpumesh.errors.EngineCannotExpress`.
 
 ``timeout=``: the task runs in a thread of the worker that the wrapper stops waiting for;
 Python cannot kill a thread, so a timed-out task keeps running in the background of its
@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ... import hardware
+from ...errors import EngineCannotExpress
 from ...limits import PROBE_TIMEOUT_S, MiB
-from .base import EngineCannotExpress, EngineMesh, run_task, tcp_reachable
+from .base import EngineMesh, run_task, tcp_reachable
 
 
 def dask_resources(require: hardware.Requirements | None) -> dict:

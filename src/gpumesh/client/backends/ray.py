@@ -9,7 +9,7 @@ Resources: ``gpu="cuda"``/``"gpu"`` -> ``num_gpus=1``; a model (``gpu="A100"``) 
 ``accelerator_type:<name>`` node resources, matched like the native mesh matches GPU
 names); ``gpu="cpu"`` -> ``num_gpus=0``; ``cores=N`` -> ``num_cpus=N``; ``memory=`` ->
 ``memory=<bytes>`` (a reservation). ``gpu="mps"`` and ``gpu_memory=`` have no Ray
-equivalent: :class:`~gpumesh.client.backends.base.EngineCannotExpress`.
+equivalent: :class:`~gpumesh.errors.EngineCannotExpress`.
 
 ``timeout=``: a function with a timeout runs with ``max_calls=1``, so the worker process of
 a timed-out task exits once the caller has its TaskTimeout (which kills the task).
@@ -25,8 +25,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ... import hardware
+from ...errors import EngineCannotExpress
 from ...limits import MiB
-from .base import EngineCannotExpress, EngineMesh, run_task, tcp_reachable
+from .base import EngineMesh, run_task, tcp_reachable
 
 _init_lock = threading.Lock()
 _connected_to: str | None = None

@@ -22,8 +22,13 @@ log = logging.getLogger("gpumesh.coordinator")
 @route(protocol.HEALTH, ["GET"], auth_required=False)
 async def health(request: Request) -> Response:
     # caller_timeout: how often a caller must be heard from (its keepalive's pace).
+    # safe_mode: so that `gpumesh doctor` can say function calls are refused here, even
+    # with no worker (where it would otherwise say they run locally); it says no more
+    # than the 403 every function job gets, and tells an attacker only that pickles
+    # are closed to them.
+    c = ctx(request)
     return JSONResponse({"ok": True, "version": __version__,
-                         "caller_timeout": ctx(request).coord.callers.timeout})
+                         "caller_timeout": c.coord.callers.timeout, "safe_mode": c.safe_mode})
 
 
 @route(protocol.OPENAPI, ["GET"], auth_required=False)
