@@ -42,34 +42,40 @@ TOKEN = os.urandom(8).hex()
 #: keeps its namespace; a later payload with an evicted key starts a new module).
 _MODULES: OrderedDict[tuple[str, str], types.ModuleType] = OrderedDict()
 MAX_MODULES = 512
-#: The registry :func:`module` uses instead of ``_MODULES`` inside a :class:`Scope`.
-_SCOPE: ContextVar[OrderedDict | None] = ContextVar("gpumesh_namespaces", default=None)
+#: The scope whose registries the loads of this context use (None: the process's).
+_SCOPE: ContextVar[Scope | None] = ContextVar("gpumesh_namespaces", default=None)
 
 
 class Scope:
-    """Modules rebuilt by the loads made inside ``with scope:`` blocks are this scope's
-    alone: the caller's inline backend runs each job as a worker's process would, with
-    modules of its own, never the caller's (nor a former job's)."""
+    """What the loads made inside ``with scope:`` blocks rebuild is this scope's alone:
+    the caller's inline backend runs each job as a worker's process would, with modules
+    (``modules``) and classes sent by value (``classes``, by cloudpickle's class id: see
+    :mod:`gpumesh.classes`) of its own, never the caller's (nor a former job's)."""
 
     def __init__(self) -> None:
-        self._modules: OrderedDict[tuple[str, str], types.ModuleType] = OrderedDict()
+        self.modules: OrderedDict[tuple[str, str], types.ModuleType] = OrderedDict()
+        self.classes: dict[str, type] = {}
         self._reset: list[Token] = []
 
     def __enter__(self) -> Scope:
-        self._reset.append(_SCOPE.set(self._modules))
+        self._reset.append(_SCOPE.set(self))
         return self
 
     def __exit__(self, *exc: object) -> None:
         _SCOPE.reset(self._reset.pop())
 
 
+def current() -> Scope | None:
+    """The :class:`Scope` the loads of this context are made in, if any."""
+    return _SCOPE.get()
+
+
 def module(token: str, name: str, attrs: dict[str, Any] | None = None) -> types.ModuleType:
     """The module ``name`` shipped by the caller process ``token``: made empty the first
     time, with ``attrs`` (its ``__file__``, ``__package__``...; its other names arrive with
     the payloads that refer to it)."""
-    modules = _SCOPE.get()
-    if modules is None:
-        modules = _MODULES
+    scope = _SCOPE.get()
+    modules = _MODULES if scope is None else scope.modules
     key = (token, name)
     mod = modules.get(key)
     if mod is None:

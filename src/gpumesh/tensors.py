@@ -16,7 +16,8 @@ tensors never take this path.
 from __future__ import annotations
 
 import io
-import pickle
+
+from .classes import ClassKeepingUnpickler
 
 #: Text of torch's error for a storage saved on a device this process does not have.
 DEVICE_ERROR = "Attempting to deserialize object on"
@@ -36,8 +37,9 @@ def load_from_bytes_cpu(b: bytes):
         return torch.load(io.BytesIO(b), map_location="cpu")
 
 
-class CPUUnpickler(pickle.Unpickler):
-    """An unpickler that restores torch storages on the CPU, wherever they were saved."""
+class CPUUnpickler(ClassKeepingUnpickler):
+    """An unpickler that restores torch storages on the CPU, wherever they were saved
+    (and, as :func:`gpumesh.wire.loads` does, keeps this process's classes as they are)."""
 
     def find_class(self, module: str, name: str):
         if module == "torch.storage" and name == "_load_from_bytes":

@@ -35,6 +35,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from . import classes
 from .errors import WireError
 
 # cloudpickle is imported where it is needed (function blobs, objects the C pickler
@@ -312,7 +313,8 @@ def loads(data: Chunk) -> Any:
     if off > view.nbytes:
         raise WireError("payload truncated")
     try:
-        return pickle.loads(stream, buffers=bufs)
+        # (a class sent by value never rewrites one this process has: gpumesh.classes)
+        return classes.load(stream, bufs)
     except RuntimeError as e:
         # A torch tensor saved on a device this process lacks (a CUDA tensor sent to a
         # CPU-only caller): load it again with its storages on the CPU (gpumesh.tensors).

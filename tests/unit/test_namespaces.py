@@ -20,9 +20,12 @@ from gpumesh import localcode, namespaces, wire
 _LOAD = """
 import ast, sys
 from gpumesh import wire
-loaded = [wire.loads(bytearray(open(p, "rb").read())) for p in sys.argv[1:]]
+out, paths = sys.argv[1], sys.argv[2:]
+loaded = [wire.loads(bytearray(open(p, "rb").read())) for p in paths]
 fn, rest = loaded[0], loaded[1:]
-print(repr(fn(*rest)))
+value = fn(*rest)
+open(out, "wb").write(wire.dumps(value).to_bytes())  # (the result, as a worker posts it)
+print(repr(value))
 """
 
 
@@ -54,10 +57,11 @@ def module(tmp_path, monkeypatch):
         sys.modules.pop(name, None)
 
 
-def _run_elsewhere(tmp_path, *objs) -> object:
+def _run_elsewhere(tmp_path, *objs, result: bool = False) -> object:
     """Pickle ``objs`` as the caller does (the first as a function blob, each apart), load
     them in a new Python process that cannot import the caller's modules, and return the
-    value of ``objs[0](*objs[1:])`` there."""
+    value of ``objs[0](*objs[1:])`` there: its repr read back, or with ``result`` the value
+    itself, pickled there and loaded here, as a result comes back."""
     paths = []
     for i, obj in enumerate(objs):
         path = tmp_path / f"payload{i}"
@@ -65,9 +69,12 @@ def _run_elsewhere(tmp_path, *objs) -> object:
         paths.append(str(path))
     work = tmp_path / "elsewhere"
     work.mkdir(exist_ok=True)
-    done = subprocess.run([sys.executable, "-c", _LOAD, *paths], cwd=work, capture_output=True,
-                          text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    out = tmp_path / "result"
+    done = subprocess.run([sys.executable, "-c", _LOAD, str(out), *paths], cwd=work,
+                          capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
+    if result:
+        return wire.loads(bytearray(out.read_bytes()))
     return ast.literal_eval(done.stdout.strip())
 
 
@@ -167,3 +174,48 @@ def test_run_locally_the_task_changes_its_own_copy_of_the_module(module, monkeyp
     assert task(3) == ([3, 4], [4])
     assert task(1) == ([3, 4], [2, 3, 4])  # (each call a job of its own: the caller's module as it is)
     assert cfg.THRESHOLD == 2  # not the caller's module: a worker's copy, as on the mesh
+
+
+SCALER = """
+    THRESHOLD = 1
+    class Scaler:
+        def __init__(self, k):
+            self.k = k
+        def scale(self, x):
+            return x * self.k * THRESHOLD
+"""
+
+
+def test_a_returned_instance_of_the_callers_class_leaves_that_class_as_it_was(module, tmp_path):
+    settings = module(SCALER)
+    method = settings.Scaler.scale
+
+    def task(t):
+        settings.THRESHOLD = t
+        s = settings.Scaler(2)
+        return s, s.scale(10)
+
+    got, there = _run_elsewhere(tmp_path, task, 7, result=True)
+    assert there == 140 and type(got) is settings.Scaler and got.k == 2
+    # the caller's class was not given the task's methods (which read the task's module)
+    assert settings.Scaler.scale is method and settings.Scaler(2).scale(10) == 20
+    settings.THRESHOLD = 3
+    assert got.scale(10) == 60
+
+
+def test_run_locally_a_class_of_the_callers_module_reads_the_tasks_copy(module, monkeypatch):
+    settings = module(SCALER)
+    method = settings.Scaler.scale
+    monkeypatch.setenv("GPUMESH_LOCAL", "1")
+    from gpumesh import mesh
+
+    @mesh
+    def task(t, s):
+        settings.THRESHOLD = t
+        return s.scale(10), isinstance(s, settings.Scaler), s
+
+    (value, same_class, back), = task.map([(5, settings.Scaler(2))])
+    assert (value, same_class) == (100, True)  # as on a worker: the task's THRESHOLD
+    assert type(back) is settings.Scaler  # a returned one is the caller's class
+    assert settings.THRESHOLD == 1 and settings.Scaler.scale is method
+    assert settings.Scaler(2).scale(10) == 20
