@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -404,6 +405,54 @@ def test_a_function_that_cannot_be_pickled_is_named_as_an_argument_is(m):
             assert text.endswith(" cannot be sent to a worker: cannot pickle '_thread.lock' object")
             assert type(ei.value.__cause__) is TypeError  # the pickler's own error
             assert str(ei.value.__cause__) == "cannot pickle '_thread.lock' object"
+
+
+CFG: Any = None  # (a module, for the next test)
+
+
+def test_a_module_that_cannot_be_pickled_is_named_down_to_the_value(m, tmp_path, monkeypatch):
+    """A module that travels whole (here one loaded from a file by hand, never put in
+    sys.modules, which cloudpickle sends with its namespace) named only the global that
+    holds it ("global 'cfg' of the function b"), not the value in it that fails."""
+    import importlib.util
+    import textwrap
+    (tmp_path / "lockcfg.py").write_text(textwrap.dedent("""
+        import threading
+        LIMIT = 2
+        def locked():
+            with _lock:
+                return 1
+        _lock = threading.Lock()
+    """))
+    spec = importlib.util.spec_from_file_location("gm_lockcfg", tmp_path / "lockcfg.py")
+    cfg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cfg)
+    monkeypatch.setattr(sys.modules[__name__], "CFG", cfg)
+
+    def b(xs):
+        return CFG.LIMIT, xs
+
+    def closes_over(xs):
+        return cfg.LIMIT, xs
+
+    with pytest.raises(TypeError) as ei:
+        accelerate(m)(b)([1])
+    assert str(ei.value) == (
+        "gm_lockcfg._lock (in global 'CFG' of the function test_a_module_that_cannot_be_"
+        "pickled_is_named_down_to_the_value.<locals>.b) cannot be sent to a worker: "
+        "cannot pickle '_thread.lock' object")
+    with pytest.raises(TypeError, match=r"^gm_lockcfg._lock \(in closure variable 'cfg' of "):
+        accelerate(m)(closes_over)([1])
+    # Only a function of it fails (one it imported from elsewhere): that function, and
+    # the global it reads.
+    del cfg._lock
+    elsewhere = {"_lock": threading.Lock()}
+    exec("def locked():\n    with _lock:\n        return 1\n", elsewhere)
+    cfg.locked = elsewhere["locked"]
+    with pytest.raises(TypeError) as ei:
+        accelerate(m)(b)([1])
+    assert str(ei.value).startswith(
+        "gm_lockcfg.locked (its global '_lock') (in global 'CFG' of the function ")
 
 
 def test_a_cache_function_runs_with_a_cache_of_the_jobs_own(m):

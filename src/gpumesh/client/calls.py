@@ -17,6 +17,7 @@ from typing import Any
 
 from .. import limits, wire
 from ..errors import RemoteTraceback, TaskFailed, TaskTimeout
+from ..namespaces import global_names
 from ..protocol import FailureKind, ResultItem, failure_exception, timeout_message
 from ..versions import python_minor
 
@@ -531,23 +532,43 @@ def _function_culprit(fn: Any) -> str:
         except ValueError:  # (an empty cell: nothing to pickle)
             continue
         if not picklable(value):
-            return f"closure variable {var!r} of the function {name}"
-    for var in _global_names(code):
+            return _in_module(value, f"closure variable {var!r} of the function {name}")
+    for var in global_names(code):
         if var in fn.__globals__ and not picklable(fn.__globals__[var]):
-            return f"global {var!r} of the function {name}"
+            return _in_module(fn.__globals__[var], f"global {var!r} of the function {name}")
     if not picklable((fn.__defaults__, fn.__kwdefaults__)):
         return f"a default argument of the function {name}"
     return whole
 
 
-def _global_names(code: Any) -> list[str]:
-    """The names ``code`` and the code nested in it (lambdas, comprehensions) may read as
-    globals, in order of first use: what cloudpickle ships of the function's globals."""
-    names: dict[str, None] = dict.fromkeys(code.co_names)
-    for const in code.co_consts:
-        if hasattr(const, "co_names"):
-            names.update(dict.fromkeys(_global_names(const)))
-    return list(names)
+def _in_module(value: Any, holder: str) -> str:
+    """``holder`` (the words for what holds ``value``, which failed to pickle), or, for
+    a module, what in it failed first: ``lockmod._lock (in global 'lockmod' of ...)``."""
+    import types
+    inner = _module_culprit(value) if isinstance(value, types.ModuleType) else None
+    return holder if inner is None else f"{inner} (in {holder})"
+
+
+def _module_culprit(mod: Any) -> str | None:
+    """What of the module ``mod`` (which failed to pickle, its whole namespace with it)
+    cannot be pickled: ``lockmod._lock``, or a function of it with the global it reads
+    that cannot (``lockmod.locked (its global '_lock')``); None when no one name is found.
+    Values that are not functions are tried first: they are what a function would fail
+    on. (Not deeper: modules that read each other would send it round in circles.)"""
+    import types
+    values = [(k, v) for k, v in vars(mod).items() if k != "__builtins__"]
+    for functions in (False, True):
+        for key, value in values:
+            if isinstance(value, types.FunctionType) is not functions or picklable(value):
+                continue
+            if functions:
+                bad = next((var for var in global_names(value.__code__)
+                            if var in value.__globals__ and not picklable(value.__globals__[var])),
+                           None)
+                if bad is not None:
+                    return f"{mod.__name__}.{key} (its global {bad!r})"
+            return f"{mod.__name__}.{key}"
+    return None
 
 
 def picklable(value: Any) -> bool:
