@@ -302,7 +302,12 @@ def failure(item: ResultItem, payload: memoryview | None, *, call: Call | None =
         if mine is not None:
             message += f"; this caller has {mine[0]} {mine[1]}"
     elif kind == FailureKind.MISSING_MODULE and isinstance(err.get("module"), str):
-        message += _shipped_advice(err["module"])
+        advice = _shipped_advice(err["module"])
+        if advice:
+            # The coordinator's "install it there ... and call again" is not the fix for
+            # the caller's own code: said before the advice, it would contradict it.
+            from ..packages import INSTALL_ADVICE
+            message = message.replace(f"; {INSTALL_ADVICE}", "") + advice
     tail = f" ({place})" + (f"; {hint}" if hint else "")
     if err.get("stderr_tail") and kind != "raised":
         # (a progress bar's redraws as a terminal shows them: each line's last state)
@@ -338,15 +343,19 @@ def failure(item: ResultItem, payload: memoryview | None, *, call: Call | None =
 
 def _shipped_advice(module: str) -> str:
     """For a module the workers lack that is one of this caller's own, which it ships by
-    value (:mod:`gpumesh.localcode`, or registered with cloudpickle by the user): the
-    words that say why it did not travel and how to make it, else ``""``. What travels
-    by value is what the function refers to; an ``import`` in its body runs on the
-    worker, by name, so installing it there is not what the user needs to hear first."""
+    value (:mod:`gpumesh.localcode`, or registered with cloudpickle by the user), or would
+    ship once imported (the caller never imported it, but its file is the caller's own
+    code: :func:`gpumesh.localcode.would_be_local`): the words that say why it did not
+    travel and how to make it, else ``""``. What travels by value is what the function
+    refers to; an ``import`` in its body runs on the worker, by name, so installing it
+    there is not what the user needs to hear."""
+    from .. import localcode
     cp = sys.modules.get("cloudpickle")  # (not imported: nothing can be registered)
     shipped = cp.list_registry_pickle_by_value() if cp is not None else ()
     parts = module.split(".")
     # (a module is shipped by value when it or a package above it is registered)
-    if not any(".".join(parts[:i]) in shipped for i in range(1, len(parts) + 1)):
+    if not any(".".join(parts[:i]) in shipped for i in range(1, len(parts) + 1)) and not (
+            limits.setting("GPUMESH_SHIP_LOCAL") and localcode.would_be_local(module)):
         return ""
     return (f". But {module!r} is one of this caller's own modules, which travel with the "
             f"function by value only where it uses them from module level: an `import {module}` "
