@@ -112,6 +112,12 @@ def test_a_map_failure_names_its_item_and_stops_the_rest(m):
         m.distribute(function=half, params=[0, 1, 2])
     if sys.version_info >= (3, 11):
         assert "pass return_exceptions=True to distribute() to run every item" in e.value.__notes__[0]
+    # and .map(ordered=False)'s names it as called, not the .imap() it goes through
+    with pytest.raises(ValueError) as e:
+        list(half.map([0, 1, 2], ordered=False))
+    if sys.version_info >= (3, 11):
+        assert "pass return_exceptions=True to .map(ordered=False) to run every item" \
+            in e.value.__notes__[0], e.value.__notes__
 
 
 def test_return_exceptions_puts_each_wrapped_exception_in_its_place(m):
@@ -323,6 +329,15 @@ def test_a_tasks_stop_iteration_reaches_the_caller_as_itself(m, monkeypatch):
     assert type(ei.value.__cause__) is StopIteration and ei.value.__cause__.args == (7,)
     assert isinstance(ei.value.__cause__.__cause__, RemoteTraceback)
     assert seen == [(0, "ran")]
+    assert str(ei.value).startswith("a task of .imap() raised StopIteration(7)")
+    # .map(ordered=False) is named as called, here and inside a task
+    for in_task in (False, True):
+        if in_task:
+            monkeypatch.setenv("GPUMESH_IN_TASK", "1")
+        with pytest.raises(RuntimeError) as ei:
+            list(stop.map([0, 7], ordered=False))
+        assert str(ei.value).startswith("a task of .map(ordered=False) raised StopIteration(7), "
+                                        "which an iterator's next() cannot raise"), str(ei.value)
 
 
 def test_a_maps_input_is_read_only_up_to_one_item_past_the_limit(m, monkeypatch, tmp_path):
@@ -348,7 +363,8 @@ def test_a_maps_input_is_read_only_up_to_one_item_past_the_limit(m, monkeypatch,
     script.write_text("print(1)\n")
     for who, start in ((".map()", lambda: double.map(endless())),
                        (".imap()", lambda: double.imap(endless())),
-                       (".imap()", lambda: double.map(endless(), ordered=False)),
+                       # (what the user called, not the .imap() it goes through)
+                       (".map(ordered=False)", lambda: double.map(endless(), ordered=False)),
                        ("distribute()", lambda: m.distribute(double, endless())),
                        ("submit()", lambda: m.submit(script=str(script), payloads=endless()))):
         drawn.clear()

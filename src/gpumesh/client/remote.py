@@ -121,10 +121,11 @@ class RemoteFunction:
 
     def _run_inline(self, calls: list[_calls.Call], hints: list[dict] | None = None,
                     return_exceptions: bool = False, handle: dict | None = None,
-                    timeout: float | None = None):
+                    timeout: float | None = None, entry: str | None = None):
         """Inside a task: the calls on the inline backend, with this function's options
         (``timeout``, checked, replaces the decorator's); a list of ``(index, value)`` (an
-        iterator with ``handle``)."""
+        iterator with ``handle``). ``entry``: the call its errors name (as
+        :class:`~gpumesh.client.pipeline.Job`'s)."""
         __tracebackhide__ = True  # (IPython shows the user's frames, not gpumesh's)
         # The hardware and packages it asks for are this worker's to meet, as this
         # machine's are when the mesh is away: a GPU function does not run on a CPU.
@@ -135,7 +136,7 @@ class RemoteFunction:
         job = pipeline.Job(self.__gpumesh_wrapped__, calls, hints or [{}] * len(calls),
                            timeout=options["timeout"], name=options["name"],
                            retry=self.retry, return_exceptions=return_exceptions,
-                           streaming=handle is not None)
+                           streaming=handle is not None, entry=entry)
         run = pipeline.run(None, job, handle, backend=pipeline.INLINE)
         return run if handle is not None else pipeline.drained(run)
 
@@ -179,8 +180,9 @@ class RemoteFunction:
         isolation = None if isolation is None else check_isolation(isolation)
         timeout = _check_timeout(timeout)
         if not ordered:
-            return self.imap(items, return_exceptions=return_exceptions, isolation=isolation,
-                             timeout=timeout)
+            # (its errors name what the user called, not the .imap() it goes through)
+            return self._imap(items, bool(return_exceptions), isolation, timeout,
+                              ".map(ordered=False)")
         fn = self.__gpumesh_wrapped__
         calls, hints = _calls.map_items(fn, _calls.read_input(items, ".map()"))
         try:
@@ -205,16 +207,22 @@ class RemoteFunction:
         which yields ``(index, exception)`` instead. Without a mesh the items run here,
         one per ``next()``, in input order. ``isolation`` and ``timeout``: as for :meth:`map`."""
         isolation = None if isolation is None else check_isolation(isolation)
-        timeout = _check_timeout(timeout)
+        return self._imap(items, bool(return_exceptions), isolation, _check_timeout(timeout),
+                          ".imap()")
+
+    def _imap(self, items: Iterable[Any], flag: bool, isolation: str | None,
+              timeout: float | None, via: str) -> Results:
+        """:meth:`imap` with its options checked; ``via``: the call its errors name (the
+        input limit's ValueError, a task's StopIteration, the return_exceptions hint)."""
         fn = self.__gpumesh_wrapped__
-        calls, hints = _calls.map_items(fn, _calls.read_input(items, ".imap()"))
-        flag = bool(return_exceptions)
+        calls, hints = _calls.map_items(fn, _calls.read_input(items, via))
         if self._inline():
-            return Results(lambda h: self._run_inline(calls, hints, flag, h, timeout), len(calls))
+            return Results(lambda h: self._run_inline(calls, hints, flag, h, timeout, via),
+                           len(calls))
         mesh = self.mesh
         options = self._call_options(isolation, timeout)
         return Results(lambda h: mesh.iter_calls(fn, calls, hints=hints, return_exceptions=flag,
-                                                 handle=h, **options), len(calls))
+                                                 handle=h, entry=via, **options), len(calls))
 
     def to(self, device: str) -> RemoteFunction:
         """The same function bound to a device kind or model (``"cuda"``, ``"mps"``,
