@@ -489,6 +489,25 @@ def test_a_cache_function_runs_with_a_cache_of_the_jobs_own(m):
     assert draw.__gpumesh_wrapped__.cache_info().currsize == 0  # not the caller's
     assert draw.local(3) == draw.local(3)  # .local(): the caller's own cache
     assert draw.__gpumesh_wrapped__.cache_info().hits == 1
+    # The decorated function's own cache methods reach that cache (they were an
+    # AttributeError on the RemoteFunction); remote calls leave it as it is.
+    assert draw.cache_info() == functools._CacheInfo(hits=1, misses=1, maxsize=None, currsize=1)
+    draw(4)
+    assert draw.cache_info().currsize == 1
+    assert draw.cache_parameters() == {"maxsize": None, "typed": False}
+    draw.cache_clear()
+    assert draw.cache_info() == functools._CacheInfo(hits=0, misses=0, maxsize=None, currsize=0)
+    assert draw.to("cpu").cache_info().currsize == 0  # (the same function, the same cache)
+
+    @accelerate(m)
+    def plain(x):
+        return x
+
+    assert not hasattr(plain, "cache_info") and not hasattr(plain, "cache_clear")
+    with pytest.raises(AttributeError, match=r"'RemoteFunction' object has no attribute "
+                                             r"'cache_clear': .*plain is not a functools.cache/"
+                                             r"lru_cache function"):
+        plain.cache_clear()
 
     @accelerate(m)
     @functools.lru_cache(maxsize=1)

@@ -59,7 +59,12 @@ class RemoteFunction:
 
     The function must return its value: a generator function (``yield``), an ``async
     def`` or an async generator function is refused with a ``TypeError`` at decoration
-    (its calls would only make a generator or coroutine, which cannot be sent back)."""
+    (its calls would only make a generator or coroutine, which cannot be sent back).
+
+    Over ``@functools.cache``/``@lru_cache``, ``.cache_info()``, ``.cache_clear()`` and
+    ``.cache_parameters()`` are those of this process's own cache, the one :meth:`local`
+    uses: a task runs with a cache of its own process, which they neither count nor
+    clear. A function without a cache has none of them (``AttributeError``)."""
 
     def __init__(self, fn: Callable, mesh: GPUMesh | _DefaultMesh | None, options: dict):
         # Not callable, or a generator or coroutine function: every call would fail, here
@@ -90,6 +95,36 @@ class RemoteFunction:
 
     def __repr__(self) -> str:
         return f"<RemoteFunction {getattr(self, '__qualname__', '?')}>"
+
+    def _cache_method(self, name: str) -> Callable[..., Any]:
+        """The wrapped cache function's method ``name``, else the ``AttributeError`` of a
+        missing attribute (so ``hasattr(f, "cache_info")`` says whether it has one), saying
+        why it is missing."""
+        fn = self.__gpumesh_wrapped__
+        method = getattr(fn, name, None)
+        if method is None:
+            raise AttributeError(
+                f"{type(self).__name__!r} object has no attribute {name!r}: "
+                f"{getattr(fn, '__qualname__', 'the function')} is not a functools.cache/"
+                f"lru_cache function", name=name, obj=self)
+        return method
+
+    # Properties, not methods: functools.update_wrapper copies the wrapped function's
+    # __dict__, but these are methods of its type, which it does not copy.
+    @property
+    def cache_info(self) -> Callable[[], Any]:
+        """The caller's own cache's ``cache_info`` (see the class docstring)."""
+        return self._cache_method("cache_info")
+
+    @property
+    def cache_clear(self) -> Callable[[], None]:
+        """The caller's own cache's ``cache_clear`` (see the class docstring)."""
+        return self._cache_method("cache_clear")
+
+    @property
+    def cache_parameters(self) -> Callable[[], dict]:
+        """The caller's own cache's ``cache_parameters`` (see the class docstring)."""
+        return self._cache_method("cache_parameters")
 
     def __get__(self, obj, objtype=None):
         # Decorating a method: bind like a function would.
