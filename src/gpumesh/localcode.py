@@ -24,7 +24,8 @@ unregisters what it registered); inside a task (``GPUMESH_IN_TASK``) it does not
 Code shipped by value carries bytecode, so :attr:`gpumesh.wire.Payload.by_value` is set and
 the job goes only to workers of the caller's Python minor version. An ``import helper``
 *inside* a function's body runs on the worker, by name, and still needs ``helper`` there
-(the caller's ModuleNotFoundError then says to import it at module level:
+(the caller's ModuleNotFoundError then says to import it at module level, also when the
+caller never imported it but would load it from its own code: :func:`would_be_local`,
 :func:`gpumesh.client.calls.failure`).
 """
 
@@ -168,10 +169,29 @@ def _installed_beside(directory: str) -> frozenset[str]:
 def is_local(name: str, module: ModuleType | None) -> bool:
     """Whether the top-level module ``name`` (loaded as ``module``) is the caller's own
     code (see the module docstring)."""
-    if not name or "." in name or name.startswith("_") or name in _NEVER or module is None:
+    return module is not None and _is_local_file(name, _source_file(module))
+
+
+def would_be_local(name: str) -> bool:
+    """Whether the module ``name`` (its top-level one), imported here, would be the
+    caller's own code: the file this process would load it from, as
+    ``importlib.util.find_spec`` finds it (nothing is imported), passes :func:`is_local`'s
+    rules. For the error of a task whose body imports such a module that the worker
+    lacks (:func:`gpumesh.client.calls.failure`), when the caller never imported it."""
+    import importlib.util
+    top = name.partition(".")[0]
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):  # (ValueError: a module in sys.modules without a spec)
         return False
-    file = _source_file(module)
-    if file is None:
+    origin = spec.origin if spec is not None and spec.has_location else None
+    return _is_local_file(top, origin if isinstance(origin, str) and origin.endswith(".py") else None)
+
+
+def _is_local_file(name: str, file: str | None) -> bool:
+    """:func:`is_local` for a module ``name`` loaded from ``file`` (its ``.py`` source,
+    None when it has none)."""
+    if not name or "." in name or name.startswith("_") or name in _NEVER or file is None:
         return False
     path = _norm(file)
     if any(part in _SITE_DIRS for part in path.split(os.sep)):

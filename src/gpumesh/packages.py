@@ -26,6 +26,11 @@ from types import TracebackType
 from .limits import (MAX_NAME_CHARS, MAX_PACKAGES, MAX_REQUIREMENT_CHARS, MAX_REQUIREMENTS,
                      MAX_VERSION_CHARS)
 
+#: What a task's final ModuleNotFoundError advises when workers lack a module (the
+#: coordinator writes it; the caller takes it out where the module is the caller's own
+#: code, which an install is not the answer for: :func:`gpumesh.client.calls.failure`).
+INSTALL_ADVICE = "install it there (or join a worker that has it) and call again"
+
 #: Seconds between two looks at what is installed (each look reads the metadata of every
 #: installed distribution; docs/performance.md has its cost).
 RESCAN_S = 60.0

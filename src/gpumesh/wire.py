@@ -159,7 +159,8 @@ def _code_pickler() -> type:
 
         _CODE_PICKLER = type("CodePickler", (cloudpickle.Pickler,),
                              {"dispatch_table": ChainMap({types.CodeType: reduce_code}, table),
-                              "saw_code": False, "reducer_override": reducer_override})
+                              "saw_code": False, "saw_module": False,
+                              "reducer_override": reducer_override})
     return _CODE_PICKLER
 
 
@@ -206,6 +207,51 @@ def _lookup(module: Any, qualname: str) -> Any:
     return got
 
 
+def _cloudpickled(obj: Any, keep: Callable[[pickle.PickleBuffer], bool],
+                  buffers: list[memoryview]) -> tuple[bytes, bool]:
+    """``obj`` through the caller's cloudpickle pickler: ``(stream, saw_code)``. When that
+    fails after a module of the caller's own code was met, it is pickled once more, with
+    that module's values that cannot be pickled left behind (:class:`gpumesh.namespaces.
+    LeaveBehind`): a ``_lock = threading.Lock()`` the task never reads must not stop it.
+    What that second try raises is raised (it is what is left once the module's own
+    names are out of the way)."""
+    import io
+    with io.BytesIO() as fh:
+        pickler = _code_pickler()(fh, protocol=PROTOCOL, buffer_callback=keep)
+        try:
+            pickler.dump(obj)
+            return fh.getvalue(), pickler.saw_code
+        except Exception:
+            if not pickler.saw_module:
+                raise
+    from . import namespaces
+    buffers.clear()  # (the failed try's)
+    with namespaces.LeaveBehind(_why_not), io.BytesIO() as fh:
+        pickler = _code_pickler()(fh, protocol=PROTOCOL, buffer_callback=keep)
+        pickler.dump(obj)
+        return fh.getvalue(), pickler.saw_code
+
+
+class _Discard:
+    """A file that forgets what is written to it (:func:`_why_not` wants no bytes)."""
+
+    @staticmethod
+    def write(data: Any) -> int:
+        return len(memoryview(data))
+
+
+def _why_not(value: Any) -> str | None:
+    """None when the caller's pickler can pickle ``value`` (on its own), else why not:
+    the pickler's error, as ``TypeError: cannot pickle '_thread.lock' object``. Big
+    buffers are not copied (out of band, dropped)."""
+    pickler = _code_pickler()(_Discard(), protocol=PROTOCOL, buffer_callback=lambda b: False)
+    try:
+        pickler.dump(value)
+    except Exception as e:  # noqa: BLE001 - any failure: it stays behind, and says why
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
 def dumps(obj: Any, *, code: bool = False) -> Payload:
     """Serialize ``obj`` (protocol 5, out-of-band buffers).
 
@@ -215,7 +261,8 @@ def dumps(obj: Any, *, code: bool = False) -> Payload:
     a module registered by value (the caller's own modules: :mod:`gpumesh.localcode`;
     found by its name in the stream) - it is redone with cloudpickle, which ships such
     things by value. ``code=True`` (function
-    blobs) always uses cloudpickle.
+    blobs) always uses cloudpickle. A module of the caller's own code travels without the
+    values of its namespace that cannot be pickled (see :func:`_cloudpickled`).
     Raises whatever the pickler raises for an unpicklable object (``TypeError``,
     ``pickle.PicklingError``...).
     """
@@ -245,11 +292,7 @@ def dumps(obj: Any, *, code: bool = False) -> Payload:
             buffers.clear()
     by_value = False
     if stream is None:
-        import io
-        with io.BytesIO() as fh:
-            pickler = _code_pickler()(fh, protocol=PROTOCOL, buffer_callback=keep)
-            pickler.dump(obj)
-            stream, by_value = fh.getvalue(), pickler.saw_code
+        stream, by_value = _cloudpickled(obj, keep, buffers)
     head = bytearray(PAYLOAD_MAGIC)
     head += struct.pack("<IQ", len(buffers), len(stream))
     for b in buffers:

@@ -183,3 +183,84 @@ def test_a_module_the_task_configures_or_caches_in_is_one_module_on_the_worker(m
     assert [row[1:4] for row in got["job"]] == [[[4], 1, True]] * 2
     assert str(proj) not in {row[4] for row in got["task"] + got["job"]}  # ran on the worker
     assert got["caller"] == 2
+
+
+def test_an_import_of_the_callers_own_module_only_in_the_body_says_to_import_it_at_the_top(
+        make_mesh, tmp_path):
+    # helper.py lies next to the script but only the function's body imports it: the
+    # error said "install it there (or join a worker that has it) and call again".
+    mesh = make_mesh(workers=1)
+    proj = _project(tmp_path)
+    (proj / "main.py").write_text(textwrap.dedent("""\
+        import sys
+        from gpumesh import mesh
+
+        @mesh
+        def f(x):
+            import helper
+            return helper.preprocess(helper.Point(x))
+
+        try:
+            f(1)
+        finally:
+            print("imported here:", "helper" in sys.modules)
+        """))
+    r = _run(proj, mesh, tmp_path)
+    assert r.returncode != 0, r.stdout
+    assert "running locally" not in r.stderr, r.stderr
+    assert "imported here: False" in r.stdout, r.stdout
+    assert "ModuleNotFoundError: No module named 'helper' on any worker that could run this " \
+           "task: " in r.stderr, r.stderr
+    assert ("lacks it. But 'helper' is one of this caller's own modules, which travel with the "
+            "function by value only where it uses them from module level: an `import helper` "
+            "inside the function's body runs on the worker, by name. Import it at the top of "
+            "your script (module level) instead") in r.stderr, r.stderr
+    assert "install it there" not in r.stderr and "call again" not in r.stderr, r.stderr
+
+
+def test_a_value_of_the_callers_module_that_cannot_be_pickled_stays_behind(make_mesh, tmp_path):
+    # lockmod's _lock cannot be pickled; the task reads lockmod (so its namespace travels)
+    # but never _lock: it failed with "global 'lockmod' of the function b cannot be sent".
+    mesh = make_mesh(workers=1)
+    proj = _project(tmp_path)
+    (proj / "lockmod.py").write_text(textwrap.dedent("""\
+        import threading
+        _lock = threading.Lock()
+        LIMIT = 2
+
+        def above(xs):
+            return [x for x in xs if x > LIMIT]
+        """))
+    (proj / "main.py").write_text(textwrap.dedent("""\
+        import json
+        import os
+        import lockmod
+        from gpumesh import mesh
+
+        @mesh
+        def b(xs):
+            return lockmod.above(xs), os.getcwd()
+
+        @mesh
+        def needs_it():
+            with lockmod._lock:
+                return 1
+
+        value, cwd = b([1, 2, 3, 4])
+        try:
+            needs_it()
+            error = None
+        except AttributeError as e:
+            error = str(e).split(" (needs_it()")[0]
+        print(json.dumps({"value": value, "cwd": cwd, "error": error}))
+        """))
+    r = _run(proj, mesh, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "running locally" not in r.stderr, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["value"] == [3, 4] and got["cwd"] != str(proj)  # ran on the worker
+    assert got["error"] == (
+        "module 'lockmod' has no attribute '_lock' here: it stayed on the caller, because its "
+        "value cannot be pickled (TypeError: cannot pickle '_thread.lock' object), so it did "
+        "not travel with the function. A task that needs it must make its own (inside the "
+        "function, or lazily in the module), or it must be made picklable")

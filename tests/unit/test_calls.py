@@ -286,15 +286,56 @@ def test_a_missing_module_the_caller_ships_by_value_says_to_import_it_at_the_top
         for name in ("helper_shipped_here", "helper_shipped_here.sub"):
             exc = calls.failure(item("missing_module", said.format(name), module=name), None)
             assert type(exc) is ModuleNotFoundError and exc.name == name
-            assert str(exc).startswith(said.format(name) + (
-                f". But {name!r} is one of this caller's own modules, which travel with the "
+            # (not "install it there ... and call again" first: that is not the fix here)
+            assert str(exc).startswith(
+                f"No module named {name!r} on any worker that could run this task: w (w1, "
+                f"Python 3.11) lacks it. But {name!r} is one of this caller's own modules, "
+                f"which travel with the "
                 f"function by value only where it uses them from module level: an `import "
                 f"{name}` inside the function's body runs on the worker, by name. Import it at "
                 f"the top of your script (module level) instead, and use it from there in the "
-                f"function, so it travels with the function (")), str(exc)
+                f"function, so it travels with the function ("), str(exc)
     finally:
         cloudpickle.unregister_pickle_by_value(helper)
     # an installed package the workers lack (or one no longer shipped): no such words
     for name in ("torch", "helper_shipped_here"):
         exc = calls.failure(item("missing_module", f"No module named {name!r}", module=name), None)
         assert type(exc) is ModuleNotFoundError and "own modules" not in str(exc)
+
+
+def test_a_missing_module_the_caller_never_imported_but_owns_says_to_import_it_at_the_top(
+        tmp_path, monkeypatch):
+    """``import helper`` only inside the body, ``helper.py`` next to the script: the
+    advice came only when the caller had imported it, so the user read "install it there"
+    for a file of their own project. It is found as an import would find it, without
+    importing it."""
+    import sys
+    monkeypatch.delenv("GPUMESH_SHIP_LOCAL", raising=False)
+    (tmp_path / "gm_body_helper.py").write_text("VALUE = 1\n")
+    (tmp_path / "gm_body_pkg").mkdir()
+    (tmp_path / "gm_body_pkg" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    said = ("No module named {0!r} on any worker that could run this task: w (w1, Python "
+            "3.11) lacks it; install it there (or join a worker that has it) and call again")
+    for name in ("gm_body_helper", "gm_body_pkg.sub"):
+        exc = calls.failure(item("missing_module", said.format(name), module=name), None)
+        assert type(exc) is ModuleNotFoundError
+        text = str(exc)
+        assert text.startswith(
+            f"No module named {name!r} on any worker that could run this task: w (w1, Python "
+            f"3.11) lacks it. But {name!r} is one of this caller's own modules, which travel "
+            f"with the function by value only where it uses them from module level: an "
+            f"`import {name}` inside the function's body runs on the worker, by name. Import "
+            f"it at the top of your script"), text
+        assert "install it there" not in text and "call again" not in text
+    assert "gm_body_helper" not in sys.modules and "gm_body_pkg" not in sys.modules
+    # A module of the standard library or an installed one the workers lack, or none the
+    # caller has either: install it there, as before.
+    for name in ("antigravity", "pytest", "gm_nowhere_at_all"):
+        exc = calls.failure(item("missing_module", said.format(name), module=name), None)
+        assert str(exc).startswith(said.format(name) + " ("), str(exc)
+    # Not sent even from the top (GPUMESH_SHIP_LOCAL=0): importing it there would not help.
+    monkeypatch.setenv("GPUMESH_SHIP_LOCAL", "0")
+    exc = calls.failure(item("missing_module", said.format("gm_body_helper"),
+                             module="gm_body_helper"), None)
+    assert str(exc).startswith(said.format("gm_body_helper") + " ("), str(exc)

@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -111,6 +112,12 @@ def test_a_map_failure_names_its_item_and_stops_the_rest(m):
         m.distribute(function=half, params=[0, 1, 2])
     if sys.version_info >= (3, 11):
         assert "pass return_exceptions=True to distribute() to run every item" in e.value.__notes__[0]
+    # and .map(ordered=False)'s names it as called, not the .imap() it goes through
+    with pytest.raises(ValueError) as e:
+        list(half.map([0, 1, 2], ordered=False))
+    if sys.version_info >= (3, 11):
+        assert "pass return_exceptions=True to .map(ordered=False) to run every item" \
+            in e.value.__notes__[0], e.value.__notes__
 
 
 def test_return_exceptions_puts_each_wrapped_exception_in_its_place(m):
@@ -322,6 +329,15 @@ def test_a_tasks_stop_iteration_reaches_the_caller_as_itself(m, monkeypatch):
     assert type(ei.value.__cause__) is StopIteration and ei.value.__cause__.args == (7,)
     assert isinstance(ei.value.__cause__.__cause__, RemoteTraceback)
     assert seen == [(0, "ran")]
+    assert str(ei.value).startswith("a task of .imap() raised StopIteration(7)")
+    # .map(ordered=False) is named as called, here and inside a task
+    for in_task in (False, True):
+        if in_task:
+            monkeypatch.setenv("GPUMESH_IN_TASK", "1")
+        with pytest.raises(RuntimeError) as ei:
+            list(stop.map([0, 7], ordered=False))
+        assert str(ei.value).startswith("a task of .map(ordered=False) raised StopIteration(7), "
+                                        "which an iterator's next() cannot raise"), str(ei.value)
 
 
 def test_a_maps_input_is_read_only_up_to_one_item_past_the_limit(m, monkeypatch, tmp_path):
@@ -347,7 +363,8 @@ def test_a_maps_input_is_read_only_up_to_one_item_past_the_limit(m, monkeypatch,
     script.write_text("print(1)\n")
     for who, start in ((".map()", lambda: double.map(endless())),
                        (".imap()", lambda: double.imap(endless())),
-                       (".imap()", lambda: double.map(endless(), ordered=False)),
+                       # (what the user called, not the .imap() it goes through)
+                       (".map(ordered=False)", lambda: double.map(endless(), ordered=False)),
                        ("distribute()", lambda: m.distribute(double, endless())),
                        ("submit()", lambda: m.submit(script=str(script), payloads=endless()))):
         drawn.clear()
@@ -406,6 +423,54 @@ def test_a_function_that_cannot_be_pickled_is_named_as_an_argument_is(m):
             assert str(ei.value.__cause__) == "cannot pickle '_thread.lock' object"
 
 
+CFG: Any = None  # (a module, for the next test)
+
+
+def test_a_module_that_cannot_be_pickled_is_named_down_to_the_value(m, tmp_path, monkeypatch):
+    """A module that travels whole (here one loaded from a file by hand, never put in
+    sys.modules, which cloudpickle sends with its namespace) named only the global that
+    holds it ("global 'cfg' of the function b"), not the value in it that fails."""
+    import importlib.util
+    import textwrap
+    (tmp_path / "lockcfg.py").write_text(textwrap.dedent("""
+        import threading
+        LIMIT = 2
+        def locked():
+            with _lock:
+                return 1
+        _lock = threading.Lock()
+    """))
+    spec = importlib.util.spec_from_file_location("gm_lockcfg", tmp_path / "lockcfg.py")
+    cfg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cfg)
+    monkeypatch.setattr(sys.modules[__name__], "CFG", cfg)
+
+    def b(xs):
+        return CFG.LIMIT, xs
+
+    def closes_over(xs):
+        return cfg.LIMIT, xs
+
+    with pytest.raises(TypeError) as ei:
+        accelerate(m)(b)([1])
+    assert str(ei.value) == (
+        "gm_lockcfg._lock (in global 'CFG' of the function test_a_module_that_cannot_be_"
+        "pickled_is_named_down_to_the_value.<locals>.b) cannot be sent to a worker: "
+        "cannot pickle '_thread.lock' object")
+    with pytest.raises(TypeError, match=r"^gm_lockcfg._lock \(in closure variable 'cfg' of "):
+        accelerate(m)(closes_over)([1])
+    # Only a function of it fails (one it imported from elsewhere): that function, and
+    # the global it reads.
+    del cfg._lock
+    elsewhere = {"_lock": threading.Lock()}
+    exec("def locked():\n    with _lock:\n        return 1\n", elsewhere)
+    cfg.locked = elsewhere["locked"]
+    with pytest.raises(TypeError) as ei:
+        accelerate(m)(b)([1])
+    assert str(ei.value).startswith(
+        "gm_lockcfg.locked (its global '_lock') (in global 'CFG' of the function ")
+
+
 def test_a_cache_function_runs_with_a_cache_of_the_jobs_own(m):
     """``@mesh`` over ``@functools.cache`` failed with "Can't pickle <functools.
     _lru_cache_wrapper ...>: it's not the same object"; now the task's process has a cache
@@ -424,6 +489,25 @@ def test_a_cache_function_runs_with_a_cache_of_the_jobs_own(m):
     assert draw.__gpumesh_wrapped__.cache_info().currsize == 0  # not the caller's
     assert draw.local(3) == draw.local(3)  # .local(): the caller's own cache
     assert draw.__gpumesh_wrapped__.cache_info().hits == 1
+    # The decorated function's own cache methods reach that cache (they were an
+    # AttributeError on the RemoteFunction); remote calls leave it as it is.
+    assert draw.cache_info() == functools._CacheInfo(hits=1, misses=1, maxsize=None, currsize=1)
+    draw(4)
+    assert draw.cache_info().currsize == 1
+    assert draw.cache_parameters() == {"maxsize": None, "typed": False}
+    draw.cache_clear()
+    assert draw.cache_info() == functools._CacheInfo(hits=0, misses=0, maxsize=None, currsize=0)
+    assert draw.to("cpu").cache_info().currsize == 0  # (the same function, the same cache)
+
+    @accelerate(m)
+    def plain(x):
+        return x
+
+    assert not hasattr(plain, "cache_info") and not hasattr(plain, "cache_clear")
+    with pytest.raises(AttributeError, match=r"'RemoteFunction' object has no attribute "
+                                             r"'cache_clear': .*plain is not a functools.cache/"
+                                             r"lru_cache function"):
+        plain.cache_clear()
 
     @accelerate(m)
     @functools.lru_cache(maxsize=1)

@@ -12,9 +12,11 @@ import subprocess
 import sys
 import textwrap
 import uuid
+from pathlib import Path
 
 import pytest
 
+import gpumesh
 from gpumesh import localcode, namespaces, wire
 
 _LOAD = """
@@ -70,8 +72,10 @@ def _run_elsewhere(tmp_path, *objs, result: bool = False) -> object:
     work = tmp_path / "elsewhere"
     work.mkdir(exist_ok=True)
     out = tmp_path / "result"
+    # (PYTHONPATH: this gpumesh, not whichever the interpreter has installed)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(gpumesh.__file__).parents[1])}
     done = subprocess.run([sys.executable, "-c", _LOAD, str(out), *paths], cwd=work,
-                          capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+                          capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 0, done.stderr
     if result:
         return wire.loads(bytearray(out.read_bytes()))
@@ -174,6 +178,143 @@ def test_run_locally_the_task_changes_its_own_copy_of_the_module(module, monkeyp
     assert task(3) == ([3, 4], [4])
     assert task(1) == ([3, 4], [2, 3, 4])  # (each call a job of its own: the caller's module as it is)
     assert cfg.THRESHOLD == 2  # not the caller's module: a worker's copy, as on the mesh
+
+
+_LOCKMOD = """
+    import threading
+    _lock = threading.Lock()
+    LIMIT = 2
+    def above(xs):
+        return [x for x in xs if x > LIMIT]
+    def locked():
+        with _lock:
+            return 1
+"""
+
+
+def _error_elsewhere(tmp_path, task) -> str:
+    """The ``AttributeError`` text that ``task()`` raises in another Python process."""
+    def catching():
+        try:
+            task()
+        except AttributeError as e:
+            return f"AttributeError: {e}"
+        return "no error"
+    return _run_elsewhere(tmp_path, catching)
+
+
+def test_a_value_that_cannot_be_pickled_stays_behind_when_the_task_never_reads_it(
+        module, tmp_path):
+    """``lockmod.above(xs)`` (the module object read, so its whole namespace travels)
+    failed with "global 'lockmod' of the function b cannot be sent to a worker: cannot
+    pickle '_thread.lock' object", though the task never touches ``_lock``."""
+    lockmod = module(_LOCKMOD)
+
+    def task(xs):
+        return lockmod.above(xs)
+
+    assert _run_elsewhere(tmp_path, task, [1, 2, 3, 4]) == [3, 4]
+    # Read there, a name left behind says where it is and why, not just "no attribute".
+    text = _error_elsewhere(tmp_path, lambda: lockmod._lock)
+    assert text == (
+        f"AttributeError: module {lockmod.__name__!r} has no attribute '_lock' here: it "
+        f"stayed on the caller, because its value cannot be pickled (TypeError: cannot "
+        f"pickle '_thread.lock' object), so it did not travel with the function. A task that "
+        f"needs it must make its own (inside the function, or lazily in the module), or it "
+        f"must be made picklable")
+    # A function that reads it stays too, and names the global it fails on.
+    text = _error_elsewhere(tmp_path, lambda: lockmod.locked())
+    assert "has no attribute 'locked' here: it stayed on the caller, because its value " \
+           "cannot be pickled (it reads the global '_lock', which cannot be pickled: " \
+           "TypeError: cannot pickle '_thread.lock' object)" in text
+
+
+def test_a_modules_own_getattr_still_answers_beside_the_names_left_behind(module, tmp_path):
+    lazy = module("""
+        import threading
+        _lock = threading.Lock()
+        def __getattr__(name):
+            if name == "LAZY":
+                return 42
+            raise AttributeError(f"lazy has no {name}")
+    """)
+
+    def task():
+        try:
+            _ = lazy._lock
+        except AttributeError as e:
+            left = "stayed on the caller" in str(e)
+        try:
+            _ = lazy.OTHER
+        except AttributeError as e:
+            other = str(e)
+        return lazy.LAZY, left, other
+
+    assert _run_elsewhere(tmp_path, task) == (42, True, "lazy has no OTHER")
+
+
+def test_only_a_failure_tries_the_modules_values_one_by_one(module, monkeypatch):
+    """The normal path pickles each value once: the one-by-one tries are the failure's."""
+    plain = module("""
+        LIMIT = 2
+        def above(xs):
+            return [x for x in xs if x > LIMIT]
+    """)
+    tried: list[object] = []
+    real = wire._why_not
+    monkeypatch.setattr(wire, "_why_not", lambda v: tried.append(v) or real(v))
+
+    def task(xs):
+        return plain.above(xs)
+
+    wire.dumps(task, code=True)
+    assert tried == []
+    lockmod = module(_LOCKMOD)
+
+    def task2(xs):
+        return lockmod.above(xs)
+
+    wire.dumps(task2, code=True)
+    assert lockmod._lock in tried and lockmod.above in tried
+    # A failure with no module of the caller's in it is not tried again.
+    import threading
+    tried.clear()
+    with pytest.raises(TypeError, match="cannot pickle '_thread.lock' object"):
+        wire.dumps([threading.Lock()], code=True)
+    assert tried == []
+
+
+def test_a_payload_that_leaves_a_name_behind_drops_the_value_an_earlier_one_brought():
+    with namespaces.Scope():
+        mod = namespaces.module("d" * 16, "gm_ns_left")
+        namespaces._update(mod, {"X": 1, "Y": 2})
+        namespaces._update(mod, {"Y": 3, namespaces._LEFT: {"X": "TypeError: no"}})
+        assert mod.Y == 3
+        with pytest.raises(AttributeError, match="'X' here: it stayed on the caller"):
+            _ = mod.X
+        # a later payload that does not leave X behind keeps it known as left behind
+        namespaces._update(mod, {"Y": 4})
+        with pytest.raises(AttributeError, match="stayed on the caller"):
+            _ = mod.X
+
+
+def test_run_locally_a_value_that_cannot_be_pickled_stays_behind(module, monkeypatch):
+    lockmod = module(_LOCKMOD)
+    monkeypatch.setenv("GPUMESH_LOCAL", "1")
+    from gpumesh import mesh
+
+    @mesh
+    def b(xs):
+        return lockmod.above(xs)
+
+    @mesh
+    def needs_it():
+        with lockmod._lock:
+            return 1
+
+    assert b([1, 2, 3, 4]) == [3, 4]
+    with pytest.raises(AttributeError, match="'_lock' here: it stayed on the caller"):
+        needs_it()
 
 
 SCALER = """

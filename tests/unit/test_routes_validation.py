@@ -13,7 +13,7 @@ from gpumesh._version import __version__
 from gpumesh.coordinator import schemas
 from gpumesh.limits import LONG_POLL_MAX_S, MAX_STRING_CHARS, MAX_TASKS_PER_JOB
 
-from .routes_app import WORKER, api_fixture
+from .routes_app import MAIN, WORKER, api_fixture
 
 api = api_fixture
 
@@ -208,6 +208,47 @@ def test_query_parameters_and_path_ids(api):
         == "job id 'NOPE' is not a valid id"
     assert api.refusal("GET", protocol.blob("abc"), 400, "bad_request") \
         == "blob name must be a sha256 hex digest"
+
+
+def test_ids_a_person_gives_are_taken_in_capitals_wherever_they_go(api):
+    """A path took a job id in capitals (``gpumesh jobs`` lists them in lower case, people
+    type them either way), but a query's ``before=``/``task=`` and a body's ``jobs`` were
+    400s: every id a person gives is read the one way (schemas.user_id)."""
+    api.worker()
+    assert api.submit().status_code == 200
+    r = api.submit(job_id="ABCDEF02")  # a raw-API caller's own id, in capitals
+    assert r.status_code == 200 and r.json()["job_id"] == "abcdef02"
+    assert api.store.recent_job_ids(5) == ["abcdef02", "abcdef01"]
+    r = api.call("GET", protocol.JOBS + "?before=ABCDEF02")
+    assert r.status_code == 200, r.text
+    assert [j["id"] for j in r.json()] == ["abcdef01"]
+    task = api.store.task_rows("abcdef01")[1]["id"]
+    r = api.call("GET", protocol.job_logs("ABCDEF01") + f"?task={task.upper()}")
+    assert r.status_code == 200, r.text
+    assert r.json()["job_id"] == "abcdef01" and [t["id"] for t in r.json()["tasks"]] == [task]
+    r = api.call("POST", protocol.JOBS_ALIVE, json={"jobs": ["ABCDEF01", "abcdef02"]})
+    assert r.status_code == 200 and r.json() == {"alive": 2}, r.text
+    r = api.call("POST", protocol.JOBS_RELEASE, json={"jobs": ["ABCDEF01", "abcdef01"]})
+    assert r.status_code == 200 and r.json() == {"released": 1}, r.text
+    # the dashboard's job view, too
+    assert api.client.post("/ui/login", json={"token": MAIN}).status_code == 200
+    r = api.client.get("/ui/api/jobs/ABCDEF02")
+    assert r.status_code == 200 and r.json()["id"] == "abcdef02", r.text
+    # what is not an id is still refused, named as the person wrote it
+    assert api.refusal("GET", protocol.JOBS + "?before=NOPE", 400, "bad_request") \
+        == "query parameter 'before': job id 'NOPE' is not a valid id"
+    assert api.refusal("GET", protocol.job_logs("abcdef02") + "?task=XYZ", 400, "bad_request") \
+        == "task id 'XYZ' is not a valid id"
+    assert api.refusal("POST", protocol.JOBS_ALIVE, 400, "bad_request",
+                       json={"jobs": ["ABCDEF01", "XYZ"]}) \
+        == f"field 'jobs' must be a list of 1 to {schemas.MAX_RELEASE_JOBS} job ids"
+    # ids only machines send stay exact: gpumesh makes them in lower case
+    assert api.refusal("POST", protocol.task_result(task) + "?lease=BEEF", 400, "bad_request",
+                       content=b"") == "lease id 'BEEF' is not a valid id"
+    wid = api.worker()
+    assert api.refusal("POST", protocol.worker_heartbeat(wid), 400, "bad_request",
+                       json={"running": [task.upper()]}).startswith(
+        "field 'running' must be a list of task ids")
 
 
 def test_openapi_request_bodies_are_the_declared_schemas(api):

@@ -17,6 +17,7 @@ from typing import Any
 
 from .. import limits, wire
 from ..errors import RemoteTraceback, TaskFailed, TaskTimeout
+from ..namespaces import global_names
 from ..protocol import FailureKind, ResultItem, failure_exception, timeout_message
 from ..versions import python_minor
 
@@ -301,7 +302,12 @@ def failure(item: ResultItem, payload: memoryview | None, *, call: Call | None =
         if mine is not None:
             message += f"; this caller has {mine[0]} {mine[1]}"
     elif kind == FailureKind.MISSING_MODULE and isinstance(err.get("module"), str):
-        message += _shipped_advice(err["module"])
+        advice = _shipped_advice(err["module"])
+        if advice:
+            # The coordinator's "install it there ... and call again" is not the fix for
+            # the caller's own code: said before the advice, it would contradict it.
+            from ..packages import INSTALL_ADVICE
+            message = message.replace(f"; {INSTALL_ADVICE}", "") + advice
     tail = f" ({place})" + (f"; {hint}" if hint else "")
     if err.get("stderr_tail") and kind != "raised":
         # (a progress bar's redraws as a terminal shows them: each line's last state)
@@ -337,15 +343,19 @@ def failure(item: ResultItem, payload: memoryview | None, *, call: Call | None =
 
 def _shipped_advice(module: str) -> str:
     """For a module the workers lack that is one of this caller's own, which it ships by
-    value (:mod:`gpumesh.localcode`, or registered with cloudpickle by the user): the
-    words that say why it did not travel and how to make it, else ``""``. What travels
-    by value is what the function refers to; an ``import`` in its body runs on the
-    worker, by name, so installing it there is not what the user needs to hear first."""
+    value (:mod:`gpumesh.localcode`, or registered with cloudpickle by the user), or would
+    ship once imported (the caller never imported it, but its file is the caller's own
+    code: :func:`gpumesh.localcode.would_be_local`): the words that say why it did not
+    travel and how to make it, else ``""``. What travels by value is what the function
+    refers to; an ``import`` in its body runs on the worker, by name, so installing it
+    there is not what the user needs to hear."""
+    from .. import localcode
     cp = sys.modules.get("cloudpickle")  # (not imported: nothing can be registered)
     shipped = cp.list_registry_pickle_by_value() if cp is not None else ()
     parts = module.split(".")
     # (a module is shipped by value when it or a package above it is registered)
-    if not any(".".join(parts[:i]) in shipped for i in range(1, len(parts) + 1)):
+    if not any(".".join(parts[:i]) in shipped for i in range(1, len(parts) + 1)) and not (
+            limits.setting("GPUMESH_SHIP_LOCAL") and localcode.would_be_local(module)):
         return ""
     return (f". But {module!r} is one of this caller's own modules, which travel with the "
             f"function by value only where it uses them from module level: an `import {module}` "
@@ -531,23 +541,43 @@ def _function_culprit(fn: Any) -> str:
         except ValueError:  # (an empty cell: nothing to pickle)
             continue
         if not picklable(value):
-            return f"closure variable {var!r} of the function {name}"
-    for var in _global_names(code):
+            return _in_module(value, f"closure variable {var!r} of the function {name}")
+    for var in global_names(code):
         if var in fn.__globals__ and not picklable(fn.__globals__[var]):
-            return f"global {var!r} of the function {name}"
+            return _in_module(fn.__globals__[var], f"global {var!r} of the function {name}")
     if not picklable((fn.__defaults__, fn.__kwdefaults__)):
         return f"a default argument of the function {name}"
     return whole
 
 
-def _global_names(code: Any) -> list[str]:
-    """The names ``code`` and the code nested in it (lambdas, comprehensions) may read as
-    globals, in order of first use: what cloudpickle ships of the function's globals."""
-    names: dict[str, None] = dict.fromkeys(code.co_names)
-    for const in code.co_consts:
-        if hasattr(const, "co_names"):
-            names.update(dict.fromkeys(_global_names(const)))
-    return list(names)
+def _in_module(value: Any, holder: str) -> str:
+    """``holder`` (the words for what holds ``value``, which failed to pickle), or, for
+    a module, what in it failed first: ``lockmod._lock (in global 'lockmod' of ...)``."""
+    import types
+    inner = _module_culprit(value) if isinstance(value, types.ModuleType) else None
+    return holder if inner is None else f"{inner} (in {holder})"
+
+
+def _module_culprit(mod: Any) -> str | None:
+    """What of the module ``mod`` (which failed to pickle, its whole namespace with it)
+    cannot be pickled: ``lockmod._lock``, or a function of it with the global it reads
+    that cannot (``lockmod.locked (its global '_lock')``); None when no one name is found.
+    Values that are not functions are tried first: they are what a function would fail
+    on. (Not deeper: modules that read each other would send it round in circles.)"""
+    import types
+    values = [(k, v) for k, v in vars(mod).items() if k != "__builtins__"]
+    for functions in (False, True):
+        for key, value in values:
+            if isinstance(value, types.FunctionType) is not functions or picklable(value):
+                continue
+            if functions:
+                bad = next((var for var in global_names(value.__code__)
+                            if var in value.__globals__ and not picklable(value.__globals__[var])),
+                           None)
+                if bad is not None:
+                    return f"{mod.__name__}.{key} (its global {bad!r})"
+            return f"{mod.__name__}.{key}"
+    return None
 
 
 def picklable(value: Any) -> bool:

@@ -59,7 +59,12 @@ class RemoteFunction:
 
     The function must return its value: a generator function (``yield``), an ``async
     def`` or an async generator function is refused with a ``TypeError`` at decoration
-    (its calls would only make a generator or coroutine, which cannot be sent back)."""
+    (its calls would only make a generator or coroutine, which cannot be sent back).
+
+    Over ``@functools.cache``/``@lru_cache``, ``.cache_info()``, ``.cache_clear()`` and
+    ``.cache_parameters()`` are those of this process's own cache, the one :meth:`local`
+    uses: a task runs with a cache of its own process, which they neither count nor
+    clear. A function without a cache has none of them (``AttributeError``)."""
 
     def __init__(self, fn: Callable, mesh: GPUMesh | _DefaultMesh | None, options: dict):
         # Not callable, or a generator or coroutine function: every call would fail, here
@@ -91,6 +96,36 @@ class RemoteFunction:
     def __repr__(self) -> str:
         return f"<RemoteFunction {getattr(self, '__qualname__', '?')}>"
 
+    def _cache_method(self, name: str) -> Callable[..., Any]:
+        """The wrapped cache function's method ``name``, else the ``AttributeError`` of a
+        missing attribute (so ``hasattr(f, "cache_info")`` says whether it has one), saying
+        why it is missing."""
+        fn = self.__gpumesh_wrapped__
+        method = getattr(fn, name, None)
+        if method is None:
+            raise AttributeError(
+                f"{type(self).__name__!r} object has no attribute {name!r}: "
+                f"{getattr(fn, '__qualname__', 'the function')} is not a functools.cache/"
+                f"lru_cache function", name=name, obj=self)
+        return method
+
+    # Properties, not methods: functools.update_wrapper copies the wrapped function's
+    # __dict__, but these are methods of its type, which it does not copy.
+    @property
+    def cache_info(self) -> Callable[[], Any]:
+        """The caller's own cache's ``cache_info`` (see the class docstring)."""
+        return self._cache_method("cache_info")
+
+    @property
+    def cache_clear(self) -> Callable[[], None]:
+        """The caller's own cache's ``cache_clear`` (see the class docstring)."""
+        return self._cache_method("cache_clear")
+
+    @property
+    def cache_parameters(self) -> Callable[[], dict]:
+        """The caller's own cache's ``cache_parameters`` (see the class docstring)."""
+        return self._cache_method("cache_parameters")
+
     def __get__(self, obj, objtype=None):
         # Decorating a method: bind like a function would.
         if obj is None:
@@ -121,10 +156,11 @@ class RemoteFunction:
 
     def _run_inline(self, calls: list[_calls.Call], hints: list[dict] | None = None,
                     return_exceptions: bool = False, handle: dict | None = None,
-                    timeout: float | None = None):
+                    timeout: float | None = None, entry: str | None = None):
         """Inside a task: the calls on the inline backend, with this function's options
         (``timeout``, checked, replaces the decorator's); a list of ``(index, value)`` (an
-        iterator with ``handle``)."""
+        iterator with ``handle``). ``entry``: the call its errors name (as
+        :class:`~gpumesh.client.pipeline.Job`'s)."""
         __tracebackhide__ = True  # (IPython shows the user's frames, not gpumesh's)
         # The hardware and packages it asks for are this worker's to meet, as this
         # machine's are when the mesh is away: a GPU function does not run on a CPU.
@@ -135,7 +171,7 @@ class RemoteFunction:
         job = pipeline.Job(self.__gpumesh_wrapped__, calls, hints or [{}] * len(calls),
                            timeout=options["timeout"], name=options["name"],
                            retry=self.retry, return_exceptions=return_exceptions,
-                           streaming=handle is not None)
+                           streaming=handle is not None, entry=entry)
         run = pipeline.run(None, job, handle, backend=pipeline.INLINE)
         return run if handle is not None else pipeline.drained(run)
 
@@ -179,8 +215,9 @@ class RemoteFunction:
         isolation = None if isolation is None else check_isolation(isolation)
         timeout = _check_timeout(timeout)
         if not ordered:
-            return self.imap(items, return_exceptions=return_exceptions, isolation=isolation,
-                             timeout=timeout)
+            # (its errors name what the user called, not the .imap() it goes through)
+            return self._imap(items, bool(return_exceptions), isolation, timeout,
+                              ".map(ordered=False)")
         fn = self.__gpumesh_wrapped__
         calls, hints = _calls.map_items(fn, _calls.read_input(items, ".map()"))
         try:
@@ -205,16 +242,22 @@ class RemoteFunction:
         which yields ``(index, exception)`` instead. Without a mesh the items run here,
         one per ``next()``, in input order. ``isolation`` and ``timeout``: as for :meth:`map`."""
         isolation = None if isolation is None else check_isolation(isolation)
-        timeout = _check_timeout(timeout)
+        return self._imap(items, bool(return_exceptions), isolation, _check_timeout(timeout),
+                          ".imap()")
+
+    def _imap(self, items: Iterable[Any], flag: bool, isolation: str | None,
+              timeout: float | None, via: str) -> Results:
+        """:meth:`imap` with its options checked; ``via``: the call its errors name (the
+        input limit's ValueError, a task's StopIteration, the return_exceptions hint)."""
         fn = self.__gpumesh_wrapped__
-        calls, hints = _calls.map_items(fn, _calls.read_input(items, ".imap()"))
-        flag = bool(return_exceptions)
+        calls, hints = _calls.map_items(fn, _calls.read_input(items, via))
         if self._inline():
-            return Results(lambda h: self._run_inline(calls, hints, flag, h, timeout), len(calls))
+            return Results(lambda h: self._run_inline(calls, hints, flag, h, timeout, via),
+                           len(calls))
         mesh = self.mesh
         options = self._call_options(isolation, timeout)
         return Results(lambda h: mesh.iter_calls(fn, calls, hints=hints, return_exceptions=flag,
-                                                 handle=h, **options), len(calls))
+                                                 handle=h, entry=via, **options), len(calls))
 
     def to(self, device: str) -> RemoteFunction:
         """The same function bound to a device kind or model (``"cuda"``, ``"mps"``,

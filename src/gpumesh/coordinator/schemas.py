@@ -5,8 +5,10 @@ domain check that follows); :meth:`Body.read` validates a decoded body in that o
 and returns the values, and :meth:`Body.json_schema` is the body's schema in the OpenAPI
 document (:mod:`.openapi`). A route reads its body with one call, so "where is this route
 validated" has one answer: here, plus the few checks that need the coordinator's state
-(is the blob stored, is the job known), which stay in the route. Path ids go through
-:func:`check_id` (``routes/base.py``'s ``path_id``), numeric query parameters through
+(is the blob stored, is the job known), which stay in the route. Ids a person gives
+(job and task ids: in a path, a query or a body) go through :func:`user_id`, which takes
+them in either case (``routes/base.py``'s ``path_id``), ids only machines send through
+:func:`check_id`, exact; numeric query parameters through
 ``routes/base.py``'s ``query_float`` (the few flags and ids a route reads from its query
 are checked in that route), and a frames body's frames through :mod:`.bodies`.
 
@@ -31,6 +33,8 @@ from . import people
 from .model import HTTPError
 
 HEX_ID = "^[0-9a-f]{4,64}$"
+#: An id a person may give (:func:`user_id`): in either case.
+USER_ID = "^[0-9a-fA-F]{4,64}$"
 SHA256 = "^[0-9a-f]{64}$"
 _HEX = re.compile(r"[0-9a-f]{4,64}\Z")
 _SHA = re.compile(r"[0-9a-f]{64}\Z")
@@ -92,6 +96,23 @@ def check_id(value: Any, what: str) -> str:
 
 def is_id(value: Any) -> bool:
     return isinstance(value, str) and bool(_HEX.match(value))
+
+
+def as_user_id(value: Any) -> str | None:
+    """An id a person gives (a job or task id, as `gpumesh jobs` lists it or typed in
+    capitals, as the CLI and the Python API accept it) in lower case, as ids are made
+    and stored; None if it is not one. Ids only machines send (lease ids, a worker's
+    own protocol fields) stay :func:`check_id`'s, exact: gpumesh makes them in lower
+    case, so one in capitals is a fault to refuse, not a typing habit to forgive."""
+    if isinstance(value, str) and value.isascii() and _HEX.match(value.lower()):
+        return value.lower()
+    return None
+
+
+def user_id(value: Any, what: str) -> str:
+    """:func:`as_user_id`'s id, or 400 naming ``what`` (with the value as given)."""
+    got = as_user_id(value)
+    return got if got is not None else check_id(value, what)
 
 
 def is_sha256(value: Any) -> bool:
@@ -253,6 +274,10 @@ def _id_of(what: str) -> Check:
     return lambda v, data, got: check_id(v, what)
 
 
+def _user_id_of(what: str) -> Check:
+    return lambda v, data, got: user_id(v, what)
+
+
 def _one_of(*allowed: str, message: str) -> Check:
     def check(v, data, got):
         if v not in allowed:
@@ -322,9 +347,10 @@ def _costs(v, data, got):
 
 
 def _job_ids(v, data, got):
-    if not 1 <= len(v) <= MAX_RELEASE_JOBS or not all(is_id(j) for j in v):
+    ids = [as_user_id(j) for j in v]
+    if not 1 <= len(v) <= MAX_RELEASE_JOBS or None in ids:
         raise bad(f"field 'jobs' must be a list of 1 to {MAX_RELEASE_JOBS} job ids")
-    return v
+    return ids
 
 
 def _domain(fn: Callable[[Any], Any]) -> Check:
@@ -439,8 +465,9 @@ RESULT_META = Body("ResultMeta", (
 ), doc="frame 0 of a result; frame 1 (required for ok) is the payload")
 
 JOB_SUBMIT = Body("JobSubmit", (
-    Field("job_id", str, check=_id_of("job id"), schema={"pattern": HEX_ID},
-          doc="chosen by the caller; a resend with the same id is idempotent"),
+    Field("job_id", str, check=_user_id_of("job id"), schema={"pattern": USER_ID},
+          doc="chosen by the caller (stored in lower case); a resend with the same id is "
+              "idempotent"),
     Field("kind", str, "function", schema={"enum": ["function", "script"]},
           check=_one_of("function", "script", message="field 'kind' must be 'function' or 'script'")),
     Field("result_format", str, "pickle", schema={"enum": ["pickle", "json"]},
@@ -495,7 +522,7 @@ def _job_list(name: str) -> Body:
     return Body(name, (
         Field("jobs", list, check=_job_ids,
               schema={"minItems": 1, "maxItems": MAX_RELEASE_JOBS,
-                      "items": {"type": "string", "pattern": HEX_ID}}),
+                      "items": {"type": "string", "pattern": USER_ID}}),
     ))
 
 

@@ -67,6 +67,7 @@ from .. import availability
 from . import people, views
 from .auth import AuthRefused
 from .model import HTTPError, JobReleased, UnknownJob
+from .schemas import as_user_id
 from .routes.base import query_choice, query_float
 from .routes.jobs import listed_job_ids
 from .usage import UsageCache
@@ -344,10 +345,13 @@ def routes(coord, auth, usage: UsageCache) -> list[Route]:
 
 
 def _jid(request: Request) -> str:
+    """The path's job id in lower case, as the API's (a person may type it in capitals);
+    anything else is no job (404), as the pages show it."""
     jid = request.path_params["jid"]
-    if not (4 <= len(jid) <= 64 and all(c in "0123456789abcdef" for c in jid)):
+    got = as_user_id(jid)
+    if got is None:
         raise UnknownJob(jid[:80])
-    return jid
+    return got
 
 
 def _worker(coord, w) -> dict:

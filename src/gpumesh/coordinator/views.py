@@ -172,8 +172,9 @@ def missing_module_message(coord: Coordinator, job: Job, module: str) -> str:
     absent = (f"{', '.join(who for who, _ in lacking)} lack{'s' if len(lacking) == 1 else ''} it"
               if lacking else "")
     if not gaps:
+        from ..packages import INSTALL_ADVICE
         return (f"No module named {module!r} on any worker that could run this task: {absent}; "
-                f"install it there (or join a worker that has it) and call again")
+                f"{INSTALL_ADVICE}")
     package = gaps[0][1][0]
     have = "; ".join([f"{who} has {gap[0]} {gap[1]}" for who, gap in gaps] + ([absent] if absent else []))
     return (f"No module named {module!r} in the version of {package} on any worker that could "

@@ -31,7 +31,7 @@ from .. import bodies, diskfull, dist, people
 from ..auth import Authenticator, AuthRefused
 from ..core import Coordinator
 from ..model import CoordinatorError, HTTPError, NotStored, UnknownJob
-from ..schemas import bad, check_id, is_id
+from ..schemas import bad, check_id, user_id
 
 log = logging.getLogger("gpumesh.coordinator")
 
@@ -219,8 +219,14 @@ def path_id(request: Request, name: str, what: str) -> str:
     """Path parameter ``name`` as a hex id, in lower case (as ids are made and stored;
     a user may have typed one in capitals, as the CLI accepts); 400 naming ``what``
     otherwise."""
-    value = request.path_params[name]
-    return value.lower() if is_id(value.lower()) else check_id(value, what)
+    return user_id(request.path_params[name], what)
+
+
+def query_id(request: Request, name: str, what: str) -> str | None:
+    """Query parameter ``name`` (None when absent) as an id a person gives, in lower case
+    as :func:`path_id`'s; 400 naming ``what`` otherwise."""
+    value = request.query_params.get(name)
+    return None if value is None else user_id(value, what)
 
 
 def lease_of(request: Request) -> str:

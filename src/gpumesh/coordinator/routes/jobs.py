@@ -20,10 +20,10 @@ from ..auth import is_loopback
 from ..bodies import Part, frames_response, frames_streamed, json_body, sha256, take_handoffs
 from ..core import Coordinator
 from ..model import HTTPError, JobReleased, UnknownJob
-from ..schemas import ALIVE_JOBS, JOB_SUBMIT, RELEASE_JOBS, bad, check_id
+from ..schemas import ALIVE_JOBS, JOB_SUBMIT, RELEASE_JOBS, bad
 from ..store import Incoming
 from .base import (ctx, maps_locked, not_yours, owned, path_id, query_choice, query_float,
-                   route, until_disconnect, who_of)
+                   query_id, route, until_disconnect, who_of)
 
 
 @route(protocol.JOBS, ["POST"], action="submit jobs", hot=True)
@@ -111,8 +111,8 @@ def listed_job_ids(request: Request, coord: Coordinator, limit: int) -> list[str
     400 for a malformed parameter or a ``before`` job this coordinator does not hold."""
     q = request.query_params
     before = None
-    if "before" in q:
-        jid = check_id(q["before"], "query parameter 'before': job id")
+    jid = query_id(request, "before", "query parameter 'before': job id")
+    if jid is not None:
         found = coord.store.job_created(jid)
         if found is None:
             raise bad(f"query parameter 'before': no job {jid} here (it may have been purged)")
@@ -227,9 +227,7 @@ async def job_logs(request: Request) -> Response:
     """Each task's kept stdout and stderr (text, invalid UTF-8 replaced)."""
     coord = ctx(request).coord
     jid = path_id(request, "jid", "job id")
-    task = request.query_params.get("task")
-    if task is not None:
-        check_id(task, "task id")
+    task = query_id(request, "task", "task id")
     owned(request, jid, "read the output of")
     rows = coord.store.task_rows(jid)
     if not rows and not coord.store.job_exists(jid):
