@@ -590,7 +590,7 @@ class Executor:
         # a task handed back for its owner (pause --now) must not run to completion twice
         # (a cancelled job's coordinator refuses the post; a timeout never gets here).
         pending.answered = True
-        self._preload(host, info.get("imports"), info.get("path"))
+        host.preload(info.get("imports"), info.get("path"))
         handoff_file = info.get("handoff_file")
         return Outcome(info["status"], info.get("error"), payload if payload else None,
                        handoff_file if isinstance(handoff_file, str) else None)
@@ -599,26 +599,6 @@ class Executor:
         self._kill(pending, "timeout")
         return Outcome("error", {"kind": FailureKind.TIMEOUT, "type": "TaskTimeout",
                                  "message": timeout_message(timeout)})
-
-    @staticmethod
-    def _preload(host: Host, modules: list | None, path: list | None) -> None:
-        new = [m for m in modules or () if isinstance(m, str) and m not in host.preloaded]
-        if not new:
-            return
-        host.preloaded.update(new)
-        # One control message each up to ~32 KiB of names (messages are single datagrams).
-        batches: list[list[str]] = [[]]
-        size = 0
-        for name in new:
-            if size > 32 * 1024:
-                batches.append([])
-                size = 0
-            batches[-1].append(name)
-            size += len(name) + 4
-        try:
-            host.preload([{"op": "preload", "modules": batch, "path": path or []} for batch in batches])
-        except (OSError, ValueError):
-            pass
 
     @staticmethod
     def _send_args(sock: socket.socket, args: bytes | bytearray | memoryview) -> None:

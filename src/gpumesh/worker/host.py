@@ -220,9 +220,30 @@ class Host:
             except OSError:
                 pass  # the host is gone: its reader wakes the task
 
-    def preload(self, batches: list[dict]) -> None:
-        """Have the host import modules (``{"op": "preload", ...}`` messages), and replace
-        the spares forked before them, so the next task starts with the modules loaded."""
+    def preload(self, modules: list | None, path: list | None) -> None:
+        """Have the host import the ``modules`` a task imported (with the ``path`` it
+        had) that it has not yet, and replace the spares forked before them, so the next
+        task starts with the modules loaded."""
+        new = [m for m in modules or () if isinstance(m, str) and m not in self.preloaded]
+        if not new:
+            return
+        self.preloaded.update(new)
+        # One control message each up to ~32 KiB of names (messages are single datagrams).
+        batches: list[list[str]] = [[]]
+        size = 0
+        for name in new:
+            if size > 32 * 1024:
+                batches.append([])
+                size = 0
+            batches[-1].append(name)
+            size += len(name) + 4
+        try:
+            self._send_preloads([{"op": "preload", "modules": batch, "path": path or []}
+                                 for batch in batches])
+        except (OSError, ValueError):
+            pass
+
+    def _send_preloads(self, batches: list[dict]) -> None:
         with self._cv:
             for batch in batches:
                 framing.send_msg(self.ctrl, batch)
