@@ -359,8 +359,9 @@ MAX_SLOTS = _const("MAX_SLOTS", 1024, "count",
                    "most CPU slots one worker offers (`join --cpu-slots`, `serve --slots`, "
                    "`GPUMesh.add_worker(slots=)`)")
 MAX_WARM_FUNCTIONS = _const("MAX_WARM_FUNCTIONS", 4, "count",
-                            "warm per-function processes a worker keeps (least recently used "
-                            "beyond this exit)")
+                            "warm per-function processes a worker keeps (the least recently "
+                            "used idle ones beyond this exit; one a task or a job's kept "
+                            "process uses never does, so more may run while more are in use)")
 # A worker that keeps no warm process any more stops its zygote and generic spare too, so
 # its idle memory goes back to what it was before its first task.
 WARM_IDLE_S: float = _env(

@@ -99,3 +99,23 @@ def test_a_jobs_kept_process_logs_each_tasks_own_output_and_is_forked_from_the_f
     # runtime the agent.
     _pid, host = accelerate(mesh)(_say)(0)
     assert {ppid for _, ppid in got} == {host}
+
+
+def test_more_job_isolated_functions_than_a_worker_keeps_warm_all_run(make_mesh):
+    # One-call jobs of more functions than MAX_WARM_FUNCTIONS, in turn, on one slot (a
+    # notebook redefining its function makes the same: a new function per call): each
+    # call's host was closed to make room for it while the last few jobs' processes
+    # still counted as in use, and the call failed as WorkerLost after three tries.
+    from gpumesh.limits import MAX_WARM_FUNCTIONS
+    m = make_mesh(workers=1)
+    mesh = m.client(output=False)
+
+    def make(k):
+        @accelerate(mesh, isolation="job")
+        def f(x):
+            return k, x
+        return f
+
+    fns = [make(k) for k in range(2 * MAX_WARM_FUNCTIONS)]
+    for rnd in range(3):
+        assert [f(rnd) for f in fns] == [(k, rnd) for k in range(len(fns))]

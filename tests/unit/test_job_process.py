@@ -19,6 +19,7 @@ from gpumesh.protocol import TaskGrant
 from gpumesh.worker import executor as executor_mod
 from gpumesh.worker import procs
 from gpumesh.worker.executor import Executor
+from gpumesh.worker.host import Host
 
 from ..conftest import alive, descendants, function_blob, parent, wait_for
 
@@ -254,7 +255,7 @@ def _importing(name=None):
 
 def test_a_kept_process_reports_each_module_a_task_imports_once(ex, tmp_path, monkeypatch):
     reported: list[list[str]] = []
-    monkeypatch.setattr(ex, "_preload", lambda host, modules, path: reported.append(list(modules or ())))
+    monkeypatch.setattr(Host, "preload", lambda host, modules, path: reported.append(list(modules or ())))
     mod = "tabnanny"  # (a module no function host loads)
     pids = [_value(_call(ex, tmp_path, _importing, name)) for name in (None, None, mod, mod, None)]
     assert len(set(pids)) == 1  # one kept process ran them all

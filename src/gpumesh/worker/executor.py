@@ -2,8 +2,8 @@
 
 :class:`Executor` starts the zygote with the first function task (an idle worker keeps
 no interpreter but its own), keeps up to ``MAX_WARM_FUNCTIONS`` warm function hosts
-(least recently used beyond that are closed, idle ones after ``WARM_IDLE_S``), and runs
-one task at a time per calling thread through :meth:`Executor.run`. A task of a job that
+(the least recently used beyond that are closed, idle ones after ``WARM_IDLE_S``, but
+never one in use: see :meth:`Executor._evict`), and runs one task at a time per calling thread through :meth:`Executor.run`. A task of a job that
 asked for ``isolation="job"`` runs in the task process its slot kept from the job's last
 task there (a forked child of the function's host, waiting on its socket), or in a fresh
 one that is then kept; it is closed when the slot runs another job's task, after
@@ -42,7 +42,7 @@ from ..protocol import FailureKind, TaskGrant, timeout_message
 from . import ahead as ahead_mod
 from . import framing, membody, procs, runner, tempdirs
 from .ahead import Ahead
-from .host import Host, Kept, Pending, Spare, hung_up
+from .host import Host, Kept, Pending, Spare, hung_up, to_close
 from .retire import Retirer, on_device
 
 log = logging.getLogger("gpumesh.worker")
@@ -180,9 +180,9 @@ class Executor:
 
     def _janitor(self) -> None:
         """Release what idles: processes jobs kept that ran no task for JOB_IDLE_S, hosts
-        whose function ran no task for WARM_IDLE_S (with their spare) and that no job keeps
-        a process of, then the zygote once it hosts none and has forked none for as long
-        (the next function task starts it again, ~0.1 s)."""
+        not in use whose function ran no task for WARM_IDLE_S (with their spare) or beyond
+        MAX_WARM_FUNCTIONS (see _evict), then the zygote once it hosts none and has forked
+        none for as long (the next function task starts it again, ~0.1 s)."""
         while not self._closed:
             time.sleep(min(5.0, max(0.05, min(WARM_IDLE_S, JOB_IDLE_S) / 4)))
             with self._lock:
@@ -194,12 +194,7 @@ class Executor:
                     if kept.host.dead or (now - kept.last_used > JOB_IDLE_S and kept.spare not in busy):
                         del self._kept[job_slot]
                         kept.host.release(kept.spare)
-                for key, host in list(self._hosts.items()):
-                    # Not while it loads its function: its task is not counted yet.
-                    if (not host.tasks and not host.kept and host.ready.is_set()
-                            and now - host.last_used > WARM_IDLE_S):
-                        del self._hosts[key]
-                        host.close()
+                self._evict()
                 last = max([self._zygote_used, *(h.last_used for h in self._hosts.values())])
                 idle = time.monotonic() - last
                 zygote, ctrl = self._zygote, self._zygote_ctrl
@@ -215,6 +210,8 @@ class Executor:
                 zygote.wait()
 
     def _host(self, fn_hash: str, blob_path: str, sys_path: list[str] | None = None) -> Host:
+        """The function's host, started if need be, with one more user (the caller's
+        task, until it drops it: :meth:`run`), so that no eviction closes it meanwhile."""
         # A function run in a task environment (requires=) has a host of its own, whose
         # sys.path starts with that environment: keyed by both.
         key = fn_hash if not sys_path else "|".join([fn_hash, *sys_path])
@@ -223,6 +220,7 @@ class Executor:
             if host is not None and not host.dead:
                 self._hosts.move_to_end(key)
                 host.last_used = time.monotonic()
+                host.users += 1
                 return host
             zygote = self._zygote_socket()
             mine, theirs = framing.control_pair()
@@ -233,18 +231,25 @@ class Executor:
             theirs.close()
             host = Host(fn_hash, mine)
             host.key = key
+            host.users = 1
             self._hosts[key] = host
             self._evict()
         return host
 
     def _evict(self) -> None:
-        now = time.monotonic()
-        for h, host in list(self._hosts.items()):
-            busy = bool(host.tasks or host.kept)
-            too_many = len(self._hosts) > MAX_WARM_FUNCTIONS
-            if not busy and (too_many or now - host.last_used > WARM_IDLE_S or host.dead):
-                del self._hosts[h]
-                host.close()
+        """Close the hosts :func:`~gpumesh.worker.host.to_close` picks. In use: a host a
+        task was handed (``users``, counted from before it has loaded, so the host just
+        started for a task is one), or one a job keeps a process of for its next task. A
+        process its slot has let go, closed a moment later (gpumesh.worker.retire), does
+        not count: its job is done there. (Counted, a run of one-call jobs of new
+        functions kept its last few hosts in use, and the one started for the next call
+        was the only one left to close, under its task.) With ``self._lock`` held."""
+        kept = {id(k.host) for k in self._kept.values()}
+        for host in to_close(self._hosts.values(),
+                             lambda h: bool(h.users or h.tasks or id(h) in kept),
+                             MAX_WARM_FUNCTIONS, WARM_IDLE_S, time.monotonic()):
+            del self._hosts[host.key]
+            host.close()
 
     def functions_in_use(self) -> list[str]:
         """The function hashes (``hash`` or ``hash|sys.path...``) whose blob file processes
@@ -253,12 +258,24 @@ class Executor:
         with self._lock:
             return [key for key, host in self._hosts.items() if not host.ready.is_set()]
 
-    def forget(self, key: str) -> None:
-        """Drop a host (e.g. its function failed to load) so the next task starts afresh."""
+    def _forget(self, host: Host) -> None:
+        """Drop ``host`` (its function failed to load, or it died) so the next task starts
+        afresh; not another host since started under its key."""
         with self._lock:
-            host = self._hosts.pop(key, None)
-        if host is not None and not host.tasks:
+            if self._hosts.get(host.key) is host:
+                del self._hosts[host.key]
+        if not host.tasks:
             host.close()
+
+    def _host_lost(self, host: Host) -> Outcome:
+        """The outcome of a task whose host went before the task could run: re-queued.
+        Its words name who ended the host, which the task's history keeps: a host this
+        worker closed (it is stopping) is no crash of the function's host."""
+        why = "the function's host process died"
+        if host.closed_alive:
+            why = ("this worker closed the function's host" +
+                   (" (it is stopping)" if self._closed else ""))
+        return Outcome("retry", {"kind": FailureKind.HOST_DIED, "message": why})
 
     # ------------------------------------------------------------------ tasks -------
     def run(self, task: TaskGrant, blob_path: str, args: bytes | bytearray | memoryview | None = None,
@@ -285,7 +302,6 @@ class Executor:
         ``withdraw``: the slot hands the task back (its owner paused it): one sent ahead
         is withdrawn, and its outcome says whether it had begun (its result, which
         stands) or not (``cancelled``); one not sent ahead is not run."""
-        task_id, fn_hash, timeout = task.task_id, task.fn, task.timeout
         keep = task.isolation == "job" and task.job_id is not None
         slot_key = (task.job_id, slot if slot is not None else threading.get_ident())
         if self._kept:
@@ -295,18 +311,29 @@ class Executor:
             elif left:  # closed once this task is under way (gpumesh.worker.retire)
                 self._retirer.later(lambda: self._release(left))
         try:
-            host = self._host(fn_hash, blob_path, sys_path)
+            host = self._host(task.fn, blob_path, sys_path)
         except OSError as e:  # the zygote could not be started, or we are closing
             return Outcome("retry", {"kind": FailureKind.HOST_DIED,
                                      "message": f"could not start the function's host: {e}"})
+        try:
+            return self._run_in(host, task, args, env, args_ref, handoff_dir, handoff_name,
+                                slot_key, keep, ahead, withdraw)
+        finally:
+            with self._lock:
+                host.users -= 1  # (the task's end: the host may be evicted from now on)
+
+    def _run_in(self, host: Host, task: TaskGrant, args, env, args_ref, handoff_dir,
+                handoff_name, slot_key: tuple, keep: bool, ahead, withdraw: bool) -> Outcome:
+        """:meth:`run`'s task, in ``host``, which counts it among its users."""
+        task_id, timeout = task.task_id, task.timeout
         host.ready.wait()
         host.last_used = time.monotonic()  # a slow load is not idle time (see _janitor)
         if host.load_error is not None:
-            self.forget(host.key)
+            self._forget(host)
             return Outcome("error", dict(host.load_error))
         if host.dead:
-            self.forget(host.key)
-            return Outcome("retry", {"kind": FailureKind.HOST_DIED, "message": "the function's host process died"})
+            self._forget(host)
+            return self._host_lost(host)
         me = threading.get_ident()
         with self._lock:
             sent = self._ahead.pop(me, None)
@@ -517,8 +544,7 @@ class Executor:
             fresh, kept = spare is None, None
             if fresh and sent:  # (sent ahead to a process whose host went meanwhile)
                 pending.started.set()
-                return Outcome("retry", {"kind": FailureKind.HOST_DIED,
-                                         "message": "the function's host process died"})
+                return self._host_lost(host)
             if fresh:
                 try:
                     spare = host.take(pending, deadline)
@@ -531,10 +557,10 @@ class Executor:
                 pending.started.set()  # (the canceller waits for it)
                 return self._killed_outcome(pending)
             if spare is None:
-                why = host.spare_error if not host.dead else None
+                if host.dead:
+                    return self._host_lost(host)
                 return Outcome("retry", {"kind": FailureKind.HOST_DIED, "message":
-                                         f"could not start the task's process: {why}" if why
-                                         else "the function's host process died"})
+                                         f"could not start the task's process: {host.spare_error}"})
             sock = spare.sock
             try:
                 if deadline is not None:
@@ -590,7 +616,7 @@ class Executor:
         # a task handed back for its owner (pause --now) must not run to completion twice
         # (a cancelled job's coordinator refuses the post; a timeout never gets here).
         pending.answered = True
-        self._preload(host, info.get("imports"), info.get("path"))
+        host.preload(info.get("imports"), info.get("path"))
         handoff_file = info.get("handoff_file")
         return Outcome(info["status"], info.get("error"), payload if payload else None,
                        handoff_file if isinstance(handoff_file, str) else None)
@@ -599,26 +625,6 @@ class Executor:
         self._kill(pending, "timeout")
         return Outcome("error", {"kind": FailureKind.TIMEOUT, "type": "TaskTimeout",
                                  "message": timeout_message(timeout)})
-
-    @staticmethod
-    def _preload(host: Host, modules: list | None, path: list | None) -> None:
-        new = [m for m in modules or () if isinstance(m, str) and m not in host.preloaded]
-        if not new:
-            return
-        host.preloaded.update(new)
-        # One control message each up to ~32 KiB of names (messages are single datagrams).
-        batches: list[list[str]] = [[]]
-        size = 0
-        for name in new:
-            if size > 32 * 1024:
-                batches.append([])
-                size = 0
-            batches[-1].append(name)
-            size += len(name) + 4
-        try:
-            host.preload([{"op": "preload", "modules": batch, "path": path or []} for batch in batches])
-        except (OSError, ValueError):
-            pass
 
     @staticmethod
     def _send_args(sock: socket.socket, args: bytes | bytearray | memoryview) -> None:
@@ -638,7 +644,7 @@ class Executor:
         pending.exited.wait(5)
         code = pending.code
         if code is None:
-            return Outcome("retry", {"kind": FailureKind.HOST_DIED, "message": "the task's host process died"})
+            return self._host_lost(host)
         return Outcome("error", {"kind": FailureKind.CRASHED, "type": "TaskCrashed",
                                  "message": procs.crash_message(code), "code": code})
 

@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterable
 
 from . import framing, procs, runner
 
@@ -75,9 +76,14 @@ class Host:
         self.tasks: dict[str, Pending] = {}
         self._by_pid: dict[int, Pending] = {}  # the tasks' processes
         self._spares: deque[Spare] = deque()
-        #: Idle task processes that jobs keep for their next task (isolation="job"): in
-        #: use, so the host is not evicted while one exists; closed with the host.
+        #: Idle task processes that jobs keep for their next task (isolation="job"),
+        #: closed with the host (while a job still keeps one, the executor counts the
+        #: host as in use: Executor._evict).
         self.kept: set[Spare] = set()
+        #: Tasks handed this host (Executor._host) that have not ended, counted from
+        #: before it has loaded their function (they are in ``tasks`` only from then):
+        #: while any is, the host is in use and never closed to make room (to_close).
+        self.users = 0
         self._asked = 1  # spares asked for and not yet come (the host forks one unasked)
         self._takers = 0  # threads waiting for a spare
         self._preloads = 0  # preload messages sent: a spare forked before them is stale
@@ -88,6 +94,7 @@ class Host:
         self.key = fn_hash  # its key among the executor's hosts
         self.dead = False
         self.closed = False  # by us (close): its tasks are the executor's to end
+        self.closed_alive = False  # by us while it ran (not after it died): see close
         self.last_used = time.monotonic()
         self.preloaded: set[str] = set()
         self.reader = threading.Thread(target=self._read, name=f"host-{fn_hash[:8]}", daemon=True)
@@ -220,9 +227,30 @@ class Host:
             except OSError:
                 pass  # the host is gone: its reader wakes the task
 
-    def preload(self, batches: list[dict]) -> None:
-        """Have the host import modules (``{"op": "preload", ...}`` messages), and replace
-        the spares forked before them, so the next task starts with the modules loaded."""
+    def preload(self, modules: list | None, path: list | None) -> None:
+        """Have the host import the ``modules`` a task imported (with the ``path`` it
+        had) that it has not yet, and replace the spares forked before them, so the next
+        task starts with the modules loaded."""
+        new = [m for m in modules or () if isinstance(m, str) and m not in self.preloaded]
+        if not new:
+            return
+        self.preloaded.update(new)
+        # One control message each up to ~32 KiB of names (messages are single datagrams).
+        batches: list[list[str]] = [[]]
+        size = 0
+        for name in new:
+            if size > 32 * 1024:
+                batches.append([])
+                size = 0
+            batches[-1].append(name)
+            size += len(name) + 4
+        try:
+            self._send_preloads([{"op": "preload", "modules": batch, "path": path or []}
+                                 for batch in batches])
+        except (OSError, ValueError):
+            pass
+
+    def _send_preloads(self, batches: list[dict]) -> None:
         with self._cv:
             for batch in batches:
                 framing.send_msg(self.ctrl, batch)
@@ -271,6 +299,8 @@ class Host:
 
     def close(self) -> None:
         with self._cv:
+            # (a task it fails then is not told its host died: Executor._host_lost)
+            self.closed_alive = self.closed_alive or not self.dead
             self.closed = self.dead = True
             self._drop_spares()
             self._drop_kept()
@@ -280,3 +310,21 @@ class Host:
         except OSError:
             pass
         self.ctrl.close()
+
+
+def to_close(hosts: Iterable[Host], in_use: Callable[[Host], bool], most: int,
+             idle_s: float, now: float) -> list[Host]:
+    """The warm hosts to close, of ``hosts`` (least recently used first): of those not
+    ``in_use``, the dead, those idle for longer than ``idle_s``, and the least recently
+    used beyond ``most``. A host in use is never closed (a task it was handed would
+    fail as if its host had died, and be retried into the same eviction), so while more
+    than ``most`` are in use they all stay, and the count goes back to ``most`` as they
+    become idle (the janitor, or the next new host, closes the extra ones)."""
+    hosts = list(hosts)
+    left = len(hosts)
+    gone = []
+    for host in hosts:
+        if not in_use(host) and (host.dead or left > most or now - host.last_used > idle_s):
+            gone.append(host)
+            left -= 1
+    return gone
