@@ -16,6 +16,32 @@ def test_isolation_is_checked_at_decoration(make_mesh):
         m.client().distribute(abs, [1], isolation="worker")
 
 
+def test_each_task_process_and_each_jobs_process_draws_its_own_random_numbers(make_mesh):
+    # Forked from one host, task processes start from its RNG states: each must be
+    # reseeded (random's own at-fork hook is registered before the host's fork records
+    # hooks), or a random search draws the same sample in every task.
+    m = make_mesh(workers=1, slots=2)
+    mesh = m.client(output=False)
+
+    def draw(_i):
+        import os
+        import random
+
+        import numpy
+        return os.getpid(), random.random(), random.sample(range(1000), 3), numpy.random.random()
+
+    for isolation in ("task", "job"):
+        got = accelerate(mesh, isolation=isolation)(draw).map(range(8))
+        first_draw = {}
+        for pid, *values in got:
+            first_draw.setdefault(pid, values)  # (a job's process draws on: its first draw)
+        per_process = list(first_draw.values())
+        assert len(per_process) >= (8 if isolation == "task" else 1)
+        for k in range(3):
+            assert len({repr(v[k]) for v in per_process}) == len(per_process), (isolation, got)
+        assert len({repr(v[1:]) for v in got}) == 8, (isolation, got)
+
+
 def test_a_jobs_tasks_share_a_process_per_slot_and_never_across_jobs(make_mesh):
     m = make_mesh(workers=1, slots=2)
     mesh = m.client(output=False)
