@@ -474,7 +474,7 @@ def test_a_module_that_cannot_be_pickled_is_named_down_to_the_value(m, tmp_path,
 def test_a_cache_function_runs_with_a_cache_of_the_jobs_own(m):
     """``@mesh`` over ``@functools.cache`` failed with "Can't pickle <functools.
     _lru_cache_wrapper ...>: it's not the same object"; now the task's process has a cache
-    of its own (here: the job's, as a job's process on a worker), the caller's untouched."""
+    of its own (a task's, or a job's process's with isolation="job"), the caller's untouched."""
     import functools
     import random
 
@@ -484,7 +484,10 @@ def test_a_cache_function_runs_with_a_cache_of_the_jobs_own(m):
         return x, random.random()
 
     one, again, other = draw.map([1, 1, 2])
-    assert one == again and one[0] == 1 and other[0] == 2  # cached within the job
+    # each task of the default isolation: a fresh process's cache, as on a worker
+    assert one[0] == again[0] == 1 and one != again and other[0] == 2
+    one, again = draw.map([1, 1], isolation="job")
+    assert one == again  # a job's process: one cache for the job's tasks
     assert draw(1)[0] == 1 and draw(1) != draw(1)  # each call: a fresh process's cache
     assert draw.__gpumesh_wrapped__.cache_info().currsize == 0  # not the caller's
     assert draw.local(3) == draw.local(3)  # .local(): the caller's own cache
@@ -514,5 +517,5 @@ def test_a_cache_function_runs_with_a_cache_of_the_jobs_own(m):
     def tiny(x):
         return x, random.random()
 
-    a, b, c, d = tiny.map([1, 2, 1, 1])
+    a, b, c, d = tiny.map([1, 2, 1, 1], isolation="job")
     assert a != c and c == d  # its maxsize=1 still holds where it runs

@@ -379,11 +379,16 @@ class InlineBackend(Backend):
         name = job.qualname or "the function"
         # As the native backend's submit: the function and every call's arguments are
         # pickled before anything runs, and what cannot be raises the same error.
-        # Loaded once, in a scope of the job's own: the caller's modules it uses are a
-        # copy (gpumesh.namespaces), which its tasks share, as a job's process on a worker.
+        # Loaded in a scope of its own: the caller's modules and classes it uses are
+        # copies (gpumesh.namespaces, gpumesh.classes), as in a worker's process. A job's
+        # tasks share them (isolation="job": a process kept for the job); with the
+        # default isolation each task loads its own, as in a process of its own (the
+        # pickle stream is parsed again; big arrays stay views of the one blob).
+        blob = _joined(_calls.dump_function(job.fn))
         scope = namespaces.Scope()
         with scope:
-            fn = wire.loads(_joined(_calls.dump_function(job.fn)))
+            fn = wire.loads(blob)
+        fresh = False  # (the first task takes the load above)
         payloads: list[wire.Payload | None] = [
             _calls.dump_call(job.fn, call, i, job.n) for i, call in enumerate(job.calls)]
         yield STARTED
@@ -392,6 +397,11 @@ class InlineBackend(Backend):
             payload, payloads[i] = payloads[i], None  # (freed as it goes, as a worker's)
             assert payload is not None
             for attempt in range(retries + 1):
+                if fresh and job.isolation == "task":
+                    scope = namespaces.Scope()
+                    with scope:
+                        fn = wire.loads(blob)
+                fresh = True
                 with scope:
                     args, kwargs = wire.loads(_joined(payload))
                 outcome = run_task(fn, args, kwargs, job.timeout, True)
