@@ -293,8 +293,9 @@ def test_a_missing_module_the_caller_ships_by_value_says_to_import_it_at_the_top
                 f"which travel with the "
                 f"function by value only where it uses them from module level: an `import "
                 f"{name}` inside the function's body runs on the worker, by name. Import it at "
-                f"the top of your script (module level) instead, and use it from there in the "
-                f"function, so it travels with the function ("), str(exc)
+                f"the top of your script (module level) instead, drop the import from the "
+                f"function's body, and use the module-level name there: it then travels with "
+                f"the function ("), str(exc)
     finally:
         cloudpickle.unregister_pickle_by_value(helper)
     # an installed package the workers lack (or one no longer shipped): no such words

@@ -360,8 +360,8 @@ def _shipped_advice(module: str) -> str:
     return (f". But {module!r} is one of this caller's own modules, which travel with the "
             f"function by value only where it uses them from module level: an `import {module}` "
             f"inside the function's body runs on the worker, by name. Import it at the top of "
-            f"your script (module level) instead, and use it from there in the function, so it "
-            f"travels with the function")
+            f"your script (module level) instead, drop the import from the function's body, "
+            f"and use the module-level name there: it then travels with the function")
 
 
 def _located(exc: BaseException, cause: RemoteTraceback | None, item: ResultItem,
