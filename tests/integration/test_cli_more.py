@@ -57,7 +57,7 @@ def test_doctor_says_what_to_do(shared_mesh):
     wrong = "wrong-token-" + "x" * 40
     r = run(["doctor"], env_for(shared_mesh, GPUMESH_TOKEN=wrong))
     assert r.exit_code == 1 and wrong not in r.output
-    assert "[FAIL] token        refused by the coordinator" in r.output
+    assert "[FAIL] token          refused by the coordinator" in r.output
     assert "-> use the token `gpumesh serve` printed" in r.output
     dead = f"http://127.0.0.1:{free_port()}"
     r = run(["doctor", "--json"], env_for(shared_mesh, GPUMESH_URL=dead))
