@@ -236,6 +236,29 @@ def test_a_call_inside_a_task_meets_its_requirements_on_the_tasks_worker(m, monk
     assert fits(1) == 2 and fits.map([1, 2]) == [2, 3]
 
 
+def test_a_cache_function_called_inside_a_task_keeps_the_tasks_cache(m, monkeypatch):
+    import functools
+    monkeypatch.setenv("GPUMESH_IN_TASK", "1")  # decorated calls inside a task run inline
+    ran = []
+
+    @accelerate(m)
+    @functools.cache
+    def doubled(x):
+        ran.append(x)
+        return 2 * x
+
+    @accelerate(m)
+    def grow(items):
+        items.append("added")
+        return len(items)
+
+    # the task process's own cache: a nested call is the function itself, not a copy
+    assert [doubled(3), doubled(3), doubled.map([4, 3])] == [6, 6, [8, 6]]
+    assert ran == [3, 4] and doubled.cache_info().hits == 2
+    mine = [1]
+    assert grow(mine) == 2 and mine == [1]  # arguments are still copies
+
+
 def test_local_does_not_take_part(m):
     mine = []
 

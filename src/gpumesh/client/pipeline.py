@@ -181,6 +181,9 @@ class Job:
     #: The call that made this batch, as its errors' advice names it ("distribute()");
     #: None: ".map()", or ".imap()" when streaming.
     entry: str | None = None
+    #: A decorated call inside a task (run inline, in that task's process): the function
+    #: runs as itself, not a copy, so what it keeps (a functools.cache) is that process's.
+    nested: bool = False
 
     @property
     def n(self) -> int:
@@ -383,11 +386,14 @@ class InlineBackend(Backend):
         # copies (gpumesh.namespaces, gpumesh.classes), as in a worker's process. A job's
         # tasks share them (isolation="job": a process kept for the job); with the
         # default isolation each task loads its own, as in a process of its own (the
-        # pickle stream is parsed again; big arrays stay views of the one blob).
-        blob = _joined(_calls.dump_function(job.fn))
+        # pickle stream is parsed again; big arrays stay views of the one blob). A nested
+        # call (inside a task) runs the function itself, in the task's process: what it
+        # keeps, a functools.cache, is that process's, as README says; arguments are
+        # still copies.
+        blob = None if job.nested else _joined(_calls.dump_function(job.fn))
         scope = namespaces.Scope()
         with scope:
-            fn = wire.loads(blob)
+            fn = job.fn if blob is None else wire.loads(blob)
         fresh = False  # (the first task takes the load above)
         payloads: list[wire.Payload | None] = [
             _calls.dump_call(job.fn, call, i, job.n) for i, call in enumerate(job.calls)]
@@ -397,7 +403,7 @@ class InlineBackend(Backend):
             payload, payloads[i] = payloads[i], None  # (freed as it goes, as a worker's)
             assert payload is not None
             for attempt in range(retries + 1):
-                if fresh and job.isolation == "task":
+                if fresh and job.isolation == "task" and blob is not None:
                     scope = namespaces.Scope()
                     with scope:
                         fn = wire.loads(blob)

@@ -171,7 +171,7 @@ class RemoteFunction:
         job = pipeline.Job(self.__gpumesh_wrapped__, calls, hints or [{}] * len(calls),
                            timeout=options["timeout"], name=options["name"],
                            retry=self.retry, return_exceptions=return_exceptions,
-                           streaming=handle is not None, entry=entry)
+                           streaming=handle is not None, entry=entry, nested=True)
         run = pipeline.run(None, job, handle, backend=pipeline.INLINE)
         return run if handle is not None else pipeline.drained(run)
 

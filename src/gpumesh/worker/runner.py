@@ -125,9 +125,7 @@ def _safe_str(exc: BaseException) -> str:
 # ---------------------------------------------------------------- task child ---------
 def _reseed_after_fork() -> None:
     """Forked children share the parent's RNG state; give each task fresh entropy."""
-    # random reseeds itself in an at-fork hook, but the host's fork runs only the hooks
-    # registered after forking.record_hooks(), and random is imported before it (by
-    # tempfile, which the runner imports): without this every task drew the same numbers.
+    # (random's own at-fork reseed is registered before forking.record_hooks(): tempfile)
     rnd = sys.modules.get("random")
     if rnd is not None:
         rnd.seed()
