@@ -16,6 +16,7 @@ cursor however the caller ended.
 
 from __future__ import annotations
 
+import abc
 import functools
 import html
 import sys
@@ -243,7 +244,7 @@ def _elapsed_column(started: float):
     return SinceStart()
 
 
-class TextBar:
+class TextBar(abc.ABC):
     """A bar drawn as text, driven like rich's ``Progress`` (``add_task``, ``update``,
     ``start``, ``stop``); rich's column arguments are accepted and not used, and of the
     task fields only ``failed`` and ``cancelled`` (counted apart from the done ones, as
@@ -295,8 +296,9 @@ class TextBar:
         while not self._stop.wait(self.every):
             self._draw()
 
+    @abc.abstractmethod
     def _draw(self, final: bool = False) -> None:
-        raise NotImplementedError
+        """Show the bar's present state (``final``: its last, when it stops)."""
 
     def counts(self) -> tuple[int, int, int, int]:
         with self._lock:
